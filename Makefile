@@ -1,0 +1,60 @@
+# Verbs follow kubebuilder's conventions: cluster, install, run, test, deploy.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV ?= .venv
+BIN := $(VENV)/bin
+CLUSTER_DIR ?= $(CURDIR)/.cluster
+export CLUSTER_DIR
+LOCAL_KUBECONFIG := $(CLUSTER_DIR)/kubeconfig
+# Arguments for `kopf run` in `make run` (the operator files are always operators/*.py).
+RUN_ARGS ?= --all-namespaces --verbose
+
+.PHONY: help setup cluster cluster-down install uninstall run test unit e2e lint bench deploy undeploy
+
+help: ## list the verbs
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
+
+$(BIN)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -U pip
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+setup: $(BIN)/.installed ## create .venv with the package and its dev tools
+
+cluster: ## start the local control plane (built on first use); no-op when up
+	@cluster/cluster.sh up
+
+cluster-down: ## stop the local control plane and free its ports
+	@cluster/cluster.sh down
+
+# The cluster `install`, `uninstall`, `run` and `deploy` act on: $KUBECONFIG or the current
+# context when one answers, else the local control plane (started if needed).
+TARGET_KUBECONFIG = $(shell cluster/target-kubeconfig.sh)
+
+install: ## apply the CRDs to the target cluster
+	KUBECONFIG=$(TARGET_KUBECONFIG) kubectl apply --server-side -f manifests/crds/
+	KUBECONFIG=$(TARGET_KUBECONFIG) kubectl wait --for=condition=Established --timeout=60s -f manifests/crds/
+
+uninstall: ## remove the CRDs (and so every custom resource) from the target cluster
+	KUBECONFIG=$(TARGET_KUBECONFIG) kubectl delete --ignore-not-found -f manifests/crds/
+
+run: setup ## install the CRDs and run all four operators against the target cluster
+	@export KUBECONFIG=$(TARGET_KUBECONFIG) && \
+	kubectl apply --server-side -f manifests/crds/ && \
+	kubectl wait --for=condition=Established --timeout=60s -f manifests/crds/ && \
+	exec $(BIN)/kopf run $(RUN_ARGS) operators/*.py
+
+unit: setup ## unit tests only (no cluster)
+	$(BIN)/pytest tests/unit
+
+test: setup ## everything: set-up, local cluster, lint, unit and end-to-end tests
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	@cluster/cluster.sh up
+	$(BIN)/pytest
+
+lint: setup ## ruff, mypy
+	$(BIN)/ruff check .
+	$(BIN)/mypy

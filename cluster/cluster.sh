@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The local control plane: real etcd, kube-apiserver, kube-controller-manager and kube-scheduler
+# built from Go modules (build.sh), started by `kwokctl --runtime binary` on 127.0.0.1, with one
+# fake KWOK node so pods are scheduled, become Running, and are really deleted.
+#
+#   cluster.sh up       start (building on first use); a no-op when already up
+#   cluster.sh down     stop and delete it, freeing its ports
+#   cluster.sh status   exit 0 when it answers /readyz
+#
+# State lives in $CLUSTER_DIR (default: <repo>/.cluster); the admin kubeconfig is
+# $CLUSTER_DIR/kubeconfig. Several clusters can run side by side with different CLUSTER_DIRs.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(dirname "$here")
+# shellcheck source=versions.env
+source "$here/versions.env"
+
+dir=${CLUSTER_DIR:-$repo/.cluster}
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+kubeconfig="$dir/kubeconfig"
+# One kwok cluster name per state folder, so clones and helpers never collide.
+name="kopf-$(printf '%s' "$dir" | sha256sum | cut -c1-8)"
+export KWOK_WORKDIR="$dir/kwok" KWOK_KUBE_VERSION="$KUBERNETES_VERSION"
+
+log() { echo "[cluster $(date +%T)] $*" >&2; }
+kc() { kubectl --kubeconfig "$kubeconfig" "$@"; }
+ready() { [ -s "$kubeconfig" ] && [ "$(kc get --raw /readyz --request-timeout=3s 2>/dev/null)" = "ok" ]; }
+
+wait_until() { # wait_until SECONDS DESCRIPTION COMMAND...
+  local deadline=$((SECONDS + $1)) what=$2; shift 2
+  until "$@" >/dev/null 2>&1; do
+    if [ $SECONDS -ge $deadline ]; then log "timed out waiting for $what"; return 1; fi
+    sleep 0.2
+  done
+}
+
+node_ready() { kc get nodes -o jsonpath='{.items[*].status.conditions[?(@.type=="Ready")].status}' | grep -q True; }
+
+up() {
+  local started=$SECONDS bin
+  if ready && node_ready; then
+    log "already up ($kubeconfig)"; return 0
+  fi
+  bin=$("$here/build.sh")
+  local flags=(--name "$name" --runtime binary --kubeconfig "$kubeconfig"
+    --etcd-binary "$bin/etcd" --kube-apiserver-binary "$bin/kube-apiserver"
+    --kube-controller-manager-binary "$bin/kube-controller-manager"
+    --kube-scheduler-binary "$bin/kube-scheduler" --kwok-controller-binary "$bin/kwok"
+    --disable-qps-limits --wait 120s)
+  if [ -d "$KWOK_WORKDIR/clusters/$name" ]; then
+    log "restarting existing cluster $name"
+    "$bin/kwokctl" start cluster --name "$name" --wait 120s >&2 || {
+      log "restart failed; recreating"
+      "$bin/kwokctl" delete cluster --name "$name" --kubeconfig "$kubeconfig" >&2 || true
+      "$bin/kwokctl" create cluster "${flags[@]}" >&2
+    }
+  else
+    log "creating cluster $name (Kubernetes $KUBERNETES_VERSION)"
+    "$bin/kwokctl" create cluster "${flags[@]}" >&2
+  fi
+  "$bin/kwokctl" get kubeconfig --name "$name" > "$kubeconfig.tmp" && mv "$kubeconfig.tmp" "$kubeconfig"
+  wait_until 60 "/readyz" ready
+  if ! kc get node kwok-node-0 >/dev/null 2>&1; then
+    kc apply -f "$here/node.yaml" >/dev/null
+  fi
+  wait_until 60 "a Ready node" node_ready
+  wait_until 60 "the default ServiceAccount" kc -n default get serviceaccount default
+  log "ready in $((SECONDS - started))s; export KUBECONFIG=$kubeconfig"
+}
+
+down() {
+  local bin
+  bin=$("$here/build.sh")
+  if [ -d "$KWOK_WORKDIR/clusters/$name" ]; then
+    "$bin/kwokctl" delete cluster --name "$name" >&2
+  fi
+  rm -f "$kubeconfig"
+  log "down"
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  status) ready ;;
+  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+esac

@@ -1,0 +1,91 @@
+"""Fixtures: the real local cluster (started once, reused), CRDs, a namespace per test, the operator.
+
+Unit tests (tests/unit) use none of these and need no cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import uuid
+from collections.abc import Iterator
+
+import kubernetes
+import pytest
+
+from tests.kube import KUBECONFIG, REPO, OperatorProcess, kubectl, wait_for
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "/e2e/" in str(item.path):
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> str:
+    """Start the local control plane (a no-op when it is already up) and point clients at it."""
+    subprocess.run([str(REPO / "cluster" / "cluster.sh"), "up"], check=True, timeout=3600)
+    os.environ["KUBECONFIG"] = str(KUBECONFIG)
+    kubernetes.config.load_kube_config(config_file=str(KUBECONFIG))
+    return str(KUBECONFIG)
+
+
+@pytest.fixture(scope="session")
+def crds(cluster: str) -> None:
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "manifests" / "crds"))
+    kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(REPO / "manifests" / "crds"))
+
+
+@pytest.fixture(scope="session")
+def api(cluster: str) -> kubernetes.client.ApiClient:
+    return kubernetes.client.ApiClient()
+
+
+@pytest.fixture(scope="session")
+def core(api: kubernetes.client.ApiClient) -> kubernetes.client.CoreV1Api:
+    return kubernetes.client.CoreV1Api(api)
+
+
+@pytest.fixture(scope="session")
+def apps(api: kubernetes.client.ApiClient) -> kubernetes.client.AppsV1Api:
+    return kubernetes.client.AppsV1Api(api)
+
+
+@pytest.fixture(scope="session")
+def custom(api: kubernetes.client.ApiClient) -> kubernetes.client.CustomObjectsApi:
+    return kubernetes.client.CustomObjectsApi(api)
+
+
+@pytest.fixture(scope="session")
+def operator_process(crds: None) -> Iterator[OperatorProcess]:
+    """One ``kopf run operators/*.py`` for the session; tests may stop, kill and restart it."""
+    proc = OperatorProcess(files=os.environ.get("OPERATOR_FILES", "").split() or None)
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def operator(operator_process: OperatorProcess) -> Iterator[OperatorProcess]:
+    """The running operator; restarted if a previous test left it stopped."""
+    operator_process.start()
+    yield operator_process
+    operator_process.start()
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, core: kubernetes.client.CoreV1Api) -> Iterator[str]:
+    """A fresh namespace per test, deleted afterwards (KWOK lets the deletion complete)."""
+    base = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
+    name = f"{base}-{uuid.uuid4().hex[:5]}"
+    core.create_namespace({"metadata": {"name": name, "labels": {"kopf-operators.dev/test": "true"}}})
+    wait_for(lambda: core.read_namespaced_service_account("default", name), timeout=30,
+             what=f"the default ServiceAccount in {name}")
+    yield name
+    try:
+        core.delete_namespace(name)
+    except kubernetes.client.ApiException as exc:
+        if exc.status != 404:
+            raise

@@ -1,0 +1,159 @@
+"""Test helpers for talking to the real local control plane: kubectl, waiting, the operator process.
+
+Nothing here mocks the API server: every call goes to the cluster started by ``cluster/cluster.sh``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import kubernetes
+
+REPO = Path(__file__).resolve().parent.parent
+CLUSTER_DIR = Path(os.environ.get("CLUSTER_DIR", REPO / ".cluster")).resolve()
+KUBECONFIG = CLUSTER_DIR / "kubeconfig"
+
+T = TypeVar("T")
+
+
+class Timeout(AssertionError):
+    pass
+
+
+def wait_for(
+    probe: Callable[[], T],
+    timeout: float = 30.0,
+    interval: float = 0.1,
+    what: str = "condition",
+) -> T:
+    """Call ``probe`` until it returns something truthy; return that. API 404s count as "not yet"."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = probe()
+            if last:
+                return last
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 404:
+                raise
+            last = exc
+        if time.monotonic() > deadline:
+            raise Timeout(f"timed out after {timeout}s waiting for {what}; last seen: {last!r}")
+        time.sleep(interval)
+
+
+def stays(probe: Callable[[], Any], seconds: float, interval: float = 0.2, what: str = "condition") -> None:
+    """Assert that ``probe`` stays truthy for ``seconds`` (for "nothing happens" checks)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert probe(), f"{what} stopped holding"
+        time.sleep(interval)
+
+
+def kubectl(*args: str, input: str | None = None, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run kubectl against the local cluster; returns the completed process (text)."""
+    return subprocess.run(
+        ["kubectl", "--kubeconfig", str(KUBECONFIG), *args],
+        input=input, text=True, capture_output=True, check=check, timeout=timeout,
+    )
+
+
+def kubectl_json(*args: str) -> Any:
+    return json.loads(kubectl(*args, "-o", "json").stdout)
+
+
+def apply_yaml(text: str, namespace: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    ns = ["-n", namespace] if namespace else []
+    return kubectl("apply", *ns, "-f", "-", input=text, check=check)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class OperatorProcess:
+    """``kopf run`` of the operator files, as a user starts it, in a subprocess against the cluster."""
+
+    def __init__(self, files: Sequence[str] | None = None, env: dict[str, str] | None = None,
+                 kubeconfig: Path = KUBECONFIG, log_name: str = "operator") -> None:
+        self.files = list(files) if files else sorted(str(p) for p in (REPO / "operators").glob("*.py"))
+        self.extra_env = dict(env or {})
+        self.kubeconfig = kubeconfig
+        self.log_path = CLUSTER_DIR / "logs" / f"{log_name}-{os.getpid()}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self.health_port = 0
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, timeout: float = 60) -> None:
+        if self.running:
+            return
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.health_port = free_port()
+        kopf = Path(sys.executable).parent / "kopf"
+        cmd = [str(kopf), "run", "--standalone", "--all-namespaces", "--verbose",
+               f"--liveness=http://127.0.0.1:{self.health_port}/healthz", *self.files]
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.extra_env}
+        self.starts += 1
+        log = self.log_path.open("ab")
+        log.write(f"\n===== start #{self.starts}: {' '.join(cmd)}\n".encode())
+        log.flush()
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        wait_for(self._healthy, timeout=timeout, what=f"the operator to be healthy (log: {self.log_path})")
+
+    def _healthy(self) -> bool:
+        if not self.running:
+            raise AssertionError(f"operator exited with {self.proc and self.proc.returncode}:\n{self.tail()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=1) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL: no graceful shutdown, as when a node dies or the OOM killer strikes."""
+        self.stop(signal.SIGKILL)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def tail(self, lines: int = 60) -> str:
+        return "\n".join(self.output().splitlines()[-lines:])
+
+    def errors(self) -> list[str]:
+        """Tracebacks and unexpected errors in the log (tests assert there are none)."""
+        return [line for line in self.output().splitlines() if re.search(r"Traceback|\[ERROR", line)]
