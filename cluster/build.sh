@@ -18,6 +18,15 @@ binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok kwokct
 have_all() { for b in "${binaries[@]}"; do [ -x "$bin/$b" ] || return 1; done; }
 if have_all; then echo "$bin"; exit 0; fi
 
+# One build at a time per version set: later callers wait for the first, then find it done.
+mkdir -p "$cache_root"
+exec 9>"$cache_root/$key.lock"
+if ! flock -n 9; then
+  echo "[build] another build of $key is running; waiting for it" >&2
+  flock 9
+fi
+if have_all; then echo "$bin"; exit 0; fi
+
 log() { echo "[build $(date +%T)] $*" >&2; }
 start=$(date +%s)
 mkdir -p "$bin"
