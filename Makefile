@@ -10,7 +10,7 @@ LOCAL_KUBECONFIG := $(CLUSTER_DIR)/kubeconfig
 # Arguments for `kopf run` in `make run` (the operator files are always operators/*.py).
 RUN_ARGS ?= --all-namespaces --verbose
 
-.PHONY: help setup cluster cluster-down install uninstall run test unit e2e lint bench deploy undeploy
+.PHONY: help setup cluster cluster-down install uninstall run test unit lint bench manifests deploy undeploy
 
 help: ## list the verbs
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -58,3 +58,20 @@ test: setup ## everything: set-up, local cluster, lint, unit and end-to-end test
 lint: setup ## ruff, mypy
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+
+HELM = $(shell cluster/build.sh)/helm
+KUBE_VERSION = $(shell . cluster/versions.env && echo $${KUBERNETES_VERSION\#v})
+CHART := charts/kopf-operators
+RELEASE ?= kopf-operators
+DEPLOY_NAMESPACE ?= kopf-operators
+
+manifests: ## regenerate manifests/operator.yaml from the Helm chart (the one source)
+	$(HELM) template $(RELEASE) $(CHART) --namespace $(DEPLOY_NAMESPACE) --kube-version $(KUBE_VERSION) \
+	  --skip-crds 2>/dev/null | cluster/manifest-header.sh > manifests/operator.yaml
+
+deploy: ## install the Helm chart into the target cluster (image: set IMAGE=repo:tag)
+	KUBECONFIG=$(TARGET_KUBECONFIG) $(HELM) upgrade --install $(RELEASE) $(CHART) \
+	  --namespace $(DEPLOY_NAMESPACE) --create-namespace $(if $(IMAGE),--set image.repository=$(firstword $(subst :, ,$(IMAGE))) --set image.tag=$(lastword $(subst :, ,$(IMAGE))))
+
+undeploy: ## uninstall the Helm release (CRDs stay: `make uninstall` removes them and every CR)
+	KUBECONFIG=$(TARGET_KUBECONFIG) $(HELM) uninstall $(RELEASE) --namespace $(DEPLOY_NAMESPACE)

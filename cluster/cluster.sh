@@ -6,6 +6,7 @@
 #   cluster.sh up       start (building on first use); a no-op when already up
 #   cluster.sh down     stop and delete it, freeing its ports
 #   cluster.sh status   exit 0 when it answers /readyz
+#   cluster.sh audit-log  print the path of the API server's audit log (see audit-policy.yaml)
 #
 # State lives in $CLUSTER_DIR (default: <repo>/.cluster); the admin kubeconfig is
 # $CLUSTER_DIR/kubeconfig. Several clusters can run side by side with different CLUSTER_DIRs.
@@ -47,7 +48,7 @@ up() {
     --etcd-binary "$bin/etcd" --kube-apiserver-binary "$bin/kube-apiserver"
     --kube-controller-manager-binary "$bin/kube-controller-manager"
     --kube-scheduler-binary "$bin/kube-scheduler" --kwok-controller-binary "$bin/kwok"
-    --disable-qps-limits --wait 120s)
+    --kube-audit-policy "$here/audit-policy.yaml" --disable-qps-limits --wait 120s)
   if [ -d "$KWOK_WORKDIR/clusters/$name" ]; then
     log "restarting existing cluster $name"
     "$bin/kwokctl" start cluster --name "$name" --wait 120s >&2 || {
@@ -83,5 +84,6 @@ case "${1:-}" in
   up) up ;;
   down) down ;;
   status) ready ;;
+  audit-log) echo "$KWOK_WORKDIR/clusters/$name/logs/audit.log" ;;
   *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
 esac

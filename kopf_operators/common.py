@@ -8,7 +8,6 @@ whatever subset of operator files ``kopf run`` is given.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime
 import functools
@@ -226,7 +225,7 @@ def count_error(operator: str, kind: str) -> None:
     metrics.inc("kopf_operators_errors_total", "Errors met by the operators.", operator=operator, kind=kind)
 
 
-async def _serve_metrics(port: int, stopped: kopf.DaemonStopped | asyncio.Event | Any) -> None:
+async def _serve_metrics(port: int) -> None:
     async def handle(_: web.Request) -> web.Response:
         return web.Response(text=metrics.render(), content_type="text/plain")
 
@@ -250,10 +249,11 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.connect_timeout = 10
     # Sync clients (kubernetes, pykube-ng) run in this pool; keep it bounded.
     settings.execution.max_workers = 16
-    # Two replicas: only one acts (when the peering CRDs are installed; see manifests/).
-    settings.peering.name = "kopf-operators"
-    settings.peering.mandatory = False
+    # Two replicas: only one acts (peering CRDs in manifests/crds). `--peering NAME` and
+    # `--standalone` on the command line win; this only replaces Kopf's generic default name.
+    if settings.peering.name == "default":
+        settings.peering.name = "kopf-operators"
     # Handler logs stay logs; events are posted explicitly where a user needs to see them.
     settings.posting.level = logging.WARNING
     if cfg.metrics_port:
-        await _serve_metrics(cfg.metrics_port, None)
+        await _serve_metrics(cfg.metrics_port)

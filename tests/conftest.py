@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import kubernetes
 import pytest
 
-from tests.kube import KUBECONFIG, REPO, OperatorProcess, kubectl, wait_for
+from tests.kube import KUBECONFIG, REPO, OperatorProcess, kubectl, service_account_kubeconfig, wait_for
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -59,7 +59,16 @@ def custom(api: kubernetes.client.ApiClient) -> kubernetes.client.CustomObjectsA
 
 
 @pytest.fixture(scope="session")
-def operator_process(crds: None) -> Iterator[OperatorProcess]:
+def operator_identity(crds: None) -> str:
+    """The kubeconfig the operator runs with: by default the chart's own ServiceAccount, so every
+    end-to-end test also proves the chart's RBAC sufficient (OPERATOR_IDENTITY=admin skips that)."""
+    if os.environ.get("OPERATOR_IDENTITY", "admin") == "admin":
+        return str(KUBECONFIG)
+    return str(service_account_kubeconfig())
+
+
+@pytest.fixture(scope="session")
+def operator_process(operator_identity: str) -> Iterator[OperatorProcess]:
     """One ``kopf run operators/*.py`` for the session; tests may stop, kill and restart it."""
     proc = OperatorProcess(files=os.environ.get("OPERATOR_FILES", "").split() or None)
     proc.start()

@@ -23,6 +23,9 @@ import kubernetes
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER_DIR = Path(os.environ.get("CLUSTER_DIR", REPO / ".cluster")).resolve()
 KUBECONFIG = CLUSTER_DIR / "kubeconfig"
+# The operator's own identity in tests: the chart's ServiceAccount, RBAC and all (see conftest).
+OPERATOR_KUBECONFIG = CLUSTER_DIR / "operator-kubeconfig"
+E2E_RELEASE = "kopf-operators-e2e"
 
 T = TypeVar("T")
 
@@ -85,14 +88,57 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def helm_binary() -> Path:
+    out = subprocess.run([str(REPO / "cluster" / "build.sh")], capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip()) / "helm"
+
+
+def chart_objects(release: str, namespace: str, *sets: str) -> list[dict[str, Any]]:
+    """The chart rendered by Helm (no CRDs), as objects."""
+    import yaml
+
+    flags = [arg for item in sets for arg in ("--set", item)]
+    out = subprocess.run([str(helm_binary()), "template", release, str(REPO / "charts" / "kopf-operators"),
+                          "--namespace", namespace, "--skip-crds", *flags],
+                         capture_output=True, text=True, check=True)
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+def service_account_kubeconfig() -> Path:
+    """Install the chart's ServiceAccount and RBAC (release kopf-operators-e2e) and write a kubeconfig
+    that authenticates with that ServiceAccount's token: the operator then has exactly the chart's
+    permissions, as in a real deployment."""
+    import yaml
+
+    namespace = E2E_RELEASE
+    kubectl("create", "namespace", namespace, check=False)
+    rbac = [obj for obj in chart_objects(E2E_RELEASE, namespace)
+            if obj["kind"] in {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}]
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(rbac))
+    token = kubectl("create", "token", E2E_RELEASE, "-n", namespace, "--duration=48h").stdout.strip()
+    admin = yaml.safe_load(KUBECONFIG.read_text())
+    cluster = admin["clusters"][0]["cluster"]
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "operator",
+        "clusters": [{"name": "local", "cluster": cluster}],
+        "users": [{"name": "operator", "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": "local", "user": "operator"}}],
+    }
+    OPERATOR_KUBECONFIG.write_text(yaml.safe_dump(config))
+    OPERATOR_KUBECONFIG.chmod(0o600)
+    return OPERATOR_KUBECONFIG
+
+
 class OperatorProcess:
     """``kopf run`` of the operator files, as a user starts it, in a subprocess against the cluster."""
 
     def __init__(self, files: Sequence[str] | None = None, env: dict[str, str] | None = None,
-                 kubeconfig: Path = KUBECONFIG, log_name: str = "operator") -> None:
+                 kubeconfig: Path | None = None, log_name: str = "operator") -> None:
         self.files = list(files) if files else sorted(str(p) for p in (REPO / "operators").glob("*.py"))
         self.extra_env = dict(env or {})
-        self.kubeconfig = kubeconfig
+        # Same identity as the session's operator: the ServiceAccount when one was set up.
+        use_sa = os.environ.get("OPERATOR_IDENTITY", "admin") != "admin" and OPERATOR_KUBECONFIG.exists()
+        self.kubeconfig = kubeconfig or (OPERATOR_KUBECONFIG if use_sa else KUBECONFIG)
         self.log_path = CLUSTER_DIR / "logs" / f"{log_name}-{os.getpid()}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0

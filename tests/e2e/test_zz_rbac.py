@@ -1,0 +1,69 @@
+"""RBAC is minimal: every permission the chart grants is used, and nothing the operator calls is refused.
+
+Runs last (file name), after every other end-to-end scenario ran with the operator authenticated as
+the chart's ServiceAccount (see ``operator_identity`` in conftest). The API server's audit log
+(cluster/audit-policy.yaml) records each request of that ServiceAccount; this test compares the
+calls with the ClusterRole rendered from the chart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.kube import E2E_RELEASE, REPO, chart_objects
+
+Permission = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
+
+
+def granted() -> set[Permission]:
+    role = next(obj for obj in chart_objects(E2E_RELEASE, E2E_RELEASE) if obj["kind"] == "ClusterRole")
+    perms: set[Permission] = set()
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    perms.add((group, resource, verb))
+    return perms
+
+
+def audit_log() -> Path:
+    out = subprocess.run([str(REPO / "cluster" / "cluster.sh"), "audit-log"], capture_output=True, text=True,
+                         check=True)
+    return Path(out.stdout.strip())
+
+
+def used(username: str) -> tuple[set[Permission], list[str]]:
+    calls: set[Permission] = set()
+    refused: list[str] = []
+    with audit_log().open() as log:
+        for line in log:
+            entry = json.loads(line)
+            if entry.get("user", {}).get("username") != username or "objectRef" not in entry:
+                continue
+            ref = entry["objectRef"]
+            resource = ref.get("resource", "")
+            if ref.get("subresource"):
+                resource += "/" + ref["subresource"]
+            perm = (ref.get("apiGroup", ""), resource, entry["verb"])
+            if entry.get("responseStatus", {}).get("code") == 403:
+                refused.append(f"{perm}: {entry.get('responseStatus', {}).get('message', '')}")
+            else:
+                calls.add(perm)
+    return calls, refused
+
+
+def test_rbac_is_exactly_what_the_operators_use(operator_identity: str) -> None:
+    if os.environ.get("OPERATOR_IDENTITY", "serviceaccount") == "admin":
+        pytest.fail("OPERATOR_IDENTITY=admin: the operator ran as admin, so RBAC was not exercised")
+    calls, refused = used(f"system:serviceaccount:{E2E_RELEASE}:{E2E_RELEASE}")
+    assert not refused, "the operator was refused:\n" + "\n".join(sorted(set(refused)))
+    grants = granted()
+    for group, resource, verb in grants:
+        assert "*" not in (group, resource, verb)
+    unused = grants - calls
+    assert not unused, f"granted but never used by the whole end-to-end suite: {sorted(unused)}"

@@ -1,0 +1,49 @@
+"""`kopf run operators/*.py` must load every operator file exactly once, with the expected handlers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+
+from tests.kube import REPO
+
+# Loads the files the way `kopf run` does (kopf's own preload), then lists every handler id.
+_PROBE = """
+import glob, json, kopf
+from kopf._cogs.helpers.loaders import preload
+preload(sorted(glob.glob({pattern!r})), [])
+reg = kopf.get_default_registry()
+ids = {{}}
+for kind in ("_activities", "_indexing", "_watching", "_spawning", "_changing", "_webhooks"):
+    ids[kind] = [str(h.id) for h in getattr(reg, kind).get_all_handlers()]
+print(json.dumps(ids))
+"""
+
+
+def registered(pattern: str) -> dict[str, list[str]]:
+    out = subprocess.run([sys.executable, "-c", _PROBE.format(pattern=pattern)], cwd=REPO,
+                         capture_output=True, text=True, check=True, timeout=120)
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_each_handler_registers_exactly_once() -> None:
+    handlers = registered("operators/*.py")
+    all_ids = [hid for ids in handlers.values() for hid in ids]
+    duplicates = [hid for hid, n in Counter(all_ids).items() if n > 1]
+    assert not duplicates, f"registered more than once: {duplicates}"
+    assert handlers["_activities"].count("shared-settings") == 1
+    assert sorted(all_ids) == sorted(EXPECTED_HANDLER_IDS)
+
+
+def test_each_operator_file_loads_alone() -> None:
+    for path in sorted((REPO / "operators").glob("*.py")):
+        handlers = registered(f"operators/{path.name}")
+        ids = [hid for group in handlers.values() for hid in group]
+        assert "shared-settings" in ids, path.name
+        own = [hid for hid in ids if hid != "shared-settings"]
+        assert own and all(hid.startswith(path.stem + "-") for hid in own), (path.name, own)
+
+
+EXPECTED_HANDLER_IDS: list[str] = ["shared-settings"]
