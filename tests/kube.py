@@ -115,18 +115,24 @@ def service_account_kubeconfig() -> Path:
     rbac = [obj for obj in chart_objects(E2E_RELEASE, namespace)
             if obj["kind"] in {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}]
     kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(rbac))
-    token = kubectl("create", "token", E2E_RELEASE, "-n", namespace, "--duration=48h").stdout.strip()
+    return token_kubeconfig(E2E_RELEASE, namespace, OPERATOR_KUBECONFIG)
+
+
+def token_kubeconfig(service_account: str, namespace: str, path: Path) -> Path:
+    """Write a kubeconfig for the local cluster that authenticates as the given ServiceAccount."""
+    import yaml
+
+    token = kubectl("create", "token", service_account, "-n", namespace, "--duration=48h").stdout.strip()
     admin = yaml.safe_load(KUBECONFIG.read_text())
-    cluster = admin["clusters"][0]["cluster"]
     config = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "operator",
-        "clusters": [{"name": "local", "cluster": cluster}],
-        "users": [{"name": "operator", "user": {"token": token}}],
-        "contexts": [{"name": "operator", "context": {"cluster": "local", "user": "operator"}}],
+        "apiVersion": "v1", "kind": "Config", "current-context": service_account,
+        "clusters": [{"name": "local", "cluster": admin["clusters"][0]["cluster"]}],
+        "users": [{"name": service_account, "user": {"token": token}}],
+        "contexts": [{"name": service_account, "context": {"cluster": "local", "user": service_account}}],
     }
-    OPERATOR_KUBECONFIG.write_text(yaml.safe_dump(config))
-    OPERATOR_KUBECONFIG.chmod(0o600)
-    return OPERATOR_KUBECONFIG
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
 
 
 class OperatorProcess:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +14,7 @@ import kubernetes
 import pytest
 import yaml
 
-from tests.kube import REPO, helm_binary, kubectl, wait_for
+from tests.kube import REPO, helm_binary, kubectl, token_kubeconfig, wait_for
 
 CHART = REPO / "charts" / "kopf-operators"
 OPERATORS = ("immortal", "copyrator", "blackadder", "reroller")
@@ -114,3 +118,60 @@ def test_kustomization_installs_and_the_pod_is_admitted_under_restricted_pod_sec
     assert container.security_context.allow_privilege_escalation is False
     assert container.security_context.capabilities.drop == ["ALL"]
     assert container.liveness_probe.http_get.path == "/healthz"
+
+
+def test_dockerfile_is_clean_and_its_command_starts_the_operators_outside_a_container(
+        tmp_path: Path, crds: None) -> None:
+    """No Docker engine here: lint the Dockerfile, then run its exact CMD from the repository root
+    (the image's WORKDIR has the same operators/ folder) as a read-only identity, so this second
+    operator can start, watch and report healthy but cannot touch what the session's operator owns."""
+    lint = subprocess.run([str(REPO / ".venv" / "bin" / "hadolint"), str(REPO / "Dockerfile")],
+                          capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    cmd_line = next(line for line in (REPO / "Dockerfile").read_text().splitlines() if line.startswith("CMD "))
+    cmd = json.loads(cmd_line[4:])
+    assert cmd[:2] == ["sh", "-c"] and "operators/*.py" in cmd[2]
+    kubeconfig = read_only_kubeconfig(tmp_path)
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig),
+           "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    log = (tmp_path / "cmd.log").open("w")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        def healthy() -> bool:
+            assert proc.poll() is None, (tmp_path / "cmd.log").read_text()
+            try:
+                with urllib.request.urlopen("http://127.0.0.1:8080/healthz", timeout=1) as resp:
+                    return bool(resp.status == 200)
+            except OSError:
+                return False
+        wait_for(healthy, timeout=60, what="the Dockerfile's command to serve /healthz")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    output = (tmp_path / "cmd.log").read_text()
+    assert "Traceback" not in output, output
+
+
+def read_only_kubeconfig(tmp_path: Path) -> Path:
+    name = "dockerfile-cmd-probe"
+    manifest = f"""
+apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: {name}, namespace: default}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {{name: {name}}}
+rules:
+  - apiGroups: ["*"]
+    resources: ["*"]
+    verbs: ["get", "list", "watch"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: {name}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {name}}}
+subjects: [{{kind: ServiceAccount, name: {name}, namespace: default}}]
+"""
+    kubectl("apply", "-f", "-", input=manifest)
+    return token_kubeconfig(name, "default", tmp_path / "kubeconfig")
