@@ -65,7 +65,9 @@ def stays(probe: Callable[[], Any], seconds: float, interval: float = 0.2, what:
         time.sleep(interval)
 
 
-def kubectl(*args: str, input: str | None = None, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def kubectl(
+    *args: str, input: str | None = None, check: bool = True, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     """Run kubectl against the local cluster; returns the completed process (text)."""
     return subprocess.run(
         ["kubectl", "--kubeconfig", str(KUBECONFIG), *args],
