@@ -1,0 +1,305 @@
+"""Immortal containers, end to end on the real local control plane (KWOK node, real API server)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import kubernetes
+import pytest
+
+from kopf_operators import immortal as logic
+from tests.kube import REPO, OperatorProcess, apply_yaml, kubectl, stays, wait_for
+
+ARTICLE_YAML = (REPO / "manifests" / "examples" / "immortal.yaml").read_text()
+G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def create_ic(custom: Any, namespace: str, name: str, image: str = "nginx:latest") -> dict[str, Any]:
+    body = {"apiVersion": logic.API_VERSION, "kind": logic.KIND, "metadata": {"name": name},
+            "spec": {"image": image}}
+    return dict(custom.create_namespaced_custom_object(G, V, namespace, P, body))
+
+
+def get_ic(custom: Any, namespace: str, name: str) -> dict[str, Any]:
+    return dict(custom.get_namespaced_custom_object(G, V, namespace, P, name))
+
+
+def status(custom: Any, namespace: str, name: str) -> dict[str, Any]:
+    return dict(get_ic(custom, namespace, name).get("status") or {})
+
+
+def pod_or_none(core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> Any:
+    try:
+        return core.read_namespaced_pod(name, namespace)
+    except kubernetes.client.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def wait_pod(core: kubernetes.client.CoreV1Api, namespace: str, name: str, not_uid: str | None = None,
+             timeout: float = 30) -> Any:
+    """The pod ``name`` once it exists (and is not terminating), with a uid other than ``not_uid``."""
+    def probe() -> Any:
+        pod = pod_or_none(core, namespace, name)
+        ok = pod is not None and pod.metadata.uid != not_uid and pod.metadata.deletion_timestamp is None
+        return pod if ok else None
+    return wait_for(probe, timeout=timeout, interval=0.05, what=f"pod {name} (uid != {not_uid})")
+
+
+def wait_counted(custom: Any, namespace: str, name: str, starts: int, uid: str, timeout: float = 30) -> dict[str, Any]:
+    def probe() -> dict[str, Any]:
+        st = status(custom, namespace, name)
+        return st if st.get("startTimes") == starts and st.get("currentPodUID") == uid else {}
+    return wait_for(probe, timeout=timeout, what=f"{name} to count start #{starts} for pod {uid}")
+
+
+def ready(st: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in st.get("conditions") or () if c["type"] == "Ready")
+
+
+def events_for(core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> list[Any]:
+    return list(core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items)
+
+
+def has_event(core: kubernetes.client.CoreV1Api, namespace: str, name: str, reason: str, type_: str) -> bool:
+    return any(e.reason == reason and e.type == type_ for e in events_for(core, namespace, name))
+
+
+def assert_no_kopf_state_on(pod: Any) -> None:
+    annotations = pod.metadata.annotations or {}
+    assert not [k for k in annotations if "kopf" in k], annotations
+    assert not pod.metadata.finalizers, pod.metadata.finalizers
+
+
+def immortal_errors(operator: OperatorProcess) -> list[str]:
+    return [line for line in operator.errors() if "immortal" in line.lower()]
+
+
+def delete_pod(core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> None:
+    core.delete_namespaced_pod(name, namespace)
+
+
+# --- the article's contract ----------------------------------------------------------------------
+
+
+def test_article_yaml_runs_a_pod_and_reports_it(core: Any, custom: Any, namespace: str,
+                                                 operator: OperatorProcess) -> None:
+    apply_yaml(ARTICLE_YAML, namespace)
+    name, pod_name = "example-immortalcontainer", "example-immortalcontainer-immortalpod"
+    pod = wait_pod(core, namespace, pod_name)
+    ic = get_ic(custom, namespace, name)
+    assert pod.spec.containers[0].name == "acontainer"
+    assert pod.spec.containers[0].image == "nginx:latest"
+    assert pod.metadata.labels["controller"] == name
+    assert pod.metadata.labels["kopf-operators.dev/immortal"] == name
+    [ref] = pod.metadata.owner_references
+    assert (ref.kind, ref.name, ref.uid, ref.controller) == ("ImmortalContainer", name, ic["metadata"]["uid"], True)
+    st = wait_counted(custom, namespace, name, 1, pod.metadata.uid)
+    assert st["currentPod"] == pod_name
+    wait_for(lambda: ready(status(custom, namespace, name))["status"] == "True", what="Ready=True")
+    st = status(custom, namespace, name)
+    assert st["observedGeneration"] == ic["metadata"]["generation"]
+    wait_for(lambda: has_event(core, namespace, name, "PodCreated", "Normal"), what="a PodCreated event")
+    assert_no_kopf_state_on(core.read_namespaced_pod(pod_name, namespace))
+    # kubectl shows the printer columns; the short name works.
+    table = kubectl("get", "ic", "-n", namespace).stdout
+    assert "IMAGE" in table and "POD" in table and "STARTS" in table and pod_name in table
+    assert "The container image to run forever" in kubectl("explain", "immortalcontainer.spec.image").stdout
+    # Converged: the count stays and the pod is not replaced.
+    stays(lambda: status(custom, namespace, name)["startTimes"] == 1
+          and core.read_namespaced_pod(pod_name, namespace).metadata.uid == pod.metadata.uid, 3,
+          what="one start, same pod")
+    assert not immortal_errors(operator)
+
+
+def test_deleted_pod_is_recreated_and_counted_exactly_once(core: Any, custom: Any, namespace: str,
+                                                            operator: OperatorProcess) -> None:
+    create_ic(custom, namespace, "web")
+    pod = wait_pod(core, namespace, "web-immortalpod")
+    wait_counted(custom, namespace, "web", 1, pod.metadata.uid)
+    for expected in (2, 3):
+        old = pod.metadata.uid
+        delete_pod(core, namespace, "web-immortalpod")
+        pod = wait_pod(core, namespace, "web-immortalpod", not_uid=old)
+        wait_counted(custom, namespace, "web", expected, pod.metadata.uid)
+        assert_no_kopf_state_on(pod)
+    stays(lambda: status(custom, namespace, "web")["startTimes"] == 3, 3, what="exactly three starts")
+    assert status(custom, namespace, "web")["currentPod"] == "web-immortalpod"
+
+
+@pytest.mark.parametrize(("phase", "reason"), [("Failed", None), ("Succeeded", None), ("Failed", "Evicted")])
+def test_ended_pod_is_replaced_and_counted(core: Any, custom: Any, namespace: str, operator: OperatorProcess,
+                                           phase: str, reason: str | None) -> None:
+    create_ic(custom, namespace, "job")
+    pod = wait_pod(core, namespace, "job-immortalpod")
+    wait_for(lambda: core.read_namespaced_pod("job-immortalpod", namespace).status.phase == "Running",
+             what="the pod to run")
+    wait_counted(custom, namespace, "job", 1, pod.metadata.uid)
+    patch: dict[str, Any] = {"status": {"phase": phase, **({"reason": reason} if reason else {})}}
+    core.patch_namespaced_pod_status("job-immortalpod", namespace, patch)
+    new = wait_pod(core, namespace, "job-immortalpod", not_uid=pod.metadata.uid)
+    wait_counted(custom, namespace, "job", 2, new.metadata.uid)
+    wait_for(lambda: has_event(core, namespace, "job", "PodEnded", "Normal"), what="a PodEnded event")
+    stays(lambda: status(custom, namespace, "job")["startTimes"] == 2, 2, what="exactly two starts")
+
+
+def test_image_change_replaces_the_pod(core: Any, custom: Any, namespace: str, operator: OperatorProcess) -> None:
+    create_ic(custom, namespace, "app", image="nginx:1.25")
+    pod = wait_pod(core, namespace, "app-immortalpod")
+    wait_counted(custom, namespace, "app", 1, pod.metadata.uid)
+    custom.patch_namespaced_custom_object(G, V, namespace, P, "app", {"spec": {"image": "nginx:1.27"}})
+    new = wait_pod(core, namespace, "app-immortalpod", not_uid=pod.metadata.uid)
+    assert new.spec.containers[0].image == "nginx:1.27"
+    st = wait_counted(custom, namespace, "app", 2, new.metadata.uid)
+    wait_for(lambda: status(custom, namespace, "app").get("observedGeneration") == 2, what="observedGeneration 2")
+    assert st["currentPod"] == "app-immortalpod"
+    wait_for(lambda: has_event(core, namespace, "app", "ImageChanged", "Normal"), what="an ImageChanged event")
+
+
+def test_deleting_the_immortalcontainer_removes_its_pod(core: Any, custom: Any, namespace: str,
+                                                        operator: OperatorProcess) -> None:
+    create_ic(custom, namespace, "gone")
+    wait_pod(core, namespace, "gone-immortalpod")
+    custom.delete_namespaced_custom_object(G, V, namespace, P, "gone")
+    wait_for(lambda: pod_or_none(core, namespace, "gone-immortalpod") is None, timeout=60,
+             what="garbage collection of the pod")
+    stays(lambda: pod_or_none(core, namespace, "gone-immortalpod") is None, 2, what="no pod recreated")
+
+
+def test_foreign_pod_with_the_target_name_is_left_alone(core: Any, custom: Any, namespace: str,
+                                                         operator: OperatorProcess) -> None:
+    foreign = core.create_namespaced_pod(namespace, {
+        "metadata": {"name": "mine-immortalpod", "labels": {"app": "someone-else"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
+    create_ic(custom, namespace, "mine")
+
+    def blocked() -> bool:
+        st = status(custom, namespace, "mine")
+        return bool(st.get("conditions")) and ready(st)["reason"] == "ForeignPod" and ready(st)["status"] == "False"
+    wait_for(blocked, what="Ready=False/ForeignPod")
+    wait_for(lambda: has_event(core, namespace, "mine", "ForeignPod", "Warning"), what="a ForeignPod Warning")
+
+    def untouched() -> bool:
+        pod = core.read_namespaced_pod("mine-immortalpod", namespace)
+        return bool(pod.metadata.uid == foreign.metadata.uid and not pod.metadata.owner_references
+                    and pod.metadata.deletion_timestamp is None
+                    and "kopf-operators.dev/immortal" not in (pod.metadata.labels or {}))
+    stays(untouched, 3, what="the foreign pod untouched and not adopted")
+    assert status(custom, namespace, "mine").get("startTimes", 0) == 0
+    # The foreign pod goes away: the ImmortalContainer recovers on its own.
+    delete_pod(core, namespace, "mine-immortalpod")
+    ours = wait_pod(core, namespace, "mine-immortalpod", not_uid=foreign.metadata.uid)
+    assert ours.metadata.owner_references[0].name == "mine"
+    wait_counted(custom, namespace, "mine", 1, ours.metadata.uid)
+    wait_for(lambda: ready(status(custom, namespace, "mine"))["status"] == "True", what="Ready=True")
+
+
+# --- restarts and crashes ------------------------------------------------------------------------
+
+
+def test_operator_down_while_pods_deleted_converges_on_start(core: Any, custom: Any, namespace: str,
+                                                              operator: OperatorProcess) -> None:
+    create_ic(custom, namespace, "sturdy")
+    pod = wait_pod(core, namespace, "sturdy-immortalpod")
+    wait_counted(custom, namespace, "sturdy", 1, pod.metadata.uid)
+    operator.stop()
+    delete_pod(core, namespace, "sturdy-immortalpod")
+    wait_for(lambda: pod_or_none(core, namespace, "sturdy-immortalpod") is None, what="the pod to be gone")
+    create_ic(custom, namespace, "newcomer")
+    stays(lambda: pod_or_none(core, namespace, "newcomer-immortalpod") is None, 1, what="nothing while down")
+    operator.start()
+    new = wait_pod(core, namespace, "sturdy-immortalpod", not_uid=pod.metadata.uid)
+    wait_counted(custom, namespace, "sturdy", 2, new.metadata.uid)
+    other = wait_pod(core, namespace, "newcomer-immortalpod")
+    wait_counted(custom, namespace, "newcomer", 1, other.metadata.uid)
+    stays(lambda: status(custom, namespace, "sturdy")["startTimes"] == 2
+          and core.read_namespaced_pod("sturdy-immortalpod", namespace).metadata.uid == new.metadata.uid, 3,
+          what="exactly one new start")
+    assert_no_kopf_state_on(core.read_namespaced_pod("sturdy-immortalpod", namespace))
+
+
+def test_crash_between_create_and_status_counts_once(core: Any, custom: Any, namespace: str,
+                                                     operator: OperatorProcess) -> None:
+    """The state a SIGKILL leaves between "create pod" and "patch status": the pod exists, uncounted."""
+    ic = create_ic(custom, namespace, "crashy")
+    pod = wait_pod(core, namespace, "crashy-immortalpod")
+    wait_counted(custom, namespace, "crashy", 1, pod.metadata.uid)
+    operator.kill()
+    delete_pod(core, namespace, "crashy-immortalpod")
+    wait_for(lambda: pod_or_none(core, namespace, "crashy-immortalpod") is None, what="the pod to be gone")
+    ic = get_ic(custom, namespace, "crashy")
+    created = core.create_namespaced_pod(namespace, logic.build_pod(ic))  # exactly what the operator sends
+    operator.start()
+    st = wait_counted(custom, namespace, "crashy", 2, created.metadata.uid)
+    assert st["currentPod"] == "crashy-immortalpod"
+    stays(lambda: status(custom, namespace, "crashy")["startTimes"] == 2
+          and core.read_namespaced_pod("crashy-immortalpod", namespace).metadata.uid == created.metadata.uid, 3,
+          what="the existing pod adopted as start #2, not recreated, not counted twice")
+
+
+def test_sigkill_during_replacements_never_double_counts(core: Any, custom: Any, namespace: str,
+                                                         operator: OperatorProcess) -> None:
+    create_ic(custom, namespace, "victim")
+    pod = wait_pod(core, namespace, "victim-immortalpod")
+    wait_counted(custom, namespace, "victim", 1, pod.metadata.uid)
+    uids = {pod.metadata.uid}
+    for kill_after in (0.0, 0.02, 0.05, 0.1):
+        delete_pod(core, namespace, "victim-immortalpod")
+        time.sleep(kill_after)  # land the SIGKILL at different points of the replacement
+        operator.kill()
+        operator.start()
+        pod = wait_pod(core, namespace, "victim-immortalpod", not_uid=pod.metadata.uid)
+        uids.add(pod.metadata.uid)
+        wait_counted(custom, namespace, "victim", len(uids), pod.metadata.uid)
+    stays(lambda: status(custom, namespace, "victim")["startTimes"] == 5, 2, what="five starts, five pods")
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("spec", "needle"), [
+    ('  image: ""', "spec.image"),
+    ("  {}", "spec.image: Required value"),
+    ('  image: "nginx latest"', "spec.image must be a non-empty image reference without spaces"),
+])
+def test_bad_input_is_rejected_with_a_readable_message(namespace: str, crds: None, spec: str, needle: str) -> None:
+    text = f"apiVersion: {logic.API_VERSION}\nkind: {logic.KIND}\nmetadata:\n  name: bad\nspec:\n{spec}\n"
+    result = apply_yaml(text, namespace, check=False)
+    assert result.returncode != 0
+    assert needle in result.stderr, result.stderr
+
+
+def test_overlong_name_is_rejected(namespace: str, crds: None) -> None:
+    name = "x" * 64
+    text = f"apiVersion: {logic.API_VERSION}\nkind: {logic.KIND}\nmetadata:\n  name: {name}\nspec:\n  image: nginx\n"
+    result = apply_yaml(text, namespace, check=False)
+    assert result.returncode != 0 and "at most 63 characters" in result.stderr, result.stderr
+
+
+# --- reaction time -------------------------------------------------------------------------------
+
+
+def test_reaction_time_pod_deleted_to_replacement(core: Any, custom: Any, namespace: str,
+                                                  operator: OperatorProcess) -> None:
+    create_ic(custom, namespace, "fast")
+    pod = wait_pod(core, namespace, "fast-immortalpod")
+    wait_counted(custom, namespace, "fast", 1, pod.metadata.uid)
+    latencies: list[float] = []
+    for _ in range(20):
+        old = pod.metadata.uid
+        started = time.monotonic()
+        delete_pod(core, namespace, "fast-immortalpod")
+        pod = wait_pod(core, namespace, "fast-immortalpod", not_uid=old)
+        latencies.append(time.monotonic() - started)
+    wait_counted(custom, namespace, "fast", 21, pod.metadata.uid)
+    latencies.sort()
+    p50 = statistics.median(latencies)
+    p99 = latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))]
+    print(f"\nimmortal reaction (pod deleted -> replacement exists), n={len(latencies)}: "
+          f"p50={p50 * 1000:.0f}ms p99={p99 * 1000:.0f}ms max={latencies[-1] * 1000:.0f}ms")
