@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import threading
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -186,7 +186,7 @@ class Metrics:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counters: Counter[tuple[str, tuple[tuple[str, str], ...]]] = Counter()
+        self._counters: defaultdict[tuple[str, tuple[tuple[str, str], ...]], float] = defaultdict(float)
         self._help: dict[str, str] = {}
 
     def inc(self, name: str, help_: str, amount: float = 1, **labels: str) -> None:
