@@ -32,9 +32,11 @@ OWNER_LABEL = f"{DOMAIN}/immortal"
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
-# Retry delays (seconds) while waiting for something outside the operator's control.
-WAIT_TERMINATING_DELAY = 2.0
-WAIT_FOREIGN_DELAY = 10.0
+# While an old pod terminates, the CR's handler re-checks every POLL_SECONDS for up to
+# CONVERGE_WAIT_SECONDS (pod events usually finish the job first), then retries after RETRY_DELAY_SECONDS.
+POLL_SECONDS = 0.5
+CONVERGE_WAIT_SECONDS = 60.0
+RETRY_DELAY_SECONDS = 10.0
 
 
 def pod_name(ic_name: str) -> str:
@@ -65,7 +67,6 @@ def build_pod(ic: Mapping[str, Any]) -> dict[str, Any]:
                 "name": name,
                 "uid": meta["uid"],
                 "controller": True,
-                "blockOwnerDeletion": True,
             }],
         },
         "spec": {

@@ -6,6 +6,7 @@ Kopf keeps state only on the ImmortalContainer; pods are only watched (``on.even
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -16,24 +17,26 @@ from kopf_operators import immortal as logic
 from kopf_operators import immortal_api as api
 
 
-def _converge(namespace: str, name: str) -> None:
-    decision = api.reconcile(namespace, name)
-    if decision is None or decision.action in (logic.Action.NONE,):
-        return
-    if decision.action is logic.Action.BLOCKED:
-        raise kopf.TemporaryError(decision.message, delay=logic.WAIT_FOREIGN_DELAY)
-    # CREATE raced, DELETE issued, or WAIT: come back soon (pod events usually finish it first).
-    raise kopf.TemporaryError(decision.message, delay=logic.WAIT_TERMINATING_DELAY)
-
-
-# The CR's own handlers retry until the pod matches the spec: they make creation, image changes,
-# operator restarts (resume) and foreign-pod waits converge even when a pod event is missed.
+# The CR's own handlers run passes until the pod matches the spec, so creation, image changes and
+# operator restarts (resume) converge even when a pod event is missed. Async, so that waiting for an
+# old pod to terminate holds no worker thread; the sync API calls run via asyncio.to_thread.
 @kopf.on.create(logic.GROUP, logic.PLURAL, id="immortal-create", retries=None, backoff=2)
 @kopf.on.update(logic.GROUP, logic.PLURAL, field="spec", id="immortal-update", retries=None, backoff=2)
 @kopf.on.resume(logic.GROUP, logic.PLURAL, id="immortal-resume", retries=None, backoff=2)
-def converge_ic(namespace: str | None, name: str, **_: Any) -> None:
-    if namespace:
-        _converge(namespace, name)
+async def converge_ic(namespace: str | None, name: str, **_: Any) -> None:
+    if not namespace:
+        return
+    deadline = time.monotonic() + logic.CONVERGE_WAIT_SECONDS
+    while True:
+        decision = await asyncio.to_thread(api.reconcile, namespace, name)
+        # A foreign pod is reported (status, Warning Event) and left alone; its deletion is a pod
+        # event that resumes the work, so there is nothing to retry here.
+        if decision is None or decision.action in (logic.Action.NONE, logic.Action.BLOCKED):
+            return
+        if time.monotonic() > deadline:
+            # Unusual (e.g. a pod stuck terminating): Kopf retries and reports it.
+            raise kopf.TemporaryError(decision.message, delay=logic.RETRY_DELAY_SECONDS)
+        await asyncio.sleep(logic.POLL_SECONDS)
 
 
 def _is_ours(labels: kopf.Labels, **_: Any) -> bool:

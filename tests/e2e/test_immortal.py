@@ -43,13 +43,13 @@ def pod_or_none(core: kubernetes.client.CoreV1Api, namespace: str, name: str) ->
 
 
 def wait_pod(core: kubernetes.client.CoreV1Api, namespace: str, name: str, not_uid: str | None = None,
-             timeout: float = 30) -> Any:
+             timeout: float = 30, interval: float = 0.05) -> Any:
     """The pod ``name`` once it exists (and is not terminating), with a uid other than ``not_uid``."""
     def probe() -> Any:
         pod = pod_or_none(core, namespace, name)
         ok = pod is not None and pod.metadata.uid != not_uid and pod.metadata.deletion_timestamp is None
         return pod if ok else None
-    return wait_for(probe, timeout=timeout, interval=0.05, what=f"pod {name} (uid != {not_uid})")
+    return wait_for(probe, timeout=timeout, interval=interval, what=f"pod {name} (uid != {not_uid})")
 
 
 def wait_counted(custom: Any, namespace: str, name: str, starts: int, uid: str, timeout: float = 30) -> dict[str, Any]:
@@ -295,7 +295,7 @@ def test_reaction_time_pod_deleted_to_replacement(core: Any, custom: Any, namesp
         old = pod.metadata.uid
         started = time.monotonic()
         delete_pod(core, namespace, "fast-immortalpod")
-        pod = wait_pod(core, namespace, "fast-immortalpod", not_uid=old)
+        pod = wait_pod(core, namespace, "fast-immortalpod", not_uid=old, interval=0.01)
         latencies.append(time.monotonic() - started)
     wait_counted(custom, namespace, "fast", 21, pod.metadata.uid)
     latencies.sort()

@@ -32,7 +32,7 @@ def test_pod_manifest_matches_the_article_plus_project_label() -> None:
                               "kopf-operators.dev/immortal": "example-immortalcontainer"}
     assert meta["ownerReferences"] == [{
         "apiVersion": "immortalcontainer.flugel.it/v1alpha1", "kind": "ImmortalContainer",
-        "name": "example-immortalcontainer", "uid": "ic-uid", "controller": True, "blockOwnerDeletion": True,
+        "name": "example-immortalcontainer", "uid": "ic-uid", "controller": True,
     }]
     assert pod["spec"]["containers"] == [{"name": "acontainer", "image": "nginx:latest"}]
     assert "annotations" not in meta and "finalizers" not in meta
