@@ -271,11 +271,14 @@ def workload_state(body: Mapping[str, Any]) -> WorkloadState | None:
                          annotations.get(OBSERVED_SOURCES))
 
 
-def needs_reconcile(state: WorkloadState | None, lookup: Mapping[tuple[str, str], str]) -> bool:
-    """Cheap in-memory pre-check on a watch event: is there anything to do or to warn about?"""
+def needs_reconcile(state: WorkloadState | None, lookup: Mapping[tuple[str, str], str],
+                    already_warned: tuple[str, ...] | None = None) -> bool:
+    """Cheap in-memory pre-check on a watch event: is there anything to do or to warn about?
+    (Missing sources already warned about need nothing until they appear.)"""
     if state is None:
         return False
-    return plan(state.annotations, snapshot(state.sources, lookup)).action != "none"
+    p = plan(state.annotations, snapshot(state.sources, lookup))
+    return p.action != "none" and not (p.action == "wait-missing" and p.missing == already_warned)
 
 
 WorkloadKey = tuple[str, str, str]  # (kind, namespace, name)

@@ -57,7 +57,8 @@ def _patch(kind: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
         "StatefulSet": api.patch_namespaced_stateful_set,
         "DaemonSet": api.patch_namespaced_daemon_set,
     }[kind]
-    patcher(name, namespace, patch)
+    # A JSON merge patch: only the keys we name change (our two annotations and the template's one).
+    patcher(name, namespace, patch, _content_type="application/merge-patch+json")
 
 
 def _post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
@@ -129,10 +130,11 @@ class Runtime:
         if state is None:
             self.warned.pop(key, None)
             return
-        if logic.needs_reconcile(state, self.lookup(key[1], state.sources)):
+        lookup = self.lookup(key[1], state.sources)
+        if logic.needs_reconcile(state, lookup, self.warned.get(key)):
             self.trigger(key)
-        else:
-            self.warned.pop(key, None)
+        elif key in self.warned and not logic.snapshot(state.sources, lookup).missing:
+            del self.warned[key]  # resolved: warn again if it goes missing again
 
     def trigger(self, key: logic.WorkloadKey) -> None:
         self.dirty.add(key)

@@ -183,6 +183,9 @@ def test_needs_reconcile() -> None:
     body["metadata"]["annotations"].update(observed(snap))
     assert not logic.needs_reconcile(logic.workload_state(body), LOOKUP)
     assert not logic.needs_reconcile(logic.workload_state(workload(pod_spec=POD)), LOOKUP)
+    missing = {(SEC, "creds"): LOOKUP[(SEC, "creds")]}
+    assert logic.needs_reconcile(logic.workload_state(body), missing)
+    assert not logic.needs_reconcile(logic.workload_state(body), missing, ("configmap/nginx-conf",))
 
 
 def test_workload_index_entries() -> None:
