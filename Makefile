@@ -55,6 +55,10 @@ test: setup ## everything: set-up, local cluster, lint, unit and end-to-end test
 	@cluster/cluster.sh up
 	$(BIN)/pytest
 
+bench: setup ## benchmarks on the local cluster; writes bench/results.json and bench/results.md
+	@cluster/cluster.sh up
+	$(BIN)/python -m bench.run $(BENCH_ARGS)
+
 lint: setup ## ruff, mypy
 	$(BIN)/ruff check .
 	$(BIN)/mypy

@@ -151,6 +151,7 @@ class OperatorProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.health_port = 0
+        self.metrics_port = 0
 
     @property
     def running(self) -> bool:
@@ -164,7 +165,9 @@ class OperatorProcess:
         kopf = Path(sys.executable).parent / "kopf"
         cmd = [str(kopf), "run", "--standalone", "--all-namespaces", "--verbose",
                f"--liveness=http://127.0.0.1:{self.health_port}/healthz", *self.files]
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.extra_env}
+        self.metrics_port = int(self.extra_env.get("METRICS_PORT") or free_port())
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "METRICS_PORT": str(self.metrics_port),
+               **self.extra_env}
         self.starts += 1
         log = self.log_path.open("ab")
         log.write(f"\n===== start #{self.starts}: {' '.join(cmd)}\n".encode())
@@ -201,6 +204,11 @@ class OperatorProcess:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+    def metrics(self) -> str:
+        """The operator's Prometheus text endpoint."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:
+            return str(resp.read().decode())
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
