@@ -229,8 +229,11 @@ def reconcile(namespace: str, name: str, trigger: str) -> None:
                    f"untouched: {', '.join(status['conflicts'])}")
         logger.warning("Copyrator %s: %s", rule.key, message)
         post(body, "Warning", "Conflict", message)
-    if logic.status_changed(previous, status):
+    changed = logic.status_changed(previous, status)
+    if changed:
         patch_status(body, status)
+    logger.debug("Copyrator %s: reconciled (trigger=%s): %d source(s), %d write(s), status %s",
+                 rule.key, trigger, len(result.sources), result.writes, "updated" if changed else "unchanged")
     if failed:
         raise kopf.TemporaryError(f"{failed} copy operation(s) failed", delay=10)
 

@@ -8,6 +8,7 @@ events miss).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import kopf
@@ -48,41 +49,48 @@ def delete_rule(namespace: str | None, name: str, uid: str, **_: Any) -> None:
     api.logger.info("Copyrator %s/%s deleted: pruned %d copies", namespace, name, count)
 
 
-def _route(rule_type: str, event_type: str | None, body: kopf.Body, index: Any) -> None:
+def _snapshot(index: Any) -> list[tuple[tuple[str, str], dict[str, Any]]]:
+    """Copy the index in the event loop's thread: Kopf updates it there, so no concurrent change."""
+    return [(key, dict(entry)) for key, entry in api.iter_rule_keys(index)]
+
+
+async def _request_all(keys: list[tuple[str, str]], trigger: str) -> None:
+    for namespace, name in keys:
+        try:
+            await asyncio.to_thread(api.request, namespace, name, trigger)
+        except Exception as exc:  # events are not retried: the periodic resync repairs what fails
+            api.logger.warning("Copyrator %s/%s: reconcile failed (%s); the resync will retry",
+                               namespace, name, api.describe(exc))
+
+
+async def _route(rule_type: str, event_type: str | None, body: kopf.Body, index: Any) -> None:
     if event_type is None:
         return  # the initial listing: on.resume already reconciles every rule on start
     labels = body.get("metadata", {}).get("labels") or {}
-    for (namespace, name), entry in api.iter_rule_keys(index):
+    keys = []
+    for key, entry in _snapshot(index):
         if not logic.routes_to(entry, rule_type, body, api.known_sources.get(entry["uid"], ())):
             continue
         if labels.get(logic.RULE_UID_LABEL) == entry["uid"] and event_type != "DELETED" \
                 and not logic.drifted(body):
             continue  # our own write echoing back
-        try:
-            api.request(namespace, name, trigger=f"{rule_type} {event_type.lower()}")
-        except Exception as exc:  # not retried: the periodic resync repairs it
-            api.logger.warning("Copyrator %s/%s: reconcile failed (%s); the resync will retry",
-                               namespace, name, api.describe(exc))
+        keys.append(key)
+    await _request_all(keys, f"{rule_type} {event_type.lower()}")
 
 
 @kopf.on.event("", "v1", "configmaps", id="copyrator-configmap-event")
-def configmap_event(type: str | None, body: kopf.Body, **kwargs: Any) -> None:
-    _route("configmap", type, body, kwargs[INDEX])
+async def configmap_event(type: str | None, body: kopf.Body, **kwargs: Any) -> None:
+    await _route("configmap", type, body, kwargs[INDEX])
 
 
 @kopf.on.event("", "v1", "secrets", id="copyrator-secret-event")
-def secret_event(type: str | None, body: kopf.Body, **kwargs: Any) -> None:
-    _route("secret", type, body, kwargs[INDEX])
+async def secret_event(type: str | None, body: kopf.Body, **kwargs: Any) -> None:
+    await _route("secret", type, body, kwargs[INDEX])
 
 
 @kopf.on.event("", "v1", "namespaces", id="copyrator-namespace-event")
-def namespace_event(type: str | None, **kwargs: Any) -> None:
+async def namespace_event(type: str | None, **kwargs: Any) -> None:
     """A namespace appeared or changed labels/phase: every rule may gain or lose a target."""
     if type not in ("ADDED", "MODIFIED"):
         return
-    for (namespace, name), _entry in api.iter_rule_keys(kwargs[INDEX]):
-        try:
-            api.request(namespace, name, trigger=f"namespace {type.lower()}")
-        except Exception as exc:
-            api.logger.warning("Copyrator %s/%s: reconcile failed (%s); the resync will retry",
-                               namespace, name, api.describe(exc))
+    await _request_all([key for key, _ in _snapshot(kwargs[INDEX])], f"namespace {type.lower()}")

@@ -1,0 +1,442 @@
+"""Copyrator end to end, on the real local control plane.
+
+Rules that target every namespace copy into other tests' namespaces too, so only the tests of the
+article's all-namespaces behaviour use them; the rest limit targets to their own namespaces, and
+every test deletes its rules and waits for the prune.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import kubernetes
+import pytest
+import yaml
+
+from kopf_operators import copyrator as logic
+from tests.kube import REPO, OperatorProcess, kubectl, stays, wait_for
+
+ARTICLE_RULE = REPO / "manifests" / "examples" / "copyrator-article-rule.yaml"
+G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL
+
+
+@pytest.fixture
+def make_namespace(core: kubernetes.client.CoreV1Api) -> Iterator[Callable[..., str]]:
+    """Extra namespaces for one test (the ``namespace`` fixture gives one), deleted afterwards."""
+    made: list[str] = []
+
+    def make(prefix: str = "copyr", **labels: str) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        core.create_namespace({"metadata": {"name": name,
+                                            "labels": {"kopf-operators.dev/test": "true", **labels}}})
+        made.append(name)
+        return name
+
+    yield make
+    for name in made:
+        try:
+            core.delete_namespace(name)
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+def get(core: kubernetes.client.CoreV1Api, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    """The object as a plain dict, or None when absent."""
+    read = core.read_namespaced_config_map if kind == "ConfigMap" else core.read_namespaced_secret
+    try:
+        obj = read(name, namespace)
+    except kubernetes.client.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return dict(core.api_client.sanitize_for_serialization(obj))
+
+
+def put_cm(core: kubernetes.client.CoreV1Api, namespace: str, name: str, data: dict[str, str],
+           labels: dict[str, str] | None = None) -> None:
+    body = {"metadata": {"name": name, "namespace": namespace,
+                         "labels": {"copyrator": "true"} if labels is None else labels}, "data": data}
+    try:
+        core.create_namespaced_config_map(namespace, body)
+    except kubernetes.client.ApiException as exc:
+        if exc.status != 409:
+            raise
+        core.replace_namespaced_config_map(name, namespace, body)
+
+
+def make_rule(custom: kubernetes.client.CustomObjectsApi, namespace: str, name: str, /, **spec: Any) -> None:
+    body = {"apiVersion": f"{G}/{V}", "kind": logic.KIND,
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+    custom.create_namespaced_custom_object(G, V, namespace, P, body)
+
+
+def status(custom: kubernetes.client.CustomObjectsApi, namespace: str, name: str) -> dict[str, Any]:
+    return dict(custom.get_namespaced_custom_object(G, V, namespace, P, name).get("status") or {})
+
+
+def condition(custom: kubernetes.client.CustomObjectsApi, namespace: str, name: str, type_: str) -> dict[str, Any]:
+    return next((c for c in status(custom, namespace, name).get("conditions") or [] if c["type"] == type_), {})
+
+
+def delete_rule(custom: kubernetes.client.CustomObjectsApi, namespace: str, name: str) -> None:
+    """Delete a rule and wait until it is gone (its on.delete handler prunes the copies first)."""
+    try:
+        custom.delete_namespaced_custom_object(G, V, namespace, P, name)
+    except kubernetes.client.ApiException as exc:
+        if exc.status != 404:
+            raise
+
+    def gone() -> bool:
+        try:
+            custom.get_namespaced_custom_object(G, V, namespace, P, name)
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return True
+            raise
+        return False
+
+    wait_for(gone, timeout=60, what=f"rule {namespace}/{name} to be deleted")
+
+
+def copies(core: kubernetes.client.CoreV1Api, kind: str = "ConfigMap", selector: str = "") -> dict[str, Any]:
+    """Every object carrying a Copyrator marker, keyed ns/name."""
+    call = core.list_config_map_for_all_namespaces if kind == "ConfigMap" else core.list_secret_for_all_namespaces
+    items = call(label_selector=selector or logic.RULE_UID_LABEL).items
+    return {f"{i.metadata.namespace}/{i.metadata.name}": i for i in items}
+
+
+def events(core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> list[Any]:
+    return list(core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items)
+
+
+def data_of(core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> dict[str, str] | None:
+    obj = get(core, "ConfigMap", namespace, name)
+    return None if obj is None else dict(obj.get("data") or {})
+
+
+def wait_data(core: kubernetes.client.CoreV1Api, namespace: str, name: str,
+              expected: dict[str, str] | None = None, timeout: float = 30) -> None:
+    """Wait until the ConfigMap exists (with ``expected`` data, when given)."""
+    def probe() -> bool:
+        data = data_of(core, namespace, name)
+        return data is not None and (expected is None or data == expected)
+
+    wait_for(probe, timeout=timeout, what=f"ConfigMap {namespace}/{name} with {expected or 'any data'}")
+
+
+def wait_condition(custom: kubernetes.client.CustomObjectsApi, namespace: str, name: str, type_: str,
+                   **expect: str) -> dict[str, Any]:
+    def probe() -> dict[str, Any] | None:
+        cond = condition(custom, namespace, name, type_)
+        return cond if all(cond.get(k) == v for k, v in expect.items()) else None
+
+    found = wait_for(probe, what=f"condition {type_} {expect} on {namespace}/{name}")
+    assert found is not None
+    return found
+
+
+# --- The article's rule ------------------------------------------------------------------------
+
+
+def test_article_rule_copies_into_every_namespace_and_propagates(
+        operator: OperatorProcess, core: kubernetes.client.CoreV1Api,
+        custom: kubernetes.client.CustomObjectsApi, namespace: str,
+        make_namespace: Callable[..., str]) -> None:
+    source = f"copyrator-e2e-{uuid.uuid4().hex[:6]}"
+    put_cm(core, "default", source, {"LOG_LEVEL": "info", "MODE": "a"})
+    try:
+        kubectl("apply", "-n", "default", "-f", str(ARTICLE_RULE))  # verbatim: fields at the top level
+        wait_for(lambda: data_of(core, namespace, source) == {"LOG_LEVEL": "info", "MODE": "a"},
+                 timeout=30, what="the copy in an existing namespace")
+        copy = get(core, "ConfigMap", namespace, source) or {}
+        rule = custom.get_namespaced_custom_object(G, V, "default", P, "main-rule")
+        assert copy["metadata"]["labels"] == {"copyrator": "true", logic.RULE_UID_LABEL: rule["metadata"]["uid"]}
+        assert copy["metadata"]["annotations"][logic.SOURCE_ANNOTATION] == f"default/{source}"
+        assert copy["metadata"]["annotations"][logic.RULE_ANNOTATION] == "default/main-rule"
+        assert get(core, "ConfigMap", "kube-system", source) is None  # system namespaces excluded
+        wait_for(lambda: condition(custom, "default", "main-rule", "Ready").get("status") == "True",
+                 what="Ready=True")
+        st = status(custom, "default", "main-rule")
+        assert st["observedGeneration"] == rule["metadata"]["generation"] and st["ruleType"] == "configmap"
+        printed = kubectl("get", "copyr", "-n", "default", "main-rule").stdout
+        assert "configmap" in printed and "default" in printed and "True" in printed
+
+        # A namespace created later gets the copy.
+        started = time.monotonic()
+        later = make_namespace()
+        wait_for(lambda: data_of(core, later, source), timeout=30, what="the copy in a new namespace")
+        print(f"\nnew namespace -> copy: {time.monotonic() - started:.2f}s")
+
+        # Updates, key removal and label changes propagate.
+        started = time.monotonic()
+        put_cm(core, "default", source, {"LOG_LEVEL": "debug"}, labels={"copyrator": "true", "tier": "x"})
+        for ns in (namespace, later):
+            wait_data(core, ns, source, {"LOG_LEVEL": "debug"})
+        print(f"source update -> copies: {time.monotonic() - started:.2f}s")
+        assert (get(core, "ConfigMap", later, source) or {})["metadata"]["labels"]["tier"] == "x"
+
+        # Top-level field edits reach the operator (generation bumps; Kopf diffs the whole body).
+        kubectl("patch", "copyr", "main-rule", "-n", "default", "--type=merge",
+                "-p", f'{{"excludedNamespaces": ["{later}"]}}')
+        wait_for(lambda: get(core, "ConfigMap", later, source) is None, timeout=30,
+                 what="the prune from an excluded namespace")
+        assert data_of(core, namespace, source) == {"LOG_LEVEL": "debug"}
+        assert status(custom, "default", "main-rule")["observedGeneration"] == \
+            custom.get_namespaced_custom_object(G, V, "default", P, "main-rule")["metadata"]["generation"]
+    finally:
+        delete_rule(custom, "default", "main-rule")
+        core.delete_namespaced_config_map(source, "default")
+    assert not [k for k in copies(core) if k.endswith(f"/{source}")], "rule deletion prunes every copy"
+    assert not operator.errors()
+
+
+# --- Secrets, canaries, conflicts ------------------------------------------------------------
+
+
+def test_secret_rule_skips_tokens_and_never_leaks_values(
+        operator: OperatorProcess, core: kubernetes.client.CoreV1Api,
+        custom: kubernetes.client.CustomObjectsApi, namespace: str,
+        make_namespace: Callable[..., str]) -> None:
+    canary = f"canary-{uuid.uuid4().hex}"
+    target = make_namespace()
+    labels = {"share": "creds"}
+
+    def secret(name: str, type_: str, annotations: dict[str, str] | None = None) -> None:
+        core.create_namespaced_secret(namespace, {
+            "metadata": {"name": name, "labels": labels, "annotations": annotations or {}},
+            "type": type_, "stringData": {"password": canary}})
+
+    secret("creds", "Opaque")
+    secret("sa-token", "kubernetes.io/service-account-token", {"kubernetes.io/service-account.name": "default"})
+    secret("sh.helm.release.v1.app.v1", "helm.sh/release.v1")
+    make_rule(custom, namespace, "creds", ruleType="secret", selector=labels, namespace=[namespace],
+              targetNamespaces=[target])
+    try:
+        copied = wait_for(lambda: get(core, "Secret", target, "creds"), timeout=30, what="the secret copy")
+        assert copied is not None
+        assert base64.b64decode(copied["data"]["password"]).decode() == canary and copied["type"] == "Opaque"
+        wait_for(lambda: status(custom, namespace, "creds").get("skipped") == 2, what="2 skipped secrets")
+        stays(lambda: get(core, "Secret", target, "sa-token") is None
+              and get(core, "Secret", target, "sh.helm.release.v1.app.v1") is None, 2, what="tokens not copied")
+
+        # A type change cannot be updated in place: the copy is re-created with the new type.
+        new = {"metadata": {"name": "creds", "labels": labels}, "type": "example.com/custom",
+               "stringData": {"password": canary, "user": "u"}}
+        core.delete_namespaced_secret("creds", namespace)
+        core.create_namespaced_secret(namespace, new)
+        wait_for(lambda: (get(core, "Secret", target, "creds") or {}).get("type") == "example.com/custom",
+                 timeout=30, what="the re-created copy")
+
+        encoded = base64.b64encode(canary.encode()).decode()
+        evs = " ".join(f"{e.reason} {e.message}" for e in events(core, namespace, "creds"))
+        st = repr(status(custom, namespace, "creds"))
+        annotations = repr((get(core, "Secret", target, "creds") or {})["metadata"].get("annotations"))
+        for where, text in (("operator log", operator.output()), ("events", evs), ("status", st),
+                            ("annotations", annotations)):
+            assert canary not in text and encoded not in text, f"secret value leaked into {where}"
+    finally:
+        delete_rule(custom, namespace, "creds")
+    assert get(core, "Secret", target, "creds") is None
+    assert not operator.errors()
+
+
+def test_foreign_object_is_left_untouched_and_reported(
+        operator: OperatorProcess, core: kubernetes.client.CoreV1Api,
+        custom: kubernetes.client.CustomObjectsApi, namespace: str,
+        make_namespace: Callable[..., str]) -> None:
+    mine, theirs = make_namespace(), make_namespace()
+    put_cm(core, theirs, "settings", {"owner": "somebody else"}, labels={})
+    before = get(core, "ConfigMap", theirs, "settings") or {}
+    put_cm(core, namespace, "settings", {"k": "v"})
+    make_rule(custom, namespace, "r", ruleType="configmap", selector={"copyrator": "true"},
+              namespace=namespace, targetNamespaces=[mine, theirs])
+    try:
+        wait_for(lambda: data_of(core, mine, "settings") == {"k": "v"}, timeout=30, what="the copy")
+        cond = wait_condition(custom, namespace, "r", "Conflict", status="True")
+        assert f"{theirs}/settings" in cond["message"]
+        st = status(custom, namespace, "r")
+        assert (st["desired"], st["copied"], st["conflicted"]) == (2, 1, 1)
+        wait_for(lambda: [e for e in events(core, namespace, "r") if e.reason == "Conflict" and e.type == "Warning"],
+                 what="a Warning event")
+        # An update of the source still never touches the foreign object.
+        put_cm(core, namespace, "settings", {"k": "v2"})
+        wait_for(lambda: data_of(core, mine, "settings") == {"k": "v2"}, timeout=30, what="the update")
+        after = get(core, "ConfigMap", theirs, "settings") or {}
+        assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+        assert after == before
+    finally:
+        delete_rule(custom, namespace, "r")
+    assert get(core, "ConfigMap", mine, "settings") is None
+    assert (get(core, "ConfigMap", theirs, "settings") or {}) == before, "pruning spares foreign objects"
+
+
+# --- Pruning -------------------------------------------------------------------------------
+
+
+def test_every_prune_path(operator: OperatorProcess, core: kubernetes.client.CoreV1Api,
+                          custom: kubernetes.client.CustomObjectsApi, namespace: str,
+                          make_namespace: Callable[..., str]) -> None:
+    token = uuid.uuid4().hex[:6]
+    a, b = make_namespace(**{"copyrator-e2e": token}), make_namespace(**{"copyrator-e2e": token})
+    for name in ("deleted", "unlabelled", "kept"):
+        put_cm(core, namespace, name, {"name": name})
+    make_rule(custom, namespace, "r", ruleType="configmap", selector={"copyrator": "true"},
+              namespace=namespace, namespaceSelector={"matchLabels": {"copyrator-e2e": token}})
+    try:
+        for ns in (a, b):
+            for name in ("deleted", "unlabelled", "kept"):
+                wait_data(core, ns, name)
+        # The source is deleted.
+        core.delete_namespaced_config_map("deleted", namespace)
+        wait_for(lambda: all(get(core, "ConfigMap", ns, "deleted") is None for ns in (a, b)), timeout=30,
+                 what="the prune of a deleted source's copies")
+        # The source stops matching the selector.
+        put_cm(core, namespace, "unlabelled", {"name": "unlabelled"}, labels={"copyrator": "no"})
+        wait_for(lambda: all(get(core, "ConfigMap", ns, "unlabelled") is None for ns in (a, b)), timeout=30,
+                 what="the prune of an unlabelled source's copies")
+        # A namespace stops being a target (its labels no longer match).
+        core.patch_namespace(b, {"metadata": {"labels": {"copyrator-e2e": None}}})
+        wait_for(lambda: get(core, "ConfigMap", b, "kept") is None, timeout=30, what="the prune from b")
+        assert data_of(core, a, "kept") == {"name": "kept"}
+        assert status(custom, namespace, "r")["copied"] == 1
+    finally:
+        # The rule is deleted: its last copies go.
+        delete_rule(custom, namespace, "r")
+    assert get(core, "ConfigMap", a, "kept") is None
+    assert data_of(core, namespace, "kept") == {"name": "kept"}, "sources are never touched"
+    assert not operator.errors()
+
+
+def test_schema_rejects_bad_rules_readably(crds: None, namespace: str) -> None:
+    def apply(doc: dict[str, Any]) -> str:
+        body = {"apiVersion": f"{G}/{V}", "kind": logic.KIND, "metadata": {"name": "bad"}, **doc}
+        proc = kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body), check=False)
+        assert proc.returncode != 0, proc.stdout
+        return proc.stderr
+
+    assert "Unsupported value" in apply({"ruleType": "pods", "selector": {"a": "b"}, "namespace": namespace})
+    assert "not both" in apply({"ruleType": "secret", "selector": {"a": "b"}, "namespace": namespace,
+                                "spec": {"ruleType": "secret", "selector": {"a": "b"}, "namespace": namespace}})
+    assert "selector" in apply({"spec": {"ruleType": "secret", "selector": {}, "namespace": namespace}})
+    assert "values" in apply({"spec": {"ruleType": "secret", "selector": {"a": "b"}, "namespace": namespace,
+                                       "namespaceSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}})
+
+
+def test_invalid_namespace_value_is_reported_in_status(
+        operator: OperatorProcess, core: kubernetes.client.CoreV1Api,
+        custom: kubernetes.client.CustomObjectsApi, namespace: str) -> None:
+    body = {"apiVersion": f"{G}/{V}", "kind": logic.KIND, "metadata": {"name": "bad", "namespace": namespace},
+            "ruleType": "configmap", "selector": {"a": "b"}, "namespace": {"not": "a name"}}
+    custom.create_namespaced_custom_object(G, V, namespace, P, body)
+    try:
+        cond = wait_condition(custom, namespace, "bad", "Ready", reason="Invalid")
+        assert "namespace" in cond["message"] and cond["status"] == "False"
+        wait_for(lambda: [e for e in events(core, namespace, "bad") if e.reason == "Invalid"], what="event")
+    finally:
+        delete_rule(custom, namespace, "bad")
+
+
+# --- With an operator of our own (special environment) ------------------------------------------
+
+
+@pytest.fixture
+def own_operator(operator: OperatorProcess) -> Iterator[Callable[..., OperatorProcess]]:
+    """Stop the shared operator and run one with extra env; the shared one restarts afterwards."""
+    started: list[OperatorProcess] = []
+
+    def start(**env: str) -> OperatorProcess:
+        operator.stop()
+        proc = OperatorProcess(files=operator.files, env=env, log_name="copyrator-own")
+        proc.start()
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
+    operator.start()
+
+
+def test_cross_namespace_rules_are_refused_unless_allowed(
+        operator: OperatorProcess, own_operator: Callable[..., OperatorProcess],
+        core: kubernetes.client.CoreV1Api, custom: kubernetes.client.CustomObjectsApi,
+        namespace: str, make_namespace: Callable[..., str]) -> None:
+    elsewhere, target = make_namespace(), make_namespace()
+    put_cm(core, elsewhere, "settings", {"k": "v"})
+    make_rule(custom, namespace, "cross", ruleType="configmap", selector={"copyrator": "true"},
+              namespace=elsewhere, targetNamespaces=[target])
+    try:
+        cond = wait_condition(custom, namespace, "cross", "Refused", status="True")
+        assert elsewhere in cond["message"] and "COPYRATOR_ALLOW_CROSS_NAMESPACE" in cond["message"]
+        assert condition(custom, namespace, "cross", "Ready")["status"] == "False"
+        wait_for(lambda: [e for e in events(core, namespace, "cross") if e.reason == "Refused"
+                          and e.type == "Warning"], what="a Refused event")
+        stays(lambda: get(core, "ConfigMap", target, "settings") is None, 2, what="nothing copied")
+
+        proc = own_operator(COPYRATOR_ALLOW_CROSS_NAMESPACE="true")
+        wait_for(lambda: data_of(core, target, "settings") == {"k": "v"}, timeout=30, what="the allowed copy")
+        wait_condition(custom, namespace, "cross", "Refused", status="False")
+        assert not proc.errors()
+        delete_rule(custom, namespace, "cross")
+        assert get(core, "ConfigMap", target, "settings") is None
+    finally:
+        delete_rule(custom, namespace, "cross")
+
+
+def test_converges_after_downtime_and_idle_means_no_writes(
+        operator: OperatorProcess, own_operator: Callable[..., OperatorProcess],
+        core: kubernetes.client.CoreV1Api, custom: kubernetes.client.CustomObjectsApi,
+        namespace: str, make_namespace: Callable[..., str]) -> None:
+    token = uuid.uuid4().hex[:6]
+    a, b = make_namespace(**{"copyrator-e2e": token}), make_namespace(**{"copyrator-e2e": token})
+    put_cm(core, namespace, "one", {"v": "1"})
+    put_cm(core, namespace, "two", {"v": "1"})
+    make_rule(custom, namespace, "r", ruleType="configmap", selector={"copyrator": "true"},
+              namespace=namespace, namespaceSelector={"matchLabels": {"copyrator-e2e": token}})
+    try:
+        for ns in (a, b):
+            for name in ("one", "two"):
+                wait_data(core, ns, name)
+
+        operator.stop()  # downtime: every kind of change happens meanwhile
+        put_cm(core, namespace, "one", {"v": "2"})
+        core.delete_namespaced_config_map("two", a)  # a copy deleted by hand
+        core.patch_namespaced_config_map("two", b, {"data": {"v": "edited by hand"}})
+        put_cm(core, namespace, "three", {"v": "3"})
+        c = make_namespace(**{"copyrator-e2e": token})
+
+        started = time.monotonic()
+        proc = own_operator(COPYRATOR_RESYNC_SECONDS="2")
+        want = {(ns, name): {"v": v} for ns in (a, b, c) for name, v in (("one", "2"), ("two", "1"), ("three", "3"))}
+        wait_for(lambda: all(data_of(core, ns, name) == d for (ns, name), d in want.items()), timeout=60,
+                 what="convergence after downtime")
+        print(f"\nconverged after restart in {time.monotonic() - started:.2f}s")
+
+        # Drift between events is repaired too (the copy is edited: the event or the resync fixes it).
+        core.patch_namespaced_config_map("one", c, {"data": {"v": "drift"}})
+        wait_for(lambda: data_of(core, c, "one") == {"v": "2"}, timeout=15, what="the drift repair")
+
+        # Idle: several resyncs run, nothing is written.
+        wait_for(lambda: status(custom, namespace, "r").get("copied") == 9, what="status copied=9")
+        uid = custom.get_namespaced_custom_object(G, V, namespace, P, "r")["metadata"]["uid"]
+
+        def versions() -> dict[str, str]:
+            objs = copies(core, selector=f"{logic.RULE_UID_LABEL}={uid}")
+            rule = custom.get_namespaced_custom_object(G, V, namespace, P, "r")
+            return {**{k: o.metadata.resource_version for k, o in objs.items()},
+                    "rule": rule["metadata"]["resourceVersion"]}
+
+        before = versions()
+        assert len(before) == 10
+        resyncs = proc.output().count("trigger=resync")
+        stays(lambda: versions() == before, 5, what="no writes while idle")  # 2.5 resync periods
+        assert proc.output().count("trigger=resync") >= resyncs + 2, "the resync timer runs"
+        assert not proc.errors()
+    finally:
+        delete_rule(custom, namespace, "r")
+    assert not [k for k in copies(core) if k.split("/")[0] in (a, b)]
