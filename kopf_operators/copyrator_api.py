@@ -78,7 +78,8 @@ def gather(rule: logic.Rule) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
     existing: dict[str, dict[str, Any]] = {}
     for obj in _list(rule.kind, label_selector=f"{logic.RULE_UID_LABEL}={rule.uid}"):
         existing[obj["metadata"]["uid"]] = obj
-    for name in sorted({obj["metadata"]["name"] for obj in candidates}):
+    # Same-named objects anywhere: what might stand in the way of a copy (conflict detection).
+    for name in sorted({obj["metadata"]["name"] for obj in candidates if logic.is_source(rule, obj)}):
         for obj in _list(rule.kind, field_selector=f"metadata.name={name}"):
             existing[obj["metadata"]["uid"]] = obj
     return candidates, list(existing.values())

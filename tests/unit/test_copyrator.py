@@ -288,3 +288,33 @@ def test_routing_of_events_to_rules() -> None:
     assert logic.routes_to(entry, "configmap", cm("x", labels={}), known_sources={"default/x"})
     assert logic.routes_to(entry, "configmap", cm("x", namespace="a", labels={logic.RULE_UID_LABEL: UID}))
     assert logic.index_entry(rule_body(ruleType="nope")) is None
+
+
+def test_concurrent_reconcile_requests_coalesce() -> None:
+    """Requests arriving during a reconcile merge into one re-run; none is lost, none runs in parallel."""
+    import threading
+    import time
+
+    from kopf_operators.copyrator_api import Coalescer
+
+    coalescer = Coalescer()
+    runs: list[float] = []
+    active = threading.Semaphore(1)
+
+    def work() -> None:
+        assert active.acquire(blocking=False), "two reconciles of one rule ran at once"
+        runs.append(time.monotonic())
+        time.sleep(0.2)
+        active.release()
+
+    first = threading.Thread(target=coalescer.run, args=("rule", work))
+    first.start()
+    time.sleep(0.05)
+    others = [threading.Thread(target=coalescer.run, args=("rule", work)) for _ in range(5)]
+    for t in others:
+        t.start()
+    for t in [first, *others]:
+        t.join()
+    assert len(runs) == 2
+    coalescer.run("rule", work)  # idle again: runs at once
+    assert len(runs) == 3
