@@ -152,9 +152,11 @@ class Runtime:
     async def _run(self, key: logic.WorkloadKey) -> None:
         cfg = common.config()
         attempts = 0
+        pause = cfg.reroller_debounce_seconds  # the merge window, started by the first change
         try:
             while True:
-                await asyncio.sleep(cfg.reroller_debounce_seconds)
+                await asyncio.sleep(pause)
+                pause = cfg.reroller_debounce_seconds
                 self.dirty.discard(key)
                 try:
                     delay = await self._reconcile(key)
@@ -170,8 +172,10 @@ class Runtime:
                                    "/".join(key), exc, RETRY_DELAY)
                     delay = RETRY_DELAY
                 if delay:
+                    # Held back (rate limit, conflict, retry): look again after the delay, and changes
+                    # arriving meanwhile are merged into that look.
                     self.dirty.add(key)
-                    await asyncio.sleep(delay)
+                    pause = delay
                 if key not in self.dirty:
                     return
         finally:
