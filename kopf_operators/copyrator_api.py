@@ -168,8 +168,16 @@ def apply(rule: logic.Rule, result: logic.Plan) -> tuple[dict[str, int], int]:
     return done, failed
 
 
-def prune_all(rule_uid: str, rule_key: str) -> int:
+def prune_all(rule_uid: str, namespace: str, name: str) -> int:
     """Delete every copy made by one rule (the rule is being deleted). Returns how many."""
+    with coalescer.exclusive((namespace, name)):  # no reconcile of this rule runs meanwhile
+        count = _prune_all(rule_uid, f"{namespace}/{name}")
+    known_sources.pop(rule_uid, None)
+    coalescer.forget((namespace, name))
+    return count
+
+
+def _prune_all(rule_uid: str, rule_key: str) -> int:
     count = 0
     for kind in ("ConfigMap", "Secret"):
         for obj in _list(kind, label_selector=f"{logic.RULE_UID_LABEL}={rule_uid}"):
@@ -264,11 +272,22 @@ class Coalescer:
     """At most one reconcile per rule at a time; requests arriving meanwhile merge into one re-run.
 
     Event storms (a prune of 50 copies yields 50 DELETED events) thus cost about two reconciles.
+    ``exclusive(key)`` lets the rule's deletion wait for a running reconcile, so that a reconcile
+    that read the rule just before its deletion cannot create copies after the final prune.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._state: dict[Any, bool] = {}  # key -> rerun requested
+        self._key_locks: dict[Any, threading.Lock] = {}
+
+    def exclusive(self, key: Any) -> threading.Lock:
+        with self._lock:
+            return self._key_locks.setdefault(key, threading.Lock())
+
+    def forget(self, key: Any) -> None:
+        with self._lock:
+            self._key_locks.pop(key, None)
 
     def run(self, key: Any, fn: Callable[[], None]) -> None:
         with self._lock:
@@ -278,7 +297,8 @@ class Coalescer:
             self._state[key] = False
         try:
             while True:
-                fn()
+                with self.exclusive(key):
+                    fn()
                 with self._lock:
                     if not self._state[key]:
                         return

@@ -44,8 +44,7 @@ def resync_rule(namespace: str | None, name: str, **_: Any) -> None:
 
 @kopf.on.delete(*RULES, id="copyrator-delete", backoff=10)
 def delete_rule(namespace: str | None, name: str, uid: str, **_: Any) -> None:
-    api.known_sources.pop(uid, None)
-    count = api.prune_all(uid, f"{namespace}/{name}")
+    count = api.prune_all(uid, str(namespace), name)
     api.logger.info("Copyrator %s/%s deleted: pruned %d copies", namespace, name, count)
 
 

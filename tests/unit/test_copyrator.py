@@ -318,3 +318,25 @@ def test_concurrent_reconcile_requests_coalesce() -> None:
     assert len(runs) == 2
     coalescer.run("rule", work)  # idle again: runs at once
     assert len(runs) == 3
+
+
+def test_rule_deletion_waits_for_a_running_reconcile() -> None:
+    import threading
+    import time
+
+    from kopf_operators.copyrator_api import Coalescer
+
+    coalescer = Coalescer()
+    order: list[str] = []
+
+    def slow() -> None:
+        time.sleep(0.2)
+        order.append("reconcile done")
+
+    worker = threading.Thread(target=coalescer.run, args=("rule", slow))
+    worker.start()
+    time.sleep(0.05)
+    with coalescer.exclusive("rule"):
+        order.append("prune")
+    worker.join()
+    assert order == ["reconcile done", "prune"]
