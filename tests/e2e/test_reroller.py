@@ -138,6 +138,17 @@ def test_nginx_configmap_change_rolls_once(operator: OperatorProcess, namespace:
     assert not operator.errors()
 
 
+
+def test_newly_annotated_workload_is_not_rolled(operator: OperatorProcess, namespace: str, core: Any,
+                                                apps: Any) -> None:
+    configmap(core, namespace, "nginx-conf", {"nginx.conf": NGINX_CONF})
+    deployment(apps, namespace, "nginx", nginx_pod_spec(), {})
+    wait_for(lambda: replicasets(apps, namespace, "nginx") == 1, timeout=30, what="the first ReplicaSet")
+    stays(lambda: observed_hash(apps, namespace, "nginx") is None, 3, what="not opted in: untouched")
+    apps.patch_namespaced_deployment("nginx", namespace, {"metadata": {"annotations": AUTO}})
+    baseline(apps, namespace, "nginx")
+    assert_not_rolled(apps, namespace, "nginx", 3)
+
 def test_secret_change_rolls_once_and_never_leaks(operator: OperatorProcess, namespace: str, core: Any,
                                                   apps: Any) -> None:
     secret(core, namespace, "creds", {"password": "hunter2-first"})
