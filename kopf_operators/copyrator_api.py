@@ -171,7 +171,11 @@ def apply(rule: logic.Rule, result: logic.Plan) -> tuple[dict[str, int], int]:
 def prune_all(rule_uid: str, namespace: str, name: str) -> int:
     """Delete every copy made by one rule (the rule is being deleted). Returns how many."""
     with coalescer.exclusive((namespace, name)):  # no reconcile of this rule runs meanwhile
-        count = _prune_all(rule_uid, f"{namespace}/{name}")
+        try:
+            count = _prune_all(rule_uid, f"{namespace}/{name}")
+        except kubernetes.client.ApiException as exc:  # the finalizer stays; Kopf retries in 10 s
+            common.count_error(OPERATOR, "api")
+            raise kopf.TemporaryError(f"pruning the copies failed: {describe(exc)}", delay=10) from None
     known_sources.pop(rule_uid, None)
     coalescer.forget((namespace, name))
     return count
@@ -312,7 +316,13 @@ coalescer = Coalescer()
 
 
 def request(namespace: str, name: str, trigger: str) -> None:
-    coalescer.run((namespace, name), lambda: reconcile(namespace, name, trigger))
+    """Reconcile one rule (or merge into the running reconcile). API errors become a TemporaryError
+    carrying only the HTTP status: Kopf retries rule handlers after 10 s, never hot."""
+    try:
+        coalescer.run((namespace, name), lambda: reconcile(namespace, name, trigger))
+    except kubernetes.client.ApiException as exc:
+        common.count_error(OPERATOR, "api")
+        raise kopf.TemporaryError(f"reconcile of {namespace}/{name} failed: {describe(exc)}", delay=10) from None
 
 
 def iter_rule_keys(index: Mapping[Any, Any]) -> Iterator[tuple[tuple[str, str], Mapping[str, Any]]]:
