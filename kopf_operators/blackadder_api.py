@@ -70,7 +70,7 @@ def _check(resp: requests.Response) -> requests.Response:
 def _call(method: str, obj: pykube.objects.APIObject, *, subresource: str | None = None,
           body: Any = None, content_type: str = "application/merge-patch+json",
           obj_list: bool = False) -> requests.Response:
-    kwargs: dict[str, Any] = {"subresource": subresource, "obj_list": obj_list}
+    kwargs: dict[str, Any] = {"obj_list": True} if obj_list else {"subresource": subresource}
     if body is not None:
         kwargs["data"] = json.dumps(body)
         kwargs["headers"] = {"Content-Type": content_type}
@@ -188,6 +188,11 @@ def list_objects(kind: type[pykube.objects.NamespacedAPIObject], namespaces: lis
     for ns in namespaces:
         result.extend(o.obj for o in kind.objects(api).filter(namespace=ns))
     return result
+
+
+def terminating_namespaces() -> list[str]:
+    query = pykube.Namespace.objects(client()).filter(field_selector="status.phase=Terminating")
+    return [ns.name for ns in query]
 
 
 # --- Events ------------------------------------------------------------------------------------------
@@ -322,6 +327,8 @@ def _chaos(body: Mapping[str, Any], handle: LedgerHandle, settings: logic.AgentS
     cfg = common.config()
     ledger = handle.data
     cycle = int(ledger.get("cycle", 0)) + 1
+    # Namespaces being deleted are no candidates: nothing to learn there, and Events are refused.
+    settings = dataclasses.replace(settings, excluded=tuple(sorted({*settings.excluded, *terminating_namespaces()})))
     namespaces, selector = logic.listing_plan(settings, cfg.operator_namespace)
     pods: list[logic.PodRef] = []
     deps: list[logic.DeploymentRef] = []
@@ -358,6 +365,8 @@ def _chaos(body: Mapping[str, Any], handle: LedgerHandle, settings: logic.AgentS
 
     # Write-ahead: record the before-state of everything we are about to change, BEFORE changing it,
     # so a crash between the write and the ledger update never loses an original.
+    # The cycle counts as started from here: a crash mid-cycle never makes a restart repeat its number.
+    ledger["cycle"], ledger["lastCycleAt"], ledger["lastCycleEpoch"] = cycle, now, epoch
     if not dry and (scales or writes):
         previous_undo = copy.deepcopy(ledger.get("undo", {}))
         planned_writes: list[tuple[logic.ConfigMapRef, dict[str, str]]] = []
@@ -433,9 +442,10 @@ def _chaos(body: Mapping[str, Any], handle: LedgerHandle, settings: logic.AgentS
             continue
         try:
             obj = pykube.Deployment(client(), {"metadata": {"name": dep.name, "namespace": dep.namespace}})
-            # Through the scale subresource, conditional on the version we decided on.
-            _call("patch", obj, subresource="scale",
-                  body={"metadata": {"resourceVersion": dep.resource_version}, "spec": {"replicas": replicas}})
+            # Through the scale subresource, conditional on the replicas we decided on (not on the
+            # resourceVersion: the Deployment's status moves it all the time).
+            _call("patch", obj, subresource="scale", body=scale_patch(dep.replicas, replicas),
+                  content_type="application/json-patch+json")
             fresh = _call("get", obj).json()
             if ledger["undo"].get(key, {}).get("uid") == dep.uid:
                 ledger["undo"][key]["generation"] = fresh["metadata"].get("generation")
@@ -481,12 +491,15 @@ def _chaos(body: Mapping[str, Any], handle: LedgerHandle, settings: logic.AgentS
 
     for mode, n in done.items():
         ledger[counter][mode] = int(ledger[counter].get(mode, 0)) + n
-    ledger["cycle"] = cycle
-    ledger["lastCycleAt"] = now
-    ledger["lastCycleEpoch"] = epoch
     save_ledger(handle, body["metadata"]["uid"])
     return CycleResult(cycle, done, skipped,
                        {"pods": len(pods), "deployments": len(deps), "configMaps": len(cms)})
+
+
+def scale_patch(expected: int, replicas: int) -> list[dict[str, Any]]:
+    """A JSON patch that fails (422) unless the replicas are still what we expect."""
+    return [{"op": "test", "path": "/spec/replicas", "value": expected},
+            {"op": "replace", "path": "/spec/replicas", "value": replicas}]
 
 
 # --- Revert ---------------------------------------------------------------------------------------
@@ -529,7 +542,8 @@ def revert_all(body: Mapping[str, Any], handle: LedgerHandle, settings: logic.Ag
             try:
                 if entry["kind"] == "Deployment":
                     _call("patch", kind(client(), {"metadata": {"name": nm, "namespace": ns}}), subresource="scale",
-                          body={"metadata": {"resourceVersion": rv}, "spec": {"replicas": entry["before"]}})
+                          body=scale_patch(entry["written"], entry["before"]),
+                          content_type="application/json-patch+json")
                     detail = f"replicas back to {entry['before']}"
                 else:
                     # A merge patch: keys we wrote get their old values back; nothing else is touched.
@@ -537,7 +551,7 @@ def revert_all(body: Mapping[str, Any], handle: LedgerHandle, settings: logic.Ag
                           body={"metadata": {"resourceVersion": rv}, "data": entry["before"]})
                     detail = "data restored"
             except ApiError as exc:
-                if exc.code != 409:
+                if exc.code not in (409, 422):  # changed between our read and our write
                     raise
                 verdict = logic.CHANGED
             else:

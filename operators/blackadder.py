@@ -19,7 +19,9 @@ from kopf_operators import common
 RESOURCE = (logic.GROUP, logic.VERSION, logic.PLURAL)
 
 
-@kopf.daemon(*RESOURCE, id="blackadder-agent", initial_delay=0)
+# cancellation_polling: Kopf re-checks an exiting daemon this often (default 60 s would hold
+# the finalizer, and so the deletion, for a minute after the daemon has already stopped).
+@kopf.daemon(*RESOURCE, id="blackadder-agent", initial_delay=0, cancellation_polling=1)
 def agent_daemon(body: kopf.Body, stopped: kopf.DaemonStopped, logger: api.Logger, **_: Any) -> None:
     """The agent's loop. Sync (pykube blocks), so it runs in a thread; ``stopped`` is set at once
     when the agent is deleted or the operator exits, and every action checks it first."""

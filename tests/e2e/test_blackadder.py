@@ -1,0 +1,347 @@
+"""Blackadder end-to-end, on the real local cluster with KWOK-backed pods.
+
+ChaosAgents are cluster-scoped and destructive: every agent here sets targetNamespaces to this
+test's namespaces, except the article's princeedmund, which runs under a forced dry-run operator.
+"""
+
+from __future__ import annotations
+
+import base64
+import calendar
+import itertools
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import kubernetes
+import pytest
+
+from kopf_operators import blackadder as logic
+from tests.kube import REPO, OperatorProcess, apply_yaml, kubectl, stays, wait_for
+
+G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL
+PAUSE = logic.MIN_PAUSE_SECONDS
+LEDGER_NS = logic.DEFAULT_LEDGER_NAMESPACE  # the test operator runs "locally": OPERATOR_NAMESPACE=""
+
+
+# --- helpers --------------------------------------------------------------------------------------
+
+
+class Agents:
+    def __init__(self, custom: kubernetes.client.CustomObjectsApi) -> None:
+        self.custom = custom
+        self.names: list[str] = []
+
+    def create(self, spec: dict[str, Any], name: str | None = None) -> str:
+        name = name or f"agent-{uuid.uuid4().hex[:6]}"
+        self.custom.create_cluster_custom_object(G, V, P, {
+            "apiVersion": f"{G}/{V}", "kind": "ChaosAgent", "metadata": {"name": name}, "spec": spec})
+        self.names.append(name)
+        return name
+
+    def get(self, name: str) -> dict[str, Any]:
+        return dict(self.custom.get_cluster_custom_object(G, V, P, name))
+
+    def status(self, name: str) -> dict[str, Any]:
+        return dict(self.get(name).get("status") or {})
+
+    def patch_spec(self, name: str, spec: dict[str, Any]) -> int:
+        return int(self.custom.patch_cluster_custom_object(G, V, P, name, {"spec": spec})["metadata"]["generation"])
+
+    def delete(self, name: str, timeout: float = 30) -> None:
+        try:
+            self.custom.delete_cluster_custom_object(G, V, P, name)
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 404:
+                raise
+        wait_for(lambda: _gone(lambda: self.get(name)), timeout=timeout, what=f"agent {name} to be deleted")
+
+
+def _gone(read: Callable[[], Any]) -> bool:
+    try:
+        read()
+    except kubernetes.client.ApiException as exc:
+        if exc.status == 404:
+            return True
+        raise
+    return False
+
+
+@pytest.fixture
+def agents(operator: OperatorProcess, custom: kubernetes.client.CustomObjectsApi) -> Iterator[Agents]:
+    registry = Agents(custom)
+    yield registry
+    operator.start()  # the finalizer needs a running operator
+    for name in registry.names:
+        registry.delete(name)
+
+
+@pytest.fixture
+def other_namespace(namespace: str, core: kubernetes.client.CoreV1Api) -> Iterator[str]:
+    name = f"{namespace}-x"
+    core.create_namespace({"metadata": {"name": name, "labels": {"kopf-operators.dev/test": "true"}}})
+    yield name
+    try:
+        core.delete_namespace(name)
+    except kubernetes.client.ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def make_pod(core: kubernetes.client.CoreV1Api, ns: str, name: str) -> None:
+    core.create_namespaced_pod(ns, {"metadata": {"name": name, "labels": {"app": "chaos-test"}},
+                                    "spec": {"containers": [{"name": "c", "image": "test"}]}})
+
+
+def make_deployment(apps: kubernetes.client.AppsV1Api, ns: str, name: str, replicas: int) -> None:
+    labels = {"app": name}
+    apps.create_namespaced_deployment(ns, {
+        "metadata": {"name": name},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels},
+                              "spec": {"containers": [{"name": "c", "image": "test"}]}}}})
+
+
+def make_cm(core: kubernetes.client.CoreV1Api, ns: str, name: str, data: dict[str, str] | None,
+            immutable: bool = False) -> str:
+    body: dict[str, Any] = {"metadata": {"name": name}}
+    if data is not None:
+        body["data"] = data
+    if immutable:
+        body["immutable"] = True
+    return str(core.create_namespaced_config_map(ns, body).metadata.resource_version)
+
+
+def live_pods(core: kubernetes.client.CoreV1Api, ns: str) -> dict[str, str]:
+    return {p.metadata.name: p.metadata.uid for p in core.list_namespaced_pod(ns).items
+            if p.metadata.deletion_timestamp is None}
+
+
+def cm_rv(core: kubernetes.client.CoreV1Api, ns: str, name: str) -> str:
+    return str(core.read_namespaced_config_map(name, ns).metadata.resource_version)
+
+
+def replicas(apps: kubernetes.client.AppsV1Api, ns: str, name: str) -> int:
+    return int(apps.read_namespaced_deployment(name, ns).spec.replicas)
+
+
+def events(core: kubernetes.client.CoreV1Api, reason: str, namespace: str | None = None,
+           agent: str | None = None) -> list[Any]:
+    selector = f"reason={reason}" + (f",involvedObject.name={agent}" if agent else "")
+    items = (core.list_namespaced_event(namespace, field_selector=selector) if namespace
+             else core.list_event_for_all_namespaces(field_selector=selector)).items
+    return list(items)
+
+
+def ledger(core: kubernetes.client.CoreV1Api, agent: str) -> dict[str, Any]:
+    secret = core.read_namespaced_secret(logic.ledger_name(agent), LEDGER_NS)
+    return dict(json.loads(base64.b64decode(secret.data[logic.LEDGER_KEY])))
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions", []) if c["type"] == type_), {})
+
+
+# --- tests ------------------------------------------------------------------------------------------
+
+
+def test_eagerness_over_100_is_rejected_and_columns_show_the_spec(agents: Agents, namespace: str) -> None:
+    bad = kubectl("apply", "-f", "-", check=False, input=f"""
+apiVersion: blackadder.io/v1beta1
+kind: ChaosAgent
+metadata: {{name: edmund-too-eager-{namespace[-5:]}}}
+spec: {{tantrumMode: true, podTolerance: 10, eagerness: 200, pauseDuration: 30, targetNamespaces: [{namespace}]}}
+""")
+    assert bad.returncode != 0
+    assert ("spec.eagerness: Invalid value: 200: spec.eagerness in body should be less than or equal to 100"
+            in bad.stderr), bad.stderr
+
+    name = agents.create({"tantrumMode": True, "podTolerance": 3, "eagerness": 40, "pauseDuration": 7,
+                          "cancerMode": False, "ipsumMode": True, "excludedNamespaces": ["team-a"],
+                          "targetNamespaces": [namespace], "paused": True})
+    for resource in ("ca", "chaosagents.v1alpha1.blackadder.io"):  # both served versions
+        lines = kubectl("get", resource, name).stdout.splitlines()
+        header, row = lines[0].split(), lines[1].split()
+        assert header[:9] == ["NAME", "TANTRUM", "TOLERANCE", "CANCER", "IPSUM", "EAGERNESS", "PAUSE", "DRYRUN",
+                              "EXCLUDED"], header
+        assert row[:9] == [name, "true", "3", "false", "true", "40", "7", "false", '["team-a"]'], row
+    wide = kubectl("get", "ca", name, "-o", "wide").stdout
+    assert f'["{namespace}"]' in wide and "TARGETS" in wide
+
+
+def test_tantrum_kills_only_in_targets_and_respects_tolerance(
+        agents: Agents, namespace: str, other_namespace: str, core: kubernetes.client.CoreV1Api) -> None:
+    for i in range(4):
+        make_pod(core, namespace, f"victim-{i}")
+    for i in range(2):
+        make_pod(core, other_namespace, f"bystander-{i}")
+    bystanders = live_pods(core, other_namespace)
+    name = agents.create({"tantrumMode": True, "podTolerance": 2, "eagerness": 100, "pauseDuration": PAUSE,
+                          "seed": 1, "targetNamespaces": [namespace, other_namespace, "kube-system"],
+                          "excludedNamespaces": [other_namespace]})
+    wait_for(lambda: len(live_pods(core, namespace)) == 2, timeout=30, what="2 pods killed down to the tolerance")
+    wait_for(lambda: agents.status(name).get("actions", {}).get("tantrum") == 2, timeout=20, what="status counts")
+    stays(lambda: len(live_pods(core, namespace)) == 2, seconds=PAUSE + 1, what="tolerance respected next cycle")
+    assert live_pods(core, other_namespace) == bystanders
+    assert len(events(core, "PodKilled", namespace=namespace)) == 2
+    wait_for(lambda: len(events(core, "PodKilled", agent=name)) == 2, timeout=10, what="events on the agent")
+    status = agents.status(name)
+    assert condition(status, "Ready")["status"] == "True" and condition(status, "DryRun")["status"] == "False"
+    assert status["lastCycle"]["candidates"]["pods"] <= 4  # nothing from kube-system or the excluded namespace
+
+
+def test_cancer_and_ipsum_confined_live_edit_and_revert(
+        agents: Agents, namespace: str, other_namespace: str,
+        core: kubernetes.client.CoreV1Api, apps: kubernetes.client.AppsV1Api) -> None:
+    ns, out = namespace, other_namespace
+    make_deployment(apps, ns, "grow", 1)
+    make_deployment(apps, ns, "zero", 0)
+    make_deployment(apps, out, "outside", 1)
+    original = {"a": "1", "b": "two"}
+    make_cm(core, ns, "settings", original)
+    make_cm(core, ns, "other", {"x": "y"})
+    untouched = {(ns, "frozen"): make_cm(core, ns, "frozen", {"k": "v"}, immutable=True),
+                 (ns, "empty"): make_cm(core, ns, "empty", None),
+                 (out, "outside"): make_cm(core, out, "outside", {"k": "v"})}
+    wait_for(lambda: core.read_namespaced_config_map("kube-root-ca.crt", ns), what="kube-root-ca.crt")
+    for n in (ns, out, "kube-public"):  # kube-root-ca.crt, kube-public and the excluded namespace
+        for cm in core.list_namespaced_config_map(n).items:
+            if (n, cm.metadata.name) not in {(ns, "settings"), (ns, "other")}:
+                untouched.setdefault((n, cm.metadata.name), cm.metadata.resource_version)
+
+    name = agents.create({"cancerMode": True, "ipsumMode": True, "eagerness": 100, "pauseDuration": PAUSE,
+                          "seed": 2, "targetNamespaces": [ns, out, "kube-public"], "excludedNamespaces": [out]})
+    wait_for(lambda: replicas(apps, ns, "grow") >= 2, timeout=30, what="grow doubled")
+    wait_for(lambda: core.read_namespaced_config_map("settings", ns).data != original, timeout=20, what="ipsum")
+    scribbled = core.read_namespaced_config_map("settings", ns).data
+    assert set(scribbled) == set(original) and all(len(v) > 20 for v in scribbled.values())
+    assert replicas(apps, ns, "zero") == 0
+    assert replicas(apps, out, "outside") == 1
+    for (n, cm), rv in untouched.items():
+        assert cm_rv(core, n, cm) == rv, f"{n}/{cm} was touched"
+    assert events(core, "DeploymentScaled", namespace=ns) and events(core, "ConfigMapIpsumed", namespace=ns)
+
+    # A live edit takes effect on the next cycle: no more growth once a cycle ran with the new spec.
+    generation = agents.patch_spec(name, {"cancerMode": False, "ipsumMode": False})
+    wait_for(lambda: agents.status(name).get("observedGeneration") == generation, timeout=20, what="edit seen")
+    seen = agents.status(name)["cycle"]
+    grown, settings_rv = replicas(apps, ns, "grow"), cm_rv(core, ns, "settings")
+    wait_for(lambda: agents.status(name)["cycle"] > seen, timeout=20, what="one more cycle")
+    assert replicas(apps, ns, "grow") == grown and cm_rv(core, ns, "settings") == settings_rv
+    assert agents.status(name)["lastCycle"]["cancer"] == 0
+
+    # Someone edits "other" after the agent: revert restores the rest and reports that one.
+    core.patch_namespaced_config_map("other", ns, {"data": {"x": "human"}})
+    agents.patch_spec(name, {"revert": True})
+    wait_for(lambda: agents.status(name).get("revert", {}).get("processed"), timeout=20, what="revert")
+    revert = agents.status(name)["revert"]
+    assert replicas(apps, ns, "grow") == 1
+    assert core.read_namespaced_config_map("settings", ns).data == original
+    assert core.read_namespaced_config_map("other", ns).data == {"x": "human"}
+    assert f"ConfigMap/{ns}/other" in revert["changed"]
+    assert f"Deployment/{ns}/grow" in revert["restored"] and f"ConfigMap/{ns}/settings" in revert["restored"]
+    wait_for(lambda: events(core, "RevertSkipped", agent=name), timeout=10, what="a RevertSkipped event")
+    assert ledger(core, name)["undo"] == {}
+
+
+def test_dry_run_changes_nothing_but_reports(
+        agents: Agents, namespace: str, core: kubernetes.client.CoreV1Api, apps: kubernetes.client.AppsV1Api) -> None:
+    for i in range(3):
+        make_pod(core, namespace, f"pod-{i}")
+    make_deployment(apps, namespace, "web", 1)
+    cm_version = make_cm(core, namespace, "settings", {"a": "1"})
+    pods = live_pods(core, namespace)
+    generation = apps.read_namespaced_deployment("web", namespace).metadata.generation
+    name = agents.create({"tantrumMode": True, "cancerMode": True, "ipsumMode": True, "eagerness": 100,
+                          "podTolerance": 0, "pauseDuration": PAUSE, "dryRun": True, "targetNamespaces": [namespace]})
+
+    def reported() -> bool:
+        would = agents.status(name).get("wouldBe", {})
+        return would.get("tantrum", 0) >= 3 and would.get("cancer", 0) >= 1 and would.get("ipsum", 0) >= 1
+
+    wait_for(reported, timeout=30, what="would-be actions in status")
+    status = agents.status(name)
+    assert condition(status, "DryRun")["status"] == "True" and condition(status, "DryRun")["reason"] == "Spec"
+    assert status.get("actions", {}) == {"tantrum": 0, "cancer": 0, "ipsum": 0}
+    wait_for(lambda: events(core, "WouldIpsumConfigMap", namespace=namespace), timeout=10, what="target events")
+    assert events(core, "WouldKillPod", agent=name) and events(core, "WouldScaleDeployment", namespace=namespace)
+
+    def unchanged() -> bool:
+        dep = apps.read_namespaced_deployment("web", namespace)
+        return (pods.items() <= live_pods(core, namespace).items() and cm_rv(core, namespace, "settings") == cm_version
+                and dep.spec.replicas == 1 and dep.metadata.generation == generation)
+
+    stays(unchanged, seconds=3, what="nothing changed in dry-run")
+    assert any(e.get("outcome") == "would-ipsum" for e in ledger(core, name)["journal"])
+
+
+def _epoch(iso: str) -> float:
+    return float(calendar.timegm(time.strptime(iso, "%Y-%m-%dT%H:%M:%SZ")))
+
+
+def test_restart_keeps_the_ledger_and_delete_reverts(
+        agents: Agents, operator: OperatorProcess, namespace: str,
+        core: kubernetes.client.CoreV1Api, apps: kubernetes.client.AppsV1Api) -> None:
+    make_deployment(apps, namespace, "grow", 1)
+    name = agents.create({"cancerMode": True, "eagerness": 100, "pauseDuration": PAUSE, "seed": 3,
+                          "targetNamespaces": [namespace]})
+    wait_for(lambda: replicas(apps, namespace, "grow") >= 2, timeout=30, what="first doubling")
+    operator.kill()  # SIGKILL: no graceful shutdown
+    before_kill = ledger(core, name)
+    assert before_kill["undo"][f"Deployment/{namespace}/grow"]["before"] == 1
+    grown = replicas(apps, namespace, "grow")
+    operator.start()
+    wait_for(lambda: replicas(apps, namespace, "grow") == grown * 2, timeout=30, what="growth after restart")
+
+    def recorded() -> dict[str, Any]:
+        lg = ledger(core, name)
+        return lg if any(e.get("after") == grown * 2 for e in lg["journal"]) else {}
+
+    after = wait_for(recorded, timeout=10, what="the cycle in the ledger")
+    assert after["undo"][f"Deployment/{namespace}/grow"]["before"] == 1  # the original, not lost
+    cycles = [e["cycle"] for e in after["journal"] if e.get("outcome") == "scaled"]
+    # No cycle number repeated or restarted (a SIGKILL mid-cycle may lose that cycle's journal line,
+    # never its write-ahead undo entry).
+    assert cycles == sorted(set(cycles)) and cycles[-1] > before_kill["cycle"] >= 1
+    times = sorted({_epoch(e["at"]) for e in after["journal"]})
+    assert all(b - a >= PAUSE - 1 for a, b in itertools.pairwise(times))  # no extra cycle on restart
+
+    agents.delete(name)  # revertOnDelete (the default): scaled back, ledger gone
+    agents.names.remove(name)
+    assert replicas(apps, namespace, "grow") == 1
+    assert _gone(lambda: core.read_namespaced_secret(logic.ledger_name(name), LEDGER_NS))
+    stays(lambda: replicas(apps, namespace, "grow") == 1, seconds=3, what="no action after deletion")
+
+
+def test_princeedmund_from_the_article_acts_under_forced_dry_run(
+        operator: OperatorProcess, namespace: str, custom: kubernetes.client.CustomObjectsApi,
+        core: kubernetes.client.CoreV1Api, apps: kubernetes.client.AppsV1Api) -> None:
+    # The article's YAML is cluster-wide: only ever run it here with CHAOS_DRY_RUN=true.
+    versions = {f"cm-{i:02d}": make_cm(core, namespace, f"cm-{i:02d}", {"k": "v"}) for i in range(30)}
+    operator.stop()
+    dry = OperatorProcess(files=["operators/blackadder.py"], env={"CHAOS_DRY_RUN": "true"}, log_name="blackadder-dry")
+    dry.start()
+    agents = Agents(custom)
+    try:
+        apply_yaml((REPO / "manifests" / "examples" / "blackadder-princeedmund.yaml").read_text())
+        agents.names.append("princeedmund")
+
+        def acted() -> dict[str, Any]:
+            status = agents.status("princeedmund")
+            return status if status.get("wouldBe", {}).get("ipsum", 0) >= 1 else {}
+
+        status = wait_for(acted, timeout=30, what="princeedmund's first (dry-run) cycle")
+        dry_run = condition(status, "DryRun")
+        assert dry_run["status"] == "True" and dry_run["reason"] == "OperatorForced", dry_run
+        assert status["actions"] == {"tantrum": 0, "cancer": 0, "ipsum": 0}
+        assert status["lastCycle"]["candidates"]["configMaps"] >= 30
+        for cm, rv in versions.items():
+            assert cm_rv(core, namespace, cm) == rv
+        wait_for(lambda: events(core, "WouldIpsumConfigMap", agent="princeedmund"), timeout=10, what="events")
+        assert not dry.errors(), dry.errors()
+    finally:
+        for agent in agents.names:
+            agents.delete(agent)
+        dry.stop()
