@@ -253,7 +253,9 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # `--standalone` on the command line win; this only replaces Kopf's generic default name.
     if settings.peering.name == "default":
         settings.peering.name = "kopf-operators"
-    # Handler logs stay logs; events are posted explicitly where a user needs to see them.
-    settings.posting.level = logging.WARNING
+    # Log lines stay log lines (no Event per "Handler succeeded"); Events are posted explicitly with
+    # kopf.info/warn/event where a user needs to see them, Normal ones included.
+    settings.posting.loggers = False
+    settings.posting.level = logging.INFO
     if cfg.metrics_port:
         await _serve_metrics(cfg.metrics_port)
