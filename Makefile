@@ -64,7 +64,7 @@ lint: setup ## ruff, mypy
 	$(BIN)/mypy
 
 HELM = $(shell cluster/build.sh)/helm
-KUBE_VERSION = $(shell . cluster/versions.env && echo $${KUBERNETES_VERSION\#v})
+KUBE_VERSION = $(shell sed -n "s/^KUBERNETES_VERSION=v//p" cluster/versions.env)
 CHART := charts/kopf-operators
 RELEASE ?= kopf-operators
 DEPLOY_NAMESPACE ?= kopf-operators

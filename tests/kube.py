@@ -141,12 +141,18 @@ class OperatorProcess:
     """``kopf run`` of the operator files, as a user starts it, in a subprocess against the cluster."""
 
     def __init__(self, files: Sequence[str] | None = None, env: dict[str, str] | None = None,
-                 kubeconfig: Path | None = None, log_name: str = "operator") -> None:
+                 kubeconfig: Path | None = None, log_name: str = "operator",
+                 standalone: bool = True, extra_args: Sequence[str] = ()) -> None:
         self.files = list(files) if files else sorted(str(p) for p in (REPO / "operators").glob("*.py"))
         self.extra_env = dict(env or {})
+        # standalone=False plus e.g. extra_args=["--peering=NAME", "--priority=N"]: Kopf peering.
+        self.standalone = standalone
+        self.extra_args = list(extra_args)
         # Same identity as the session's operator: the ServiceAccount when one was set up.
         use_sa = os.environ.get("OPERATOR_IDENTITY", "admin") != "admin" and OPERATOR_KUBECONFIG.exists()
         self.kubeconfig = kubeconfig or (OPERATOR_KUBECONFIG if use_sa else KUBECONFIG)
+        if use_sa:  # as deployed: the operator knows its namespace (Blackadder keeps its ledger there)
+            self.extra_env.setdefault("OPERATOR_NAMESPACE", E2E_RELEASE)
         self.log_path = CLUSTER_DIR / "logs" / f"{log_name}-{os.getpid()}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -163,7 +169,8 @@ class OperatorProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.health_port = free_port()
         kopf = Path(sys.executable).parent / "kopf"
-        cmd = [str(kopf), "run", "--standalone", "--all-namespaces", "--verbose",
+        mode = ["--standalone"] if self.standalone else []
+        cmd = [str(kopf), "run", *mode, "--all-namespaces", "--verbose", *self.extra_args,
                f"--liveness=http://127.0.0.1:{self.health_port}/healthz", *self.files]
         self.metrics_port = int(self.extra_env.get("METRICS_PORT") or free_port())
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "METRICS_PORT": str(self.metrics_port),
