@@ -158,7 +158,8 @@ def save_ledger(handle: LedgerHandle, agent_uid: str) -> None:
         body["metadata"]["resourceVersion"] = handle.resource_version
         resp = _call("put", secret, body=body, content_type="application/json")
     else:
-        _ensure_namespace(handle.namespace)
+        if not common.config().operator_namespace:  # local run: the default ledger namespace may be missing
+            _ensure_namespace(handle.namespace)
         resp = _call("post", secret, body=body, content_type="application/json", obj_list=True)
     handle.exists = True
     handle.resource_version = resp.json()["metadata"]["resourceVersion"]

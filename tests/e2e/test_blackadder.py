@@ -10,6 +10,7 @@ import base64
 import calendar
 import itertools
 import json
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,7 +24,6 @@ from tests.kube import REPO, OperatorProcess, apply_yaml, kubectl, stays, wait_f
 
 G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL
 PAUSE = logic.MIN_PAUSE_SECONDS
-LEDGER_NS = logic.DEFAULT_LEDGER_NAMESPACE  # the test operator runs "locally": OPERATOR_NAMESPACE=""
 
 
 # --- helpers --------------------------------------------------------------------------------------
@@ -135,8 +135,20 @@ def events(core: kubernetes.client.CoreV1Api, reason: str, namespace: str | None
     return list(items)
 
 
+def ledger_location(agent: str) -> tuple[str, str]:
+    """Where the operator keeps the agent's ledger (status.ledger: namespace/name)."""
+    agents = Agents(kubernetes.client.CustomObjectsApi())
+    try:
+        where = str(wait_for(lambda: agents.status(agent).get("ledger"), timeout=5, what="status.ledger"))
+    except AssertionError:  # no cycle reported yet (e.g. the operator was killed mid-cycle)
+        where = f"{logic.ledger_namespace(os.environ.get('OPERATOR_NAMESPACE', ''))}/{logic.ledger_name(agent)}"
+    namespace, name = where.split("/")
+    return namespace, name
+
+
 def ledger(core: kubernetes.client.CoreV1Api, agent: str) -> dict[str, Any]:
-    secret = core.read_namespaced_secret(logic.ledger_name(agent), LEDGER_NS)
+    namespace, name = ledger_location(agent)
+    secret = core.read_namespaced_secret(name, namespace)
     return dict(json.loads(base64.b64decode(secret.data[logic.LEDGER_KEY])))
 
 
@@ -308,10 +320,11 @@ def test_restart_keeps_the_ledger_and_delete_reverts(
     times = sorted({_epoch(e["at"]) for e in after["journal"]})
     assert all(b - a >= PAUSE - 1 for a, b in itertools.pairwise(times))  # no extra cycle on restart
 
+    ledger_ns, ledger_name = ledger_location(name)
     agents.delete(name)  # revertOnDelete (the default): scaled back, ledger gone
     agents.names.remove(name)
     assert replicas(apps, namespace, "grow") == 1
-    assert _gone(lambda: core.read_namespaced_secret(logic.ledger_name(name), LEDGER_NS))
+    assert _gone(lambda: core.read_namespaced_secret(ledger_name, ledger_ns))
     stays(lambda: replicas(apps, namespace, "grow") == 1, seconds=3, what="no action after deletion")
 
 
