@@ -1,0 +1,428 @@
+"""Cross-operator fault suite: SIGKILL at random moments, the API server unreachable, two replicas.
+
+All four operators run in one process, as in production. The assertions are on the final state users
+rely on: one pod per ImmortalContainer with every start counted once, every Copyrator copy present and
+up to date (and nothing more), every ConfigMap change rolled exactly once by the re-roller.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import kubernetes
+import pytest
+
+from kopf_operators import copyrator as cr
+from kopf_operators import immortal as ic
+from kopf_operators import reroller as rr
+from tests.e2e.faultkit import ApiProxy, LogWindow, proxied_kubeconfig, upstream_of
+from tests.kube import CLUSTER_DIR, OperatorProcess, wait_for
+
+SEED = int(os.environ.get("FAULT_SEED", "20240509"))
+TEST_LABEL = {"kopf-operators.dev/test": "true"}
+
+
+# --- building blocks --------------------------------------------------------------------------
+
+
+def make_ics(custom: Any, namespace: str, names: list[str], image: str = "busybox:1.36") -> None:
+    for name in names:
+        custom.create_namespaced_custom_object(ic.GROUP, ic.VERSION, namespace, ic.PLURAL, {
+            "apiVersion": ic.API_VERSION, "kind": ic.KIND, "metadata": {"name": name}, "spec": {"image": image}})
+
+
+def make_rule(custom: Any, namespace: str, name: str, selector: dict[str, str], targets: list[str]) -> str:
+    body = {"apiVersion": f"{cr.GROUP}/{cr.VERSION}", "kind": cr.KIND, "metadata": {"name": name},
+            "spec": {"ruleType": "configmap", "selector": selector, "namespace": namespace,
+                     "targetNamespaces": targets}}
+    return str(custom.create_namespaced_custom_object(cr.GROUP, cr.VERSION, namespace, cr.PLURAL, body)
+               ["metadata"]["uid"])
+
+
+def make_workload(core: Any, apps: Any, namespace: str, name: str) -> None:
+    """A re-roller-annotated Deployment reading ConfigMap ``<name>-conf``."""
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": f"{name}-conf"}, "data": {"v": "0"}})
+    apps.create_namespaced_deployment(namespace, {
+        "metadata": {"name": name, "annotations": {rr.AUTO: "true"}},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": {"app": name}},
+                              "spec": {"containers": [{"name": "c", "image": "busybox:1.36",
+                                                       "envFrom": [{"configMapRef": {"name": f"{name}-conf"}}]}]}}}})
+
+
+def make_namespaces(core: Any, names: list[str]) -> None:
+    for name in names:
+        core.create_namespace({"metadata": {"name": name, "labels": TEST_LABEL}})
+
+
+def delete_namespaces(core: Any, names: list[str]) -> None:
+    for name in names:
+        try:
+            core.delete_namespace(name)
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+def converge(check: Callable[[], list[str]], timeout: float, what: str) -> float:
+    """Poll ``check`` (which lists what is still wrong) until it lists nothing; return the time taken."""
+    start = time.monotonic()
+    problems: list[str] = []
+    while time.monotonic() - start < timeout:
+        problems = check()
+        if not problems:
+            return time.monotonic() - start
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not converged after {timeout}s; {len(problems)} problem(s), e.g.:\n"
+                         + "\n".join(problems[:15]))
+
+
+def counted_pod_uid(custom: Any, core: Any, namespace: str, name: str) -> str | None:
+    """The uid of the IC's pod when that pod is alive and already counted in status (else None)."""
+    obj = custom.get_namespaced_custom_object(ic.GROUP, ic.VERSION, namespace, ic.PLURAL, name)
+    uid = (obj.get("status") or {}).get("currentPodUID")
+    try:
+        pod = core.read_namespaced_pod(ic.pod_name(name), namespace)
+    except kubernetes.client.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    if pod.metadata.uid != uid or pod.metadata.deletion_timestamp:
+        return None
+    return str(uid)
+
+
+def counted_pods(custom: Any, core: Any, namespace: str) -> dict[str, str]:
+    """IC name -> uid of its live pod, for the ICs whose current pod is already counted in status."""
+    counted = {obj["metadata"]["name"]: (obj.get("status") or {}).get("currentPodUID")
+               for obj in custom.list_namespaced_custom_object(ic.GROUP, ic.VERSION, namespace, ic.PLURAL)["items"]}
+    result = {}
+    for pod in core.list_namespaced_pod(namespace, label_selector=ic.OWNER_LABEL).items:
+        name = pod.metadata.labels[ic.OWNER_LABEL]
+        if not pod.metadata.deletion_timestamp and counted.get(name) == pod.metadata.uid:
+            result[name] = str(pod.metadata.uid)
+    return result
+
+
+def delete_counted_pod(custom: Any, core: Any, namespace: str, name: str, uid: str | None = None) -> bool:
+    """Delete the IC's pod if its start was counted (a replacement then must count exactly +1)."""
+    uid = uid or counted_pod_uid(custom, core, namespace, name)
+    if uid is None:
+        return False
+    options = kubernetes.client.V1DeleteOptions(preconditions=kubernetes.client.V1Preconditions(uid=uid))
+    try:
+        core.delete_namespaced_pod(ic.pod_name(name), namespace, body=options)
+    except kubernetes.client.ApiException as exc:
+        if exc.status in (404, 409):
+            return False
+        raise
+    return True
+
+
+def ic_problems(custom: Any, core: Any, namespace: str, expected_starts: dict[str, int]) -> list[str]:
+    problems: list[str] = []
+    items = custom.list_namespaced_custom_object(ic.GROUP, ic.VERSION, namespace, ic.PLURAL)["items"]
+    pods = core.list_namespaced_pod(namespace, label_selector=ic.OWNER_LABEL).items
+    live: dict[str, list[Any]] = {}
+    for pod in pods:
+        if not pod.metadata.deletion_timestamp:
+            live.setdefault(pod.metadata.labels[ic.OWNER_LABEL], []).append(pod)
+    names = {obj["metadata"]["name"] for obj in items}
+    if names != set(expected_starts):
+        problems.append(f"ImmortalContainers {sorted(names ^ set(expected_starts))} unexpected/missing")
+    for orphan in sorted(set(live) - names):
+        problems.append(f"orphan pod(s) for {orphan}")
+    for obj in items:
+        name, st = obj["metadata"]["name"], obj.get("status") or {}
+        mine = live.get(name, [])
+        if len(mine) != 1:
+            problems.append(f"{name}: {len(mine)} live pods")
+            continue
+        if st.get("startTimes") != expected_starts.get(name):
+            problems.append(f"{name}: startTimes {st.get('startTimes')} != {expected_starts.get(name)}")
+        if st.get("currentPodUID") != mine[0].metadata.uid:
+            problems.append(f"{name}: currentPodUID {st.get('currentPodUID')} is not the live pod")
+        if mine[0].status.phase != "Running":
+            problems.append(f"{name}: pod {mine[0].status.phase}")
+    return problems
+
+
+def copy_problems(core: Any, namespace: str, rule_uid: str, selector: str, targets: list[str]) -> list[str]:
+    problems: list[str] = []
+    sources = {cm.metadata.name: cm.data or {} for cm in core.list_namespaced_config_map(
+        namespace, label_selector=selector).items}
+    copies = core.list_config_map_for_all_namespaces(label_selector=f"{cr.RULE_UID_LABEL}={rule_uid}").items
+    seen: dict[tuple[str, str], int] = {}
+    for copy in copies:
+        key = (copy.metadata.namespace, copy.metadata.name)
+        seen[key] = seen.get(key, 0) + 1
+        if copy.metadata.namespace not in targets or copy.metadata.name not in sources:
+            problems.append(f"stray copy {key}")
+        elif (copy.data or {}) != sources[copy.metadata.name]:
+            problems.append(f"stale copy {key}: {copy.data} != {sources[copy.metadata.name]}")
+    for target in targets:
+        for name in sources:
+            if seen.get((target, name)) != 1:
+                problems.append(f"copy {target}/{name}: {seen.get((target, name), 0)} present")
+    return problems
+
+
+def rollout_problems(apps: Any, namespace: str, changed: set[str], all_names: list[str]) -> list[str]:
+    """Every changed workload rolled exactly once (one new ReplicaSet), the others not at all."""
+    problems: list[str] = []
+    deployments = {d.metadata.name: d for d in apps.list_namespaced_deployment(namespace).items}
+    owners: dict[str, int] = {}
+    for rs in apps.list_namespaced_replica_set(namespace).items:
+        for ref in rs.metadata.owner_references or ():
+            owners[ref.uid] = owners.get(ref.uid, 0) + 1
+    for name in all_names:
+        dep = deployments.get(name)
+        if dep is None:
+            problems.append(f"deployment {name} missing")
+            continue
+        want = 2 if name in changed else 1
+        hashed = rr.CONFIG_HASH in (dep.spec.template.metadata.annotations or {})
+        if owners.get(dep.metadata.uid, 0) != want:
+            problems.append(f"{name}: {owners.get(dep.metadata.uid, 0)} ReplicaSets, want {want}")
+        if hashed != (name in changed):
+            problems.append(f"{name}: config-hash annotation {hashed}, ConfigMap changed {name in changed}")
+    return problems
+
+
+@pytest.fixture
+def extra_namespaces(core: Any, namespace: str) -> Iterator[Callable[[int], list[str]]]:
+    made: list[str] = []
+
+    def make(count: int) -> list[str]:
+        names = [f"{namespace[:50]}-t{i}" for i in range(len(made), len(made) + count)]
+        make_namespaces(core, names)
+        made.extend(names)
+        return names
+
+    yield make
+    delete_namespaces(core, made)
+
+
+# --- SIGKILL at random moments ------------------------------------------------------------------
+
+IC_COUNT, SOURCES, TARGETS, WORKLOADS, KILLS = 100, 10, 5, 20, 6
+
+
+def test_sigkill_at_random_moments_converges_exactly(
+        operator: OperatorProcess, namespace: str, core: Any, apps: Any, custom: Any,
+        extra_namespaces: Callable[[int], list[str]]) -> None:
+    rng = random.Random(SEED)
+    print(f"FAULT_SEED={SEED}")
+    log = LogWindow(operator)
+    targets = extra_namespaces(TARGETS)
+
+    # The re-roller's baselines must exist before the changes (a first sighting never rolls).
+    workloads = [f"web-{i}" for i in range(WORKLOADS)]
+    for name in workloads:
+        make_workload(core, apps, namespace, name)
+    wait_for(lambda: all(rr.OBSERVED_HASH in (d.metadata.annotations or {})
+                         for d in apps.list_namespaced_deployment(namespace).items),
+             timeout=60, interval=0.5, what="the re-roller's baselines")
+    to_change = workloads[:]
+    rng.shuffle(to_change)
+    changed: set[str] = set()
+
+    # Then everything else at once, and the chaos starts while it converges.
+    ic_names = [f"ic-{i}" for i in range(IC_COUNT)]
+    expected = dict.fromkeys(ic_names, 1)
+    make_ics(custom, namespace, ic_names)
+    selector = {"fault-src": "yes"}
+    for i in range(SOURCES):
+        core.create_namespaced_config_map(namespace, {"metadata": {"name": f"src-{i}", "labels": selector},
+                                                      "data": {"v": "0"}})
+    rule_uid = make_rule(custom, namespace, "fault-rule", selector, targets)
+    total = IC_COUNT + 1 + SOURCES + SOURCES * TARGETS + 2 * WORKLOADS
+    print(f"{total} objects (plus {IC_COUNT + WORKLOADS} pods)")
+    assert total >= 200
+
+    edits = 0
+
+    def mutate() -> None:
+        nonlocal edits
+        counted = counted_pods(custom, core, namespace)
+        for name in rng.sample(sorted(counted), min(4, len(counted))):
+            if delete_counted_pod(custom, core, namespace, name, counted[name]):
+                expected[name] += 1
+        for _ in range(rng.randint(1, 2)):
+            edits += 1
+            core.patch_namespaced_config_map(f"src-{rng.randrange(SOURCES)}", namespace,
+                                             {"data": {"v": str(edits)}})
+        if rng.random() < 0.5:  # a user deletes a copy: it must come back
+            copies = core.list_namespaced_config_map(rng.choice(targets),
+                                                     label_selector=f"{cr.RULE_UID_LABEL}={rule_uid}").items
+            if copies:
+                victim = rng.choice(copies).metadata
+                core.delete_namespaced_config_map(victim.name, victim.namespace)
+        for _ in range(2):
+            if to_change:
+                name = to_change.pop()
+                core.patch_namespaced_config_map(f"{name}-conf", namespace, {"data": {"v": "1"}})
+                changed.add(name)
+
+    started = time.monotonic()
+    for round_ in range(KILLS):
+        time.sleep(rng.uniform(0.2, 2.5))  # let it work for a random while
+        mutate()
+        time.sleep(rng.uniform(0.0, 1.0))
+        operator.kill()
+        print(f"kill #{round_ + 1} at {time.monotonic() - started:.1f}s")
+        mutate()  # changes while it is down
+        operator.start()
+    while to_change:
+        mutate()
+
+    took = converge(lambda: ic_problems(custom, core, namespace, expected)
+                    + copy_problems(core, namespace, rule_uid, "fault-src=yes", targets)
+                    + rollout_problems(apps, namespace, changed, workloads),
+                    timeout=120, what="the final state after the kills")
+    print(f"converged {took:.1f}s after the last restart; {sum(expected.values()) - IC_COUNT} replacements counted")
+    # And it stays exact: no late double counts, no late extra rollouts or copies.
+    time.sleep(3)
+    assert ic_problems(custom, core, namespace, expected) == []
+    assert copy_problems(core, namespace, rule_uid, "fault-src=yes", targets) == []
+    assert rollout_problems(apps, namespace, changed, workloads) == []
+    assert log.tracebacks(namespace) == [], log.text()[-5000:]
+
+
+# --- the API server unreachable -------------------------------------------------------------------
+
+OUTAGE_SECONDS = 10
+
+
+def test_api_server_outage_reconnects_and_loses_nothing(
+        operator: OperatorProcess, namespace: str, core: Any, apps: Any, custom: Any,
+        extra_namespaces: Callable[[int], list[str]]) -> None:
+    operator.stop()  # this test runs its own operator, behind the proxy
+    proxy = ApiProxy(*upstream_of(operator.kubeconfig))
+    proxy.start()
+    kubeconfig = proxied_kubeconfig(operator.kubeconfig, proxy,
+                                    CLUSTER_DIR / f"proxied-kubeconfig-{uuid.uuid4().hex[:6]}")
+    proc = OperatorProcess(kubeconfig=kubeconfig, log_name=f"operator-proxied-{uuid.uuid4().hex[:6]}")
+    try:
+        proc.start()
+        log = LogWindow(proc)
+        targets = extra_namespaces(1)
+        names = [f"ic-{i}" for i in range(5)]
+        expected = dict.fromkeys(names, 1)
+        make_ics(custom, namespace, names)
+        core.create_namespaced_config_map(namespace, {"metadata": {"name": "src", "labels": {"fault-src": "yes"}},
+                                                      "data": {"v": "0"}})
+        rule_uid = make_rule(custom, namespace, "outage-rule", {"fault-src": "yes"}, targets)
+        make_workload(core, apps, namespace, "web")
+        wait_for(lambda: rr.OBSERVED_HASH in (apps.read_namespaced_deployment("web", namespace)
+                                              .metadata.annotations or {}), timeout=30, what="the baseline")
+
+        def problems(changed: set[str]) -> list[str]:
+            return (ic_problems(custom, core, namespace, expected)
+                    + copy_problems(core, namespace, rule_uid, "fault-src=yes", targets)
+                    + rollout_problems(apps, namespace, changed, ["web"]))
+
+        converge(lambda: problems(set()), timeout=60, what="the initial state")
+
+        proxy.cut()
+        cut_at = time.monotonic()
+        for name in names:  # the work piles up while the operator cannot see or act
+            assert delete_counted_pod(custom, core, namespace, name)
+            expected[name] += 1
+        core.patch_namespaced_config_map("src", namespace, {"data": {"v": "during-outage"}})
+        core.patch_namespaced_config_map("web-conf", namespace, {"data": {"v": "1"}})
+        time.sleep(max(0.0, OUTAGE_SECONDS - (time.monotonic() - cut_at)))
+        assert proc.running, proc.tail()
+        assert ic_problems(custom, core, namespace, expected), "nothing should have happened while cut off"
+        proxy.restore()
+
+        took = converge(lambda: problems({"web"}), timeout=60, what="the state after the outage")
+        print(f"converged {took:.1f}s after the API server came back (outage {OUTAGE_SECONDS}s)")
+        assert proc.running
+        time.sleep(2)
+        assert problems({"web"}) == []
+        assert log.tracebacks(namespace) == [], log.text()[-5000:]
+    finally:
+        proc.stop()
+        proxy.close()
+        kubeconfig.unlink(missing_ok=True)
+
+
+# --- two replicas: only one acts --------------------------------------------------------------
+
+PEERING = "kopf-operators"
+
+
+@pytest.fixture
+def peering(custom: Any, crds: None) -> Iterator[str]:
+    body = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": PEERING}}
+    try:
+        custom.create_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", body)
+    except kubernetes.client.ApiException as exc:
+        if exc.status != 409:
+            raise
+    yield PEERING
+    try:
+        custom.delete_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", PEERING)
+    except kubernetes.client.ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def replica(name: str, priority: int) -> OperatorProcess:
+    return OperatorProcess(standalone=False, extra_args=[f"--peering={PEERING}", f"--priority={priority}"],
+                           log_name=f"replica-{name}-{uuid.uuid4().hex[:6]}")
+
+
+RESUMED = "Resuming operations after the pause"
+PAUSED = "Pausing operations in favour of"
+
+
+def test_two_replicas_only_one_acts_and_the_other_takes_over(
+        operator: OperatorProcess, namespace: str, core: Any, custom: Any, peering: str) -> None:
+    operator.stop()  # the session's operator is standalone: it would act regardless of peering
+    low, high = replica("low", 10), replica("high", 20)
+    try:
+        # Kopf starts a peered operator paused and resumes when no peer outranks it.
+        low.start()
+        wait_for(lambda: RESUMED in low.output(), timeout=30, what="the first replica to resume")
+        # A higher-priority replica joins: the first one pauses in its favour.
+        high.start()
+        wait_for(lambda: PAUSED in low.output(), timeout=30, what="the low-priority replica to pause")
+        wait_for(lambda: RESUMED in high.output(), timeout=30, what="the high-priority replica to act")
+        low_log, high_log = LogWindow(low), LogWindow(high)
+
+        names = [f"ic-{i}" for i in range(3)]
+        make_ics(custom, namespace, names)
+        converge(lambda: ic_problems(custom, core, namespace, dict.fromkeys(names, 1)), timeout=30,
+                 what="pods by the active replica")
+        time.sleep(2)  # a double actor would show up as a second start or a second "Created pod" line
+        assert ic_problems(custom, core, namespace, dict.fromkeys(names, 1)) == []
+        for name in names:
+            assert len(high_log.lines(f"[{namespace}/{name}] Created pod")) == 1, high_log.text()[-3000:]
+            assert low_log.lines(f"{namespace}/{name}") == [], low_log.text()[-3000:]
+
+        # The active replica dies without a goodbye: the other one takes over once its lease expires.
+        high.kill()
+        killed = time.monotonic()
+        wait_for(lambda: low_log.lines(RESUMED), timeout=90, interval=0.5,
+                 what="the remaining replica to take over")
+        print(f"takeover {time.monotonic() - killed:.1f}s after SIGKILL of the active replica "
+              f"(Kopf's peering lifetime is 60 s)")
+        expected = dict.fromkeys(names, 1)
+        assert delete_counted_pod(custom, core, namespace, names[0])
+        expected[names[0]] = 2
+        make_ics(custom, namespace, ["ic-after"])
+        expected["ic-after"] = 1
+        converge(lambda: ic_problems(custom, core, namespace, expected), timeout=30,
+                 what="pods by the replica that took over")
+        assert low_log.lines(f"[{namespace}/ic-after] Created pod"), low_log.text()[-3000:]
+        assert low_log.tracebacks(namespace) == [] and high_log.tracebacks(namespace) == []
+    finally:
+        high.stop()
+        low.stop()
