@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from bench.kube import ApiError, Kube, Watcher, bounded
+from bench.kube import Kube, Watcher, bounded
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER_DIR = Path(os.environ.get("CLUSTER_DIR", REPO / ".cluster")).resolve()
@@ -62,6 +62,15 @@ def summary(values: list[float]) -> dict[str, Any]:
     ms = [v * 1000 for v in values]
     return {"n": len(ms), "p50_ms": round(pct(ms, 0.50), 1), "p99_ms": round(pct(ms, 0.99), 1),
             "max_ms": round(max(ms), 1), "min_ms": round(min(ms), 1)}
+
+
+async def origin(responded: float, seen: asyncio.Future[float]) -> float:
+    """When the change happened: the write's response, or its event on the harness's own watch if that
+    arrived first (both stamps come from one event loop, so a busy loop cannot make latency negative)."""
+    try:
+        return min(responded, await asyncio.wait_for(asyncio.shield(seen), 5))
+    except TimeoutError:
+        return responded
 
 
 def kubectl(*args: str, input: str | None = None, check: bool = True) -> str:
@@ -300,11 +309,10 @@ class Bench:
         self.results.setdefault(name, {})["section_seconds"] = round(time.monotonic() - started, 1)
         log(f"  {name}: {json.dumps(self.results[name])[:600]}")
 
-    # idle: steady state with one object per operator, then a quiet window
-
-    async def idle(self) -> dict[str, Any]:
-        assert self.operator
-        ns = await self.namespace(f"bench-idle-{self.run}", {"bench-idle-target": self.run})
+    async def steady_state(self, label: str) -> str:
+        """One object per operator in a fresh namespace: an ImmortalContainer, a CopyratorRule with one
+        copy, an opted-in Deployment (so every operator has run its code paths once)."""
+        ns = await self.namespace(f"bench-{label}-{self.run}", {"bench-idle-target": self.run})
         await self.kube.create(f"{IC_PATH}/namespaces/{ns}/immortalcontainers", {
             "apiVersion": "immortalcontainer.flugel.it/v1alpha1", "kind": "ImmortalContainer",
             "metadata": {"name": "idle"}, "spec": {"image": "busybox:1.36"}})
@@ -315,6 +323,13 @@ class Bench:
             "spec": {"ruleType": "configmap", "selector": {"bench-idle": "true"}, "namespace": [ns],
                      "namespaceSelector": {"matchLabels": {"bench-idle-target": self.run}}}})
         await self.kube.create(f"/apis/apps/v1/namespaces/{ns}/deployments", deployment("idle", "idle-src", True))
+        return ns
+
+    # idle: steady state with one object per operator, then a quiet window
+
+    async def idle(self) -> dict[str, Any]:
+        assert self.operator
+        ns = await self.steady_state("idle")
         await asyncio.sleep(5)
         settle = await self.operator.settle()
         mem = self.operator.status()
@@ -325,11 +340,12 @@ class Bench:
         seconds = time.monotonic() - t0 - 1.0 + 1.0
         peering = counts["by_verb_resource"].get("patch clusterkopfpeerings", 0)
         result = {"window_seconds": round(seconds, 1), "settled_after_s": round(settle, 1),
-                  "requests": counts, "writes": counts["writes"], "writes_excluding_peering": counts["writes"] - peering,
+                  "requests": counts, "writes": counts["writes"],
+                  "writes_excluding_peering": counts["writes"] - peering,
                   "requests_per_minute": round(counts["total"] * 60 / seconds, 1),
                   "rss_mb": round(mem["VmRSS"] / 1024, 1), "hwm_mb": round(mem["VmHWM"] / 1024, 1)}
         await self.kube.delete(f"{RULE_PATH}/namespaces/{ns}/copyrators/idle")
-        await asyncio.sleep(2)
+        await self._gone(f"{RULE_PATH}/namespaces/{ns}/copyrators/idle", 60)
         await self.cleanup([ns])
         return result
 
@@ -365,9 +381,11 @@ class Bench:
                     mark = self.audit.mark()
                     created = pods.expect(lambda t, o, _, pod=pod: t == "ADDED" and o["metadata"]["name"] == pod)
                     counted = ics.expect(starts_at(expected["starts"] + 1)) if side == "op" else None
+                    gone = pods.expect(lambda t, o, _, pod=pod: t == "DELETED" and o["metadata"]["name"] == pod)
                     await self.kube.delete(f"/api/v1/namespaces/{ns}/pods/{pod}", {"gracePeriodSeconds": 0})
                     t0 = time.monotonic()
                     t1 = await within(created, 30, f"a new {pod}")
+                    t0 = await origin(t0, gone)
                     (op_lat if side == "op" else floor_lat).append(t1 - t0)
                     if counted is not None:
                         await within(counted, 30, "startTimes to count the restart")
@@ -433,13 +451,15 @@ class Bench:
         op_cms = await Watcher(self.kube, "/api/v1/configmaps",
                                {"labelSelector": f"{RULE_UID_LABEL}={rule['metadata']['uid']}"}).start()
         floor_cms = await Watcher(self.kube, "/api/v1/configmaps", {"labelSelector": f"{FLOOR_LABEL}=copy"}).start()
+        sources = await Watcher(self.kube, f"/api/v1/namespaces/{src}/configmaps").start()
+        nss = await Watcher(self.kube, "/api/v1/namespaces", {"labelSelector": f"{BENCH_LABEL}={run}"}).start()
         created: list[str] = []
         results: dict[str, Any] = {}
         async with Floor("copyrator", "--source-namespace", src, "--source", "floor-src",
                          "--ns-label", f"bench-cpl-target=floor-{run}", "--copy-name", "floor-src"):
             # 1. source edited -> copies updated, with K target namespaces per side
             k = 5
-            for side, watcher, name in (("op", op_cms, "lat-src"), ("floor", floor_cms, "floor-src")):
+            for side, watcher in (("op", op_cms), ("floor", floor_cms)):
                 waits = [watcher.expect(lambda t, o, _, ns=f"bench-cpe-{run}-{side}-{j}":
                                         o["metadata"]["namespace"] == ns) for j in range(k)]
                 for j in range(k):
@@ -462,10 +482,13 @@ class Bench:
                         return len(seen) >= k
 
                     done = watcher.expect(all_updated)
+                    edited = sources.expect(lambda t, o, _, name=name, value=value: o["metadata"]["name"] == name
+                                            and (o.get("data") or {}).get("v") == value)
                     mark = self.audit.mark()
                     await self.kube.merge_patch(f"/api/v1/namespaces/{src}/configmaps/{name}", {"data": {"v": value}})
                     t0 = time.monotonic()
                     t1 = await within(done, 60, f"{side} copies of v={value}")
+                    t0 = await origin(t0, edited)
                     (op_lat if side == "op" else floor_lat).append(t1 - t0)
                     if side == "op":
                         await asyncio.sleep(0.05)
@@ -480,10 +503,12 @@ class Bench:
                     watcher = op_cms if side == "op" else floor_cms
                     ns = f"bench-cpn-{run}-{side}-{i}"
                     done = watcher.expect(lambda t, o, _, ns=ns: o["metadata"]["namespace"] == ns)
+                    added = nss.expect(lambda t, o, _, ns=ns: t == "ADDED" and o["metadata"]["name"] == ns)
                     mark = self.audit.mark()
                     await self.namespace(ns, {"bench-cpl-target": f"{side}-{run}"})
                     t0 = time.monotonic()
                     t1 = await within(done, 60, f"the {side} copy in {ns}")
+                    t0 = await origin(t0, added)
                     created.append(ns)
                     (op_lat if side == "op" else floor_lat).append(t1 - t0)
                     if side == "op":
@@ -492,8 +517,8 @@ class Bench:
             results["namespace_created"] = self._latency(
                 op_lat, floor_lat, audit, n,
                 "namespace created (from the POST response) -> the copy ADDED on a watch")
-        await op_cms.stop()
-        await floor_cms.stop()
+        for w in (op_cms, floor_cms, sources, nss):
+            await w.stop()
         await self.kube.delete(f"{RULE_PATH}/namespaces/{src}/copyrators/lat")
         await self._gone(f"{RULE_PATH}/namespaces/{src}/copyrators/lat", 120)
         await self.cleanup([src, *created])
@@ -511,8 +536,10 @@ class Bench:
         n = n or self.n["events"]
         ns = await self.namespace(f"bench-rrl{label}-{self.run}")
         for cm in ("lat-cfg", "floor-cfg"):
-            await self.kube.create(f"/api/v1/namespaces/{ns}/configmaps", {"metadata": {"name": cm}, "data": {"v": "0"}})
+            await self.kube.create(f"/api/v1/namespaces/{ns}/configmaps",
+                                   {"metadata": {"name": cm}, "data": {"v": "0"}})
         deps = await Watcher(self.kube, f"/apis/apps/v1/namespaces/{ns}/deployments").start()
+        cms = await Watcher(self.kube, f"/api/v1/namespaces/{ns}/configmaps").start()
         baseline = deps.expect(lambda t, o, _: o["metadata"]["name"] == "lat"
                                and f"{RR}/observed-hash" in (o["metadata"].get("annotations") or {}))
         await self.kube.create(f"/apis/apps/v1/namespaces/{ns}/deployments", deployment("lat", "lat-cfg", True))
@@ -542,16 +569,20 @@ class Bench:
                         return False
 
                     done = deps.expect(rolled)
+                    edited = cms.expect(lambda t, o, _, cm=cm, v=str(i): o["metadata"]["name"] == cm
+                                        and (o.get("data") or {}).get("v") == v)
                     mark = self.audit.mark()
                     await self.kube.merge_patch(f"/api/v1/namespaces/{ns}/configmaps/{cm}", {"data": {"v": str(i)}})
                     t0 = time.monotonic()
                     t1 = await within(done, 60, f"{dep}'s pod template to change")
+                    t0 = await origin(t0, edited)
                     (op_lat if side == "op" else floor_lat).append(t1 - t0)
                     if side == "op":
                         await asyncio.sleep(0.05)
                         audit.update(await self._count_quick(mark, self.audit.mark()))
                 await asyncio.sleep(pause)
         await deps.stop()
+        await cms.stop()
         await self.cleanup([ns])
         return self._latency(op_lat, floor_lat, audit, n,
                              "ConfigMap data edited (from the PATCH response) -> the Deployment's pod template "
@@ -706,7 +737,8 @@ class Bench:
         m = self.n["deployments"]
         ns = await self.namespace(f"bench-rrc-{self.run}")
         for cm in ("conv-cfg", "floor-cfg"):
-            await self.kube.create(f"/api/v1/namespaces/{ns}/configmaps", {"metadata": {"name": cm}, "data": {"v": "0"}})
+            await self.kube.create(f"/api/v1/namespaces/{ns}/configmaps",
+                                   {"metadata": {"name": cm}, "data": {"v": "0"}})
         baselined: set[str] = set()
         rolled: dict[str, set[str]] = {"op": set(), "floor": set()}
 
@@ -765,6 +797,7 @@ class Bench:
         self.stop_operator()
         self.start_operator()
         assert self.operator
+        warm = await self.steady_state("mem")
         await asyncio.sleep(5)
         await self.operator.settle()
         idle = self.operator.status()
@@ -802,7 +835,9 @@ class Bench:
                   "pods_created_s": round(pods_s, 1), "all_created_s": round(created_s, 1),
                   "settled_after_s": round(settle, 1),
                   "target_idle_80mb": idle["VmRSS"] / 1024 <= 80, "target_growth_20mb": growth <= 20}
-        await self.cleanup([ns_pods, ns_cfg], wait=300)
+        await self.kube.delete(f"{RULE_PATH}/namespaces/{warm}/copyrators/idle")
+        await self._gone(f"{RULE_PATH}/namespaces/{warm}/copyrators/idle", 60)
+        await self.cleanup([ns_pods, ns_cfg, warm], wait=300)
         return result
 
     async def main(self) -> dict[str, Any]:
@@ -875,9 +910,9 @@ def render(results: dict[str, Any]) -> str:
             lines.append(f"| {label} | error: {(r or {}).get('error', 'not run')} | | | | |")
             return
         o, f = r["operator"], r["floor"]
-        lines.append(f"| {label}: p50 | {o['p50_ms']} ms | {f['p50_ms']} ms | {r['ratio_p50']}× | ≤ 2× floor | "
+        lines.append(f"| {label}: p50 | {o['p50_ms']} ms | {f['p50_ms']} ms | {r['ratio_p50']}x | ≤ 2x floor | "
                      f"{mark(r['target_p50_2x_floor'])} |")
-        lines.append(f"| {label}: p99 (n={o['n']}) | {o['p99_ms']} ms | {f['p99_ms']} ms | {r['ratio_p99']}× | "
+        lines.append(f"| {label}: p99 (n={o['n']}) | {o['p99_ms']} ms | {f['p99_ms']} ms | {r['ratio_p99']}x | "
                      f"≤ 250 ms | {mark(r['target_p99_250ms'])} |")
 
     lat("Immortal: pod deleted → replacement created", results.get("immortal_latency"))
@@ -891,7 +926,7 @@ def render(results: dict[str, Any]) -> str:
         if not r or "operator_s" not in r:
             lines.append(f"| {label} | error: {(r or {}).get('error', 'not run')} | | | | |")
             return
-        lines.append(f"| {label} | {r['operator_s']} s | {r['floor_s']} s | {r['ratio']}× | ≤ 1.5× floor | "
+        lines.append(f"| {label} | {r['operator_s']} s | {r['floor_s']} s | {r['ratio']}x | ≤ 1.5x floor | "
                      f"{mark(r['target_1_5x_floor'])} |")
 
     n = meta.get("counts", {})
@@ -911,9 +946,10 @@ def render(results: dict[str, Any]) -> str:
     idle = results.get("idle") or {}
     if "requests" in idle:
         verbs = ", ".join(f"{v} {c}" for v, c in idle["requests"]["by_verb"].items()) or "none"
+        peering = (f" ({idle['writes_excluding_peering']} excluding the peering heartbeat)"
+                   if idle["writes"] else "")
         lines.append(f"| API when idle ({idle['window_seconds']} s, 1 object per operator) | {verbs} "
-                     f"({idle['requests_per_minute']}/min) | | | 0 writes | {mark(idle['writes'] == 0)}"
-                     f"{' (' + str(idle['writes_excluding_peering']) + ' excluding the peering heartbeat)' if idle['writes'] else ''} |")
+                     f"({idle['requests_per_minute']}/min) | | | 0 writes | {mark(idle['writes'] == 0)}{peering} |")
     lines += ["", "API requests per handled change (operator, from the audit log):", "",
               "| Change | Requests | Writes | By verb |", "|---|---|---|---|"]
     for label, r in (("pod deleted (immortal)", results.get("immortal_latency")),
@@ -924,10 +960,11 @@ def render(results: dict[str, Any]) -> str:
             a = r["api_per_change"]
             lines.append(f"| {label} | {a['requests']} | {a['writes']} | "
                          f"{', '.join(f'{v} {c}' for v, c in a['by_verb'].items())} |")
-    for label, r in (("per ImmortalContainer (convergence)", (results.get("immortal_convergence") or {})
-                      .get("operator", {}).get("api")),
-                     ("per namespace (copyrator convergence)", (results.get("copyrator_convergence") or {}).get("api")),
-                     ("per Deployment (re-roller convergence)", (results.get("reroller_convergence") or {}).get("api"))):
+    conv_api = (("per ImmortalContainer (convergence)",
+                 (results.get("immortal_convergence") or {}).get("operator", {}).get("api")),
+                ("per namespace (copyrator convergence)", (results.get("copyrator_convergence") or {}).get("api")),
+                ("per Deployment (re-roller convergence)", (results.get("reroller_convergence") or {}).get("api")))
+    for label, r in conv_api:
         if r:
             lines.append(f"| {label} | {r['total_per_change']} | {r['writes_per_change']} | "
                          f"{', '.join(f'{v} {c}' for v, c in r['by_verb_per_change'].items())} |")
@@ -941,7 +978,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small counts; results to bench/results-quick.*")
     parser.add_argument("--only", nargs="*", help="run only these sections")
     parser.add_argument("--output", help="results file prefix (default bench/results or bench/results-quick)")
+    parser.add_argument("--render", metavar="JSON", help="only re-render the markdown of a results JSON file")
     args = parser.parse_args()
+    if args.render:
+        path = Path(args.render)
+        path.with_suffix(".md").write_text(render(json.loads(path.read_text())))
+        print(path.with_suffix(".md").read_text())
+        return
     sections = ["idle", "immortal_latency", "copyrator_latency", "reroller_latency", "immortal_convergence",
                 "copyrator_convergence", "reroller_convergence", "reroller_latency_defaults", "memory"]
     bench = Bench(QUICK if args.quick else FULL, args.only or sections)
