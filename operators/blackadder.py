@@ -8,7 +8,8 @@ objects are only listed and acted on, never annotated or watched with state. Log
 
 from __future__ import annotations
 
-from typing import Any, cast
+import asyncio
+from typing import Any
 
 import kopf
 
@@ -22,26 +23,26 @@ RESOURCE = (logic.GROUP, logic.VERSION, logic.PLURAL)
 # cancellation_polling: Kopf re-checks an exiting daemon this often (default 60 s would hold
 # the finalizer, and so the deletion, for a minute after the daemon has already stopped).
 @kopf.daemon(*RESOURCE, id="blackadder-agent", initial_delay=0, cancellation_polling=1)
-def agent_daemon(body: kopf.Body, stopped: kopf.DaemonStopped, logger: api.Logger, **_: Any) -> None:
-    """The agent's loop. Sync (pykube blocks), so it runs in a thread; ``stopped`` is set at once
-    when the agent is deleted or the operator exits, and every action checks it first."""
-    waiter = cast(kopf.SyncDaemonStopperChecker, stopped)  # a sync daemon gets the sync flavour
+async def agent_daemon(body: kopf.Body, stopped: kopf.DaemonStopped, logger: api.Logger, **_: Any) -> None:
+    """The agent's loop. Async, so a sleeping agent holds no worker thread; each cycle's blocking
+    pykube calls run in a thread (asyncio.to_thread). ``stopped`` is set at once when the agent is
+    deleted or the operator exits, and the cycle checks it before every single action."""
     try:
-        delay = api.initial_delay(body)
+        delay = await asyncio.to_thread(api.initial_delay, body)
     except Exception as exc:  # the API is down: start now, the cycle will report it
         logger.warning(f"could not read the ledger before the first cycle: {exc}")
         delay = 0.0
-    if delay and waiter.wait(delay):
+    if delay and await stopped.wait(delay):
         return
     while not stopped:
         try:
             # `body` is Kopf's live view: edits arrive through the watch and apply on this cycle.
-            api.run_cycle(body, lambda: bool(stopped), logger)
+            await asyncio.to_thread(api.run_cycle, body, lambda: bool(stopped), logger)
         except Exception as exc:  # never let one bad cycle kill the agent's loop
             common.count_error(api.OPERATOR, "cycle-crash")
             logger.exception(f"cycle crashed: {exc}")
         pause = logic.settings_from_spec(body.get("spec") or {}).pause
-        if waiter.wait(pause):
+        if await stopped.wait(pause):
             break
 
 
