@@ -328,6 +328,11 @@ def test_schema_rejects_bad_rules_readably(crds: None, namespace: str) -> None:
     assert "not both" in apply({"ruleType": "secret", "selector": {"a": "b"}, "namespace": namespace,
                                 "spec": {"ruleType": "secret", "selector": {"a": "b"}, "namespace": namespace}})
     assert "selector" in apply({"spec": {"ruleType": "secret", "selector": {}, "namespace": namespace}})
+    # namespace: one name or a list of names (checked per JSON type by the schema).
+    for bad, message in (("Bad_Name", "should match"), ([], "at least 1 items"), (["ok", "Bad_X"], "namespace[1]"),
+                         ([5], "must be of type string"), ({"a": "b"}, "at most 0")):
+        assert message in apply({"ruleType": "configmap", "selector": {"a": "b"}, "namespace": bad})
+        assert message in apply({"spec": {"ruleType": "configmap", "selector": {"a": "b"}, "namespace": bad}})
     assert "values" in apply({"spec": {"ruleType": "secret", "selector": {"a": "b"}, "namespace": namespace,
                                        "namespaceSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}})
 
@@ -336,7 +341,7 @@ def test_invalid_namespace_value_is_reported_in_status(
         operator: OperatorProcess, core: kubernetes.client.CoreV1Api,
         custom: kubernetes.client.CustomObjectsApi, namespace: str) -> None:
     body = {"apiVersion": f"{G}/{V}", "kind": logic.KIND, "metadata": {"name": "bad", "namespace": namespace},
-            "ruleType": "configmap", "selector": {"a": "b"}, "namespace": {"not": "a name"}}
+            "ruleType": "configmap", "selector": {"a": "b"}, "namespace": 5}  # passes the schema
     custom.create_namespaced_custom_object(G, V, namespace, P, body)
     try:
         cond = wait_condition(custom, namespace, "bad", "Ready", reason="Invalid")
