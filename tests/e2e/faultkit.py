@@ -141,14 +141,16 @@ class LogWindow:
         return [line for line in self.text().splitlines() if needle in line]
 
     def tracebacks(self, about: str = "") -> list[str]:
-        """Tracebacks (with the log lines just before them) that concern ``about`` (e.g. a namespace):
-        other tests' leftovers (a namespace still terminating) must not fail this one."""
+        """Tracebacks whose log record (the ``[ERROR ...]`` line that precedes the traceback) concerns
+        ``about`` (e.g. a namespace): other tests' leftovers (a namespace still terminating) are not
+        this test's business."""
         lines = self.text().splitlines()
         found = []
         for i, line in enumerate(lines):
-            if "Traceback" in line:
-                context = "\n".join(lines[max(0, i - 12):i + 1])
-                if about in context:
-                    found.append(context)
+            if "Traceback" not in line:
+                continue
+            header = next((lines[j] for j in range(i - 1, max(-1, i - 40), -1)
+                           if lines[j].startswith("[") and "[DEBUG" not in lines[j]), "")
+            if about in header:
+                found.append(header)
         return found
-
