@@ -63,14 +63,21 @@ def _event(ic: Mapping[str, Any], type_: str, reason: str, message: str) -> None
 def reconcile(namespace: str, name: str) -> logic.Decision | None:
     """One pass for one ImmortalContainer; returns the decision (None when the CR is gone)."""
     with _lock(namespace, name):
+        ic = _get_ic(namespace, name)
+        if ic is None or ic["metadata"].get("deletionTimestamp"):
+            return None  # garbage collection removes the pod via its ownerReference
+        uid = ic["metadata"]["uid"]
+        decision, pod = _act(ic)
         for _attempt in range(5):
-            ic = _get_ic(namespace, name)
-            if ic is None or ic["metadata"].get("deletionTimestamp"):
-                return None  # garbage collection removes the pod via its ownerReference
-            decision, pod = _act(ic)
             if _write_status(ic, pod, decision):
                 return decision
-            # 409: someone wrote the CR since we read it; recompute from the fresh object.
+            # 409: the CR changed since we read it (often Kopf's own bookkeeping). Recompute the
+            # status from the fresh object for the pod we saw or created, so that a pod created by
+            # this pass is counted even if it is deleted again meanwhile.
+            fresh = _get_ic(namespace, name)
+            if fresh is None or fresh["metadata"]["uid"] != uid:
+                return None
+            ic = fresh
         raise kopf.TemporaryError("status kept conflicting; retrying", delay=1)
 
 
