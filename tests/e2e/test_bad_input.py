@@ -419,3 +419,33 @@ def test_reroller_workload_deleted_while_debouncing(operator: OperatorProcess, c
         scene.untouched()
     finally:
         core.delete_namespaced_config_map(conf, scene.ns)
+
+
+def test_immortal_namespace_deleted_under_it(operator: OperatorProcess, core: Any, custom: Any) -> None:
+    """Deleting a namespace with ImmortalContainers in it: the pods go first, and the API server
+    forbids new content in a terminating namespace (403 NamespaceTerminating). That is the end of
+    the story, not an error: no traceback, no retry every few seconds until the namespace is gone."""
+    ns = f"bad-input-doomed-{uuid.uuid4().hex[:5]}"
+    core.create_namespace({"metadata": {"name": ns, "labels": {"kopf-operators.dev/test": "true"}}})
+    wait_for(lambda: core.read_namespaced_service_account("default", ns), timeout=30, what="the namespace")
+    names = [f"doomed-{i}" for i in range(3)]
+    for name in names:
+        create(custom, IC, ns, ic_body({"image": "busybox:1.36"})(ns, name))
+    wait_for(lambda: len(core.list_namespaced_pod(ns, label_selector=ic.OWNER_LABEL).items) == 3, timeout=30,
+             what="the pods")
+    log = LogWindow(operator)
+    core.delete_namespace(ns)
+
+    def gone() -> bool:
+        try:
+            core.read_namespace(ns)
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return True
+            raise
+        return False
+    wait_for(gone, timeout=60, interval=0.5, what=f"namespace {ns} to be deleted")
+    assert operator.running
+    assert log.tracebacks(ns) == []
+    errors = log.lines(f"[{ns}/") + log.lines(f" {ns}/")
+    assert [line for line in errors if "[ERROR" in line] == [], "\n".join(errors[-10:])
