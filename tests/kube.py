@@ -95,13 +95,21 @@ def helm_binary() -> Path:
     return Path(out.stdout.strip()) / "helm"
 
 
+def kube_version() -> str:
+    """The pinned Kubernetes version (cluster/versions.env), for Helm's --kube-version."""
+    for line in (REPO / "cluster" / "versions.env").read_text().splitlines():
+        if line.startswith("KUBERNETES_VERSION="):
+            return line.split("=", 1)[1].lstrip("v")
+    raise AssertionError("no KUBERNETES_VERSION in cluster/versions.env")
+
+
 def chart_objects(release: str, namespace: str, *sets: str) -> list[dict[str, Any]]:
     """The chart rendered by Helm (no CRDs), as objects."""
     import yaml
 
     flags = [arg for item in sets for arg in ("--set", item)]
     out = subprocess.run([str(helm_binary()), "template", release, str(REPO / "charts" / "kopf-operators"),
-                          "--namespace", namespace, "--skip-crds", *flags],
+                          "--namespace", namespace, "--skip-crds", "--kube-version", kube_version(), *flags],
                          capture_output=True, text=True, check=True)
     return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
 
@@ -223,6 +231,18 @@ class OperatorProcess:
     def tail(self, lines: int = 60) -> str:
         return "\n".join(self.output().splitlines()[-lines:])
 
-    def errors(self) -> list[str]:
-        """Tracebacks and unexpected errors in the log (tests assert there are none)."""
-        return [line for line in self.output().splitlines() if re.search(r"Traceback|\[ERROR", line)]
+    def records(self) -> list[str]:
+        """Log records, each with its continuation lines (a traceback belongs to the line before it)."""
+        records: list[str] = []
+        for line in self.output().splitlines():
+            if line.startswith("[") or not records:
+                records.append(line)
+            else:
+                records[-1] += "\n" + line
+        return records
+
+    def errors(self, about: str | None = None) -> list[str]:
+        """ERROR records and tracebacks in the log (tests assert there are none), optionally only those
+        mentioning ``about`` (a namespace, say): in the full suite all four operators share one log."""
+        return [rec for rec in self.records()
+                if re.search(r"Traceback|\[ERROR", rec) and (about is None or about in rec)]

@@ -14,7 +14,7 @@ import kubernetes
 import pytest
 import yaml
 
-from tests.kube import REPO, helm_binary, kubectl, token_kubeconfig, wait_for
+from tests.kube import REPO, helm_binary, kube_version, kubectl, token_kubeconfig, wait_for
 
 CHART = REPO / "charts" / "kopf-operators"
 OPERATORS = ("immortal", "copyrator", "blackadder", "reroller")
@@ -23,13 +23,6 @@ OPERATORS = ("immortal", "copyrator", "blackadder", "reroller")
 @pytest.fixture(scope="module")
 def helm() -> Path:
     return helm_binary()
-
-
-def kube_version() -> str:
-    for line in (REPO / "cluster" / "versions.env").read_text().splitlines():
-        if line.startswith("KUBERNETES_VERSION="):
-            return line.split("=", 1)[1].lstrip("v")
-    raise AssertionError("no KUBERNETES_VERSION in cluster/versions.env")
 
 
 def helm_run(helm: Path, *args: str) -> str:

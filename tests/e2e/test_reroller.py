@@ -135,7 +135,7 @@ def test_nginx_configmap_change_rolls_once(operator: OperatorProcess, namespace:
     # Kopf stores nothing on built-in objects.
     assert no_kopf_state(core.read_namespaced_config_map("nginx-conf", namespace))
     assert no_kopf_state(apps.read_namespaced_deployment("nginx", namespace))
-    assert not operator.errors()
+    assert not operator.errors(about=namespace)
 
 
 
@@ -300,7 +300,7 @@ def test_missing_source_warns_and_operator_stays_healthy(operator: OperatorProce
     baseline(apps, namespace, "nginx")
     assert_not_rolled(apps, namespace, "nginx", 3)
     assert len(events(core, namespace, "nginx", "SourceMissing")) == 1  # warned once, not per event
-    assert not operator.errors()
+    assert not operator.errors(about=namespace)
 
 
 def test_reaction_latency(operator: OperatorProcess, namespace: str, core: Any, apps: Any) -> None:
