@@ -87,19 +87,28 @@ class PodStarts:
 
     def __init__(self, core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> None:
         self.uids: list[str] = []
+        self._stopped = threading.Event()
         self._watch = kubernetes.watch.Watch()
         self._thread = threading.Thread(target=self._run, args=(core, namespace, name), daemon=True)
         self._thread.start()
         time.sleep(0.3)  # let the watch connect before the test acts
 
     def _run(self, core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> None:
-        for event in self._watch.stream(core.list_namespaced_pod, namespace,
-                                        field_selector=f"metadata.name={name}", timeout_seconds=300):
-            uid = event["object"].metadata.uid
-            if uid not in self.uids:
-                self.uids.append(uid)
+        version: str | None = None
+        while not self._stopped.is_set():
+            try:  # resume from the last seen resourceVersion if the stream breaks: no gap
+                kwargs = {"resource_version": version} if version else {}
+                for event in self._watch.stream(core.list_namespaced_pod, namespace, timeout_seconds=300,
+                                                field_selector=f"metadata.name={name}", **kwargs):
+                    meta = event["object"].metadata
+                    version = meta.resource_version
+                    if meta.uid not in self.uids:
+                        self.uids.append(meta.uid)
+            except Exception:
+                time.sleep(0.1)
 
     def stop(self) -> None:
+        self._stopped.set()
         self._watch.stop()
 
 
