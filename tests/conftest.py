@@ -62,7 +62,7 @@ def custom(api: kubernetes.client.ApiClient) -> kubernetes.client.CustomObjectsA
 def operator_identity(crds: None) -> str:
     """The kubeconfig the operator runs with: by default the chart's own ServiceAccount, so every
     end-to-end test also proves the chart's RBAC sufficient (OPERATOR_IDENTITY=admin skips that)."""
-    if os.environ.get("OPERATOR_IDENTITY", "admin") == "admin":
+    if os.environ.get("OPERATOR_IDENTITY", "serviceaccount") == "admin":
         return str(KUBECONFIG)
     return str(service_account_kubeconfig())
 

@@ -157,7 +157,7 @@ class OperatorProcess:
         self.standalone = standalone
         self.extra_args = list(extra_args)
         # Same identity as the session's operator: the ServiceAccount when one was set up.
-        use_sa = os.environ.get("OPERATOR_IDENTITY", "admin") != "admin" and OPERATOR_KUBECONFIG.exists()
+        use_sa = os.environ.get("OPERATOR_IDENTITY", "serviceaccount") != "admin" and OPERATOR_KUBECONFIG.exists()
         self.kubeconfig = kubeconfig or (OPERATOR_KUBECONFIG if use_sa else KUBECONFIG)
         if use_sa:  # as deployed: the operator knows its namespace (Blackadder keeps its ledger there)
             self.extra_env.setdefault("OPERATOR_NAMESPACE", E2E_RELEASE)
