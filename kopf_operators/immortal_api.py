@@ -55,6 +55,10 @@ def _get_pod(namespace: str, name: str) -> dict[str, Any] | None:
     return dict(common.api_client().sanitize_for_serialization(pod))
 
 
+def _namespace_terminating(exc: BaseException) -> bool:
+    return common.is_status(exc, 403) and "being terminated" in str(getattr(exc, "body", "") or "")
+
+
 def _event(ic: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
     # kopf.event, not kopf.info: the shared posting level (WARNING) would drop Normal events.
     kopf.event(cast(kopf.Body, ic), type=type_, reason=reason, message=message)
@@ -94,6 +98,10 @@ def _act(ic: Mapping[str, Any]) -> tuple[logic.Decision, logic.PodView | None]:
         try:
             created = common.core_v1().create_namespaced_pod(namespace, cast(Any, manifest))
         except Exception as exc:
+            if _namespace_terminating(exc):
+                # The namespace is being deleted (and this CR with it): nothing to keep alive.
+                return logic.Decision(logic.Action.NONE, "NamespaceTerminating",
+                                      f"namespace {namespace} is being deleted"), pod
             if not common.is_status(exc, 409):
                 common.count_error(OPERATOR, "create-pod")
                 raise
