@@ -14,7 +14,15 @@ from collections.abc import Iterator
 import kubernetes
 import pytest
 
-from tests.kube import KUBECONFIG, REPO, OperatorProcess, kubectl, service_account_kubeconfig, wait_for
+from tests.kube import (
+    KUBECONFIG,
+    REPO,
+    OperatorProcess,
+    delete_namespaces,
+    kubectl,
+    service_account_kubeconfig,
+    wait_for,
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -93,8 +101,4 @@ def namespace(request: pytest.FixtureRequest, core: kubernetes.client.CoreV1Api)
     wait_for(lambda: core.read_namespaced_service_account("default", name), timeout=30,
              what=f"the default ServiceAccount in {name}")
     yield name
-    try:
-        core.delete_namespace(name)
-    except kubernetes.client.ApiException as exc:
-        if exc.status != 404:
-            raise
+    delete_namespaces(core, [name])

@@ -65,6 +65,16 @@ def stays(probe: Callable[[], Any], seconds: float, interval: float = 0.2, what:
         time.sleep(interval)
 
 
+def delete_namespaces(core: Any, names: Sequence[str]) -> None:
+    """Delete namespaces without waiting (KWOK lets the deletion complete); already gone is fine."""
+    for name in names:
+        try:
+            core.delete_namespace(name)
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
 def kubectl(
     *args: str, input: str | None = None, check: bool = True, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:

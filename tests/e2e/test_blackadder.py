@@ -20,7 +20,7 @@ import kubernetes
 import pytest
 
 from kopf_operators import blackadder as logic
-from tests.kube import REPO, OperatorProcess, apply_yaml, kubectl, stays, wait_for
+from tests.kube import REPO, OperatorProcess, apply_yaml, delete_namespaces, kubectl, stays, wait_for
 
 G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL
 PAUSE = logic.MIN_PAUSE_SECONDS
@@ -83,11 +83,7 @@ def other_namespace(namespace: str, core: kubernetes.client.CoreV1Api) -> Iterat
     name = f"{namespace}-x"
     core.create_namespace({"metadata": {"name": name, "labels": {"kopf-operators.dev/test": "true"}}})
     yield name
-    try:
-        core.delete_namespace(name)
-    except kubernetes.client.ApiException as exc:
-        if exc.status != 404:
-            raise
+    delete_namespaces(core, [name])
 
 
 def make_pod(core: kubernetes.client.CoreV1Api, ns: str, name: str) -> None:

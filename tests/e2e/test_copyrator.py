@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from kopf_operators import copyrator as logic
-from tests.kube import REPO, OperatorProcess, kubectl, stays, wait_for
+from tests.kube import REPO, OperatorProcess, delete_namespaces, kubectl, stays, wait_for
 
 ARTICLE_RULE = REPO / "manifests" / "examples" / "copyrator-article-rule.yaml"
 G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL
@@ -37,12 +37,7 @@ def make_namespace(core: kubernetes.client.CoreV1Api) -> Iterator[Callable[..., 
         return name
 
     yield make
-    for name in made:
-        try:
-            core.delete_namespace(name)
-        except kubernetes.client.ApiException as exc:
-            if exc.status != 404:
-                raise
+    delete_namespaces(core, made)
 
 
 def get(core: kubernetes.client.CoreV1Api, kind: str, namespace: str, name: str) -> dict[str, Any] | None:

@@ -21,7 +21,7 @@ from kopf_operators import copyrator as cr
 from kopf_operators import immortal as ic
 from kopf_operators import reroller as rr
 from tests.e2e.faultkit import ApiProxy, LogWindow, proxied_kubeconfig, upstream_of
-from tests.kube import CLUSTER_DIR, OperatorProcess, wait_for
+from tests.kube import CLUSTER_DIR, OperatorProcess, delete_namespaces, wait_for
 
 SEED = int(os.environ.get("FAULT_SEED", "20240509"))
 TEST_LABEL = {"kopf-operators.dev/test": "true"}
@@ -58,15 +58,6 @@ def make_workload(core: Any, apps: Any, namespace: str, name: str) -> None:
 def make_namespaces(core: Any, names: list[str]) -> None:
     for name in names:
         core.create_namespace({"metadata": {"name": name, "labels": TEST_LABEL}})
-
-
-def delete_namespaces(core: Any, names: list[str]) -> None:
-    for name in names:
-        try:
-            core.delete_namespace(name)
-        except kubernetes.client.ApiException as exc:
-            if exc.status != 404:
-                raise
 
 
 def converge(check: Callable[[], list[str]], timeout: float, what: str) -> float:

@@ -1,0 +1,29 @@
+"""The Prometheus endpoint counts what the operators do (issue: operations)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from tests.kube import OperatorProcess, apply_yaml, wait_for
+
+
+def counter(text: str, name: str, **labels: str) -> float:
+    rendered = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    match = re.search(rf"^{re.escape(name)}\{{{re.escape(rendered)}\}} (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_metrics_count_each_pod_the_operator_starts(namespace: str, operator: OperatorProcess, core: Any) -> None:
+    started = counter(operator.metrics(), "kopf_operators_actions_total", operator="immortal", action="create-pod")
+    apply_yaml("""
+apiVersion: immortalcontainer.flugel.it/v1alpha1
+kind: ImmortalContainer
+metadata: {name: counted}
+spec: {image: nginx:latest}
+""", namespace)
+    wait_for(lambda: core.read_namespaced_pod("counted-immortalpod", namespace), timeout=30, what="the pod")
+    wait_for(lambda: counter(operator.metrics(), "kopf_operators_actions_total", operator="immortal",
+                             action="create-pod") == started + 1, timeout=10, what="the counter to grow by one")
+    text = operator.metrics()
+    assert "# TYPE kopf_operators_actions_total counter" in text
