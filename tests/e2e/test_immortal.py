@@ -78,10 +78,6 @@ def assert_no_kopf_state_on(pod: Any) -> None:
     assert not pod.metadata.finalizers, pod.metadata.finalizers
 
 
-def immortal_errors(operator: OperatorProcess) -> list[str]:
-    return [line for line in operator.errors() if "immortal" in line.lower()]
-
-
 class PodStarts:
     """Records, from a watch, the uid of every pod ever created with a given name (ground truth)."""
 
@@ -146,7 +142,7 @@ def test_article_yaml_runs_a_pod_and_reports_it(core: Any, custom: Any, namespac
     stays(lambda: status(custom, namespace, name)["startTimes"] == 1
           and core.read_namespaced_pod(pod_name, namespace).metadata.uid == pod.metadata.uid, 3,
           what="one start, same pod")
-    assert not immortal_errors(operator)
+    assert not operator.errors(about=namespace)
 
 
 def test_deleted_pod_is_recreated_and_counted_exactly_once(core: Any, custom: Any, namespace: str,
