@@ -27,7 +27,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from bench.kube import Kube, Watcher, bounded
+import aiohttp
+
+from bench.kube import ApiError, Kube, Watcher, bounded
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER_DIR = Path(os.environ.get("CLUSTER_DIR", REPO / ".cluster")).resolve()
@@ -254,7 +256,12 @@ class Bench:
     async def cleanup(self, names: list[str], wait: float = 180) -> None:
         """Delete namespaces (pods first, with no grace, so KWOK has nothing to wait for)."""
         async def one(ns: str) -> None:
-            await self.kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods", params={"gracePeriodSeconds": "0"})
+            try:  # a collection of thousands can outlast the API server's request timeout: then the
+                # namespace deletion finishes the job
+                await self.kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods",
+                                        params={"gracePeriodSeconds": "0"})
+            except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
+                log(f"  deleting the pods of {ns}: {type(exc).__name__}: {exc}")
             await self.kube.delete(f"/api/v1/namespaces/{ns}")
 
         await bounded(16, [one(ns) for ns in names])
@@ -272,7 +279,8 @@ class Bench:
             log(f"  {len(pending)} namespace(s) still terminating; moving on")
 
     def start_operator(self, env: dict[str, str] | None = None) -> None:
-        env = env or {"REROLLER_DEBOUNCE_SECONDS": "0", "REROLLER_MIN_INTERVAL_SECONDS": "0"}
+        if env is None:  # {} means the shipped defaults
+            env = {"REROLLER_DEBOUNCE_SECONDS": "0", "REROLLER_MIN_INTERVAL_SECONDS": "0"}
         self.operator = Operator(self.sa_kubeconfig, env, CLUSTER_DIR / "logs" / f"bench-operator-{self.run}.log")
         self.operator.start()
 
@@ -304,7 +312,8 @@ class Bench:
         try:
             self.results[name] = await fn()
         except Exception as exc:  # one broken section must not lose the others' figures
-            log(f"  {name} FAILED: {type(exc).__name__}: {exc}")
+            import traceback
+            log(f"  {name} FAILED: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
             self.results[name] = {"error": f"{type(exc).__name__}: {exc}"}
         self.results.setdefault(name, {})["section_seconds"] = round(time.monotonic() - started, 1)
         log(f"  {name}: {json.dumps(self.results[name])[:600]}")
@@ -807,18 +816,34 @@ class Bench:
         pod_body = {"metadata": {"labels": {"app": "unrelated"}},
                     "spec": {"nodeName": "kwok-node-0", "containers": [{"name": "c", "image": "busybox:1.36"}]}}
 
+        async def create(path: str, body: dict[str, Any]) -> None:
+            # Under this load the API server may drop a keep-alive connection: retry; 409 = it got through.
+            for attempt in range(5):
+                try:
+                    await self.kube.create(path, body)
+                    return
+                except ApiError as exc:
+                    if exc.status == 409:
+                        return
+                    if exc.status < 500 and exc.status != 429:
+                        raise
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.5 * (attempt + 1))
+            await self.kube.create(path, body)
+
         async def pod(j: int) -> None:
             body = json.loads(json.dumps(pod_body))
             body["metadata"]["name"] = f"p-{j}"
-            await self.kube.create(f"/api/v1/namespaces/{ns_pods}/pods", body)
+            await create(f"/api/v1/namespaces/{ns_pods}/pods", body)
 
         async def cm(j: int) -> None:
-            await self.kube.create(f"/api/v1/namespaces/{ns_cfg}/configmaps",
-                                   {"metadata": {"name": f"cm-{j}"}, "data": {"key": f"value-{j}" * 8}})
+            await create(f"/api/v1/namespaces/{ns_cfg}/configmaps",
+                         {"metadata": {"name": f"cm-{j}"}, "data": {"key": f"value-{j}" * 8}})
 
         async def secret(j: int) -> None:
-            await self.kube.create(f"/api/v1/namespaces/{ns_cfg}/secrets",
-                                   {"metadata": {"name": f"s-{j}"}, "stringData": {"key": f"value-{j}" * 8}})
+            await create(f"/api/v1/namespaces/{ns_cfg}/secrets",
+                         {"metadata": {"name": f"s-{j}"}, "stringData": {"key": f"value-{j}" * 8}})
 
         await bounded(64, [pod(j) for j in range(self.n["pods"])])
         pods_s = time.monotonic() - t0
@@ -910,10 +935,11 @@ def render(results: dict[str, Any]) -> str:
             lines.append(f"| {label} | error: {(r or {}).get('error', 'not run')} | | | | |")
             return
         o, f = r["operator"], r["floor"]
+        by_design = "n/a (the 2 s debounce is by design)" if "defaults" in label else None
         lines.append(f"| {label}: p50 | {o['p50_ms']} ms | {f['p50_ms']} ms | {r['ratio_p50']}x | ≤ 2x floor | "
-                     f"{mark(r['target_p50_2x_floor'])} |")
+                     f"{by_design or mark(r['target_p50_2x_floor'])} |")
         lines.append(f"| {label}: p99 (n={o['n']}) | {o['p99_ms']} ms | {f['p99_ms']} ms | {r['ratio_p99']}x | "
-                     f"≤ 250 ms | {mark(r['target_p99_250ms'])} |")
+                     f"≤ 250 ms | {by_design or mark(r['target_p99_250ms'])} |")
 
     lat("Immortal: pod deleted → replacement created", results.get("immortal_latency"))
     cp = results.get("copyrator_latency") or {}
@@ -968,6 +994,8 @@ def render(results: dict[str, Any]) -> str:
         if r:
             lines.append(f"| {label} | {r['total_per_change']} | {r['writes_per_change']} | "
                          f"{', '.join(f'{v} {c}' for v, c in r['by_verb_per_change'].items())} |")
+    for section, why in (meta.get("rerun_sections") or {}).items():
+        lines.append(f"\n`{section}`: {why}.")
     lines += ["", f"stakater Reloader (peer): {meta.get('reloader')}.", ""]
     return "\n".join(lines)
 
