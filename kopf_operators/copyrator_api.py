@@ -200,7 +200,7 @@ def patch_status(rule_body: Mapping[str, Any], status: Mapping[str, Any]) -> Non
 
 
 def post(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-    """A Kubernetes Event on the rule (posted regardless of the process-wide posting level)."""
+    """A Kubernetes Event on the rule."""
     kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message)
 
 

@@ -60,7 +60,6 @@ def _namespace_terminating(exc: BaseException) -> bool:
 
 
 def _event(ic: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-    # kopf.event, not kopf.info: the shared posting level (WARNING) would drop Normal events.
     kopf.event(cast(kopf.Body, ic), type=type_, reason=reason, message=message)
 
 

@@ -14,8 +14,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
+import kopf
 import kubernetes
 
 from kopf_operators import common
@@ -62,26 +63,8 @@ def _patch(kind: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
 
 
 def _post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-    """A core/v1 Event on the workload. Posted directly: the shared settings post only Warning+
-    through Kopf, and a rollout deserves a Normal event."""
-    meta = body["metadata"]
-    now = common.now_iso()
-    event: Any = {
-        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-        "involvedObject": {"apiVersion": body.get("apiVersion", "apps/v1"), "kind": body["kind"],
-                           "name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid"),
-                           "resourceVersion": meta.get("resourceVersion")},
-        "type": type_, "reason": reason, "message": message[:1000],
-        "source": {"component": "kopf-operators-reroller"}, "reportingComponent": "kopf-operators-reroller",
-        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-    }
-    try:
-        common.core_v1().create_namespaced_event(meta["namespace"], event)
-    except kubernetes.client.ApiException as exc:  # an event is best-effort, never a failure
-        if not common.is_status(exc, 403, 404, 409):
-            raise
-        logger.warning("Could not post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"],
-                       exc.status)
+    """A Kubernetes Event on the workload, through Kopf's poster (best-effort, in the background)."""
+    kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message[:1000])
 
 
 class Runtime:
@@ -202,7 +185,7 @@ class Runtime:
                 message = (f"Missing source(s) {', '.join(plan.missing)}: not re-rolling until they exist "
                            f"(the baseline is kept, so a recreate with the same data rolls nothing)")
                 logger.warning("%s: %s", where, message)
-                await asyncio.to_thread(_post_event, body, "Warning", "SourceMissing", message)
+                _post_event(body, "Warning", "SourceMissing", message)
             return 0
         self.warned.pop(key, None)
         if plan.action == "none":
@@ -233,7 +216,7 @@ class Runtime:
             message = logic.rollout_message(kind, name, plan.changed)
             logger.info("%s: %s (config-hash %s)", where, message, plan.new_hash)
             common.count_action(NAME, "rollout")
-            await asyncio.to_thread(_post_event, body, "Normal", "Rerolled", message)
+            _post_event(body, "Normal", "Rerolled", message)
         else:
             logger.info("%s: recorded the baseline config hash %s (no rollout)", where, plan.new_hash)
             common.count_action(NAME, "baseline")
