@@ -136,7 +136,8 @@ class Kube:
                     yield event["type"], obj, now
 
 
-Listener = Callable[[str, dict[str, Any], float], bool]
+# (type, object, arrival time) -> truthy when the awaited state is reached
+Listener = Callable[..., Any]
 
 
 class Watcher:
@@ -151,7 +152,7 @@ class Watcher:
         self._waiters: list[tuple[Listener, asyncio.Future[float]]] = []
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
-        self.listeners: list[Callable[[str, dict[str, Any], float], None]] = []
+        self.listeners: list[Callable[..., Any]] = []
 
     async def start(self) -> Watcher:
         listing = await self.kube.get(self.path, **(self.params or {}))

@@ -75,6 +75,15 @@ async def origin(responded: float, seen: asyncio.Future[float]) -> float:
         return responded
 
 
+def collect(into: set[str], when: Callable[[str, dict[str, Any]], bool],
+            key: str = "name") -> Callable[[str, dict[str, Any], float], None]:
+    """A watch listener adding the object's metadata[key] to ``into`` when ``when(type, object)``."""
+    def listener(type_: str, obj: dict[str, Any], _: float) -> None:
+        if when(type_, obj):
+            into.add(obj["metadata"][key])
+    return listener
+
+
 def kubectl(*args: str, input: str | None = None, check: bool = True) -> str:
     out = subprocess.run(["kubectl", "--kubeconfig", str(KUBECONFIG), *args], input=input, text=True,
                          capture_output=True, check=False, timeout=300)
@@ -621,9 +630,8 @@ class Bench:
             counted: set[str] = set()
             pods = Watcher(self.kube, f"/api/v1/namespaces/{ns}/pods")
             ics = Watcher(self.kube, f"{IC_PATH}/namespaces/{ns}/immortalcontainers")
-            pods.listeners.append(lambda t, o, _: t != "DELETED" and pods_seen.add(o["metadata"]["name"]))
-            ics.listeners.append(lambda t, o, _: (o.get("status") or {}).get("startTimes") == 1
-                                 and counted.add(o["metadata"]["name"]))
+            pods.listeners.append(collect(pods_seen, lambda t, o: t != "DELETED"))
+            ics.listeners.append(collect(counted, lambda t, o: (o.get("status") or {}).get("startTimes") == 1))
             await pods.start()
             await ics.start()
             done = ics.expect(lambda t, o, _: len(counted) >= m and len(pods_seen) >= m)
@@ -638,7 +646,7 @@ class Bench:
             if not finished:
                 raise TimeoutError(f"{side}: {len(counted)}/{m} counted, {len(pods_seen)}/{m} pods after 600 s")
             elapsed = next(iter(finished)).result() - t0
-            extra = {"creates_done_s": round(created, 2)}
+            extra: dict[str, Any] = {"creates_done_s": round(created, 2)}
             if side == "op":
                 extra["api"] = per_change(await self.audit.count(mark), m)
             await pods.stop()
@@ -667,9 +675,8 @@ class Bench:
         counted: set[str] = set()
         pods = Watcher(self.kube, f"/api/v1/namespaces/{ns}/pods")
         ics = Watcher(self.kube, f"{IC_PATH}/namespaces/{ns}/immortalcontainers")
-        pods.listeners.append(lambda t, o, _: t != "DELETED" and pods_seen.add(o["metadata"]["name"]))
-        ics.listeners.append(lambda t, o, _: (o.get("status") or {}).get("startTimes") == 1
-                             and counted.add(o["metadata"]["name"]))
+        pods.listeners.append(collect(pods_seen, lambda t, o: t != "DELETED"))
+        ics.listeners.append(collect(counted, lambda t, o: (o.get("status") or {}).get("startTimes") == 1))
         await pods.start()
         await ics.start()
         done = ics.expect(lambda t, o, _: len(counted) >= m and len(pods_seen) >= m)
@@ -713,8 +720,8 @@ class Bench:
         for side, copy_name in (("op", "conv-src"), ("floor", "floor-conv-src")):
             seen: set[str] = set()
             watcher = Watcher(self.kube, "/api/v1/configmaps", {"fieldSelector": f"metadata.name={copy_name}"})
-            watcher.listeners.append(lambda t, o, _, seen=seen: o["metadata"]["namespace"] != src
-                                     and t != "DELETED" and seen.add(o["metadata"]["namespace"]))
+            watcher.listeners.append(collect(seen, lambda t, o: o["metadata"]["namespace"] != src
+                                             and t != "DELETED", key="namespace"))
             await watcher.start()
             done = watcher.expect(lambda t, o, _, seen=seen: len(seen) >= m)
             mark = self.audit.mark()
