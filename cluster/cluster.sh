@@ -40,8 +40,9 @@ node_ready() { kc get nodes -o jsonpath='{.items[*].status.conditions[?(@.type==
 
 up() {
   local started=$SECONDS bin
-  if ready && node_ready; then
-    log "already up ($kubeconfig)"; return 0
+  # A busy API server may miss one 3 s probe: keep probing for 4 s before treating the cluster as stopped.
+  if [ -s "$kubeconfig" ] && wait_until 4 "/readyz" ready 2>/dev/null && node_ready; then
+    log "already up, checked in $((SECONDS - started))s ($kubeconfig)"; return 0
   fi
   bin=$("$here/build.sh")
   local flags=(--name "$name" --runtime binary --kubeconfig "$kubeconfig"
@@ -50,16 +51,13 @@ up() {
     --kube-scheduler-binary "$bin/kube-scheduler" --kwok-controller-binary "$bin/kwok"
     --kube-audit-policy "$here/audit-policy.yaml" --disable-qps-limits --wait 120s)
   if [ -d "$KWOK_WORKDIR/clusters/$name" ]; then
-    log "restarting existing cluster $name"
-    "$bin/kwokctl" start cluster --name "$name" --wait 120s >&2 || {
-      log "restart failed; recreating"
-      "$bin/kwokctl" delete cluster --name "$name" --kubeconfig "$kubeconfig" >&2 || true
-      "$bin/kwokctl" create cluster "${flags[@]}" >&2
-    }
-  else
-    log "creating cluster $name (Kubernetes $KUBERNETES_VERSION)"
-    "$bin/kwokctl" create cluster "${flags[@]}" >&2
+    # Left over from a stopped or crashed run (a reboot, a killed session). `kwokctl start` does not
+    # reliably revive processes that were killed, and a scratch cluster's state is not worth keeping.
+    log "discarding the stopped cluster $name"
+    "$bin/kwokctl" delete cluster --name "$name" >&2 || rm -rf "$KWOK_WORKDIR/clusters/$name"
   fi
+  log "creating cluster $name (Kubernetes $KUBERNETES_VERSION)"
+  "$bin/kwokctl" create cluster "${flags[@]}" >&2
   "$bin/kwokctl" get kubeconfig --name "$name" > "$kubeconfig.tmp" && mv "$kubeconfig.tmp" "$kubeconfig"
   wait_until 60 "/readyz" ready
   if ! kc get node kwok-node-0 >/dev/null 2>&1; then
