@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -63,6 +64,50 @@ def stays(probe: Callable[[], Any], seconds: float, interval: float = 0.2, what:
     while time.monotonic() < deadline:
         assert probe(), f"{what} stopped holding"
         time.sleep(interval)
+
+
+class PodCreations:
+    """Ground truth from a watch: the uid of every pod ever created in a namespace, by pod name.
+
+    The watch resumes from its last resourceVersion when the stream breaks, so it has no gap; it runs
+    in a thread until ``stop()``, unaffected by whatever happens to the operator."""
+
+    def __init__(self, core: Any, namespace: str, label_selector: str = "", field_selector: str = "") -> None:
+        self._uids: dict[str, list[str]] = {}
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._watch = kubernetes.watch.Watch()
+        self._connected = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        args=(core, namespace, label_selector, field_selector))
+        self._thread.start()
+        self._connected.wait(timeout=10)
+
+    def _run(self, core: Any, namespace: str, label_selector: str, field_selector: str) -> None:
+        version = core.list_namespaced_pod(namespace, label_selector=label_selector,
+                                           field_selector=field_selector).metadata.resource_version
+        self._connected.set()
+        while not self._stopped.is_set():
+            try:
+                for event in self._watch.stream(core.list_namespaced_pod, namespace, resource_version=version,
+                                                label_selector=label_selector, field_selector=field_selector,
+                                                timeout_seconds=300):
+                    meta = event["object"].metadata
+                    version = meta.resource_version
+                    with self._lock:
+                        uids = self._uids.setdefault(meta.name, [])
+                        if meta.uid not in uids:
+                            uids.append(meta.uid)
+            except Exception:
+                time.sleep(0.1)
+
+    def uids(self, pod_name: str) -> list[str]:
+        with self._lock:
+            return list(self._uids.get(pod_name, []))
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._watch.stop()
 
 
 def delete_namespaces(core: Any, names: Sequence[str]) -> None:

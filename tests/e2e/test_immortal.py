@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 from typing import Any
 
@@ -11,7 +10,7 @@ import kubernetes
 import pytest
 
 from kopf_operators import immortal as logic
-from tests.kube import REPO, OperatorProcess, apply_yaml, kubectl, stays, wait_for
+from tests.kube import REPO, OperatorProcess, PodCreations, apply_yaml, kubectl, stays, wait_for
 
 ARTICLE_YAML = (REPO / "manifests" / "examples" / "immortal.yaml").read_text()
 G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL
@@ -76,36 +75,6 @@ def assert_no_kopf_state_on(pod: Any) -> None:
     annotations = pod.metadata.annotations or {}
     assert not [k for k in annotations if "kopf" in k], annotations
     assert not pod.metadata.finalizers, pod.metadata.finalizers
-
-
-class PodStarts:
-    """Records, from a watch, the uid of every pod ever created with a given name (ground truth)."""
-
-    def __init__(self, core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> None:
-        self.uids: list[str] = []
-        self._stopped = threading.Event()
-        self._watch = kubernetes.watch.Watch()
-        self._thread = threading.Thread(target=self._run, args=(core, namespace, name), daemon=True)
-        self._thread.start()
-        time.sleep(0.3)  # let the watch connect before the test acts
-
-    def _run(self, core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> None:
-        version: str | None = None
-        while not self._stopped.is_set():
-            try:  # resume from the last seen resourceVersion if the stream breaks: no gap
-                kwargs = {"resource_version": version} if version else {}
-                for event in self._watch.stream(core.list_namespaced_pod, namespace, timeout_seconds=300,
-                                                field_selector=f"metadata.name={name}", **kwargs):
-                    meta = event["object"].metadata
-                    version = meta.resource_version
-                    if meta.uid not in self.uids:
-                        self.uids.append(meta.uid)
-            except Exception:
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self._watch.stop()
 
 
 def delete_pod(core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> None:
@@ -314,7 +283,7 @@ def test_overlong_name_is_rejected(namespace: str, crds: None) -> None:
 
 def test_reaction_time_pod_deleted_to_replacement(core: Any, custom: Any, namespace: str,
                                                   operator: OperatorProcess) -> None:
-    starts = PodStarts(core, namespace, "fast-immortalpod")
+    creations = PodCreations(core, namespace, field_selector="metadata.name=fast-immortalpod")
     create_ic(custom, namespace, "fast")
     pod = wait_pod(core, namespace, "fast-immortalpod")
     wait_counted(custom, namespace, "fast", 1, pod.metadata.uid)
@@ -327,10 +296,11 @@ def test_reaction_time_pod_deleted_to_replacement(core: Any, custom: Any, namesp
         latencies.append(time.monotonic() - started)
     # Every pod that ever existed under the name is counted exactly once (normally 21: one per
     # deletion plus the first; the watch, not the test's bookkeeping, is the ground truth).
-    wait_for(lambda: pod.metadata.uid in starts.uids, what="the watch to see the last pod")
-    starts.stop()
-    assert len(starts.uids) >= 21
-    wait_counted(custom, namespace, "fast", len(starts.uids), pod.metadata.uid)
+    wait_for(lambda: pod.metadata.uid in creations.uids("fast-immortalpod"), what="the watch to see the last pod")
+    creations.stop()
+    starts = creations.uids("fast-immortalpod")
+    assert len(starts) >= 21
+    wait_counted(custom, namespace, "fast", len(starts), pod.metadata.uid)
     latencies.sort()
     p50 = statistics.median(latencies)
     p99 = latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))]
