@@ -205,6 +205,16 @@ def token_kubeconfig(service_account: str, namespace: str, path: Path) -> Path:
 TRANSIENT_API_RETRY = re.compile(r"Request attempt #\d+/\d+ failed; will retry")
 
 
+def as_service_account() -> bool:
+    """Whether test operators run as the chart's ServiceAccount (the default) rather than as admin."""
+    return os.environ.get("OPERATOR_IDENTITY", "serviceaccount") != "admin" and OPERATOR_KUBECONFIG.exists()
+
+
+def operator_namespace() -> str:
+    """The OPERATOR_NAMESPACE test operators get: the ServiceAccount's namespace, as in a deployment."""
+    return E2E_RELEASE if as_service_account() else ""
+
+
 class OperatorProcess:
     """``kopf run`` of the operator files, as a user starts it, in a subprocess against the cluster."""
 
@@ -217,10 +227,9 @@ class OperatorProcess:
         self.standalone = standalone
         self.extra_args = list(extra_args)
         # Same identity as the session's operator: the ServiceAccount when one was set up.
-        use_sa = os.environ.get("OPERATOR_IDENTITY", "serviceaccount") != "admin" and OPERATOR_KUBECONFIG.exists()
-        self.kubeconfig = kubeconfig or (OPERATOR_KUBECONFIG if use_sa else KUBECONFIG)
-        if use_sa:  # as deployed: the operator knows its namespace (Blackadder keeps its ledger there)
-            self.extra_env.setdefault("OPERATOR_NAMESPACE", E2E_RELEASE)
+        self.kubeconfig = kubeconfig or (OPERATOR_KUBECONFIG if as_service_account() else KUBECONFIG)
+        if as_service_account():  # as deployed: it knows its namespace (Blackadder keeps its ledger there)
+            self.extra_env.setdefault("OPERATOR_NAMESPACE", operator_namespace())
         self.log_path = CLUSTER_DIR / "logs" / f"{log_name}-{os.getpid()}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0

@@ -10,7 +10,6 @@ import base64
 import calendar
 import itertools
 import json
-import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -20,7 +19,16 @@ import kubernetes
 import pytest
 
 from kopf_operators import blackadder as logic
-from tests.kube import REPO, OperatorProcess, apply_yaml, delete_namespaces, kubectl, stays, wait_for
+from tests.kube import (
+    REPO,
+    OperatorProcess,
+    apply_yaml,
+    delete_namespaces,
+    kubectl,
+    operator_namespace,
+    stays,
+    wait_for,
+)
 
 G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL
 PAUSE = logic.MIN_PAUSE_SECONDS
@@ -137,7 +145,7 @@ def ledger_location(agent: str) -> tuple[str, str]:
     try:
         where = str(wait_for(lambda: agents.status(agent).get("ledger"), timeout=5, what="status.ledger"))
     except AssertionError:  # no cycle reported yet (e.g. the operator was killed mid-cycle)
-        where = f"{logic.ledger_namespace(os.environ.get('OPERATOR_NAMESPACE', ''))}/{logic.ledger_name(agent)}"
+        where = f"{logic.ledger_namespace(operator_namespace())}/{logic.ledger_name(agent)}"
     namespace, name = where.split("/")
     return namespace, name
 
