@@ -8,6 +8,8 @@ whatever subset of operator files ``kopf run`` is given.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import dataclasses
 import datetime
 import functools
@@ -25,6 +27,9 @@ import kubernetes
 from aiohttp import web
 
 logger = logging.getLogger("kopf_operators")
+
+# Threads for blocking API calls, in Kopf's pool (sync handlers) and asyncio's (to_thread) alike.
+WORKER_THREADS = 16
 
 OPERATOR_NAMES = ("immortal", "copyrator", "blackadder", "reroller")
 
@@ -247,8 +252,12 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 10
-    # Sync clients (kubernetes, pykube-ng) run in this pool; keep it bounded.
-    settings.execution.max_workers = 16
+    # Sync clients (kubernetes, pykube-ng) run in thread pools; keep them bounded, and give the async
+    # handlers' asyncio.to_thread calls as many threads as Kopf's sync handlers get (asyncio's own
+    # default is min(32, CPUs + 4): 6 threads on a 2-core node).
+    settings.execution.max_workers = WORKER_THREADS
+    asyncio.get_running_loop().set_default_executor(
+        concurrent.futures.ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix="kopf-operators"))
     # Two replicas: only one acts (peering CRDs in manifests/crds). `--peering NAME` and
     # `--standalone` on the command line win; this only replaces Kopf's generic default name.
     if settings.peering.name == "default":
