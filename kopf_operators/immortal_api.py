@@ -63,14 +63,17 @@ def _event(ic: Mapping[str, Any], type_: str, reason: str, message: str) -> None
     kopf.event(cast(kopf.Body, ic), type=type_, reason=reason, message=message)
 
 
-def reconcile(namespace: str, name: str) -> logic.Decision | None:
-    """One pass for one ImmortalContainer; returns the decision (None when the CR is gone)."""
+def reconcile(namespace: str, name: str, pod_deleted: bool = False) -> logic.Decision | None:
+    """One pass for one ImmortalContainer; returns the decision (None when the CR is gone).
+
+    ``pod_deleted``: called for the pod's DELETED event, so reading the pod can be skipped on the
+    critical path (should a new pod exist already, creating one answers 409 and the pass re-reads)."""
     with _lock(namespace, name):
         ic = _get_ic(namespace, name)
         if ic is None or ic["metadata"].get("deletionTimestamp"):
             return None  # garbage collection removes the pod via its ownerReference
         uid = ic["metadata"]["uid"]
-        decision, pod = _act(ic)
+        decision, pod = _act(ic, pod_deleted)
         for _attempt in range(5):
             if _write_status(ic, pod, decision):
                 return decision
@@ -84,12 +87,12 @@ def reconcile(namespace: str, name: str) -> logic.Decision | None:
         raise kopf.TemporaryError("status kept conflicting; retrying", delay=1)
 
 
-def _act(ic: Mapping[str, Any]) -> tuple[logic.Decision, logic.PodView | None]:
+def _act(ic: Mapping[str, Any], pod_deleted: bool = False) -> tuple[logic.Decision, logic.PodView | None]:
     meta = ic["metadata"]
     namespace, uid = meta["namespace"], meta["uid"]
     image = ic["spec"]["image"]
     target = logic.pod_name(meta["name"])
-    pod = logic.observe_pod(_get_pod(namespace, target), uid)
+    pod = None if pod_deleted else logic.observe_pod(_get_pod(namespace, target), uid)
     decision = logic.decide(image, pod)
 
     if decision.action is logic.Action.CREATE:

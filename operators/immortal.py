@@ -48,12 +48,12 @@ def _has_target_name(name: str, labels: kopf.Labels, **_: Any) -> bool:
     return logic.OWNER_LABEL not in labels and logic.ic_name_for_pod(name) is not None
 
 
-def _on_pod(namespace: str, ic_name: str) -> None:
+def _on_pod(namespace: str, ic_name: str, pod_deleted: bool) -> None:
     # Event handlers are not retried: retry transient failures briefly here; the CR's handlers
     # and the next restart (resume) converge anything still missed.
     for attempt in range(1, 4):
         try:
-            api.reconcile(namespace, ic_name)
+            api.reconcile(namespace, ic_name, pod_deleted=pod_deleted and attempt == 1)
             return
         except Exception as exc:  # logged, never raised into Kopf's event loop
             common.count_error(api.OPERATOR, "pod-event")
@@ -63,13 +63,13 @@ def _on_pod(namespace: str, ic_name: str) -> None:
 
 
 @kopf.on.event("pods", labels={logic.OWNER_LABEL: kopf.PRESENT}, id="immortal-pod-event")
-def pod_event(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+def pod_event(type: str | None, namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
     if namespace:
-        _on_pod(namespace, str(labels[logic.OWNER_LABEL]))
+        _on_pod(namespace, str(labels[logic.OWNER_LABEL]), pod_deleted=type == "DELETED")
 
 
 @kopf.on.event("pods", when=_has_target_name, id="immortal-foreign-pod-event")
-def foreign_pod_event(namespace: str | None, name: str, **_: Any) -> None:
+def foreign_pod_event(type: str | None, namespace: str | None, name: str, **_: Any) -> None:
     ic_name = logic.ic_name_for_pod(name)
     if namespace and ic_name:
-        _on_pod(namespace, ic_name)
+        _on_pod(namespace, ic_name, pod_deleted=type == "DELETED")
