@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -623,54 +624,25 @@ class Bench:
 
     async def immortal_convergence(self) -> dict[str, Any]:
         m = self.n["ics"]
-
-        async def one_side(side: str) -> tuple[float, dict[str, Any]]:
-            ns = await self.namespace(f"bench-immc-{side}-{self.run}")
-            pods_seen: set[str] = set()
-            counted: set[str] = set()
-            pods = Watcher(self.kube, f"/api/v1/namespaces/{ns}/pods")
-            ics = Watcher(self.kube, f"{IC_PATH}/namespaces/{ns}/immortalcontainers")
-            pods.listeners.append(collect(pods_seen, lambda t, o: t != "DELETED"))
-            ics.listeners.append(collect(counted, lambda t, o: (o.get("status") or {}).get("startTimes") == 1))
-            await pods.start()
-            await ics.start()
-            done = ics.expect(lambda t, o, _: len(counted) >= m and len(pods_seen) >= m)
-            done_pods = pods.expect(lambda t, o, _: len(counted) >= m and len(pods_seen) >= m)
-            mark = self.audit.mark()
-            t0 = time.monotonic()
-            await bounded(32, [self.kube.create(f"{IC_PATH}/namespaces/{ns}/immortalcontainers", {
-                "apiVersion": "immortalcontainer.flugel.it/v1alpha1", "kind": "ImmortalContainer",
-                "metadata": {"name": f"ic-{j}"}, "spec": {"image": "busybox:1.36"}}) for j in range(m)])
-            created = time.monotonic() - t0
-            finished, _ = await asyncio.wait([done, done_pods], timeout=600, return_when=asyncio.FIRST_COMPLETED)
-            if not finished:
-                raise TimeoutError(f"{side}: {len(counted)}/{m} counted, {len(pods_seen)}/{m} pods after 600 s")
-            elapsed = next(iter(finished)).result() - t0
-            extra: dict[str, Any] = {"creates_done_s": round(created, 2)}
-            if side == "op":
-                extra["api"] = per_change(await self.audit.count(mark), m)
-            await pods.stop()
-            await ics.stop()
-            await self.kube.request("DELETE", f"{IC_PATH}/namespaces/{ns}/immortalcontainers")
-            await self.cleanup([ns])
-            return elapsed, extra
-
-        op_s, op_extra = await one_side("op")
+        op_s, op_extra = await self._immortal_burst("op", m, lambda ns: contextlib.nullcontext())
         # the floor handles ImmortalContainers too: the operator must not run meanwhile
         self.stop_operator()
         try:
-            floor_s, floor_extra = await self._floor_convergence_immortal(m)
+            floor_s, floor_extra = await self._immortal_burst(
+                "fl", m, lambda ns: Floor("immortal-cr", "--namespace", ns))
         finally:
             self.start_operator()
         return self._convergence(op_s, floor_s, {"operator": op_extra, "floor": floor_extra},
                                  f"{m} ImmortalContainers created at once (32 concurrent POSTs) -> every one has "
                                  "its pod and status.startTimes 1 (seen on watches)")
 
-    async def _ns_gone(self, ns: str, timeout: float = 120) -> None:
-        await self._gone(f"/api/v1/namespaces/{ns}", timeout)
-
-    async def _floor_convergence_immortal(self, m: int) -> tuple[float, dict[str, Any]]:
-        ns = await self.namespace(f"bench-immc-fl-{self.run}")
+    async def _immortal_burst(self, side: str, m: int,
+                              runner: Callable[[str], contextlib.AbstractAsyncContextManager[Any]],
+                              ) -> tuple[float, dict[str, Any]]:
+        """Create m ImmortalContainers at once in a fresh namespace, with ``runner(ns)`` (the operator,
+        already running, or a floor process) reacting; seconds until every one has its pod and
+        startTimes 1."""
+        ns = await self.namespace(f"bench-immc-{side}-{self.run}")
         pods_seen: set[str] = set()
         counted: set[str] = set()
         pods = Watcher(self.kube, f"/api/v1/namespaces/{ns}/pods")
@@ -681,7 +653,8 @@ class Bench:
         await ics.start()
         done = ics.expect(lambda t, o, _: len(counted) >= m and len(pods_seen) >= m)
         done_pods = pods.expect(lambda t, o, _: len(counted) >= m and len(pods_seen) >= m)
-        async with Floor("immortal-cr", "--namespace", ns):
+        async with runner(ns):
+            mark = self.audit.mark()
             t0 = time.monotonic()
             await bounded(32, [self.kube.create(f"{IC_PATH}/namespaces/{ns}/immortalcontainers", {
                 "apiVersion": "immortalcontainer.flugel.it/v1alpha1", "kind": "ImmortalContainer",
@@ -689,14 +662,20 @@ class Bench:
             created = time.monotonic() - t0
             finished, _ = await asyncio.wait([done, done_pods], timeout=600, return_when=asyncio.FIRST_COMPLETED)
             if not finished:
-                raise TimeoutError(f"floor: {len(counted)}/{m} counted, {len(pods_seen)}/{m} pods after 600 s")
+                raise TimeoutError(f"{side}: {len(counted)}/{m} counted, {len(pods_seen)}/{m} pods after 600 s")
             elapsed = next(iter(finished)).result() - t0
+        extra: dict[str, Any] = {"creates_done_s": round(created, 2)}
+        if side == "op":
+            extra["api"] = per_change(await self.audit.count(mark), m)
         await pods.stop()
         await ics.stop()
-        # no operator runs: these ImmortalContainers carry no finalizer; delete them before it restarts
+        # ImmortalContainers carry no finalizer: they go whether or not an operator runs
         await self.kube.request("DELETE", f"{IC_PATH}/namespaces/{ns}/immortalcontainers")
         await self.cleanup([ns])
-        return elapsed, {"creates_done_s": round(created, 2)}
+        return elapsed, extra
+
+    async def _ns_gone(self, ns: str, timeout: float = 120) -> None:
+        await self._gone(f"/api/v1/namespaces/{ns}", timeout)
 
     def _convergence(self, op_s: float, floor_s: float, extra: dict[str, Any], what: str) -> dict[str, Any]:
         return {"what": what, "operator_s": round(op_s, 2), "floor_s": round(floor_s, 2),

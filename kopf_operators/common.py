@@ -24,6 +24,7 @@ from typing import Any
 
 import kopf
 import kubernetes
+import urllib3
 from aiohttp import web
 
 logger = logging.getLogger("kopf_operators")
@@ -128,6 +129,11 @@ def apps_v1() -> kubernetes.client.AppsV1Api:
 
 def custom_objects() -> kubernetes.client.CustomObjectsApi:
     return kubernetes.client.CustomObjectsApi(api_client())
+
+
+# What a call through the kubernetes client raises when the API server answers with an error, or
+# cannot be reached at all (connection refused or reset, timeouts): both are worth a retry later.
+API_ERRORS: tuple[type[BaseException], ...] = (kubernetes.client.ApiException, urllib3.exceptions.HTTPError)
 
 
 def is_status(exc: BaseException, *codes: int) -> bool:

@@ -188,7 +188,7 @@ def prune_all(rule_uid: str, namespace: str, name: str) -> int:
     with coalescer.exclusive((namespace, name)):  # no reconcile of this rule runs meanwhile
         try:
             count = _prune_all(rule_uid, f"{namespace}/{name}")
-        except kubernetes.client.ApiException as exc:  # the finalizer stays; Kopf retries in 10 s
+        except common.API_ERRORS as exc:  # the finalizer stays; Kopf retries in 10 s
             common.count_error(OPERATOR, "api")
             raise kopf.TemporaryError(f"pruning the copies failed: {describe(exc)}", delay=10) from None
     known_sources.pop(rule_uid, None)
@@ -335,7 +335,7 @@ def request(namespace: str, name: str, trigger: str) -> None:
     carrying only the HTTP status: Kopf retries rule handlers after 10 s, never hot."""
     try:
         coalescer.run((namespace, name), lambda: reconcile(namespace, name, trigger))
-    except kubernetes.client.ApiException as exc:
+    except common.API_ERRORS as exc:
         common.count_error(OPERATOR, "api")
         raise kopf.TemporaryError(f"reconcile of {namespace}/{name} failed: {describe(exc)}", delay=10) from None
 

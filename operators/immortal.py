@@ -28,7 +28,10 @@ async def converge_ic(namespace: str | None, name: str, **_: Any) -> None:
         return
     deadline = time.monotonic() + logic.CONVERGE_WAIT_SECONDS
     while True:
-        decision = await asyncio.to_thread(api.reconcile, namespace, name)
+        try:
+            decision = await asyncio.to_thread(api.reconcile, namespace, name)
+        except common.API_ERRORS as exc:  # the API server is unreachable or failing: retry, no traceback
+            raise kopf.TemporaryError(f"API call failed: {type(exc).__name__}", delay=2) from None
         # A foreign pod is reported (status, Warning Event) and left alone; its deletion is a pod
         # event that resumes the work, so there is nothing to retry here.
         if decision is None or decision.action in (logic.Action.NONE, logic.Action.BLOCKED):

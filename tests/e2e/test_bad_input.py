@@ -185,6 +185,12 @@ def scene(core: Any, apps: Any, crds: None) -> Iterator[Scene]:
                                                        "envFrom": [{"configMapRef": {"name": "unrelated"}}]}]}}}})
     wait_for(lambda: core.read_namespaced_pod("unrelated", ns).status.phase == "Running", timeout=30,
              what="the unrelated pod")
+    # The deployment controller annotates the Deployment (revision) when it first handles it: take
+    # the fingerprint after that, so only a change by an operator can alter it.
+    wait_for(lambda: (apps.read_namespaced_deployment("unrelated", ns).status.available_replicas or 0) >= 1
+             and "deployment.kubernetes.io/revision" in (apps.read_namespaced_deployment("unrelated", ns)
+                                                          .metadata.annotations or {}),
+             timeout=60, what="the unrelated Deployment to be rolled out")
 
     def fingerprint() -> dict[str, Any]:
         dep = apps.read_namespaced_deployment("unrelated", ns)

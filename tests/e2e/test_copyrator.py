@@ -186,8 +186,10 @@ def test_article_rule_copies_into_every_namespace_and_propagates(
         wait_for(lambda: get(core, "ConfigMap", later, source) is None, timeout=30,
                  what="the prune from an excluded namespace")
         assert data_of(core, namespace, source) == {"LOG_LEVEL": "debug"}
-        assert status(custom, "default", "main-rule")["observedGeneration"] == \
-            custom.get_namespaced_custom_object(G, V, "default", P, "main-rule")["metadata"]["generation"]
+        generation = custom.get_namespaced_custom_object(G, V, "default", P, "main-rule")["metadata"]["generation"]
+        # The status follows the copies' writes (a moment later): wait for it rather than race it.
+        wait_for(lambda: status(custom, "default", "main-rule").get("observedGeneration") == generation,
+                 timeout=10, what="observedGeneration to follow the edit")
     finally:
         delete_rule(custom, "default", "main-rule")
         core.delete_namespaced_config_map(source, "default")
