@@ -268,6 +268,9 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # `--standalone` on the command line win; this only replaces Kopf's generic default name.
     if settings.peering.name == "default":
         settings.peering.name = "kopf-operators"
+    # When a resource with a timer (Copyrator's resync) is deleted, Kopf re-checks whether the timer
+    # has exited this often before it releases the finalizer; the default (60 s) held deletions.
+    settings.background.cancellation_polling = 1
     # Log lines stay log lines (no Event per "Handler succeeded"); Events are posted explicitly with
     # kopf.info/warn/event where a user needs to see them, Normal ones included.
     settings.posting.loggers = False
