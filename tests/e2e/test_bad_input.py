@@ -23,7 +23,7 @@ from kopf_operators import copyrator as cr
 from kopf_operators import immortal as ic
 from kopf_operators import reroller as rr
 from tests.e2e.faultkit import LogWindow
-from tests.kube import OperatorProcess, wait_for
+from tests.kube import OperatorProcess, stays, wait_for
 
 QUIET_SECONDS = 5.0
 MAX_LINES_WHEN_QUIET = 3  # handler runs, warnings, errors about the object once it was handled
@@ -378,8 +378,7 @@ def test_immortal_deleted_at_once_leaves_no_pod(operator: OperatorProcess, core:
         return [p.metadata.name for p in core.list_namespaced_pod(scene.ns, label_selector=ic.OWNER_LABEL).items
                 if p.metadata.labels[ic.OWNER_LABEL] in names]
     wait_for(lambda: not leftovers(), timeout=30, what="no pods of deleted ImmortalContainers")
-    time.sleep(2)
-    assert leftovers() == []
+    stays(lambda: leftovers() == [], seconds=2, what="no pod re-created for a deleted ImmortalContainer")
     assert operator.running
     assert [t for name in names for t in log.tracebacks(name)] == []
     scene.untouched()
@@ -398,8 +397,8 @@ def test_copyrator_rule_deleted_at_once_leaves_no_copies(operator: OperatorProce
     try:
         wait_for(lambda: not core.list_config_map_for_all_namespaces(
             label_selector=f"{cr.RULE_UID_LABEL}={uid}").items, timeout=30, what="no copies of a deleted rule")
-        time.sleep(2)
-        assert not core.list_config_map_for_all_namespaces(label_selector=f"{cr.RULE_UID_LABEL}={uid}").items
+        stays(lambda: not core.list_config_map_for_all_namespaces(label_selector=f"{cr.RULE_UID_LABEL}={uid}").items,
+              seconds=2, what="no copy re-created for a deleted rule")
         assert operator.running
         assert log.tracebacks(name) == []
         scene.untouched()
@@ -419,8 +418,7 @@ def test_reroller_workload_deleted_while_debouncing(operator: OperatorProcess, c
                                               .metadata.annotations or {}), timeout=20, what="the baseline")
         core.patch_namespaced_config_map(conf, scene.ns, {"data": {"v": "1"}})
         apps.delete_namespaced_deployment(name, scene.ns)  # inside the debounce window
-        time.sleep(4)
-        assert operator.running
+        stays(lambda: operator.running, seconds=4, what="the operator alive past the debounce window")
         assert log.tracebacks(name) == []
         scene.untouched()
     finally:
