@@ -32,11 +32,7 @@ OWNER_LABEL = f"{DOMAIN}/immortal"
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
-# While an old pod terminates, the CR's handler re-checks every POLL_SECONDS for up to
-# CONVERGE_WAIT_SECONDS (pod events usually finish the job first), then retries after RETRY_DELAY_SECONDS.
-POLL_SECONDS = 0.5
-CONVERGE_WAIT_SECONDS = 60.0
-RETRY_DELAY_SECONDS = 10.0
+SNAPSHOT_METADATA = ("name", "namespace", "uid", "generation", "resourceVersion", "deletionTimestamp")
 
 
 def pod_name(ic_name: str) -> str:
@@ -48,6 +44,32 @@ def ic_name_for_pod(name: str) -> str | None:
     if name.endswith(POD_SUFFIX) and len(name) > len(POD_SUFFIX):
         return name[: -len(POD_SUFFIX)]
     return None
+
+
+def snapshot(ic: Mapping[str, Any]) -> dict[str, Any]:
+    """What the controller keeps of an ImmortalContainer (its index entry): enough to build the pod,
+    count starts, patch status with a resourceVersion and post Events; nothing else."""
+    meta = ic.get("metadata") or {}
+    return {
+        "apiVersion": ic.get("apiVersion", API_VERSION),
+        "kind": ic.get("kind", KIND),
+        "metadata": {key: meta[key] for key in SNAPSHOT_METADATA if meta.get(key) is not None},
+        "spec": dict(ic.get("spec") or {}),
+        "status": dict(ic.get("status") or {}),
+    }
+
+
+def pod_summary(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What the pods index keeps of one of our pods: what ``observe_pod`` reads, nothing more."""
+    meta = pod.get("metadata") or {}
+    containers = (pod.get("spec") or {}).get("containers") or []
+    status = pod.get("status") or {}
+    return {
+        "metadata": {key: meta[key] for key in ("name", "uid", "ownerReferences", "deletionTimestamp")
+                     if meta.get(key) is not None},
+        "spec": {"containers": [{"name": c.get("name"), "image": c.get("image")} for c in containers]},
+        "status": {key: status[key] for key in ("phase", "reason") if status.get(key) is not None},
+    }
 
 
 def build_pod(ic: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,310 @@
+"""The one access layer: every API request the four operators make goes through ``Access``.
+
+What it gives a controller, and nothing more:
+- ``read`` (None when absent), ``list`` (start-up and periodic resync only, never per event),
+- ``create`` (None on a 409: someone else's object, or ours already there),
+- ``patch`` / ``patch_status`` with optimistic concurrency (``Conflict`` on a 409),
+- ``delete`` with a uid precondition (never removes a same-named successor),
+- ``event`` (a Kubernetes Event through Kopf's poster),
+- one error model (``ApiError``) with its mapping onto Kopf's TemporaryError/PermanentError,
+- ``serialised(key)``: per-object serialisation inside the process, in one place.
+
+Requests are plain JSON dicts in and out (no generated models). Transient failures (connection
+errors, 429, 5xx) are retried here with a capped exponential backoff plus jitter; what still fails
+reaches the caller as ``ApiError``, whose text carries the HTTP status and reason only, never the
+response body (it could echo a Secret's data).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import json
+import logging
+import random
+import threading
+from collections.abc import AsyncIterator, Hashable, Mapping
+from typing import Any, cast
+from urllib.parse import quote, urlencode
+
+import kopf
+import kubernetes
+import urllib3
+
+from kopf_operators import metrics
+
+logger = logging.getLogger("kopf_operators.access")
+
+# Transient failures are retried this many times in the layer (0.2 s, 0.4 s, 0.8 s, ±50 %).
+RETRIES = 3
+BACKOFF_SECONDS = 0.2
+REQUEST_TIMEOUT_SECONDS = 30.0
+MAX_EVENT_MESSAGE = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """A resource as the API addresses it."""
+
+    api_version: str  # "v1", "apps/v1", "flant.com/v1"
+    plural: str
+    kind: str
+    namespaced: bool = True
+
+    def path(self, namespace: str | None = None, name: str | None = None, subresource: str | None = None) -> str:
+        root = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        parts = [root]
+        if self.namespaced and namespace:
+            parts.append(f"namespaces/{quote(namespace, safe='')}")
+        parts.append(self.plural)
+        if name:
+            parts.append(quote(name, safe=""))
+            if subresource:
+                parts.append(subresource)
+        return "/".join(parts)
+
+
+POD = Kind("v1", "pods", "Pod")
+CONFIGMAP = Kind("v1", "configmaps", "ConfigMap")
+SECRET = Kind("v1", "secrets", "Secret")
+NAMESPACE = Kind("v1", "namespaces", "Namespace", namespaced=False)
+DEPLOYMENT = Kind("apps/v1", "deployments", "Deployment")
+STATEFULSET = Kind("apps/v1", "statefulsets", "StatefulSet")
+DAEMONSET = Kind("apps/v1", "daemonsets", "DaemonSet")
+JOB = Kind("batch/v1", "jobs", "Job")
+CRONJOB = Kind("batch/v1", "cronjobs", "CronJob")
+BUILTIN_KINDS = {k.kind: k for k in (POD, CONFIGMAP, SECRET, NAMESPACE, DEPLOYMENT, STATEFULSET, DAEMONSET,
+                                     JOB, CRONJOB)}
+
+
+class ApiError(Exception):
+    """An API request that failed: ``status`` is the HTTP status, None when unreachable."""
+
+    def __init__(self, status: int | None, reason: str, message: str = "") -> None:
+        super().__init__(f"HTTP {status} {reason}" if status else f"API unreachable ({reason})")
+        self.status = status
+        self.reason = reason
+        self.message = message  # the server's Status message: may name fields, never logged by us
+
+    @property
+    def transient(self) -> bool:
+        """Worth retrying later: unreachable, throttled, or a server-side failure."""
+        return self.status is None or self.status == 429 or self.status >= 500
+
+    @property
+    def namespace_terminating(self) -> bool:
+        return self.status == 403 and "being terminated" in self.message
+
+    def for_kopf(self, what: str, delay: float = 10.0) -> kopf.TemporaryError | kopf.PermanentError:
+        """Kopf's view: transient errors and conflicts retry after ``delay``; refusals (403, 422, ...)
+        are permanent for this spec (a spec change or a restart retries them)."""
+        if self.transient or self.status in (404, 409):
+            return kopf.TemporaryError(f"{what}: {self}", delay=delay)
+        return kopf.PermanentError(f"{what}: {self}")
+
+
+class Conflict(ApiError):
+    """A 409 on a write with a resourceVersion or uid precondition: the object changed meanwhile."""
+
+
+class Access:
+    """The API client of all four operators (one per process, kept in Kopf's ``memo``)."""
+
+    def __init__(self, client: kubernetes.client.ApiClient) -> None:
+        self._client = client
+        self._locks: dict[Hashable, asyncio.Lock] = {}
+        self._lock_users: collections.Counter[Hashable] = collections.Counter()
+        self._client_guard = threading.Lock()
+
+    @classmethod
+    def from_environment(cls) -> Access:
+        """In-cluster credentials in a pod, else KUBECONFIG / the current context."""
+        try:
+            kubernetes.config.load_incluster_config()
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_kube_config()
+        return cls(kubernetes.client.ApiClient())
+
+    # --- the one request path -------------------------------------------------------------------
+
+    def request_sync(self, method: str, path: str, *, query: Mapping[str, str] | None = None,
+                     body: Any = None, content_type: str = "application/json") -> dict[str, Any] | None:
+        """Blocking: one request with the layer's retries; the decoded body (None on a 404)."""
+        url = path + ("?" + urlencode(query) if query else "")
+        attempt = 0
+        while True:
+            try:
+                return self._once(method, url, body, content_type)
+            except ApiError as exc:
+                metrics.API_ERRORS.labels(status=str(exc.status or "unreachable")).inc()
+                if not exc.transient or attempt >= RETRIES:
+                    raise
+            attempt += 1
+            delay = BACKOFF_SECONDS * (2 ** (attempt - 1)) * random.uniform(0.5, 1.5)
+            threading.Event().wait(delay)
+
+    def _once(self, method: str, url: str, body: Any, content_type: str) -> dict[str, Any] | None:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        with self._client_guard:  # param_serialize refreshes credentials; keep it single-threaded
+            _method, full_url, headers, _body, _ = self._client.param_serialize(
+                method=method, resource_path=url, header_params=headers, auth_settings=["BearerToken"])
+        try:
+            response = self._client.call_api(method, full_url, header_params=headers,
+                                             body=body,
+                                             _request_timeout=REQUEST_TIMEOUT_SECONDS)
+            response.read()
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ApiError(None, type(exc).__name__) from None
+        except kubernetes.client.ApiException as exc:
+            raise _error(exc.status or None, exc.reason or "", exc.body) from None
+        if response.status == 404 and method == "GET":
+            return None
+        if not 200 <= response.status <= 299:
+            raise _error(response.status, response.reason or "", response.data)
+        return cast(dict[str, Any], json.loads(response.data)) if response.data else {}
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any] | None:
+        return await asyncio.to_thread(self.request_sync, method, path, **kwargs)
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    async def read(self, kind: Kind, namespace: str | None, name: str) -> dict[str, Any] | None:
+        return await self._request("GET", kind.path(namespace, name))
+
+    async def list(self, kind: Kind, namespace: str | None = None, *, labels: str = "",
+                   fields: str = "") -> list[dict[str, Any]]:
+        """Every object (paged). For start-up and periodic resyncs only: never on an event's path."""
+        query: dict[str, str] = {"limit": "500"}
+        if labels:
+            query["labelSelector"] = labels
+        if fields:
+            query["fieldSelector"] = fields
+        items: list[dict[str, Any]] = []
+        while True:
+            page = await self._request("GET", kind.path(namespace), query=query) or {}
+            for item in page.get("items") or ():
+                item.setdefault("apiVersion", kind.api_version)
+                item.setdefault("kind", kind.kind)  # list items come without them
+                items.append(item)
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+            query["continue"] = token
+
+    # --- writes ---------------------------------------------------------------------------------
+
+    async def create(self, kind: Kind, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The created object, or None when an object with that name exists (409)."""
+        namespace = (body.get("metadata") or {}).get("namespace")
+        try:
+            return await self._request("POST", kind.path(namespace), body=body)
+        except ApiError as exc:
+            if exc.status == 409:
+                return None
+            raise
+
+    async def replace(self, kind: Kind, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """PUT with the body's resourceVersion: ``Conflict`` when it changed, None when gone."""
+        meta = body["metadata"]
+        return await self._write("PUT", kind.path(meta.get("namespace"), meta["name"]), body)
+
+    async def patch(self, kind: Kind, namespace: str | None, name: str, patch: Any, *,
+                    subresource: str | None = None, json_patch: bool = False) -> dict[str, Any] | None:
+        """A merge patch (or a JSON patch): ``Conflict`` on a resourceVersion mismatch, None when gone.
+        Put ``metadata.resourceVersion`` in a merge patch for optimistic concurrency."""
+        content_type = "application/json-patch+json" if json_patch else "application/merge-patch+json"
+        return await self._write("PATCH", kind.path(namespace, name, subresource), patch, content_type)
+
+    async def patch_status(self, kind: Kind, namespace: str | None, name: str, status: Mapping[str, Any], *,
+                           resource_version: str | None = None) -> dict[str, Any] | None:
+        body: dict[str, Any] = {"status": dict(status)}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return await self.patch(kind, namespace, name, body, subresource="status")
+
+    async def delete(self, kind: Kind, namespace: str | None, name: str, *, uid: str | None = None,
+                     grace_seconds: int | None = None, propagation: str | None = None) -> bool:
+        """True when deleted (or already being deleted); False when absent or when ``uid`` no longer
+        matches (a successor with the same name is never touched)."""
+        options: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if uid:
+            options["preconditions"] = {"uid": uid}
+        if grace_seconds is not None:
+            options["gracePeriodSeconds"] = grace_seconds
+        if propagation:
+            options["propagationPolicy"] = propagation
+        try:
+            await self._request("DELETE", kind.path(namespace, name), body=options)
+        except ApiError as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
+
+    async def evict(self, namespace: str, name: str) -> bool:
+        """Delete a pod through the Eviction API (PodDisruptionBudgets apply): False when a budget
+        refuses it (429) or the pod is gone."""
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        try:
+            await self._request("POST", POD.path(namespace, name, "eviction"), body=body)
+        except ApiError as exc:
+            if exc.status in (404, 409, 429):
+                return False
+            raise
+        return True
+
+    async def _write(self, method: str, path: str, body: Any,
+                     content_type: str = "application/json") -> dict[str, Any] | None:
+        try:
+            return await self._request(method, path, body=body, content_type=content_type)
+        except Conflict:
+            raise
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    # --- events ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """A Kubernetes Event on ``body``, posted by Kopf in the background (never blocks, never
+        fails the caller). Messages must never carry data values."""
+        kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message[:MAX_EVENT_MESSAGE])
+
+    # --- per-object serialisation ---------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def serialised(self, key: Hashable) -> AsyncIterator[None]:
+        """One holder per key at a time inside this process; the lock is dropped when unused."""
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        self._lock_users[key] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            self._lock_users[key] -= 1
+            if not self._lock_users[key]:
+                del self._lock_users[key]
+                self._locks.pop(key, None)
+
+
+def _error(status: int | None, reason: str, raw: Any) -> ApiError:
+    message = ""
+    with contextlib.suppress(TypeError, ValueError, AttributeError):
+        message = str(json.loads(raw).get("message", ""))[:500]
+    cls = Conflict if status == 409 else ApiError
+    return cls(status, reason, message)
+
+
+def from_pykube(exc: BaseException) -> ApiError:
+    """The same error model for pykube-ng's exceptions (Blackadder's inventory reads)."""
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    if status is None:
+        code = getattr(exc, "code", None)
+        status = code if isinstance(code, int) else None
+    return _error(status, type(exc).__name__ if status is None else str(getattr(response, "reason", "")),
+                  getattr(response, "text", None))

@@ -1,0 +1,236 @@
+"""Immortal containers: the controller (state from watches, decisions in ``immortal``, API via ``access``).
+
+State comes from two Kopf indexes, never from a read per event:
+- ``immortal-objects``: each ImmortalContainer's spec, uid, generation, resourceVersion and status;
+- ``immortal-pods``: each of our pods (the pod watch is label-selected server-side, so unrelated pods
+  never reach the process), reduced to a ``PodView``.
+
+A pod event costs one write (create or delete) and at most one status patch. A pod that we do not own
+but has the target name is not watched: the create answers 409, and only then is the pod read once.
+The status patch carries the newest resourceVersion known (the index, or the answer to our own last
+patch), so a start is never counted twice; a 409 re-reads the object once and recomputes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from kopf_operators import access as k8s
+from kopf_operators import immortal as logic
+from kopf_operators import metrics
+from kopf_operators.access import Access, ApiError
+
+OPERATOR = "immortal"
+OBJECTS_INDEX = "immortal-objects"
+PODS_INDEX = "immortal-pods"
+IMMORTAL = k8s.Kind(logic.API_VERSION, logic.PLURAL, logic.KIND)
+# Level-triggered sweep over the indexes (no requests unless something must change), with jitter.
+RESYNC_SECONDS = 300.0
+# A foreign pod in the way, or a failed pass: look again after this long (doubling, capped).
+RETRY_SECONDS = (1.0, 300.0)
+
+logger = logging.getLogger("kopf_operators.immortal")
+Key = tuple[str, str]  # (namespace, ImmortalContainer name)
+
+
+def _first(index: Mapping[Any, Any], key: Any) -> Any:
+    for value in index.get(key) or ():
+        return value
+    return None
+
+
+def _rv(body: Mapping[str, Any] | None) -> int:
+    try:
+        return int((body or {}).get("metadata", {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+class ImmortalController:
+    def __init__(self, access: Access, objects: Mapping[Any, Any], pods: Mapping[Any, Any]) -> None:
+        self.access = access
+        self.objects = objects  # Kopf's live index: (namespace, name) -> snapshot dict
+        self.pods = pods        # Kopf's live index: (namespace, ic name) -> PodView
+        # The answers to our own status patches: newer than the index until the watch catches up.
+        self._written: dict[Key, dict[str, Any]] = {}
+        self._blocked: dict[Key, asyncio.TimerHandle] = {}
+        self._blocked_attempts: dict[Key, int] = {}
+        self._resync: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # retries in flight (referenced until done)
+
+    # --- state -------------------------------------------------------------------------------------
+
+    def current(self, key: Key) -> dict[str, Any] | None:
+        """The newest known ImmortalContainer (None when gone or being deleted)."""
+        indexed = _first(self.objects, key)
+        written = self._written.get(key)
+        if written is not None and (indexed is None or written["metadata"]["uid"] != indexed["metadata"]["uid"]
+                                    or _rv(indexed) >= _rv(written)):
+            self._written.pop(key, None)  # the watch caught up (or the object is gone or replaced)
+            written = None
+        ic = written or indexed
+        if ic is None or ic["metadata"].get("deletionTimestamp"):
+            return None
+        return dict(ic)
+
+    def forget(self, key: Key) -> None:
+        self._written.pop(key, None)
+        self._blocked_attempts.pop(key, None)
+        handle = self._blocked.pop(key, None)
+        if handle:
+            handle.cancel()
+
+    # --- triggers ----------------------------------------------------------------------------------
+
+    async def converge(self, key: Key, body: Mapping[str, Any] | None = None, *, trigger: str = "object",
+                       pod_event: tuple[str, Mapping[str, Any]] | None = None) -> logic.Decision | None:
+        """One level-triggered pass for one ImmortalContainer. ``body``: the object as its event
+        delivered it; ``pod_event``: (type, pod) of a pod event. Both are fresher than the indexes."""
+        async with self.access.serialised(key):
+            ic = self.current(key)
+            if body is not None and (ic is None or _rv(body) > _rv(ic)):
+                ic = None if body["metadata"].get("deletionTimestamp") else dict(body)
+            if ic is None:
+                self.forget(key)
+                return None
+            with metrics.reaction(OPERATOR, trigger):
+                pod = self._pod(key, ic, pod_event)
+                decision, pod = await self._act(ic, pod)
+                await self._write_status(key, ic, pod, decision)
+            if decision.action is logic.Action.BLOCKED:
+                self._retry_later(key)
+            else:
+                self._blocked_attempts.pop(key, None)
+            return decision
+
+    def _pod(self, key: Key, ic: Mapping[str, Any], pod_event: tuple[str, Mapping[str, Any]] | None
+             ) -> logic.PodView | None:
+        summary = _first(self.pods, key)
+        if pod_event is not None:
+            event_type, event_pod = pod_event
+            if event_type == "DELETED":
+                # Gone, unless the watch already shows its successor.
+                gone = event_pod.get("metadata", {}).get("uid")
+                summary = None if summary is None or summary["metadata"].get("uid") == gone else summary
+            else:
+                summary = event_pod
+        return logic.observe_pod(summary, ic["metadata"]["uid"])
+
+    async def _act(self, ic: Mapping[str, Any], pod: logic.PodView | None
+                   ) -> tuple[logic.Decision, logic.PodView | None]:
+        meta = ic["metadata"]
+        namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        image = ic["spec"]["image"]
+        decision = logic.decide(image, pod)
+        where = f"[{namespace}/{name}]"
+
+        if decision.action is logic.Action.CREATE:
+            try:
+                created = await self.access.create(k8s.POD, logic.build_pod(ic))
+            except ApiError as exc:
+                if exc.namespace_terminating:  # the namespace (and this object with it) is going away
+                    return logic.Decision(logic.Action.NONE, "NamespaceTerminating",
+                                          f"namespace {namespace} is being deleted"), pod
+                metrics.error(OPERATOR, "create-pod")
+                raise
+            if created is None:
+                # 409: a pod with that name exists. Ours not yet seen by the watch, or a foreign one:
+                # the only read on this path, and only on a conflict.
+                existing = await self.access.read(k8s.POD, namespace, logic.pod_name(name))
+                pod = logic.observe_pod(existing, uid)
+                return logic.decide(image, pod), pod
+            pod = logic.observe_pod(created, uid)
+            metrics.action(OPERATOR, "create-pod")
+            logger.info(f"{where} Created pod {pod.name if pod else ''} running {image}")
+            self.access.event(ic, "Normal", "PodCreated", f"created pod {logic.pod_name(name)} running {image}")
+            return logic.decide(image, pod), pod
+
+        if decision.action is logic.Action.DELETE and pod is not None:
+            # The uid precondition: never delete a pod that replaced ours meanwhile. A pod that has
+            # already ended has nothing to shut down gracefully.
+            await self.access.delete(k8s.POD, namespace, pod.name, uid=pod.uid, grace_seconds=0 if pod.ended else None)
+            metrics.action(OPERATOR, "delete-pod")
+            logger.info(f"{where} Deleting pod {pod.name}: {decision.message}")
+            self.access.event(ic, "Normal", decision.reason, decision.message)
+        return decision, pod
+
+    async def _write_status(self, key: Key, ic: dict[str, Any], pod: logic.PodView | None,
+                            decision: logic.Decision) -> None:
+        """Patch status only when it changes, with optimistic concurrency (a 409 re-reads once)."""
+        for _attempt in range(3):
+            meta = ic["metadata"]
+            old = ic.get("status") or {}
+            new = logic.next_status(old, meta.get("generation"), pod, decision)
+            if not logic.status_changed(old, new):
+                return
+            try:
+                answer = await self.access.patch_status(IMMORTAL, meta["namespace"], meta["name"], new,
+                                                        resource_version=meta.get("resourceVersion"))
+            except k8s.Conflict:
+                fresh = await self.access.read(IMMORTAL, meta["namespace"], meta["name"])
+                if fresh is None or fresh["metadata"]["uid"] != meta["uid"]:
+                    return
+                ic = logic.snapshot(fresh)
+                continue
+            if answer is None:
+                return  # deleted meanwhile
+            self._written[key] = logic.snapshot(answer)
+            if new["startTimes"] != old.get("startTimes"):
+                logger.info(f"[{key[0]}/{key[1]}] Counted start #{new['startTimes']} "
+                            f"(pod uid {new.get('currentPodUID')})")
+            if decision.action is logic.Action.BLOCKED and logic.ready_reason(old) != decision.reason:
+                metrics.error(OPERATOR, "foreign-pod")  # once per episode, not on every retry
+                logger.warning(f"[{key[0]}/{key[1]}] {decision.message}")
+                self.access.event(ic, "Warning", decision.reason, decision.message)
+            return
+        raise ApiError(409, "Conflict", "status kept conflicting")
+
+    def _retry_later(self, key: Key) -> None:
+        """Look again later, doubling the delay up to the cap: a foreign pod in the way is not watched,
+        and a failed pass outside Kopf's handlers is not retried by Kopf."""
+        if key in self._blocked:
+            return
+        first, cap = RETRY_SECONDS
+        attempts = self._blocked_attempts.get(key, 0)
+        self._blocked_attempts[key] = attempts + 1
+        delay = min(cap, first * 2 ** min(attempts, 16))
+
+        def fire() -> None:
+            self._blocked.pop(key, None)
+            task = asyncio.create_task(self.guarded(key, "retry"))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        self._blocked[key] = asyncio.get_running_loop().call_later(delay, fire)
+
+    async def guarded(self, key: Key, trigger: str,
+                      pod_event: tuple[str, Mapping[str, Any]] | None = None) -> None:
+        """A pass outside Kopf's retrying handlers (pod events, retries, resync): a failure is logged
+        and retried later with backoff."""
+        try:
+            await self.converge(key, trigger=trigger, pod_event=pod_event)
+        except ApiError as exc:
+            metrics.error(OPERATOR, "api")
+            logger.warning(f"[{key[0]}/{key[1]}] {trigger}: {exc}; retrying with backoff")
+            self._retry_later(key)
+
+    # --- the periodic sweep --------------------------------------------------------------------------
+
+    def start_resync(self) -> None:
+        self._resync = asyncio.create_task(self._resync_loop(), name="immortal resync")
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(RESYNC_SECONDS * random.uniform(0.8, 1.2))
+            for key in list(self.objects):
+                await self.guarded(key, "resync")
+
+    async def stop(self) -> None:
+        if self._resync:
+            self._resync.cancel()
+        for handle in self._blocked.values():
+            handle.cancel()

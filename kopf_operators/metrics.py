@@ -1,0 +1,46 @@
+"""Prometheus metrics of all four operators (prometheus_client), served on METRICS_PORT.
+
+Controllers count what they do through ``action`` and ``error`` and time their reactions with
+``reaction``; nothing else in the project touches prometheus_client.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import prometheus_client
+
+ACTIONS = prometheus_client.Counter(
+    "kopf_operators_actions", "Actions taken by the operators.", ["operator", "action"])
+ERRORS = prometheus_client.Counter(
+    "kopf_operators_errors", "Errors met by the operators.", ["operator", "kind"])
+API_ERRORS = prometheus_client.Counter(
+    "kopf_operators_api_errors", "Failed API requests (each attempt), by HTTP status.", ["status"])
+REACTION = prometheus_client.Histogram(
+    "kopf_operators_reaction_seconds",
+    "From a watch event reaching the operator to the writes it caused being done.",
+    ["operator", "trigger"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0))
+
+
+def action(operator: str, name: str, amount: float = 1) -> None:
+    ACTIONS.labels(operator=operator, action=name).inc(amount)
+
+
+def error(operator: str, kind: str) -> None:
+    ERRORS.labels(operator=operator, kind=kind).inc()
+
+
+@contextmanager
+def reaction(operator: str, trigger: str) -> Iterator[None]:
+    """Time one reaction (observed only when it completes without an exception)."""
+    started = time.perf_counter()
+    yield
+    REACTION.labels(operator=operator, trigger=trigger).observe(time.perf_counter() - started)
+
+
+def serve(port: int) -> None:
+    """The /metrics endpoint, in a daemon thread of the library's own."""
+    prometheus_client.start_http_server(port)

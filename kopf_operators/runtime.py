@@ -1,0 +1,81 @@
+"""The process the four operators share: Kopf's settings, ``memo``, quiet logs, the metrics endpoint.
+
+Importing this module registers exactly one Kopf startup handler (``shared-settings``), the only place
+where process-wide ``kopf.OperatorSettings`` are changed (an operator may add a server-side watch
+selector for a resource that only it watches, in its own startup handler). Every handler file in
+``operators/`` imports this module, and Python imports a module once, so it registers once whatever
+subset of operator files ``kopf run`` is given.
+
+Handlers reach shared things through Kopf's ``memo``: ``memo.config`` (common.Config) and
+``memo.access`` (the access layer); each operator keeps its controller there too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import re
+from typing import Any
+
+import kopf
+
+from kopf_operators import metrics
+from kopf_operators.access import Access
+from kopf_operators.common import Config
+
+logger = logging.getLogger("kopf_operators")
+
+# Threads for blocking API calls, in Kopf's pool (sync handlers) and asyncio's (to_thread) alike.
+WORKER_THREADS = 16
+
+# Kopf's bookkeeping at INFO: one line per handler run and per processed event, even when nothing
+# changed. Without --verbose they are dropped: the log keeps one line per action the operators take.
+_BOOKKEEPING = re.compile(r"^(Handler '.*' succeeded\.|.* is processed: \d+ succeeded; \d+ failed\.)$")
+
+
+class QuietBookkeeping(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO or logging.getLogger().level <= logging.DEBUG:
+            return True
+        return not _BOOKKEEPING.match(record.getMessage())
+
+
+def shared(memo: Any) -> tuple[Config, Access]:
+    """The shared configuration and access layer, created on first use (startup handlers of the
+    operators may run before or after ``configure``)."""
+    if "config" not in memo:
+        memo.config = Config.from_env()  # fails fast on a malformed environment variable
+    if "access" not in memo:
+        memo.access = Access.from_environment()
+    return memo.config, memo.access
+
+
+@kopf.on.startup(id="shared-settings")
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    config, _access = shared(memo)
+    # Re-establish watches regularly: a silently dead stream then heals within minutes.
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
+    # The initial listings (a restart in a big cluster) arrive in pages, not as one huge response.
+    settings.watching.chunk_size = 500
+    # Blocking calls run in thread pools; keep them bounded, and give asyncio.to_thread as many
+    # threads as Kopf's sync handlers get (asyncio's default is 6 on a 2-core node).
+    settings.execution.max_workers = WORKER_THREADS
+    asyncio.get_running_loop().set_default_executor(
+        concurrent.futures.ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix="kopf-operators"))
+    # Two replicas: only one acts (peering CRDs in manifests/crds). `--peering NAME` and
+    # `--standalone` on the command line win; this only replaces Kopf's generic default name.
+    if settings.peering.name == "default":
+        settings.peering.name = "kopf-operators"
+    # Deleting a resource with a timer or daemon: Kopf re-checks whether it has exited this often
+    # before releasing the finalizer (the default, 60 s, held deletions for a minute).
+    settings.background.cancellation_polling = 1
+    # Log lines stay log lines; Events are posted explicitly (access.event) where a user needs them.
+    settings.posting.loggers = False
+    settings.posting.level = logging.INFO
+    logging.getLogger("kopf.objects").addFilter(QuietBookkeeping())
+    if config.metrics_port:
+        metrics.serve(config.metrics_port)
+        logger.info("Serving Prometheus metrics on :%d/metrics", config.metrics_port)
