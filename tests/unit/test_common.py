@@ -4,30 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from kopf_operators.common import Config, Metrics, set_condition, stable_hash
+from kopf_operators.common import Config, matches_label_selector, set_condition, stable_hash
 
 
-def test_config_defaults_are_safe() -> None:
+def test_config_defaults() -> None:
     cfg = Config.from_env({})
-    assert cfg.chaos_dry_run is False  # local `make run`; the chart and manifests default to true
-    assert cfg.copyrator_allow_cross_namespace is False
-    assert cfg.metrics_port == 0
+    assert (cfg.operator_namespace, cfg.operator_pod_name, cfg.metrics_port) == ("", "", 0)
 
 
 def test_config_reads_environment() -> None:
-    cfg = Config.from_env({"CHAOS_DRY_RUN": "true", "COPYRATOR_ALLOW_CROSS_NAMESPACE": "yes",
-                           "REROLLER_DEBOUNCE_SECONDS": "0.5", "METRICS_PORT": "9090",
-                           "OPERATOR_NAMESPACE": "ops"})
-    assert cfg.chaos_dry_run and cfg.copyrator_allow_cross_namespace
-    assert cfg.reroller_debounce_seconds == 0.5
-    assert cfg.metrics_port == 9090
-    assert cfg.operator_namespace == "ops"
+    cfg = Config.from_env({"METRICS_PORT": "9090", "OPERATOR_NAMESPACE": "ops", "OPERATOR_POD_NAME": "op-1"})
+    assert (cfg.operator_namespace, cfg.operator_pod_name, cfg.metrics_port) == ("ops", "op-1", 9090)
 
 
 @pytest.mark.parametrize(("env", "message"), [
-    ({"CHAOS_DRY_RUN": "maybe"}, "CHAOS_DRY_RUN='maybe' is not a boolean"),
-    ({"REROLLER_DEBOUNCE_SECONDS": "soon"}, "is not a number"),
-    ({"COPYRATOR_RESYNC_SECONDS": "0"}, "must be at least 1.0"),
+    ({"METRICS_PORT": "soon"}, "METRICS_PORT='soon' is not a number"),
+    ({"METRICS_PORT": "-1"}, "must be at least 0.0"),
 ])
 def test_config_rejects_malformed_values_with_a_clear_message(env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -53,10 +45,13 @@ def test_stable_hash_ignores_key_order_and_tracks_values() -> None:
     assert stable_hash({"a": 1}) != stable_hash({"a": 2})
 
 
-def test_metrics_render_in_prometheus_text_format() -> None:
-    metrics = Metrics()
-    metrics.inc("ops_total", "Things done.", operator="immortal", action="pod-created")
-    metrics.inc("ops_total", "Things done.", operator="immortal", action="pod-created")
-    text = metrics.render()
-    assert "# TYPE ops_total counter" in text
-    assert 'ops_total{action="pod-created",operator="immortal"} 2' in text
+def test_label_selector_semantics() -> None:
+    labels = {"team": "a", "tier": "web"}
+    assert matches_label_selector(labels, None) and matches_label_selector(labels, {})
+    assert matches_label_selector(labels, {"matchLabels": {"team": "a"}})
+    assert not matches_label_selector(labels, {"matchLabels": {"team": "b"}})
+    assert matches_label_selector(labels, {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["web"]}]})
+    assert not matches_label_selector(labels, {"matchExpressions": [{"key": "tier", "operator": "NotIn",
+                                                                     "values": ["web"]}]})
+    assert not matches_label_selector(labels, {"matchExpressions": [{"key": "x", "operator": "Exists"}]})
+    assert matches_label_selector(labels, {"matchExpressions": [{"key": "x", "operator": "DoesNotExist"}]})

@@ -1,0 +1,86 @@
+"""The shared access layer's pure parts: paths, the error model, Kopf's view of errors, quiet logs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import kopf
+import pytest
+
+from kopf_operators import access
+from kopf_operators.runtime import QuietBookkeeping
+
+
+def test_paths_of_core_group_and_namespaced_resources() -> None:
+    assert access.POD.path("ns", "p") == "/api/v1/namespaces/ns/pods/p"
+    assert access.NAMESPACE.path("ignored", "n") == "/api/v1/namespaces/n"
+    assert access.DEPLOYMENT.path("ns", "d", "scale") == "/apis/apps/v1/namespaces/ns/deployments/d/scale"
+    assert access.CONFIGMAP.path() == "/api/v1/configmaps"
+    assert access.Kind("flant.com/v1", "copyrators", "CopyratorRule").path("a") == \
+        "/apis/flant.com/v1/namespaces/a/copyrators"
+
+
+@pytest.mark.parametrize(("status", "transient"), [(None, True), (429, True), (500, True), (503, True),
+                                                   (403, False), (404, False), (409, False), (422, False)])
+def test_transient_errors_are_the_ones_worth_retrying(status: int | None, transient: bool) -> None:
+    assert access.ApiError(status, "x").transient is transient
+
+
+def test_kopf_view_of_errors_retries_transient_ones_and_gives_up_on_refusals() -> None:
+    retry = access.ApiError(503, "Service Unavailable").for_kopf("writing", delay=7)
+    assert isinstance(retry, kopf.TemporaryError) and retry.delay == 7
+    refused = access.ApiError(422, "Unprocessable Entity", "spec.x: Invalid value").for_kopf("writing")
+    assert isinstance(refused, kopf.PermanentError)
+    # The server's message may name field values: it never reaches the error text that Kopf logs.
+    assert "Invalid value" not in str(refused)
+
+
+def test_error_text_never_carries_the_response_body() -> None:
+    error = access._error(422, "Unprocessable Entity", b'{"message": "data.password: s3cr3t"}')
+    assert "s3cr3t" not in str(error) and error.status == 422
+    assert isinstance(access._error(409, "Conflict", None), access.Conflict)
+
+
+def test_namespace_being_terminated_is_recognised() -> None:
+    error = access._error(403, "Forbidden", b'{"message": "unable to create: namespace x is being terminated"}')
+    assert error.namespace_terminating
+
+
+def test_serialised_runs_one_holder_per_key_and_forgets_unused_keys() -> None:
+    layer = access.Access(client=None)  # type: ignore[arg-type]  # no request is made here
+    order: list[str] = []
+
+    async def hold(key: str, tag: str) -> None:
+        async with layer.serialised(key):
+            order.append(f"{tag}+")
+            await asyncio.sleep(0.01)
+            order.append(f"{tag}-")
+
+    async def main() -> None:
+        await asyncio.gather(hold("k", "a"), hold("k", "b"), hold("other", "c"))
+
+    asyncio.run(main())
+    assert order.index("a-") < order.index("b+")  # same key: one after the other
+    assert order.index("c+") < order.index("a-")  # another key: no waiting
+    assert not layer._locks
+
+
+def test_kopf_bookkeeping_lines_are_dropped_unless_verbose() -> None:
+    quiet = QuietBookkeeping()
+    root = logging.getLogger()
+    saved = root.level
+
+    def record(message: str, level: int = logging.INFO) -> logging.LogRecord:
+        return logging.LogRecord("kopf.objects", level, __file__, 1, message, None, None)
+
+    try:
+        root.setLevel(logging.INFO)
+        assert not quiet.filter(record("Handler 'copyrator-namespace-event' succeeded."))
+        assert not quiet.filter(record("Creation is processed: 1 succeeded; 0 failed."))
+        assert quiet.filter(record("Created pod x-immortalpod running nginx"))
+        assert quiet.filter(record("Handler 'x' failed temporarily: boom", logging.ERROR))
+        root.setLevel(logging.DEBUG)  # --verbose keeps the detail
+        assert quiet.filter(record("Handler 'copyrator-namespace-event' succeeded."))
+    finally:
+        root.setLevel(saved)
