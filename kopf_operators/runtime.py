@@ -69,6 +69,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # `--standalone` on the command line win; this only replaces Kopf's generic default name.
     if settings.peering.name == "default":
         settings.peering.name = "kopf-operators"
+    # A shard (`--namespace` globs) keeps one ClusterKopfPeering of its own instead of a KopfPeering
+    # in each namespace it serves: namespaces come and go, and a standby must see its shard as a whole.
+    settings.peering.clusterwide = True
     # Deleting a resource with a timer or daemon: Kopf re-checks whether it has exited this often
     # before releasing the finalizer (the default, 60 s, held deletions for a minute).
     settings.background.cancellation_polling = 1

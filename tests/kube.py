@@ -220,12 +220,15 @@ class OperatorProcess:
 
     def __init__(self, files: Sequence[str] | None = None, env: dict[str, str] | None = None,
                  kubeconfig: Path | None = None, log_name: str = "operator",
-                 standalone: bool = True, extra_args: Sequence[str] = ()) -> None:
+                 standalone: bool = True, extra_args: Sequence[str] = (), verbose: bool = True,
+                 namespaces: Sequence[str] = ()) -> None:
         self.files = list(files) if files else sorted(str(p) for p in (REPO / "operators").glob("*.py"))
         self.extra_env = dict(env or {})
         # standalone=False plus e.g. extra_args=["--peering=NAME", "--priority=N"]: Kopf peering.
         self.standalone = standalone
         self.extra_args = list(extra_args)
+        self.verbose = verbose  # False: the default log level, as the chart runs it
+        self.namespaces = list(namespaces)  # Kopf namespace globs (a shard); empty: --all-namespaces
         # Same identity as the session's operator: the ServiceAccount when one was set up.
         self.kubeconfig = kubeconfig or (OPERATOR_KUBECONFIG if as_service_account() else KUBECONFIG)
         if as_service_account():  # as deployed: it knows its namespace (Blackadder keeps its ledger there)
@@ -247,7 +250,8 @@ class OperatorProcess:
         self.health_port = free_port()
         kopf = Path(sys.executable).parent / "kopf"
         mode = ["--standalone"] if self.standalone else []
-        cmd = [str(kopf), "run", *mode, "--all-namespaces", "--verbose", *self.extra_args,
+        scope = [f"--namespace={pattern}" for pattern in self.namespaces] or ["--all-namespaces"]
+        cmd = [str(kopf), "run", *mode, *scope, *(["--verbose"] if self.verbose else []), *self.extra_args,
                f"--liveness=http://127.0.0.1:{self.health_port}/healthz", *self.files]
         self.metrics_port = int(self.extra_env.get("METRICS_PORT") or free_port())
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "METRICS_PORT": str(self.metrics_port),

@@ -27,3 +27,22 @@ spec: {image: nginx:latest}
                              action="create-pod") == started + 1, timeout=10, what="the counter to grow by one")
     text = operator.metrics()
     assert "# TYPE kopf_operators_actions_total counter" in text
+
+
+def test_reaction_latency_is_a_histogram_per_operator(namespace: str, operator: OperatorProcess, core: Any) -> None:
+    def reactions() -> float:
+        return counter(operator.metrics(), "kopf_operators_reaction_seconds_count",
+                       operator="immortal", trigger="pod deleted")
+
+    before = reactions()
+    apply_yaml("""
+apiVersion: immortalcontainer.flugel.it/v1alpha1
+kind: ImmortalContainer
+metadata: {name: timed}
+spec: {image: nginx:latest}
+""", namespace)
+    pod = wait_for(lambda: core.read_namespaced_pod("timed-immortalpod", namespace), timeout=30, what="the pod")
+    core.delete_namespaced_pod("timed-immortalpod", namespace, grace_period_seconds=0)
+    wait_for(lambda: reactions() > before, timeout=30, what="a timed reaction to the pod's deletion")
+    assert core.read_namespaced_pod("timed-immortalpod", namespace).metadata.uid != pod.metadata.uid
+    assert "# TYPE kopf_operators_reaction_seconds histogram" in operator.metrics()

@@ -1,0 +1,59 @@
+"""At the default log level the operators write one line per action and nothing for events that change
+nothing (issue #11: 'Quiet by default'), so that in a busy cluster the log shows what was done."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from tests.kube import OperatorProcess, apply_yaml, stays, wait_for
+
+
+def new_lines(proc: OperatorProcess, since: int) -> list[str]:
+    return [line for line in proc.output().splitlines()[since:] if line.strip()]
+
+
+def test_unrelated_changes_write_no_log_line_and_an_action_writes_its_line(
+        namespace: str, operator_process: OperatorProcess, core: Any, apps: Any) -> None:
+    operator_process.stop()  # the session's verbose operator would act on the same objects
+    quiet = OperatorProcess(log_name="quiet", verbose=False)
+    quiet.start()
+    try:
+        # Start-up lines settle once the initial listings are done: nothing more for 2 s.
+        baseline = len(quiet.output().splitlines())
+        stays(lambda: len(quiet.output().splitlines()) == baseline, seconds=2, what="start-up logging")
+
+        # 45 changes no operator cares about.
+        for i in range(10):
+            core.create_namespaced_config_map(namespace, {"metadata": {"name": f"plain-{i}"}, "data": {"k": "v"}})
+        for i in range(10):
+            core.patch_namespaced_config_map(f"plain-{i}", namespace, {"data": {"k": "changed"}})
+        for i in range(10):
+            core.create_namespaced_secret(namespace, {"metadata": {"name": f"plain-{i}"}, "stringData": {"k": "v"}})
+        for i in range(5):
+            apps.create_namespaced_deployment(namespace, {
+                "metadata": {"name": f"plain-{i}"},
+                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": f"plain-{i}"}},
+                         "template": {"metadata": {"labels": {"app": f"plain-{i}"}},
+                                      "spec": {"containers": [{"name": "c", "image": "nginx"}]}}}})
+        for i in range(10):
+            core.delete_namespaced_config_map(f"plain-{i}", namespace)
+
+        # Then one action; its line is the barrier after which the unrelated events were seen too.
+        apply_yaml("""
+apiVersion: immortalcontainer.flugel.it/v1alpha1
+kind: ImmortalContainer
+metadata: {name: loud}
+spec: {image: nginx:latest}
+""", namespace)
+        wait_for(lambda: any("Created pod loud-immortalpod" in line for line in new_lines(quiet, baseline)),
+                 timeout=30, what="the action's log line")
+        settled = len(quiet.output().splitlines())
+        stays(lambda: len(quiet.output().splitlines()) == settled, seconds=3, what="no further log lines")
+        lines = new_lines(quiet, baseline)
+        unrelated = [line for line in lines if not re.search(r"\bloud\b|loud-immortalpod", line)]
+        assert not unrelated, "lines not about an action:\n" + "\n".join(unrelated)
+        # One line per action: the pod created, and the start counted.
+        assert len(lines) <= 2, "\n".join(lines)
+    finally:
+        quiet.stop()
