@@ -49,7 +49,9 @@ up() {
     --etcd-binary "$bin/etcd" --kube-apiserver-binary "$bin/kube-apiserver"
     --kube-controller-manager-binary "$bin/kube-controller-manager"
     --kube-scheduler-binary "$bin/kube-scheduler" --kwok-controller-binary "$bin/kwok"
-    --kube-audit-policy "$here/audit-policy.yaml" --disable-qps-limits --wait 120s)
+    --kube-audit-policy "$here/audit-policy.yaml" --disable-qps-limits --wait 120s
+    # Server-side sharded list/watch (alpha in 1.36): the operator's hash shards use it (docs/sharding.md).
+    --kube-feature-gates "ShardedListAndWatch=true")
   if [ -d "$KWOK_WORKDIR/clusters/$name" ]; then
     # Left over from a stopped or crashed run (a reboot, a killed session). `kwokctl start` does not
     # reliably revive processes that were killed, and a scratch cluster's state is not worth keeping.

@@ -193,6 +193,20 @@ class Access:
                 return items
             query["continue"] = token
 
+    async def honours_shard_selectors(self) -> bool:
+        """Whether the API server filters by ``shardSelector`` (the ShardedListAndWatch feature gate).
+        Without it the parameter is dropped silently and every shard would see, and act on, everything:
+        a selector that matches (almost) nothing must then still return objects."""
+        query = {"limit": "20", "shardSelector": "shardRange(object.metadata.uid, '0x0000000000000000', "
+                                                 "'0x0000000000000001')"}
+        try:
+            page = await self._request("GET", CONFIGMAP.path(), query=query) or {}
+        except ApiError as exc:
+            if exc.status in (400, 422):  # an older server that rejects the parameter outright
+                return False
+            raise
+        return not page.get("items")
+
     # --- writes ---------------------------------------------------------------------------------
 
     async def create(self, kind: Kind, body: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -59,6 +59,10 @@ class Config:
     operator_pod_name: str = ""
     # Port of the Prometheus endpoint; 0 disables it.
     metrics_port: int = 0
+    # Hash shards by namespace (docs/sharding.md): this process serves shard ``shard_index`` of
+    # ``shard_count``; 1 shard (the default) serves everything.
+    shard_index: int = 0
+    shard_count: int = 1
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -67,7 +71,42 @@ class Config:
             operator_namespace=env.get("OPERATOR_NAMESPACE", ""),
             operator_pod_name=env.get("OPERATOR_POD_NAME", ""),
             metrics_port=int(env_float(env, "METRICS_PORT", 0)),
+            shard_index=int(env_float(env, "SHARD_INDEX", 0)),
+            shard_count=int(env_float(env, "SHARD_COUNT", 1, minimum=1)),
         )
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.shard_index < self.shard_count:
+            raise ValueError(f"SHARD_INDEX={self.shard_index} must be below SHARD_COUNT={self.shard_count}")
+
+
+# --- Hash shards: the API server's ShardedListAndWatch hashes a field with 64-bit FNV-1a --------
+
+HASH_SPACE = 1 << 64
+
+
+def fnv1a64(value: str) -> int:
+    h = 0xCBF29CE484222325
+    for byte in value.encode():
+        h = ((h ^ byte) * 0x100000001B3) % HASH_SPACE
+    return h
+
+
+def shard_bounds(index: int, count: int) -> tuple[int, int]:
+    """The hash range [start, end) of shard ``index`` of ``count``: equal slices covering all hashes."""
+    return index * HASH_SPACE // count, (index + 1) * HASH_SPACE // count
+
+
+def namespace_shard(namespace: str, count: int) -> int:
+    """Which shard serves a namespace (what the server's shard selector decides)."""
+    h = fnv1a64(namespace)
+    return next(i for i in range(count) if shard_bounds(i, count)[0] <= h < shard_bounds(i, count)[1])
+
+
+def shard_selector(index: int, count: int, field: str = "object.metadata.namespace") -> str:
+    """The server-side shard selector of one shard (hex bounds: 16 digits, the end may be 2**64)."""
+    start, end = shard_bounds(index, count)
+    return f"shardRange({field}, '0x{start:016x}', '0x{end:016x}')"
 
 
 def now_iso() -> str:

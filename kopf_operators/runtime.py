@@ -22,7 +22,7 @@ import kopf
 
 from kopf_operators import metrics
 from kopf_operators.access import Access
-from kopf_operators.common import Config
+from kopf_operators.common import Config, shard_selector
 
 logger = logging.getLogger("kopf_operators")
 
@@ -51,6 +51,20 @@ def shared(memo: Any) -> tuple[Config, Access]:
     return memo.config, memo.access
 
 
+async def serve_one_shard(settings: kopf.OperatorSettings, config: Config, access: Access) -> None:
+    """Hash shards by namespace (docs/sharding.md): the API server streams this process only the
+    namespaced objects of its shard. Cluster-scoped ones (Namespaces, ChaosAgents, peerings) stay
+    whole: Copyrator needs every namespace, and the chart loads Blackadder in shard 0 only."""
+    if not await access.honours_shard_selectors():
+        raise kopf.PermanentError(
+            f"SHARD_COUNT={config.shard_count} needs the API server's ShardedListAndWatch feature gate "
+            "(alpha in Kubernetes 1.36); without it every shard would act on every object. Run one "
+            "shard, or enable the gate.")
+    selector = shard_selector(config.shard_index, config.shard_count)
+    settings.watching.shard_selectors[lambda resource: bool(resource.namespaced)] = selector
+    logger.info("Serving shard %d of %d: %s", config.shard_index, config.shard_count, selector)
+
+
 @kopf.on.startup(id="shared-settings")
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     config, _access = shared(memo)
@@ -72,6 +86,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # A shard (`--namespace` globs) keeps one ClusterKopfPeering of its own instead of a KopfPeering
     # in each namespace it serves: namespaces come and go, and a standby must see its shard as a whole.
     settings.peering.clusterwide = True
+    if config.shard_count > 1:
+        await serve_one_shard(settings, config, _access)
     # Deleting a resource with a timer or daemon: Kopf re-checks whether it has exited this often
     # before releasing the finalizer (the default, 60 s, held deletions for a minute).
     settings.background.cancellation_polling = 1
@@ -79,6 +95,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.posting.loggers = False
     settings.posting.level = logging.INFO
     logging.getLogger("kopf.objects").addFilter(QuietBookkeeping())
+    if logging.getLogger().level > logging.DEBUG:  # one access line per liveness probe is noise
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     if config.metrics_port:
         metrics.serve(config.metrics_port)
         logger.info("Serving Prometheus metrics on :%d/metrics", config.metrics_port)
