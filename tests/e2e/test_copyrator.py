@@ -305,7 +305,8 @@ def test_every_prune_path(operator: OperatorProcess, core: kubernetes.client.Cor
         core.patch_namespace(b, {"metadata": {"labels": {"copyrator-e2e": None}}})
         wait_for(lambda: get(core, "ConfigMap", b, "kept") is None, timeout=30, what="the prune from b")
         assert data_of(core, a, "kept") == {"name": "kept"}
-        assert status(custom, namespace, "r")["copied"] == 1
+        # The status follows a burst of changes a moment later (written once per burst).
+        wait_for(lambda: status(custom, namespace, "r").get("copied") == 1, timeout=10, what="status copied=1")
     finally:
         # The rule is deleted: its last copies go.
         delete_rule(custom, namespace, "r")
