@@ -619,7 +619,7 @@ def rule_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
         "status": {k: v for k, v in (body.get("status") or {}).items() if k != "kopf"},
     }
     if "spec" in body:
-        snap["spec"] = body["spec"]
+        snap["spec"] = dict(body["spec"]) if isinstance(body["spec"], Mapping) else body["spec"]
     for key in RULE_FIELDS:
         if key in body:
             snap[key] = body[key]

@@ -96,6 +96,7 @@ class CopyratorController:
         self._triggers: dict[str, str] = {}
         self._status: dict[str, dict[str, Any]] = {}  # rule uid -> the status we wrote last
         self._deleting: set[str] = set()  # rule uids being deleted: they write nothing any more
+        self._inflight: collections.Counter[str] = collections.Counter()  # rule uid -> syncs running
         self._parsed: dict[str, tuple[Any, logic.Rule | logic.RuleError]] = {}
         self._flush: dict[tuple[str, str], asyncio.TimerHandle] = {}
         self._retry: dict[tuple[str, str], asyncio.TimerHandle] = {}
@@ -205,20 +206,31 @@ class CopyratorController:
         async with self._limit, self.access.serialised(("copyrator", *key)):
             if rule.uid in self._deleting:
                 return 0
-            ns = self.namespace(namespace)
-            if ns is None or not ns.active:
-                return 0  # gone or terminating: its copies go with it
-            desired = self.desired(rule, name, ns) if kind == rule.kind else None
+            self._inflight[rule.uid] += 1
             try:
-                writes = await self._apply(rule, key, desired)
-            except ApiError as exc:
-                if exc.namespace_terminating:
-                    return 0
-                self._failed[rule.uid].add(key)
-                metrics.error(OPERATOR, "write")
-                raise
-            self._failed[rule.uid].discard(key)
-            return writes
+                return await self._sync_locked(rule, key)
+            finally:
+                self._inflight[rule.uid] -= 1
+                if not self._inflight[rule.uid]:
+                    del self._inflight[rule.uid]
+
+    async def _sync_locked(self, rule: logic.Rule, key: CopyKey) -> int:
+        """(The place's lock is held.)"""
+        kind, namespace, name = key
+        ns = self.namespace(namespace)
+        if ns is None or not ns.active:
+            return 0  # gone or terminating: its copies go with it
+        desired = self.desired(rule, name, ns) if kind == rule.kind else None
+        try:
+            writes = await self._apply(rule, key, desired)
+        except ApiError as exc:
+            if exc.namespace_terminating:
+                return 0
+            self._failed[rule.uid].add(key)
+            metrics.error(OPERATOR, "write")
+            raise
+        self._failed[rule.uid].discard(key)
+        return writes
 
     async def _apply(self, rule: logic.Rule, key: CopyKey, desired: dict[str, Any] | None) -> int:
         kind, namespace, name = key
@@ -372,6 +384,11 @@ class CopyratorController:
         meta = body["metadata"]
         uid = str(meta.get("uid"))
         self._deleting.add(uid)
+        # A sync that started before the deletion may still create a copy: let it finish first.
+        for _ in range(600):
+            if not self._inflight.get(uid):
+                break
+            await asyncio.sleep(0.05)
         key = (str(meta.get("namespace")), str(meta.get("name")))
         for handles in (self._flush, self._retry):
             handle = handles.pop(key, None)
@@ -461,15 +478,14 @@ class CopyratorController:
 
     async def _run(self, trigger: str, work: list[tuple[dict[str, Any], logic.Rule, list[Awaitable[int]]]]) -> None:
         """Event-driven passes: failures are logged once and the rule is retried with backoff."""
-        jobs = [job for _s, _r, jobs in work for job in jobs]
-        if not jobs:
+        if not work:
             return
         with metrics.reaction(OPERATOR, trigger.split()[0]):
             results = await asyncio.gather(*(self._bounded(jobs) for _s, _r, jobs in work))
         for (snapshot, rule, _jobs), (writes, errors) in zip(work, results, strict=True):
-            if writes or errors or self._failed.get(rule.uid):
+            if writes:
                 self._triggers[rule.uid] = trigger
-                self.schedule_status(snapshot)
+            self.schedule_status(snapshot)  # once per burst; written only when it changed
             if errors:
                 logger.warning(f"Copyrator {rule.key}: {trigger}: {len(errors)} copy operation(s) failed "
                                f"({errors[0]}); retrying with backoff")
