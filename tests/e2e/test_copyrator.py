@@ -514,7 +514,7 @@ def test_a_pull_rule_copies_into_its_own_namespace_under_the_same_consent(
         wait_condition(custom, namespace, "pull", "Ready", status="True")
         assert condition(custom, namespace, "pull", "Refused")["status"] == "False"
         # Edits follow; nobody else gets a copy; nothing is written into the source namespace.
-        put_cm(core, shared, "settings", {"k": "v2"})
+        core.patch_namespaced_config_map("settings", shared, {"data": {"k": "v2"}})  # the consent stays
         wait_data(core, namespace, "settings", {"k": "v2"})
         assert get(core, "ConfigMap", bystander, "settings") is None
         assert not [k for k in copies(core) if k.startswith(f"{shared}/")]
