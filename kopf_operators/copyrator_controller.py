@@ -417,7 +417,8 @@ class CopyratorController:
         await self._run(trigger, [
             (snapshot, rule, [self.sync_copy(rule, info.name, name) for name in sorted(
                 self.source_names(rule) | {v.name for v in self.copies_of(rule.uid, rule.kind, namespace=info.name)})])
-            for snapshot, rule in self.active_rules() if info.name not in rule.source_namespaces])
+            for snapshot, rule in self.active_rules() if info.name not in rule.source_namespaces]
+            + [(snapshot, rule, []) for snapshot, rule in self.active_rules() if info.name in rule.source_namespaces])
 
     async def object_event(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A ConfigMap/Secret event: a copy (deleted or edited by hand), a source, or an object that
@@ -558,6 +559,10 @@ class CopyratorController:
         tally = logic.Tally(failed=len(self._failed.get(rule.uid, ())))
         targets = [ns.name for ns in self.all_namespaces() if logic.is_target(rule, ns)]
         tally.targets = len(targets)
+        for ns_name in rule.source_namespaces:
+            if self.namespace(ns_name) is None and logic.needs_consent(rule, ns_name, self.settings):
+                tally.refusals.append(f"source namespace {ns_name} does not exist: nothing there consents "
+                                      f"to this rule ({logic.ALLOWED_NAMESPACES_ANNOTATION})")
         names = sorted(self.source_names(rule))
         tally.skipped = sum(1 for e in self.selected(rule) if logic.skip_reason(rule, e) is not None)
         for name in names:

@@ -581,8 +581,11 @@ def test_replicator_scenarios_for_secrets(
     namespace, and go when the source, or the source's namespace, is deleted."""
     token = uuid.uuid4().hex[:6]
     source_ns = make_namespace("certs")
-    named = make_namespace()
+    named, occupied = make_namespace(), make_namespace()
     selected = make_namespace(**{"copyrator-e2e": token})
+    # Somebody else's Secret of that name: never overwritten (replicator would merge into it).
+    core.create_namespaced_secret(occupied, {"metadata": {"name": "wildcard-tls"}, "type": "Opaque",
+                                             "data": {"mine": base64.b64encode(b"x").decode()}})
     tls = {"tls.crt": base64.b64encode(b"-----BEGIN CERTIFICATE-----").decode(),
            "tls.key": base64.b64encode(b"-----BEGIN PRIVATE KEY-----").decode(),
            "ca.crt": base64.b64encode(b"ca").decode()}
@@ -598,7 +601,7 @@ def test_replicator_scenarios_for_secrets(
         "data": {".dockerconfigjson": base64.b64encode(b'{"auths":{}}').decode()}})
     # Push by names and by a namespace label selector (both AND-ed would be narrower: two rules).
     make_rule(custom, namespace, "by-name", ruleType="secret", selector={"share": token}, namespace=source_ns,
-              targetNamespaces=[named])
+              targetNamespaces=[named, occupied])
     make_rule(custom, namespace, "by-label", ruleType="secret", selector={"share": token}, namespace=source_ns,
               namespaceSelector={"matchLabels": {"copyrator-e2e": token}})
     try:
@@ -615,6 +618,9 @@ def test_replicator_scenarios_for_secrets(
             assert "controller.cert-manager.io/fao" not in copy["metadata"]["labels"]
             reg = wait_for(secret_in(ns, "registry"), what=f"the registry copy in {ns}") or {}
             assert reg["type"] == "kubernetes.io/dockerconfigjson"
+        cond = wait_condition(custom, namespace, "by-name", "Conflict", status="True")
+        assert f"{occupied}/wildcard-tls" in cond["message"]
+        assert (get(core, "Secret", occupied, "wildcard-tls") or {}).get("type") == "Opaque"
         # A namespace created later (matching the selector) gets the copies.
         later = make_namespace(**{"copyrator-e2e": token})
         wait_for(lambda: get(core, "Secret", later, "wildcard-tls"), what="the copy in a new namespace")
@@ -636,6 +642,8 @@ def test_replicator_scenarios_for_secrets(
         delete_namespaces(core, [source_ns])
         wait_for(lambda: all(get(core, "Secret", ns, "wildcard-tls") is None for ns in (named, selected, later)),
                  timeout=60, what="the copies pruned with the source namespace")
+        assert (get(core, "Secret", occupied, "wildcard-tls") or {}).get("data") == \
+            {"mine": base64.b64encode(b"x").decode()}, "the foreign Secret is never touched"
     finally:
         delete_rule(custom, namespace, "by-name")
         delete_rule(custom, namespace, "by-label")
