@@ -1,8 +1,13 @@
-"""Copyrator: pure decision logic (no API calls).
+"""Copyrator: pure decisions (no API calls).
 
 A ``CopyratorRule`` names a resource type (ConfigMap or Secret), a label selector and one or more
-source namespaces. Every matching object is copied into each target namespace. This module decides
-*what* the cluster should look like (the plan); ``copyrator_api`` makes it so.
+source namespaces. Every matching object is copied into each target namespace. This module decides,
+for one copy at a time, what the cluster should hold there and which single write gets it there;
+``copyrator_controller`` feeds it from indexes and applies the answer.
+
+Consent: a rule that reads a namespace other than its own copies a source only when the source
+carries ``copyrator.kopf-operators.dev/allowed-namespaces`` (names and globs), and only into the
+namespaces listed there, unless the operator runs with COPYRATOR_ALLOW_CROSS_NAMESPACE=true.
 
 Objects are plain dicts as the API returns them (camelCase keys).
 """
@@ -10,16 +15,27 @@ Objects are plain dicts as the API returns them (camelCase keys).
 from __future__ import annotations
 
 import dataclasses
+import enum
+import fnmatch
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kopf_operators.common import DOMAIN, set_condition, stable_hash
+from kopf_operators.common import (
+    DOMAIN,
+    env_bool,
+    env_float,
+    matches_label_selector,
+    matches_labels,
+    set_condition,
+    stable_hash,
+)
 
 GROUP = "flant.com"
 VERSION = "v1"
 PLURAL = "copyrators"
 KIND = "CopyratorRule"
+API_VERSION = f"{GROUP}/{VERSION}"
 
 PREFIX = f"copyrator.{DOMAIN}/"
 # The marker: the uid of the rule that owns a copy. Only objects carrying *this rule's* uid here
@@ -29,6 +45,10 @@ RULE_ANNOTATION = PREFIX + "rule"  # "<namespace>/<name>" of the rule
 SOURCE_ANNOTATION = PREFIX + "source"  # "<namespace>/<name>" of the source
 SOURCE_UID_ANNOTATION = PREFIX + "source-uid"
 HASH_ANNOTATION = PREFIX + "content-hash"
+# On a copy whose rule copies the source's annotations: they are then part of the content.
+ANNOTATIONS_COPIED = PREFIX + "annotations-copied"
+# On a source: the consent for rules in other namespaces ("team-a,team-*"): where it may be copied.
+ALLOWED_NAMESPACES_ANNOTATION = PREFIX + "allowed-namespaces"
 OUR_ANNOTATIONS = (RULE_ANNOTATION, SOURCE_ANNOTATION, SOURCE_UID_ANNOTATION, HASH_ANNOTATION)
 
 RULE_TYPES = {"configmap": "ConfigMap", "secret": "Secret"}
@@ -41,9 +61,49 @@ FORBIDDEN_SECRET_TYPES = frozenset({
 # Excluded from "all namespaces" unless a rule lists them in targetNamespaces.
 SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
 
+# Labels and annotations by which another controller would claim, adopt or prune a copy (Helm,
+# Argo CD, Flux, kapp, Kyverno generate, cert-manager): never copied (globs). ownerReferences and
+# finalizers are never copied at all (a copy's metadata is built from scratch).
+DEFAULT_STRIP_LABELS = (
+    "app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "helm.sh/*", "meta.helm.sh/*",
+    "argocd.argoproj.io/*", "kustomize.toolkit.fluxcd.io/*", "helm.toolkit.fluxcd.io/*",
+    "kapp.k14s.io/*", "generate.kyverno.io/*", "app.kubernetes.io/created-by",
+    "controller.cert-manager.io/*",
+)
+DEFAULT_STRIP_ANNOTATIONS = (
+    "meta.helm.sh/*", "helm.sh/*", "argocd.argoproj.io/*", "kustomize.toolkit.fluxcd.io/*",
+    "helm.toolkit.fluxcd.io/*", "kapp.k14s.io/*", "generate.kyverno.io/*", "cert-manager.io/*",
+    "kubectl.kubernetes.io/last-applied-configuration", "deployment.kubernetes.io/*",
+    "reflector.v1.k8s.emberstack.com/*", "replicator.v1.mittwald.de/*",
+)
+
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 RULE_FIELDS = ("ruleType", "selector", "namespace", "targetNamespaces", "namespaceSelector",
-               "excludedNamespaces")
+               "excludedNamespaces", "stripLabels", "stripAnnotations", "copyAnnotations")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Copyrator's options (environment variables, documented in docs/copyrator.md)."""
+
+    # The operator-wide override: every rule may read every namespace, without consent on sources.
+    allow_cross_namespace: bool = False
+    # Period of the level-triggered sweep over the indexes (jittered ±20 %).
+    resync_seconds: float = 60.0
+    # Independent copy writes in flight at once for one trigger.
+    write_concurrency: int = 16
+    # Status and Synced events of a rule are written at most this often (a burst of namespace
+    # events costs one status patch, not one per namespace).
+    status_delay_seconds: float = 0.5
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        return cls(
+            allow_cross_namespace=env_bool(env, "COPYRATOR_ALLOW_CROSS_NAMESPACE"),
+            resync_seconds=env_float(env, "COPYRATOR_RESYNC_SECONDS", 60.0, minimum=1.0),
+            write_concurrency=int(env_float(env, "COPYRATOR_WRITE_CONCURRENCY", 16, minimum=1)),
+            status_delay_seconds=env_float(env, "COPYRATOR_STATUS_DELAY_SECONDS", 0.5),
+        )
 
 
 class RuleError(ValueError):
@@ -66,6 +126,9 @@ class Rule:
     target_namespaces: tuple[str, ...] | None = None
     namespace_selector: Mapping[str, Any] | None = None
     excluded_namespaces: tuple[str, ...] = ()
+    strip_labels: tuple[str, ...] = ()
+    strip_annotations: tuple[str, ...] = ()
+    copy_annotations: bool = False
 
     @property
     def key(self) -> str:
@@ -75,12 +138,27 @@ class Rule:
     def kind(self) -> str:
         return RULE_TYPES[self.rule_type]
 
+    @property
+    def pull(self) -> bool:
+        """Reads only other namespaces and names no targets: it copies into its own namespace."""
+        return (self.namespace not in self.source_namespaces and self.target_namespaces is None
+                and self.namespace_selector is None)
+
 
 @dataclasses.dataclass(frozen=True)
 class NamespaceInfo:
     name: str
     labels: Mapping[str, str]
     active: bool  # False while terminating
+
+
+def namespace_info(body: Mapping[str, Any]) -> NamespaceInfo:
+    meta = body.get("metadata") or {}
+    return NamespaceInfo(
+        name=str(meta.get("name", "")),
+        labels=dict(meta.get("labels") or {}),
+        active=not meta.get("deletionTimestamp") and (body.get("status") or {}).get("phase") != "Terminating",
+    )
 
 
 def _names(value: Any, field: str, allow_empty: bool = False) -> tuple[str, ...]:
@@ -92,6 +170,14 @@ def _names(value: Any, field: str, allow_empty: bool = False) -> tuple[str, ...]
         if not isinstance(item, str) or not _DNS_LABEL.match(item) or len(item) > 63:
             raise RuleError(f"{field}: {item!r} is not a valid namespace name")
     return tuple(dict.fromkeys(value))  # de-duplicated, order kept
+
+
+def _patterns(value: Any, field: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        raise RuleError(f"{field} must be a list of label/annotation keys (globs allowed)")
+    return tuple(value)
 
 
 def rule_fields(body: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -123,6 +209,9 @@ def parse_rule(body: Mapping[str, Any]) -> Rule:
     ns_selector = fields.get("namespaceSelector")
     if ns_selector is not None and not isinstance(ns_selector, Mapping):
         raise RuleError("namespaceSelector must be a label selector (matchLabels/matchExpressions)")
+    copy_annotations = fields.get("copyAnnotations", False)
+    if not isinstance(copy_annotations, bool):
+        raise RuleError("copyAnnotations must be true or false")
     return Rule(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
@@ -135,132 +224,188 @@ def parse_rule(body: Mapping[str, Any]) -> Rule:
         namespace_selector=dict(ns_selector) if ns_selector else None,
         excluded_namespaces=_names(fields.get("excludedNamespaces") or [], "excludedNamespaces",
                                    allow_empty=True),
+        strip_labels=_patterns(fields.get("stripLabels"), "stripLabels"),
+        strip_annotations=_patterns(fields.get("stripAnnotations"), "stripAnnotations"),
+        copy_annotations=copy_annotations,
     )
 
 
-def refusal(rule: Rule, allow_cross_namespace: bool) -> str | None:
-    """Why the rule may not run at all (security), or None. A namespaced rule reads only its own
-    namespace unless the operator was started with COPYRATOR_ALLOW_CROSS_NAMESPACE=true."""
-    foreign = [ns for ns in rule.source_namespaces if ns != rule.namespace]
-    if foreign and not allow_cross_namespace:
-        return (f"the rule lives in namespace {rule.namespace!r} but reads sources from "
-                f"{', '.join(repr(ns) for ns in foreign)}; cross-namespace rules are disabled "
-                f"(start the operator with COPYRATOR_ALLOW_CROSS_NAMESPACE=true to allow them)")
+# --- Consent ----------------------------------------------------------------------------------
+
+
+def consent(source: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The namespaces (names and globs) a source allows copies into; None: no consent given."""
+    raw = ((source.get("metadata") or {}).get("annotations") or {}).get(ALLOWED_NAMESPACES_ANNOTATION)
+    if raw is None:
+        return None
+    return tuple(item.strip() for item in str(raw).split(",") if item.strip())
+
+
+def needs_consent(rule: Rule, source_namespace: str, settings: Settings) -> bool:
+    """A rule reading its own namespace needs none; the operator-wide switch waives it."""
+    return source_namespace != rule.namespace and not settings.allow_cross_namespace
+
+
+def consent_allows(patterns: Iterable[str], namespace: str) -> bool:
+    return any(fnmatch.fnmatchcase(namespace, pattern) for pattern in patterns)
+
+
+def allowed_into(rule: Rule, source: Mapping[str, Any], namespace: str, settings: Settings) -> bool:
+    """Whether ``rule`` may put a copy of ``source`` into ``namespace`` (consent only)."""
+    source_ns = (source.get("metadata") or {}).get("namespace", "")
+    if not needs_consent(rule, source_ns, settings):
+        return True
+    patterns = consent(source)
+    return patterns is not None and consent_allows(patterns, namespace)
+
+
+def consent_problem(rule: Rule, source: Mapping[str, Any], targets: Iterable[str],
+                    settings: Settings) -> str | None:
+    """Why ``rule`` copies nothing of ``source`` (None when it copies it somewhere, or may)."""
+    meta = source.get("metadata") or {}
+    if not needs_consent(rule, meta.get("namespace", ""), settings):
+        return None
+    where = f"{meta.get('namespace')}/{meta.get('name')}"
+    patterns = consent(source)
+    if patterns is None:
+        return (f"source {where} has no {ALLOWED_NAMESPACES_ANNOTATION} annotation: a rule in namespace "
+                f"{rule.namespace!r} may not copy it (the source's owner consents by listing the target "
+                f"namespaces there; COPYRATOR_ALLOW_CROSS_NAMESPACE=true waives consent operator-wide)")
+    targets = list(targets)
+    if targets and not any(consent_allows(patterns, ns) for ns in targets):
+        return (f"source {where} allows copies only into {','.join(patterns) or 'no namespace'} "
+                f"({ALLOWED_NAMESPACES_ANNOTATION}), none of this rule's target namespaces")
     return None
 
 
-def label_selector_string(selector: Mapping[str, str]) -> str:
-    return ",".join(f"{key}={value}" for key, value in sorted(selector.items()))
+# --- Targets ----------------------------------------------------------------------------------
 
 
-def matches_labels(labels: Mapping[str, str] | None, selector: Mapping[str, str]) -> bool:
-    labels = labels or {}
-    return all(labels.get(key) == value for key, value in selector.items())
-
-
-def matches_label_selector(labels: Mapping[str, str] | None, selector: Mapping[str, Any] | None) -> bool:
-    """Kubernetes LabelSelector semantics (matchLabels AND every matchExpression)."""
-    if not selector:
-        return True
-    labels = labels or {}
-    if not matches_labels(labels, selector.get("matchLabels") or {}):
+def is_target(rule: Rule, ns: NamespaceInfo) -> bool:
+    """Whether ``ns`` should hold this rule's copies (before consent): active, not a source."""
+    if not ns.active or ns.name in rule.source_namespaces or ns.name in rule.excluded_namespaces:
         return False
-    for expr in selector.get("matchExpressions") or []:
-        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
-        if op == "In" and labels.get(key) not in values:
+    if rule.pull:
+        return ns.name == rule.namespace
+    if rule.target_namespaces is not None:
+        if ns.name not in rule.target_namespaces:
             return False
-        if op == "NotIn" and key in labels and labels[key] in values:
-            return False
-        if op == "Exists" and key not in labels:
-            return False
-        if op == "DoesNotExist" and key in labels:
-            return False
-    return True
+    elif ns.name in SYSTEM_NAMESPACES:
+        return False
+    return matches_label_selector(ns.labels, rule.namespace_selector)
+
+
+def target_namespaces(rule: Rule, namespaces: Iterable[NamespaceInfo]) -> list[str]:
+    """Active namespaces that receive copies (before consent), sorted."""
+    return sorted(ns.name for ns in namespaces if is_target(rule, ns))
+
+
+# --- Sources ----------------------------------------------------------------------------------
 
 
 def is_copy(obj: Mapping[str, Any]) -> bool:
     """Made by some Copyrator rule (never treated as a source: no copy chains)."""
-    return RULE_UID_LABEL in (obj.get("metadata", {}).get("labels") or {})
+    return RULE_UID_LABEL in ((obj.get("metadata") or {}).get("labels") or {})
 
 
-def owned_by(obj: Mapping[str, Any], rule: Rule) -> bool:
-    return (obj.get("metadata", {}).get("labels") or {}).get(RULE_UID_LABEL) == rule.uid
+def selects(rule: Rule, kind: str, obj: Mapping[str, Any]) -> bool:
+    """The object matches the rule's type, source namespaces and selector (copies never do)."""
+    meta = obj.get("metadata") or {}
+    return (kind == rule.kind and meta.get("namespace") in rule.source_namespaces
+            and not meta.get("deletionTimestamp") and not is_copy(obj)
+            and matches_labels(meta.get("labels"), rule.selector))
 
 
 def skip_reason(rule: Rule, obj: Mapping[str, Any]) -> str | None:
-    """Why a selector-matching object is not copied (None: it is a source)."""
-    if is_copy(obj):
-        return "it is a copy made by a Copyrator rule"
+    """Why a selected object is never copied (None: it is a source)."""
     if rule.rule_type == "secret" and obj.get("type") in FORBIDDEN_SECRET_TYPES:
         return f"Secrets of type {obj.get('type')} are never copied"
     return None
 
 
-def is_source(rule: Rule, obj: Mapping[str, Any]) -> bool:
-    meta = obj.get("metadata", {})
-    return (meta.get("namespace") in rule.source_namespaces
-            and not meta.get("deletionTimestamp")
-            and matches_labels(meta.get("labels"), rule.selector)
-            and skip_reason(rule, obj) is None)
+def source_entry(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What the sources index keeps of a selected object: what a copy is built from."""
+    meta = obj.get("metadata") or {}
+    entry: dict[str, Any] = {
+        "kind": obj.get("kind"),
+        "metadata": {key: meta[key] for key in ("name", "namespace", "uid", "resourceVersion", "labels",
+                                                "annotations") if meta.get(key) is not None},
+    }
+    for key in ("data", "binaryData", "type", "immutable"):
+        if obj.get(key) is not None:
+            entry[key] = obj[key]
+    return entry
 
 
-def target_namespaces(rule: Rule, namespaces: Iterable[NamespaceInfo]) -> list[str]:
-    """Active namespaces that receive copies, sorted."""
-    explicit = set(rule.target_namespaces) if rule.target_namespaces is not None else None
-    result = []
-    for ns in namespaces:
-        if not ns.active or ns.name in rule.source_namespaces or ns.name in rule.excluded_namespaces:
-            continue
-        if explicit is not None and ns.name not in explicit:
-            continue
-        if explicit is None and ns.name in SYSTEM_NAMESPACES:
-            continue
-        if not matches_label_selector(ns.labels, rule.namespace_selector):
-            continue
-        result.append(ns.name)
-    return sorted(result)
+def winner(rule: Rule, candidates: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """One source per name: the first source namespace in the rule's order that has it.
+    ``candidates``: namespace -> the selected object of that name there."""
+    for ns in rule.source_namespaces:
+        obj = candidates.get(ns)
+        if obj is not None and skip_reason(rule, obj) is None:
+            return obj
+    return None
 
 
-def _own_labels_removed(labels: Mapping[str, str] | None) -> dict[str, str]:
-    return {k: v for k, v in (labels or {}).items() if not k.startswith(PREFIX)}
+# --- The copy ---------------------------------------------------------------------------------
+
+
+def _glob_any(key: str, patterns: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(key, pattern) for pattern in patterns)
+
+
+def copied_labels(rule: Rule, labels: Mapping[str, str] | None) -> dict[str, str]:
+    strip = DEFAULT_STRIP_LABELS + rule.strip_labels
+    return {k: v for k, v in (labels or {}).items() if not k.startswith(PREFIX) and not _glob_any(k, strip)}
+
+
+def copied_annotations(rule: Rule, annotations: Mapping[str, str] | None) -> dict[str, str]:
+    if not rule.copy_annotations:
+        return {}
+    strip = DEFAULT_STRIP_ANNOTATIONS + rule.strip_annotations
+    return {k: v for k, v in (annotations or {}).items()
+            if not k.startswith(PREFIX) and not _glob_any(k, strip)}
 
 
 def content(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """What a copy reproduces from its source: data, labels, type, immutability."""
+    """What a copy holds of its source: data, labels, type, immutability, copied annotations."""
+    meta = obj.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
     result: dict[str, Any] = {
         "data": dict(obj.get("data") or {}),
         "binaryData": dict(obj.get("binaryData") or {}),
-        "labels": _own_labels_removed(obj.get("metadata", {}).get("labels")),
+        "labels": {k: v for k, v in (meta.get("labels") or {}).items() if not k.startswith(PREFIX)},
         "immutable": bool(obj.get("immutable")),
     }
+    if annotations.get(ANNOTATIONS_COPIED) == "true":
+        result["annotations"] = {k: v for k, v in annotations.items() if not k.startswith(PREFIX)}
     if obj.get("kind") == "Secret" or "type" in obj:
         result["type"] = obj.get("type") or "Opaque"
     return result
 
 
-def content_hash(source_uid: str, obj: Mapping[str, Any]) -> str:
-    """A digest of the content (salted with the source uid); never the values themselves."""
-    return stable_hash([source_uid, content(obj)])
+def content_hash(source_uid: str, copy: Mapping[str, Any]) -> str:
+    """A digest of a copy's content (salted with the source uid); never the values themselves."""
+    return stable_hash([source_uid, content(copy)])
 
 
 def desired_copy(rule: Rule, source: Mapping[str, Any], target_namespace: str) -> dict[str, Any]:
     meta = source["metadata"]
-    labels = _own_labels_removed(meta.get("labels"))
+    labels = copied_labels(rule, meta.get("labels"))
     labels[RULE_UID_LABEL] = rule.uid
+    annotations = copied_annotations(rule, meta.get("annotations"))
+    if rule.copy_annotations:
+        annotations[ANNOTATIONS_COPIED] = "true"
+    annotations.update({
+        RULE_ANNOTATION: rule.key,
+        SOURCE_ANNOTATION: f"{meta['namespace']}/{meta['name']}",
+        SOURCE_UID_ANNOTATION: meta.get("uid", ""),
+    })
     body: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": rule.kind,
-        "metadata": {
-            "name": meta["name"],
-            "namespace": target_namespace,
-            "labels": labels,
-            "annotations": {
-                RULE_ANNOTATION: rule.key,
-                SOURCE_ANNOTATION: f"{meta['namespace']}/{meta['name']}",
-                SOURCE_UID_ANNOTATION: meta.get("uid", ""),
-                HASH_ANNOTATION: content_hash(meta.get("uid", ""), source),
-            },
-        },
+        "metadata": {"name": meta["name"], "namespace": target_namespace, "labels": labels,
+                     "annotations": annotations},
     }
     for field in ("data", "binaryData"):
         if source.get(field):
@@ -269,139 +414,141 @@ def desired_copy(rule: Rule, source: Mapping[str, Any], target_namespace: str) -
         body["type"] = source.get("type") or "Opaque"
     if source.get("immutable"):
         body["immutable"] = True
+    annotations[HASH_ANNOTATION] = content_hash(meta.get("uid", ""), body)
     return body
 
 
-def in_sync(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
-    """Compare before writing: an idle cluster sees no writes."""
-    if content(existing) != content(desired):
-        return False
-    if (existing.get("metadata", {}).get("labels") or {}) != desired["metadata"]["labels"]:
-        return False
-    annotations = existing.get("metadata", {}).get("annotations") or {}
-    return all(annotations.get(k) == v for k, v in desired["metadata"]["annotations"].items())
-
-
-def drifted(obj: Mapping[str, Any]) -> bool:
-    """A copy whose content no longer matches its recorded hash (edited by hand)."""
-    annotations = obj.get("metadata", {}).get("annotations") or {}
-    recorded = annotations.get(HASH_ANNOTATION)
-    return recorded is None or recorded != content_hash(annotations.get(SOURCE_UID_ANNOTATION, ""), obj)
-
-
-def needs_recreate(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
-    """A Secret's type and an immutable object's content cannot be updated in place."""
-    if existing.get("immutable"):
-        return True
-    return desired.get("kind") == "Secret" and (existing.get("type") or "Opaque") != desired.get("type")
-
-
 @dataclasses.dataclass(frozen=True)
-class Ref:
+class CopyView:
+    """What the copies index keeps of one copy (no values): enough to decide and to write."""
+
+    kind: str
     namespace: str
     name: str
-    uid: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-def ref(obj: Mapping[str, Any]) -> Ref:
-    meta = obj.get("metadata", {})
-    return Ref(meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", ""))
-
-
-@dataclasses.dataclass
-class Plan:
-    creates: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    # (existing, desired, recreate?)
-    updates: list[tuple[dict[str, Any], dict[str, Any], bool]] = dataclasses.field(default_factory=list)
-    deletes: list[Ref] = dataclasses.field(default_factory=list)
-    conflicts: list[Ref] = dataclasses.field(default_factory=list)  # foreign objects in the way
-    unchanged: int = 0
-    sources: list[Ref] = dataclasses.field(default_factory=list)
-    skipped: list[str] = dataclasses.field(default_factory=list)  # "ns/name: why" (never values)
-    targets: list[str] = dataclasses.field(default_factory=list)
+    uid: str
+    resource_version: str
+    rule_uid: str
+    source: str  # "ns/name" of its source
+    recorded_hash: str  # the hash annotation (what we wrote)
+    actual_hash: str  # the hash of what it holds now (differs: edited by hand)
+    immutable: bool
+    type: str | None
+    annotations_copied: bool
 
     @property
-    def desired(self) -> int:
-        return len(self.creates) + len(self.updates) + self.unchanged + len(self.conflicts)
+    def drifted(self) -> bool:
+        return self.recorded_hash != self.actual_hash
 
     @property
-    def writes(self) -> int:
-        return len(self.creates) + len(self.updates) + len(self.deletes)
+    def rv(self) -> int:
+        try:
+            return int(self.resource_version)
+        except ValueError:
+            return 0
 
 
-def plan(
-    rule: Rule,
-    candidates: Sequence[Mapping[str, Any]],
-    namespaces: Iterable[NamespaceInfo],
-    existing: Sequence[Mapping[str, Any]],
-) -> Plan:
-    """Decide creates/updates/deletes.
+def copy_view(obj: Mapping[str, Any], kind: str | None = None) -> CopyView:
+    meta = obj.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    kind = kind or str(obj.get("kind") or "")
+    return CopyView(
+        kind=kind, namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")), resource_version=str(meta.get("resourceVersion", "")),
+        rule_uid=str((meta.get("labels") or {}).get(RULE_UID_LABEL, "")),
+        source=str(annotations.get(SOURCE_ANNOTATION, "")),
+        recorded_hash=str(annotations.get(HASH_ANNOTATION, "")),
+        actual_hash=content_hash(str(annotations.get(SOURCE_UID_ANNOTATION, "")),
+                                 {**obj, "kind": kind}),
+        immutable=bool(obj.get("immutable")),
+        type=(obj.get("type") or "Opaque") if kind == "Secret" else None,
+        annotations_copied=annotations.get(ANNOTATIONS_COPIED) == "true",
+    )
 
-    ``candidates``: selector-matching objects listed in the source namespaces.
-    ``existing``: every object of the kind that may be in the way or ours: same-named objects in
-    the targets and all objects carrying this rule's marker.
-    """
-    namespaces = list(namespaces)
-    terminating = {ns.name for ns in namespaces if not ns.active}
-    result = Plan(targets=target_namespaces(rule, namespaces))
 
-    # One source per name: the first source namespace in the rule's order wins a name clash.
-    by_name: dict[str, Mapping[str, Any]] = {}
-    order = {ns: i for i, ns in enumerate(rule.source_namespaces)}
-    for obj in sorted(candidates, key=lambda o: (order.get(o["metadata"].get("namespace"), 1 << 30),
-                                                 o["metadata"]["name"])):
-        if not is_source(rule, obj):
-            why = skip_reason(rule, obj)
-            if why and not is_copy(obj):
-                result.skipped.append(f"{ref(obj)}: {why}")
-            continue
-        by_name.setdefault(obj["metadata"]["name"], obj)
-        result.sources.append(ref(obj))
+def in_sync(view: CopyView, desired: Mapping[str, Any]) -> bool:
+    """Compare before writing: an idle cluster sees no writes."""
+    annotations = desired["metadata"]["annotations"]
+    return (view.actual_hash == annotations[HASH_ANNOTATION] == view.recorded_hash
+            and view.source == annotations[SOURCE_ANNOTATION])
 
-    at: dict[tuple[str, str], Mapping[str, Any]] = {}
-    for obj in existing:
-        meta = obj.get("metadata", {})
-        at[(meta.get("namespace", ""), meta.get("name", ""))] = obj
 
-    wanted: set[tuple[str, str]] = set()
-    for name, source in sorted(by_name.items()):
-        for ns in result.targets:
-            wanted.add((ns, name))
-            desired = desired_copy(rule, source, ns)
-            current = at.get((ns, name))
-            if current is None:
-                result.creates.append(desired)
-            elif not owned_by(current, rule):
-                result.conflicts.append(ref(current))
-            elif in_sync(current, desired):
-                result.unchanged += 1
-            else:
-                result.updates.append((dict(current), desired, needs_recreate(current, desired)))
+class Action(enum.Enum):
+    NONE = "none"
+    CREATE = "create"
+    PATCH = "patch"
+    RECREATE = "recreate"  # a Secret's type or an immutable copy cannot change in place
+    DELETE = "delete"
+    CONFLICT = "conflict"  # a foreign object holds the name: left untouched
 
-    for (ns, name), obj in sorted(at.items()):
-        if owned_by(obj, rule) and (ns, name) not in wanted and ns not in terminating:
-            result.deletes.append(ref(obj))
-    return result
+
+def decide(rule_uid: str, desired: Mapping[str, Any] | None, view: CopyView | None,
+           foreign: bool = False) -> Action:
+    """The one write (if any) that makes a target namespace hold what it should.
+    ``view``: the copy the indexes know at that name (any rule's), None when none; ``foreign``:
+    a 409 showed an object that is nobody's copy in the way."""
+    if view is not None and view.rule_uid != rule_uid:
+        return Action.CONFLICT if desired is not None else Action.NONE
+    if desired is None:
+        return Action.DELETE if view is not None else Action.NONE
+    if view is None:
+        return Action.CONFLICT if foreign else Action.CREATE
+    if in_sync(view, desired):
+        return Action.NONE
+    if view.immutable or (desired.get("kind") == "Secret" and view.type != desired.get("type")):
+        return Action.RECREATE
+    return Action.PATCH
+
+
+def _pointer(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def patch_ops(view: CopyView, desired: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A JSON patch that makes the copy ``view`` hold ``desired``, without reading it: whole maps
+    replace data and labels (so removed keys go), our annotations are set one by one (others'
+    annotations stay, unless the rule copies annotations). The resourceVersion makes it optimistic."""
+    meta = desired["metadata"]
+    ops: list[dict[str, Any]] = [
+        {"op": "replace", "path": "/metadata/resourceVersion", "value": view.resource_version},
+        {"op": "add", "path": "/data", "value": dict(desired.get("data") or {})},
+        {"op": "add", "path": "/metadata/labels", "value": dict(meta["labels"])},
+    ]
+    if desired.get("kind") == "ConfigMap":  # Secrets have no binaryData
+        ops.append({"op": "add", "path": "/binaryData", "value": dict(desired.get("binaryData") or {})})
+    if meta["annotations"].get(ANNOTATIONS_COPIED) == "true" or view.annotations_copied:
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": dict(meta["annotations"])})
+    else:
+        ops.extend({"op": "add", "path": "/metadata/annotations/" + _pointer(key), "value": value}
+                   for key, value in sorted(meta["annotations"].items()))
+    if desired.get("immutable"):
+        ops.append({"op": "add", "path": "/immutable", "value": True})
+    return ops
 
 
 # --- Status ------------------------------------------------------------------------------------
 
-MAX_LISTED = 10  # conflicts named in status; the count is always exact
+MAX_LISTED = 10  # conflicts/refusals named in status; the counts are always exact
 
 
-def build_status(
-    rule: Rule,
-    previous: Mapping[str, Any] | None,
-    result: Plan | None = None,
-    failed: int = 0,
-    problem: RuleError | None = None,
-    now: str | None = None,
-) -> dict[str, Any]:
-    """The rule's status after a reconcile. Pure: the same inputs give the same dict, so the caller
-    writes only when something changed."""
+@dataclasses.dataclass
+class Tally:
+    """One rule's copies as the indexes see them (for its status)."""
+
+    sources: int = 0
+    desired: int = 0
+    copied: int = 0
+    skipped: int = 0
+    withheld: int = 0  # (source, target) pairs the source's consent does not allow
+    targets: int = 0
+    conflicts: list[str] = dataclasses.field(default_factory=list)
+    refusals: list[str] = dataclasses.field(default_factory=list)  # consent problems, per source
+    failed: int = 0
+
+
+def build_status(rule: Rule, previous: Mapping[str, Any] | None, tally: Tally | None = None,
+                 problem: RuleError | None = None, now: str | None = None) -> dict[str, Any]:
+    """The rule's status. Pure: the same inputs give the same dict, so the caller writes only when
+    something changed."""
     previous = previous or {}
     conds = previous.get("conditions") or []
     gen = rule.generation
@@ -415,34 +562,44 @@ def build_status(
             conds = set_condition(conds, "Refused", True, "Refused", str(problem), gen, now)
         conds = set_condition(conds, "Ready", False, problem.reason, str(problem), gen, now)
         status["conditions"] = conds
-        for key in ("sources", "desired", "copied", "conflicted", "skipped", "conflicts"):
+        for key in ("sources", "desired", "copied", "conflicted", "skipped", "conflicts", "withheld", "refused"):
             if key in previous:
                 status[key] = previous[key]
         return status
-    assert result is not None
-    copied = result.unchanged + len(result.creates) + len(result.updates) - failed
+    assert tally is not None
+    conflicts = sorted(tally.conflicts)
     status.update({
-        "sources": len(result.sources),
-        "desired": result.desired,
-        "copied": max(copied, 0),
-        "conflicted": len(result.conflicts),
-        "skipped": len(result.skipped),
-        "conflicts": [str(r) for r in result.conflicts[:MAX_LISTED]],
+        "sources": tally.sources,
+        "desired": tally.desired,
+        "copied": tally.copied,
+        "conflicted": len(conflicts),
+        "skipped": tally.skipped,
+        "withheld": tally.withheld,
+        "conflicts": conflicts[:MAX_LISTED],
+        "refused": sorted(tally.refusals)[:MAX_LISTED],
     })
-    conds = set_condition(conds, "Refused", False, "Allowed", "", gen, now)
-    if result.conflicts:
+    if tally.refusals:
+        conds = set_condition(conds, "Refused", True, "ConsentMissing",
+                              f"{len(tally.refusals)} source(s) not copied: " + "; ".join(status["refused"]),
+                              gen, now)
+    else:
+        conds = set_condition(conds, "Refused", False, "Allowed", "", gen, now)
+    if conflicts:
         conds = set_condition(conds, "Conflict", True, "ForeignObject",
-                              f"{len(result.conflicts)} target(s) hold an object this rule does not own "
+                              f"{len(conflicts)} target(s) hold an object this rule does not own "
                               f"(left untouched): {', '.join(status['conflicts'])}", gen, now)
     else:
         conds = set_condition(conds, "Conflict", False, "NoConflict", "", gen, now)
-    if failed:
+    if tally.refusals:
+        conds = set_condition(conds, "Ready", False, "Refused",
+                              f"{len(tally.refusals)} source(s) without consent for this rule", gen, now)
+    elif tally.failed:
         conds = set_condition(conds, "Ready", False, "SyncFailed",
-                              f"{failed} copy operation(s) failed; retrying", gen, now)
+                              f"{tally.failed} copy operation(s) failed; retrying", gen, now)
     else:
         conds = set_condition(conds, "Ready", True, "Synced",
-                              f"{status['copied']} of {status['desired']} copies in sync across "
-                              f"{len(result.targets)} namespace(s)", gen, now)
+                              f"{tally.copied} of {tally.desired} copies in sync across "
+                              f"{tally.targets} namespace(s)", gen, now)
     status["conditions"] = conds
     return status
 
@@ -452,26 +609,18 @@ def status_changed(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -
     return any(previous.get(key) != value for key, value in new.items())
 
 
-def index_entry(body: Mapping[str, Any]) -> dict[str, Any] | None:
-    """What the in-memory rule index keeps to route ConfigMap/Secret events to rules (small)."""
-    try:
-        rule = parse_rule(body)
-    except RuleError:
-        return None
-    return {"uid": rule.uid, "ruleType": rule.rule_type, "selector": dict(rule.selector),
-            "sources": list(rule.source_namespaces)}
-
-
-def routes_to(entry: Mapping[str, Any], rule_type: str, obj: Mapping[str, Any],
-              known_sources: Iterable[str] = ()) -> bool:
-    """Whether an event on ``obj`` may change what the indexed rule should do."""
-    if entry["ruleType"] != rule_type:
-        return False
-    meta = obj.get("metadata", {})
-    labels = meta.get("labels") or {}
-    if labels.get(RULE_UID_LABEL) == entry["uid"]:
-        return True  # one of its copies: deleted or edited (the caller checks drift)
-    if meta.get("namespace") not in entry["sources"]:
-        return False
-    name = f"{meta.get('namespace')}/{meta.get('name')}"
-    return matches_labels(labels, entry["selector"]) or name in set(known_sources)
+def rule_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What the rules index keeps of a rule: its fields, identity and status (small)."""
+    meta = body.get("metadata") or {}
+    snap: dict[str, Any] = {
+        "apiVersion": body.get("apiVersion", API_VERSION), "kind": body.get("kind", KIND),
+        "metadata": {key: meta[key] for key in ("name", "namespace", "uid", "generation", "resourceVersion",
+                                                "deletionTimestamp") if meta.get(key) is not None},
+        "status": {k: v for k, v in (body.get("status") or {}).items() if k != "kopf"},
+    }
+    if "spec" in body:
+        snap["spec"] = dict(body["spec"]) if isinstance(body["spec"], Mapping) else body["spec"]
+    for key in RULE_FIELDS:
+        if key in body:
+            snap[key] = body[key]
+    return snap

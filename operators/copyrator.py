@@ -1,95 +1,104 @@
 """Copyrator: copies labelled ConfigMaps/Secrets into other namespaces, per CopyratorRule.
 
-Kopf keeps state only on the rules (our CRD). ConfigMaps, Secrets and Namespaces are watched with
-``on.event`` only (no annotations, no finalizers on them); every event just asks for a reconcile of
-the rules it concerns, and the reconcile is level-triggered (resume + periodic timer repair what
-events miss).
+Thin handlers: indexes and events feed the controller (kopf_operators.copyrator_controller), which
+decides with kopf_operators.copyrator (pure). Kopf keeps state only on the rules (our CRD).
+ConfigMaps, Secrets and Namespaces are watched with ``on.event`` and ``@kopf.index`` only (nothing
+is stored on them). The ConfigMap/Secret streams are shared with the re-roller, so they are not
+label-selected server-side; the copies indexes keep only objects carrying the rule-uid label.
 """
 
 from __future__ import annotations
 
-import asyncio
+import os
 from typing import Any
 
 import kopf
 
-from kopf_operators import common
 from kopf_operators import copyrator as logic
-from kopf_operators import copyrator_api as api
+from kopf_operators import runtime
+from kopf_operators.access import ApiError
+from kopf_operators.copyrator_controller import (
+    COPIES_INDEXES,
+    NAMESPACES_INDEX,
+    RULES_INDEX,
+    CopyratorController,
+    copy_index_keys,
+)
 
 RULES = (logic.GROUP, logic.VERSION, logic.PLURAL)
-INDEX = "copyrator-rules"
 
 
-@kopf.index(*RULES, id=INDEX)
+@kopf.on.startup(id="copyrator-startup")
+async def start(memo: kopf.Memo, **kwargs: Any) -> None:
+    _, access = runtime.shared(memo)
+    settings = logic.Settings.from_env(os.environ)  # fails fast on a malformed variable
+    memo.copyrator = CopyratorController(access, settings, kwargs[RULES_INDEX], kwargs[NAMESPACES_INDEX],
+                                         {kind: kwargs[index] for kind, index in COPIES_INDEXES.items()})
+    memo.copyrator.start_resync()
+
+
+@kopf.on.cleanup(id="copyrator-cleanup")
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    await memo.copyrator.stop()
+
+
+# --- indexes (small entries: never whole bodies of unrelated objects) -----------------------------
+
+@kopf.index(*RULES, id=RULES_INDEX)
 def copyrator_rules(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> Any:
-    """(namespace, name) -> what routing needs (uid, type, selector, source namespaces)."""
-    entry = logic.index_entry(body)
-    return {(namespace, name): entry} if entry else None
+    return {(namespace, name): logic.rule_snapshot(body)} if namespace else None
 
+
+@kopf.index("", "v1", "namespaces", id=NAMESPACES_INDEX)
+def copyrator_namespaces(name: str, body: kopf.Body, **_: Any) -> Any:
+    return {name: logic.namespace_info(body)}
+
+
+@kopf.index("", "v1", "configmaps", labels={logic.RULE_UID_LABEL: kopf.PRESENT},
+            id=COPIES_INDEXES["ConfigMap"])
+def copyrator_configmap_copies(body: kopf.Body, **_: Any) -> Any:
+    return copy_index_keys(logic.copy_view(body, "ConfigMap"))
+
+
+@kopf.index("", "v1", "secrets", labels={logic.RULE_UID_LABEL: kopf.PRESENT}, id=COPIES_INDEXES["Secret"])
+def copyrator_secret_copies(body: kopf.Body, **_: Any) -> Any:
+    return copy_index_keys(logic.copy_view(body, "Secret"))
+
+
+# --- rules --------------------------------------------------------------------------------------
 
 # retries=None with a backoff: API failures are retried every 10 s (TemporaryError), never hot.
 @kopf.on.resume(*RULES, id="copyrator-resume", backoff=10)
 @kopf.on.create(*RULES, id="copyrator-create", backoff=10)
 @kopf.on.update(*RULES, id="copyrator-update", backoff=10)
-def reconcile_rule(namespace: str | None, name: str, reason: str, **_: Any) -> None:
-    api.request(str(namespace), name, trigger=f"rule {getattr(reason, 'value', reason)}")
-
-
-@kopf.timer(*RULES, id="copyrator-resync", interval=common.config().copyrator_resync_seconds,
-            initial_delay=common.config().copyrator_resync_seconds)
-def resync_rule(namespace: str | None, name: str, **_: Any) -> None:
-    api.request(str(namespace), name, trigger="resync")
+async def reconcile_rule(body: kopf.Body, reason: Any, memo: kopf.Memo, **_: Any) -> None:
+    try:
+        await memo.copyrator.rule_changed(body, f"rule {getattr(reason, 'value', reason)}")
+    except ApiError as exc:
+        raise exc.for_kopf("converging the rule's copies failed", delay=10) from None
 
 
 @kopf.on.delete(*RULES, id="copyrator-delete", backoff=10)
-def delete_rule(namespace: str | None, name: str, uid: str, **_: Any) -> None:
-    count = api.prune_all(uid, str(namespace), name)
-    api.logger.info("Copyrator %s/%s deleted: pruned %d copies", namespace, name, count)
+async def delete_rule(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    try:
+        await memo.copyrator.rule_deleted(body)
+    except ApiError as exc:  # the finalizer stays; Kopf retries in 10 s
+        raise exc.for_kopf("pruning the copies failed", delay=10) from None
 
 
-def _snapshot(index: Any) -> list[tuple[tuple[str, str], dict[str, Any]]]:
-    """Copy the index in the event loop's thread: Kopf updates it there, so no concurrent change."""
-    return [(key, dict(entry)) for key, entry in api.iter_rule_keys(index)]
-
-
-async def _request_all(keys: list[tuple[str, str]], trigger: str) -> None:
-    for namespace, name in keys:
-        try:
-            await asyncio.to_thread(api.request, namespace, name, trigger)
-        except Exception as exc:  # events are not retried: the periodic resync repairs what fails
-            api.logger.warning("Copyrator %s/%s: reconcile failed (%s); the resync will retry",
-                               namespace, name, api.describe(exc))
-
-
-async def _route(rule_type: str, event_type: str | None, body: kopf.Body, index: Any) -> None:
-    if event_type is None:
-        return  # the initial listing: on.resume already reconciles every rule on start
-    labels = body.get("metadata", {}).get("labels") or {}
-    keys = []
-    for key, entry in _snapshot(index):
-        if not logic.routes_to(entry, rule_type, body, api.known_sources.get(entry["uid"], ())):
-            continue
-        if labels.get(logic.RULE_UID_LABEL) == entry["uid"] and event_type != "DELETED" \
-                and not logic.drifted(body):
-            continue  # our own write echoing back
-        keys.append(key)
-    await _request_all(keys, f"{rule_type} {event_type.lower()}")
-
+# --- watched built-in objects (events only; the controller logs and retries its own failures) ---
 
 @kopf.on.event("", "v1", "configmaps", id="copyrator-configmap-event")
-async def configmap_event(type: str | None, body: kopf.Body, **kwargs: Any) -> None:
-    await _route("configmap", type, body, kwargs[INDEX])
+async def configmap_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    await memo.copyrator.object_event("ConfigMap", type, body)
 
 
 @kopf.on.event("", "v1", "secrets", id="copyrator-secret-event")
-async def secret_event(type: str | None, body: kopf.Body, **kwargs: Any) -> None:
-    await _route("secret", type, body, kwargs[INDEX])
+async def secret_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    await memo.copyrator.object_event("Secret", type, body)
 
 
 @kopf.on.event("", "v1", "namespaces", id="copyrator-namespace-event")
-async def namespace_event(type: str | None, **kwargs: Any) -> None:
-    """A namespace appeared or changed labels/phase: every rule may gain or lose a target."""
-    if type not in ("ADDED", "MODIFIED"):
-        return
-    await _request_all([key for key, _ in _snapshot(kwargs[INDEX])], f"namespace {type.lower()}")
+async def namespace_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    if type in ("ADDED", "MODIFIED"):
+        await memo.copyrator.namespace_event(type, body)

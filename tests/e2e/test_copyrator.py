@@ -305,7 +305,8 @@ def test_every_prune_path(operator: OperatorProcess, core: kubernetes.client.Cor
         core.patch_namespace(b, {"metadata": {"labels": {"copyrator-e2e": None}}})
         wait_for(lambda: get(core, "ConfigMap", b, "kept") is None, timeout=30, what="the prune from b")
         assert data_of(core, a, "kept") == {"name": "kept"}
-        assert status(custom, namespace, "r")["copied"] == 1
+        # The status follows a burst of changes a moment later (written once per burst).
+        wait_for(lambda: status(custom, namespace, "r").get("copied") == 1, timeout=10, what="status copied=1")
     finally:
         # The rule is deleted: its last copies go.
         delete_rule(custom, namespace, "r")
@@ -448,3 +449,202 @@ def test_converges_after_downtime_and_idle_means_no_writes(
     finally:
         delete_rule(custom, namespace, "r")
     assert not [k for k in copies(core) if k.split("/")[0] in (a, b)]
+
+
+# --- Consent on the source, pull rules, no adoption, Secret types (issue #15) ----------------------
+
+CONSENT = logic.ALLOWED_NAMESPACES_ANNOTATION
+
+
+def annotate(core: kubernetes.client.CoreV1Api, namespace: str, name: str, consent: str | None) -> None:
+    core.patch_namespaced_config_map(name, namespace, {"metadata": {"annotations": {CONSENT: consent}}})
+
+
+def test_consent_on_the_source_limits_targets_and_its_withdrawal_prunes(
+        operator: OperatorProcess, core: kubernetes.client.CoreV1Api,
+        custom: kubernetes.client.CustomObjectsApi, namespace: str,
+        make_namespace: Callable[..., str]) -> None:
+    shared, team_a, other = make_namespace("shared"), make_namespace("team-a"), make_namespace("other")
+    put_cm(core, shared, "settings", {"k": "v"})
+    annotate(core, shared, "settings", f"{team_a}, nothing-*")
+    # A rule in a third namespace pushes the shared source into two namespaces; the source allows one.
+    make_rule(custom, namespace, "push", ruleType="configmap", selector={"copyrator": "true"},
+              namespace=shared, targetNamespaces=[team_a, other])
+    try:
+        wait_data(core, team_a, "settings", {"k": "v"})
+        wait_for(lambda: status(custom, namespace, "push").get("withheld") == 1, what="one copy withheld")
+        st = status(custom, namespace, "push")
+        assert (st["desired"], st["copied"]) == (1, 1)
+        assert condition(custom, namespace, "push", "Ready")["status"] == "True"
+        assert get(core, "ConfigMap", other, "settings") is None
+        assert get(core, "ConfigMap", namespace, "settings") is None
+
+        # Consent widened by a glob: the copy follows.
+        annotate(core, shared, "settings", "team-*,other-*")
+        wait_data(core, other, "settings", {"k": "v"})
+
+        # Consent withdrawn: both copies go; the rule says why, naming the source.
+        annotate(core, shared, "settings", None)
+        wait_for(lambda: get(core, "ConfigMap", team_a, "settings") is None
+                 and get(core, "ConfigMap", other, "settings") is None, timeout=30, what="the prune")
+        cond = wait_condition(custom, namespace, "push", "Refused", status="True")
+        assert f"{shared}/settings" in cond["message"] and CONSENT in cond["message"]
+        assert condition(custom, namespace, "push", "Ready")["status"] == "False"
+        wait_for(lambda: [e for e in events(core, namespace, "push") if e.reason == "Refused"
+                          and e.type == "Warning" and f"{shared}/settings" in e.message], what="a Refused event")
+        assert data_of(core, shared, "settings") == {"k": "v"}, "the source is never touched"
+    finally:
+        delete_rule(custom, namespace, "push")
+    assert not own_errors(operator)
+
+
+def test_a_pull_rule_copies_into_its_own_namespace_under_the_same_consent(
+        operator: OperatorProcess, core: kubernetes.client.CoreV1Api,
+        custom: kubernetes.client.CustomObjectsApi, namespace: str,
+        make_namespace: Callable[..., str]) -> None:
+    shared, bystander = make_namespace("shared"), make_namespace("bystander")
+    put_cm(core, shared, "settings", {"k": "v"})
+    # The rule lives where the copy is wanted, and names the source namespace (no targets: pull).
+    make_rule(custom, namespace, "pull", ruleType="configmap", selector={"copyrator": "true"}, namespace=shared)
+    try:
+        wait_condition(custom, namespace, "pull", "Refused", status="True")
+        stays(lambda: get(core, "ConfigMap", namespace, "settings") is None, 2, what="nothing pulled without consent")
+        annotate(core, shared, "settings", namespace)
+        wait_data(core, namespace, "settings", {"k": "v"})
+        wait_condition(custom, namespace, "pull", "Ready", status="True")
+        assert condition(custom, namespace, "pull", "Refused")["status"] == "False"
+        # Edits follow; nobody else gets a copy; nothing is written into the source namespace.
+        core.patch_namespaced_config_map("settings", shared, {"data": {"k": "v2"}})  # the consent stays
+        wait_data(core, namespace, "settings", {"k": "v2"})
+        assert get(core, "ConfigMap", bystander, "settings") is None
+        assert not [k for k in copies(core) if k.startswith(f"{shared}/")]
+    finally:
+        delete_rule(custom, namespace, "pull")
+    assert get(core, "ConfigMap", namespace, "settings") is None
+    assert not own_errors(operator)
+
+
+def test_copies_are_not_adopted_by_other_controllers(
+        operator: OperatorProcess, core: kubernetes.client.CoreV1Api,
+        custom: kubernetes.client.CustomObjectsApi, namespace: str,
+        make_namespace: Callable[..., str]) -> None:
+    target = make_namespace()
+    owner = core.create_namespaced_config_map(namespace, {"metadata": {"name": "owner"}})
+    core.create_namespaced_config_map(namespace, {
+        "metadata": {
+            "name": "chart-settings",
+            "labels": {"copyrator": "true", "app": "web", "app.kubernetes.io/managed-by": "Helm",
+                       "helm.sh/chart": "web-1.0.0", "app.kubernetes.io/instance": "web", "team": "a"},
+            "annotations": {"meta.helm.sh/release-name": "web", "meta.helm.sh/release-namespace": namespace,
+                            "note": "kept when annotations are copied"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner",
+                                 "uid": owner.metadata.uid}]},
+        "data": {"k": "v"}})
+    make_rule(custom, namespace, "plain", ruleType="configmap", selector={"app": "web"}, namespace=namespace,
+              targetNamespaces=[target])
+    try:
+        copy = wait_for(lambda: get(core, "ConfigMap", target, "chart-settings"), what="the copy") or {}
+        uid = custom.get_namespaced_custom_object(G, V, namespace, P, "plain")["metadata"]["uid"]
+        assert copy["metadata"]["labels"] == {"copyrator": "true", "app": "web", "team": "a",
+                                              logic.RULE_UID_LABEL: uid}
+        assert not copy["metadata"].get("ownerReferences")
+        assert {k for k in copy["metadata"]["annotations"] if not k.startswith(logic.PREFIX)} == set()
+        delete_rule(custom, namespace, "plain")
+
+        # Options: strip more labels, copy annotations (Helm's still not).
+        make_rule(custom, namespace, "rich", ruleType="configmap", selector={"app": "web"}, namespace=namespace,
+                  targetNamespaces=[target], stripLabels=["team"], copyAnnotations=True)
+        wait_for(lambda: (get(core, "ConfigMap", target, "chart-settings") or {}).get("metadata", {})
+                 .get("annotations", {}).get("note"), what="the annotated copy")
+        copy = get(core, "ConfigMap", target, "chart-settings") or {}
+        labels = copy["metadata"]["labels"]
+        assert "team" not in labels and "app.kubernetes.io/managed-by" not in labels
+        assert not [k for k in copy["metadata"]["annotations"] if "helm.sh" in k]
+        # A copied annotation edited by hand is drift: restored.
+        core.patch_namespaced_config_map("chart-settings", target, {"metadata": {"annotations": {"note": "x"}}})
+        wait_for(lambda: (get(core, "ConfigMap", target, "chart-settings") or {})["metadata"]["annotations"]
+                 .get("note") == "kept when annotations are copied", timeout=15, what="the restored annotation")
+    finally:
+        delete_rule(custom, namespace, "plain")
+        delete_rule(custom, namespace, "rich")
+    assert get(core, "ConfigMap", target, "chart-settings") is None
+    assert not own_errors(operator)
+
+
+def test_replicator_scenarios_for_secrets(
+        operator: OperatorProcess, core: kubernetes.client.CoreV1Api,
+        custom: kubernetes.client.CustomObjectsApi, namespace: str,
+        make_namespace: Callable[..., str]) -> None:
+    """What kubernetes-replicator's own suite checks, in Copyrator's terms: copies of existing
+    Secrets keep values and type (TLS from cert-manager, dockerconfigjson), follow updates and key
+    removals, reach namespaces named or selected (also created later), never land in the source
+    namespace, and go when the source, or the source's namespace, is deleted."""
+    token = uuid.uuid4().hex[:6]
+    source_ns = make_namespace("certs")
+    named, occupied = make_namespace(), make_namespace()
+    selected = make_namespace(**{"copyrator-e2e": token})
+    # Somebody else's Secret of that name: never overwritten (replicator would merge into it).
+    core.create_namespaced_secret(occupied, {"metadata": {"name": "wildcard-tls"}, "type": "Opaque",
+                                             "data": {"mine": base64.b64encode(b"x").decode()}})
+    tls = {"tls.crt": base64.b64encode(b"-----BEGIN CERTIFICATE-----").decode(),
+           "tls.key": base64.b64encode(b"-----BEGIN PRIVATE KEY-----").decode(),
+           "ca.crt": base64.b64encode(b"ca").decode()}
+    # As cert-manager writes a Certificate's Secret (its annotations and label included).
+    core.create_namespaced_secret(source_ns, {
+        "metadata": {"name": "wildcard-tls", "labels": {"share": token, "controller.cert-manager.io/fao": "true"},
+                     "annotations": {"cert-manager.io/certificate-name": "wildcard",
+                                     "cert-manager.io/issuer-name": "ca", CONSENT: "*"}},
+        "type": "kubernetes.io/tls", "data": tls})
+    core.create_namespaced_secret(source_ns, {
+        "metadata": {"name": "registry", "labels": {"share": token}, "annotations": {CONSENT: "*"}},
+        "type": "kubernetes.io/dockerconfigjson",
+        "data": {".dockerconfigjson": base64.b64encode(b'{"auths":{}}').decode()}})
+    # Push by names and by a namespace label selector (both AND-ed would be narrower: two rules).
+    make_rule(custom, namespace, "by-name", ruleType="secret", selector={"share": token}, namespace=source_ns,
+              targetNamespaces=[named, occupied])
+    make_rule(custom, namespace, "by-label", ruleType="secret", selector={"share": token}, namespace=source_ns,
+              namespaceSelector={"matchLabels": {"copyrator-e2e": token}})
+    try:
+        def secret_in(ns: str, name: str) -> Callable[[], dict[str, Any] | None]:
+            return lambda: get(core, "Secret", ns, name)
+
+        def data_is(ns: str, name: str, data: dict[str, str]) -> Callable[[], bool]:
+            return lambda: (get(core, "Secret", ns, name) or {}).get("data") == data
+
+        for ns in (named, selected):
+            copy = wait_for(secret_in(ns, "wildcard-tls"), what=f"the TLS copy in {ns}") or {}
+            assert copy["type"] == "kubernetes.io/tls" and copy["data"] == tls
+            assert not [k for k in copy["metadata"].get("annotations") or {} if k.startswith("cert-manager.io/")]
+            assert "controller.cert-manager.io/fao" not in copy["metadata"]["labels"]
+            reg = wait_for(secret_in(ns, "registry"), what=f"the registry copy in {ns}") or {}
+            assert reg["type"] == "kubernetes.io/dockerconfigjson"
+        cond = wait_condition(custom, namespace, "by-name", "Conflict", status="True")
+        assert f"{occupied}/wildcard-tls" in cond["message"]
+        assert (get(core, "Secret", occupied, "wildcard-tls") or {}).get("type") == "Opaque"
+        # A namespace created later (matching the selector) gets the copies.
+        later = make_namespace(**{"copyrator-e2e": token})
+        wait_for(lambda: get(core, "Secret", later, "wildcard-tls"), what="the copy in a new namespace")
+        # An update (a renewed certificate) and a removed key reach every copy.
+        renewed = {**tls, "tls.crt": base64.b64encode(b"renewed").decode()}
+        del renewed["ca.crt"]
+        core.patch_namespaced_secret("wildcard-tls", source_ns,
+                                     [{"op": "replace", "path": "/data", "value": renewed}])
+        for ns in (named, selected, later):
+            wait_for(data_is(ns, "wildcard-tls", renewed), what=f"the renewed copy in {ns}")
+        # Never onto the source namespace, nothing written there.
+        secrets_there = core.list_namespaced_secret(source_ns, label_selector=logic.RULE_UID_LABEL).items
+        assert not secrets_there
+        # Deleting a source deletes its copies.
+        core.delete_namespaced_secret("registry", source_ns)
+        wait_for(lambda: all(get(core, "Secret", ns, "registry") is None for ns in (named, selected, later)),
+                 what="the registry copies pruned")
+        # Deleting the source's namespace deletes the rest.
+        delete_namespaces(core, [source_ns])
+        wait_for(lambda: all(get(core, "Secret", ns, "wildcard-tls") is None for ns in (named, selected, later)),
+                 timeout=60, what="the copies pruned with the source namespace")
+        assert (get(core, "Secret", occupied, "wildcard-tls") or {}).get("data") == \
+            {"mine": base64.b64encode(b"x").decode()}, "the foreign Secret is never touched"
+    finally:
+        delete_rule(custom, namespace, "by-name")
+        delete_rule(custom, namespace, "by-label")
+    assert not own_errors(operator)

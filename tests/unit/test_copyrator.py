@@ -44,8 +44,15 @@ def cm(name: str, namespace: str = "default", labels: dict[str, str] | None = No
 
 def copy_of(rule: logic.Rule, source: dict[str, Any], namespace: str) -> dict[str, Any]:
     body = logic.desired_copy(rule, source, namespace)
-    body["metadata"]["uid"] = f"uid-copy-{namespace}"
+    body["metadata"].update(uid=f"uid-copy-{namespace}", resourceVersion="7")
     return body
+
+
+def view_of(rule: logic.Rule, source: dict[str, Any], namespace: str) -> logic.CopyView:
+    return logic.copy_view(copy_of(rule, source, namespace))
+
+
+SETTINGS = logic.Settings()
 
 
 # --- parsing ----------------------------------------------------------------------------------
@@ -90,14 +97,6 @@ def test_missing_namespace_is_reported() -> None:
         logic.parse_rule(body)
 
 
-def test_cross_namespace_sources_are_refused_unless_allowed() -> None:
-    assert logic.refusal(make_rule(), allow_cross_namespace=False) is None
-    rule = make_rule(namespace=["default", "secrets"])
-    message = logic.refusal(rule, allow_cross_namespace=False)
-    assert message and "'secrets'" in message and "COPYRATOR_ALLOW_CROSS_NAMESPACE" in message
-    assert logic.refusal(rule, allow_cross_namespace=True) is None
-
-
 # --- targets ----------------------------------------------------------------------------------
 
 
@@ -128,40 +127,114 @@ def test_label_selector_expressions(labels: dict[str, str], expected: bool) -> N
     assert logic.matches_label_selector(labels, selector) is expected
 
 
-# --- the plan ---------------------------------------------------------------------------------
+
+def test_a_rule_that_reads_only_another_namespace_pulls_into_its_own() -> None:
+    rule = make_rule(namespace="shared")
+    assert rule.pull
+    namespaces = [*NAMESPACES, ns("shared")]
+    assert logic.target_namespaces(rule, namespaces) == ["default"]
+    # Explicit targets or a namespace selector make it a push rule again.
+    assert not make_rule(namespace="shared", targetNamespaces=["a"]).pull
+    assert logic.target_namespaces(make_rule(namespace="shared", targetNamespaces=["a", "shared"]),
+                                   namespaces) == ["a"]
 
 
-def test_matching_sources_are_copied_everywhere_with_ownership_marks() -> None:
+# --- consent ----------------------------------------------------------------------------------
+
+
+def annotated(consent: str | None, namespace: str = "shared") -> dict[str, Any]:
+    source = cm("settings", namespace=namespace)
+    if consent is not None:
+        source["metadata"]["annotations"] = {logic.ALLOWED_NAMESPACES_ANNOTATION: consent}
+    return source
+
+
+def test_same_namespace_rules_need_no_consent() -> None:
     rule = make_rule()
-    source = cm("settings", labels={"copyrator": "true", "app": "x"})
-    result = logic.plan(rule, [source, cm("other", labels={"copyrator": "false"})], NAMESPACES, [])
-    assert [(c["metadata"]["namespace"], c["metadata"]["name"]) for c in result.creates] == \
-        [("a", "settings"), ("b", "settings")]
-    copy = result.creates[0]
+    source = cm("settings")
+    assert logic.allowed_into(rule, source, "a", SETTINGS)
+    assert logic.consent_problem(rule, source, ["a"], SETTINGS) is None
+
+
+def test_a_cross_namespace_rule_without_consent_copies_nothing_and_says_why() -> None:
+    rule = make_rule(namespace="shared", targetNamespaces=["a"])
+    source = annotated(None)
+    assert not logic.allowed_into(rule, source, "a", SETTINGS)
+    problem = logic.consent_problem(rule, source, ["a"], SETTINGS)
+    assert problem and "shared/settings" in problem and logic.ALLOWED_NAMESPACES_ANNOTATION in problem
+    assert "COPYRATOR_ALLOW_CROSS_NAMESPACE" in problem
+    # The operator-wide switch waives consent.
+    waived = logic.Settings(allow_cross_namespace=True)
+    assert logic.allowed_into(rule, source, "a", waived) and logic.consent_problem(rule, source, ["a"], waived) is None
+
+
+@pytest.mark.parametrize(("consent", "target", "allowed"), [
+    ("a", "a", True), ("a,b", "b", True), (" a , team-* ", "team-x", True), ("team-*", "teamx", False),
+    ("a", "b", False), ("", "a", False), ("*", "anything", True),
+])
+def test_consent_lists_names_and_globs(consent: str, target: str, allowed: bool) -> None:
+    rule = make_rule(namespace="shared", targetNamespaces=[target])
+    assert logic.allowed_into(rule, annotated(consent), target, SETTINGS) is allowed
+
+
+def test_consent_that_allows_none_of_the_targets_is_a_refusal() -> None:
+    rule = make_rule(namespace="shared", targetNamespaces=["a", "b"])
+    assert logic.consent_problem(rule, annotated("a"), ["a", "b"], SETTINGS) is None  # b is only withheld
+    problem = logic.consent_problem(rule, annotated("c"), ["a", "b"], SETTINGS)
+    assert problem and "none of this rule's target namespaces" in problem
+
+
+# --- the copy ---------------------------------------------------------------------------------
+
+
+def test_copies_carry_ownership_marks_and_no_adopting_labels() -> None:
+    rule = make_rule()
+    source = cm("settings", labels={"copyrator": "true", "app": "x", "app.kubernetes.io/managed-by": "Helm",
+                                    "helm.sh/chart": "c-1", "argocd.argoproj.io/instance": "i"})
+    source["metadata"]["annotations"] = {"meta.helm.sh/release-name": "r", "note": "n"}
+    source["metadata"]["ownerReferences"] = [{"kind": "Deployment", "name": "d", "uid": "u"}]
+    copy = logic.desired_copy(rule, source, "a")
     assert copy["data"] == {"k": "v"}
     assert copy["metadata"]["labels"] == {"copyrator": "true", "app": "x", logic.RULE_UID_LABEL: UID}
     annotations = copy["metadata"]["annotations"]
+    assert set(annotations) == {*logic.OUR_ANNOTATIONS}  # source annotations not copied by default
     assert annotations[logic.RULE_ANNOTATION] == "default/main-rule"
     assert annotations[logic.SOURCE_ANNOTATION] == "default/settings"
     assert annotations[logic.SOURCE_UID_ANNOTATION] == "uid-default-settings"
-    assert annotations[logic.HASH_ANNOTATION] == logic.content_hash("uid-default-settings", source)
-    assert "uid" not in copy["metadata"] and "resourceVersion" not in copy["metadata"]
-    assert result.desired == 2 and result.writes == 2 and [str(r) for r in result.sources] == ["default/settings"]
+    assert "ownerReferences" not in copy["metadata"] and "uid" not in copy["metadata"]
+
+
+def test_options_strip_more_labels_and_copy_annotations() -> None:
+    rule = make_rule(stripLabels=["app", "team.example.com/*"], copyAnnotations=True,
+                     stripAnnotations=["internal/*"])
+    source = cm("settings", labels={"copyrator": "true", "app": "x", "team.example.com/owner": "t", "keep": "1"})
+    source["metadata"]["annotations"] = {"meta.helm.sh/release-name": "r", "note": "n", "internal/x": "y",
+                                         logic.ALLOWED_NAMESPACES_ANNOTATION: "*"}
+    copy = logic.desired_copy(rule, source, "a")
+    assert copy["metadata"]["labels"] == {"copyrator": "true", "keep": "1", logic.RULE_UID_LABEL: UID}
+    annotations = copy["metadata"]["annotations"]
+    assert annotations["note"] == "n" and annotations[logic.ANNOTATIONS_COPIED] == "true"
+    assert "meta.helm.sh/release-name" not in annotations and "internal/x" not in annotations
+    assert logic.ALLOWED_NAMESPACES_ANNOTATION not in annotations  # the consent stays on the source
+    # A copied annotation is content: its change is drift to repair.
+    view = logic.copy_view({**copy, "metadata": {**copy["metadata"], "uid": "u", "resourceVersion": "1",
+                                                 "annotations": {**annotations, "note": "changed"}}})
+    assert view.drifted
 
 
 def test_copies_in_sync_cause_no_writes() -> None:
     rule = make_rule()
     source = cm("settings")
-    existing = [copy_of(rule, source, "a"), copy_of(rule, source, "b")]
-    result = logic.plan(rule, [source], NAMESPACES, existing)
-    assert result.writes == 0 and result.unchanged == 2
+    view = view_of(rule, source, "a")
+    assert not view.drifted and view.rule_uid == UID and view.source == "default/settings"
+    assert logic.decide(UID, logic.desired_copy(rule, source, "a"), view) is logic.Action.NONE
 
 
-@pytest.mark.parametrize("change", ["data", "removed-key", "labels", "hand-edit", "annotation"])
-def test_changes_are_propagated(change: str) -> None:
+@pytest.mark.parametrize("change", ["data", "removed-key", "labels", "hand-edit", "source-uid"])
+def test_changes_are_propagated_by_one_patch(change: str) -> None:
     rule = make_rule()
     source = cm("settings", data={"k": "v", "k2": "v2"})
-    stale = copy_of(rule, source, "a")
+    stale_body = copy_of(rule, source, "a")
     if change == "data":
         source["data"]["k"] = "new"
     elif change == "removed-key":
@@ -169,15 +242,23 @@ def test_changes_are_propagated(change: str) -> None:
     elif change == "labels":
         source["metadata"]["labels"]["extra"] = "1"
     elif change == "hand-edit":
-        stale["data"]["k"] = "edited by hand"
-        assert logic.drifted(stale)
+        stale_body["data"]["k"] = "edited by hand"
     else:
-        stale["metadata"]["annotations"][logic.SOURCE_UID_ANNOTATION] = "other"
-    result = logic.plan(rule, [source], [ns("default"), ns("a")], [stale])
-    assert [(old["metadata"]["namespace"], recreate) for old, _, recreate in result.updates] == [("a", False)]
-    new = result.updates[0][1]
-    assert new["data"] == source["data"]
-    assert logic.in_sync(new, logic.desired_copy(rule, source, "a"))
+        source["metadata"]["uid"] = "recreated"
+    stale = logic.copy_view(stale_body)
+    assert stale.drifted is (change == "hand-edit")
+    desired = logic.desired_copy(rule, source, "a")
+    assert logic.decide(UID, desired, stale) is logic.Action.PATCH
+    ops = logic.patch_ops(stale, desired)
+    assert ops[0] == {"op": "replace", "path": "/metadata/resourceVersion", "value": "7"}  # optimistic
+    by_path = {op["path"]: op["value"] for op in ops}
+    assert by_path["/data"] == source["data"]  # the whole map: removed keys go
+    assert by_path["/metadata/labels"] == desired["metadata"]["labels"]
+    assert by_path["/metadata/annotations/" + logic.HASH_ANNOTATION.replace("/", "~1")] == \
+        desired["metadata"]["annotations"][logic.HASH_ANNOTATION]
+    # Applying the patch yields a copy in sync.
+    patched = copy_of(rule, source, "a")
+    assert logic.decide(UID, desired, logic.copy_view(patched)) is logic.Action.NONE
 
 
 def test_secret_type_change_and_immutable_copies_are_recreated() -> None:
@@ -185,71 +266,65 @@ def test_secret_type_change_and_immutable_copies_are_recreated() -> None:
     source = cm("creds", kind="Secret", type="Opaque")
     source["kind"] = "Secret"
     old = copy_of(rule, source, "a")
+    source["type"] = "kubernetes.io/dockerconfigjson"
+    assert logic.decide(UID, logic.desired_copy(rule, source, "a"), logic.copy_view(old)) is logic.Action.RECREATE
+    source["type"] = "Opaque"
     source["data"] = {"k": "changed"}
     old["immutable"] = True
-    result = logic.plan(rule, [source], [ns("default"), ns("a")], [old])
-    assert [recreate for _, _, recreate in result.updates] == [True]
-    old2 = copy_of(rule, source, "a")
-    old2["type"] = "kubernetes.io/dockerconfigjson"
-    assert logic.needs_recreate(old2, logic.desired_copy(rule, source, "a"))
+    assert logic.decide(UID, logic.desired_copy(rule, source, "a"), logic.copy_view(old)) is logic.Action.RECREATE
+
+
+@pytest.mark.parametrize("secret_type", ["kubernetes.io/tls", "kubernetes.io/dockerconfigjson", "Opaque"])
+def test_secret_types_are_copied(secret_type: str) -> None:
+    rule = make_rule(ruleType="secret")
+    source = cm("creds", kind="Secret", type=secret_type)
+    assert logic.skip_reason(rule, source) is None
+    assert logic.desired_copy(rule, source, "a")["type"] == secret_type
 
 
 def test_foreign_objects_are_conflicts_never_touched() -> None:
     rule = make_rule()
     source = cm("settings")
-    foreign = cm("settings", namespace="a", labels={})
-    other_rule = copy_of(rule, source, "b")
-    other_rule["metadata"]["labels"][logic.RULE_UID_LABEL] = "another-rule"
-    result = logic.plan(rule, [source], NAMESPACES, [foreign, other_rule])
-    assert [str(r) for r in result.conflicts] == ["a/settings", "b/settings"]
-    assert result.writes == 0 and result.desired == 2
+    desired = logic.desired_copy(rule, source, "b")
+    other_rules = logic.copy_view({**copy_of(rule, source, "b"), "metadata": {
+        **copy_of(rule, source, "b")["metadata"], "labels": {logic.RULE_UID_LABEL: "another-rule"}}})
+    assert logic.decide(UID, desired, other_rules) is logic.Action.CONFLICT
+    assert logic.decide(UID, None, other_rules) is logic.Action.NONE  # never pruned by us
+    assert logic.decide(UID, desired, None, foreign=True) is logic.Action.CONFLICT  # learned from a 409
+    assert logic.decide(UID, desired, None) is logic.Action.CREATE
 
 
-def test_pruning_deletes_only_our_copies() -> None:
-    rule = make_rule(targetNamespaces=["a"])
-    source = cm("settings")
-    ours_b = copy_of(rule, source, "b")  # b is no longer a target
-    ours_gone = copy_of(rule, cm("deleted-source"), "a")  # the source is gone / stopped matching
-    ours_terminating = copy_of(rule, source, "gone")  # the namespace deletes it anyway
-    foreign = cm("deleted-source", namespace="b", labels={})
-    result = logic.plan(rule, [source], NAMESPACES, [ours_b, ours_gone, ours_terminating, foreign])
-    assert sorted(str(r) for r in result.deletes) == ["a/deleted-source", "b/settings"]
-    assert all(r.uid.startswith("uid-copy-") for r in result.deletes)
-
-
-def test_source_that_stops_matching_is_pruned() -> None:
+def test_unwanted_copies_are_deleted_only_when_ours() -> None:
     rule = make_rule()
-    source = cm("settings", labels={"copyrator": "no"})
-    result = logic.plan(rule, [source], NAMESPACES, [copy_of(rule, cm("settings"), "a")])
-    assert [str(r) for r in result.deletes] == ["a/settings"] and not result.creates
+    assert logic.decide(UID, None, view_of(rule, cm("settings"), "a")) is logic.Action.DELETE
+    assert logic.decide(UID, None, None) is logic.Action.NONE
 
 
 @pytest.mark.parametrize("secret_type", sorted(logic.FORBIDDEN_SECRET_TYPES))
 def test_token_and_helm_secrets_are_never_copied(secret_type: str) -> None:
     rule = make_rule(ruleType="secret")
     secret = cm("tok", kind="Secret", type=secret_type)
-    result = logic.plan(rule, [secret], NAMESPACES, [])
-    assert not result.creates and result.skipped == [f"default/tok: Secrets of type {secret_type} are never copied"]
+    assert logic.skip_reason(rule, secret) == f"Secrets of type {secret_type} are never copied"
+    assert logic.winner(rule, {"default": secret}) is None
 
 
 def test_copies_are_never_sources_and_first_source_namespace_wins() -> None:
     rule = make_rule(namespace=["default", "second"])
-    a_copy = copy_of(make_rule(metadata={"name": "x", "namespace": "y", "uid": "other"}), cm("c"), "default")
+    other = make_rule(metadata={"name": "x", "namespace": "y", "uid": "other"})
+    a_copy = copy_of(other, cm("c"), "default")
+    assert not logic.selects(rule, "ConfigMap", a_copy)
     first, second = cm("same"), cm("same", namespace="second", data={"k": "second"})
-    result = logic.plan(rule, [second, first, a_copy], NAMESPACES, [])
-    assert {c["metadata"]["namespace"] for c in result.creates} == {"a", "b"}
-    assert all(c["data"] == {"k": "v"} for c in result.creates)
-    assert not result.skipped
+    assert logic.winner(rule, {"second": second, "default": first}) is first
+    assert logic.winner(rule, {"second": second}) is second
+    assert not logic.selects(rule, "Secret", first) and not logic.selects(rule, "ConfigMap", cm("x", "a"))
 
 
-def test_secret_values_never_appear_in_status_or_annotations() -> None:
+def test_secret_values_never_appear_in_annotations_or_index_entries() -> None:
     rule = make_rule(ruleType="secret")
     secret = cm("creds", kind="Secret", type="Opaque", data={"password": "Y2FuYXJ5LXZhbHVl"})
-    foreign = cm("creds", namespace="b", labels={}, kind="Secret")
-    result = logic.plan(rule, [secret], NAMESPACES, [foreign])
-    status = logic.build_status(rule, None, result)
-    assert "Y2FuYXJ5LXZhbHVl" not in repr(status)
-    assert "Y2FuYXJ5LXZhbHVl" not in repr(result.creates[0]["metadata"])
+    copy = logic.desired_copy(rule, secret, "a")
+    assert "Y2FuYXJ5LXZhbHVl" not in repr(copy["metadata"])
+    assert "Y2FuYXJ5LXZhbHVl" not in repr(logic.copy_view({**copy, "metadata": {**copy["metadata"], "uid": "u"}}))
 
 
 # --- status -----------------------------------------------------------------------------------
@@ -257,86 +332,33 @@ def test_secret_values_never_appear_in_status_or_annotations() -> None:
 
 def test_status_counts_conditions_and_stability() -> None:
     rule = make_rule()
-    source = cm("settings")
-    result = logic.plan(rule, [source], NAMESPACES, [cm("settings", namespace="b", labels={})])
-    status = logic.build_status(rule, None, result, now="T1")
+    tally = logic.Tally(sources=1, desired=2, copied=1, targets=2, conflicts=["b/settings"])
+    status = logic.build_status(rule, None, tally, now="T1")
     assert (status["desired"], status["copied"], status["conflicted"], status["observedGeneration"]) == (2, 1, 1, 3)
     conds = {c["type"]: c for c in status["conditions"]}
     assert conds["Ready"]["status"] == "True" and conds["Conflict"]["status"] == "True"
     assert "b/settings" in conds["Conflict"]["message"] and conds["Refused"]["status"] == "False"
     # The same observation later is not a change: nothing to write.
-    again = logic.build_status(rule, status, result, now="T2")
+    again = logic.build_status(rule, status, tally, now="T2")
     assert not logic.status_changed(status, again)
 
 
-def test_refused_and_invalid_status() -> None:
-    rule = make_rule(namespace="elsewhere")
-    problem = logic.RuleError(logic.refusal(rule, False) or "", "Refused")
-    status = logic.build_status(rule, None, problem=problem)
+def test_missing_consent_and_invalid_status() -> None:
+    rule = make_rule(namespace="elsewhere", targetNamespaces=["a"])
+    problem = logic.consent_problem(rule, annotated(None, "elsewhere"), ["a"], SETTINGS)
+    assert problem
+    status = logic.build_status(rule, None, logic.Tally(sources=1, targets=1, refusals=[problem]))
     conds = {c["type"]: c for c in status["conditions"]}
     assert conds["Refused"]["status"] == "True" and conds["Ready"]["reason"] == "Refused"
-    assert "copied" not in status
+    assert "elsewhere/settings" in conds["Refused"]["message"] and status["refused"] == [problem]
+    invalid = logic.build_status(rule, None, problem=logic.RuleError("bad"))
+    assert {c["type"]: c for c in invalid["conditions"]}["Ready"]["reason"] == "Invalid"
+    assert "copied" not in invalid
 
 
-def test_routing_of_events_to_rules() -> None:
-    entry = logic.index_entry(rule_body())
-    assert entry is not None
-    assert logic.routes_to(entry, "configmap", cm("x"))
-    assert not logic.routes_to(entry, "secret", cm("x"))
-    assert not logic.routes_to(entry, "configmap", cm("x", namespace="a"))
-    assert not logic.routes_to(entry, "configmap", cm("x", labels={}))
-    assert logic.routes_to(entry, "configmap", cm("x", labels={}), known_sources={"default/x"})
-    assert logic.routes_to(entry, "configmap", cm("x", namespace="a", labels={logic.RULE_UID_LABEL: UID}))
-    assert logic.index_entry(rule_body(ruleType="nope")) is None
-
-
-def test_concurrent_reconcile_requests_coalesce() -> None:
-    """Requests arriving during a reconcile merge into one re-run; none is lost, none runs in parallel."""
-    import threading
-    import time
-
-    from kopf_operators.copyrator_api import Coalescer
-
-    coalescer = Coalescer()
-    runs: list[float] = []
-    active = threading.Semaphore(1)
-
-    def work() -> None:
-        assert active.acquire(blocking=False), "two reconciles of one rule ran at once"
-        runs.append(time.monotonic())
-        time.sleep(0.2)
-        active.release()
-
-    first = threading.Thread(target=coalescer.run, args=("rule", work))
-    first.start()
-    time.sleep(0.05)
-    others = [threading.Thread(target=coalescer.run, args=("rule", work)) for _ in range(5)]
-    for t in others:
-        t.start()
-    for t in [first, *others]:
-        t.join()
-    assert len(runs) == 2
-    coalescer.run("rule", work)  # idle again: runs at once
-    assert len(runs) == 3
-
-
-def test_rule_deletion_waits_for_a_running_reconcile() -> None:
-    import threading
-    import time
-
-    from kopf_operators.copyrator_api import Coalescer
-
-    coalescer = Coalescer()
-    order: list[str] = []
-
-    def slow() -> None:
-        time.sleep(0.2)
-        order.append("reconcile done")
-
-    worker = threading.Thread(target=coalescer.run, args=("rule", slow))
-    worker.start()
-    time.sleep(0.05)
-    with coalescer.exclusive("rule"):
-        order.append("prune")
-    worker.join()
-    assert order == ["reconcile done", "prune"]
+def test_settings_from_env() -> None:
+    assert logic.Settings.from_env({}) == logic.Settings()
+    settings = logic.Settings.from_env({"COPYRATOR_ALLOW_CROSS_NAMESPACE": "true", "COPYRATOR_RESYNC_SECONDS": "2"})
+    assert settings.allow_cross_namespace and settings.resync_seconds == 2
+    with pytest.raises(ValueError, match="COPYRATOR_ALLOW_CROSS_NAMESPACE"):
+        logic.Settings.from_env({"COPYRATOR_ALLOW_CROSS_NAMESPACE": "maybe"})

@@ -1,0 +1,132 @@
+"""Copyrator's cost per namespace event, at a given number of namespaces (a quick measurement).
+
+    .venv/bin/python -m bench.copyrator_events --namespaces 0 --probes 20
+    .venv/bin/python -m bench.copyrator_events --namespaces 1000 --probes 20
+
+One rule copies one ConfigMap into every namespace labelled with the run's label; ``--namespaces``
+such namespaces exist (and hold their copies) before the probes. Each probe creates one more
+namespace and measures the time from the create's response to the copy's existence (polled every
+5 ms), one probe at a time. The API server's audit log (``cluster/cluster.sh audit-log``) then gives
+every request the operator made between the first probe and the copy of the last one, by verb and
+resource: divided by the number of probes, the requests per namespace event.
+
+The operator runs as ``kopf run --standalone --all-namespaces operators/copyrator.py`` authenticated
+as the chart's ServiceAccount (so the audit log attributes its requests), log level info.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import datetime
+import json
+import statistics
+import subprocess
+import time
+import uuid
+from typing import Any
+
+import kubernetes
+
+from tests.kube import E2E_RELEASE, KUBECONFIG, REPO, OperatorProcess, service_account_kubeconfig, wait_for
+
+SOURCE_NS_PREFIX = "bench-copyr-src"
+
+
+def audit_log_path() -> str:
+    out = subprocess.run([str(REPO / "cluster" / "cluster.sh"), "audit-log"], capture_output=True, text=True,
+                         check=True)
+    return out.stdout.strip()
+
+
+def requests_between(path: str, user: str, start: datetime.datetime, end: datetime.datetime
+                     ) -> collections.Counter[str]:
+    counts: collections.Counter[str] = collections.Counter()
+    with open(path) as log:
+        for line in log:
+            entry = json.loads(line)
+            if entry.get("user", {}).get("username") != user or entry.get("stage") != "ResponseComplete":
+                continue
+            when = datetime.datetime.fromisoformat(entry["requestReceivedTimestamp"].replace("Z", "+00:00"))
+            if not start <= when <= end:
+                continue
+            ref = entry.get("objectRef") or {}
+            resource = ref.get("resource", "?") + ("/" + ref["subresource"] if ref.get("subresource") else "")
+            verb = entry["verb"]
+            if verb == "watch":
+                continue  # long-running streams opened earlier, not per event
+            counts[f"{verb} {resource}"] += 1
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--namespaces", type=int, default=0)
+    parser.add_argument("--probes", type=int, default=20)
+    args = parser.parse_args()
+
+    kubernetes.config.load_kube_config(config_file=str(KUBECONFIG))
+    core = kubernetes.client.CoreV1Api()
+    custom = kubernetes.client.CustomObjectsApi()
+    subprocess.run(["kubectl", "--kubeconfig", str(KUBECONFIG), "apply", "--server-side", "--force-conflicts",
+                    "-f", str(REPO / "manifests" / "crds")], check=True, capture_output=True)
+    kubeconfig = service_account_kubeconfig()
+    user = f"system:serviceaccount:{E2E_RELEASE}:{E2E_RELEASE}"
+    token = uuid.uuid4().hex[:6]
+    label = {"bench.kopf-operators.dev/copyrator": token}
+    source_ns = f"{SOURCE_NS_PREFIX}-{token}"
+    made: list[str] = [source_ns]
+    proc = OperatorProcess(files=["operators/copyrator.py"], kubeconfig=kubeconfig, log_name="bench-copyrator")
+    try:
+        core.create_namespace({"metadata": {"name": source_ns}})
+        core.create_namespaced_config_map(source_ns, {"metadata": {"name": "shared", "labels": {"copyrator": "true"}},
+                                                      "data": {"k": "v"}})
+        custom.create_namespaced_custom_object("flant.com", "v1", source_ns, "copyrators", {
+            "apiVersion": "flant.com/v1", "kind": "CopyratorRule", "metadata": {"name": "bench"},
+            "spec": {"ruleType": "configmap", "selector": {"copyrator": "true"}, "namespace": source_ns,
+                     "namespaceSelector": {"matchLabels": label}}})
+        for i in range(args.namespaces):
+            name = f"bench-copyr-{token}-{i:05d}"
+            core.create_namespace({"metadata": {"name": name, "labels": label}})
+            made.append(name)
+        proc.start()
+        if args.namespaces:
+            last = made[-1]
+            wait_for(lambda: core.list_namespaced_config_map(last, field_selector="metadata.name=shared").items,
+                     timeout=600, what="the background copies")
+        time.sleep(3)  # let the status flush and start-up settle
+        latencies = []
+        start = datetime.datetime.now(datetime.UTC)
+        for i in range(args.probes):
+            name = f"bench-copyr-{token}-probe-{i:03d}"
+            core.create_namespace({"metadata": {"name": name, "labels": label}})
+            made.append(name)
+            created = time.perf_counter()
+            while not core.list_namespaced_config_map(name, field_selector="metadata.name=shared").items:
+                time.sleep(0.005)
+            latencies.append(time.perf_counter() - created)
+            time.sleep(0.6)  # past the status window: each probe's status patch is its own
+        time.sleep(1.5)
+        end = datetime.datetime.now(datetime.UTC)
+        counts = requests_between(audit_log_path(), user, start, end)
+        total = sum(counts.values())
+        latencies.sort()
+        result: dict[str, Any] = {
+            "namespaces": args.namespaces, "probes": args.probes,
+            "latency_ms": {"p50": round(statistics.median(latencies) * 1000, 1),
+                           "max": round(latencies[-1] * 1000, 1),
+                           "p90": round(latencies[int(len(latencies) * 0.9) - 1] * 1000, 1)},
+            "requests_per_namespace_event": round(total / args.probes, 2),
+            "by_verb": {k: round(v / args.probes, 2) for k, v in sorted(counts.items())},
+        }
+        print(json.dumps(result, indent=2))
+    finally:
+        proc.stop()
+        for name in made:
+            with contextlib.suppress(kubernetes.client.ApiException):
+                core.delete_namespace(name)
+
+
+if __name__ == "__main__":
+    main()

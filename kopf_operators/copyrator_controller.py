@@ -1,0 +1,668 @@
+"""Copyrator: the controller (state from watches, decisions in ``copyrator``, API via ``access``).
+
+What it decides on, and where that comes from (never a read per event):
+- rules: Kopf's ``copyrator-rules`` index (fields, uid, generation, status);
+- namespaces: Kopf's ``copyrator-namespaces`` index (name -> labels, active);
+- copies: Kopf's ``copyrator-configmap-copies`` / ``copyrator-secret-copies`` indexes (objects
+  carrying the rule-uid label, reduced to a ``CopyView``: uid, resourceVersion, content hashes);
+- sources: the controller's own sources index (selector-matching objects, the content copies are
+  built from), fed by the ConfigMap/Secret events and, for a rule created, updated or resumed, by
+  one labelled LIST per source namespace (objects that existed before the rule have no event).
+
+The unit of work is one copy, (kind, namespace, name) for one rule: ``sync_copy`` asks
+``copyrator.decide`` and makes at most one write (create, JSON patch, delete; a Secret type change
+or an immutable copy is delete + create). A namespace event syncs the copies of that namespace only;
+a source event the copies of that source only; a copy edited or deleted by hand only itself. A
+foreign object in the way is learned from the 409 on create (then that one object is read). The
+answers to our own writes are kept until the watch catches up, so a burst never writes twice.
+
+Status and the Normal ``Synced`` Event of a rule are written after a short delay, once per burst;
+Warning Events (``Conflict``, ``Refused``, ``Invalid``) when what they report changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import random
+from collections.abc import Awaitable, Iterable, Iterator, Mapping
+from typing import Any
+
+from kopf_operators import access as k8s
+from kopf_operators import copyrator as logic
+from kopf_operators import metrics
+from kopf_operators.access import Access, ApiError
+
+OPERATOR = "copyrator"
+RULES_INDEX = "copyrator-rules"
+NAMESPACES_INDEX = "copyrator-namespaces"
+COPIES_INDEXES = {"ConfigMap": "copyrator-configmap-copies", "Secret": "copyrator-secret-copies"}
+RULE = k8s.Kind(logic.API_VERSION, logic.PLURAL, logic.KIND)
+KINDS = {"ConfigMap": k8s.CONFIGMAP, "Secret": k8s.SECRET}
+# A failed pass outside Kopf's retrying handlers: try the rule again after this long (doubling, capped).
+RETRY_SECONDS = (2.0, 300.0)
+
+logger = logging.getLogger("kopf_operators.copyrator")
+CopyKey = tuple[str, str, str]  # (kind, namespace, name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Gone:
+    """A copy we deleted, until the watch shows it gone (or replaced by another uid)."""
+
+    uid: str
+
+
+def copy_index_keys(view: logic.CopyView) -> dict[Any, logic.CopyView]:
+    """The keys of one copy in its copies index: by place, by rule, by rule and name, by rule and
+    namespace (each a lookup some trigger needs)."""
+    return {("at", view.namespace, view.name): view, ("rule", view.rule_uid): view,
+            ("rule-name", view.rule_uid, view.name): view, ("rule-ns", view.rule_uid, view.namespace): view}
+
+
+def _first(index: Mapping[Any, Any], key: Any) -> Any:
+    for value in index.get(key) or ():
+        return value
+    return None
+
+
+def _values(index: Mapping[Any, Any], key: Any) -> list[Any]:
+    return list(index.get(key) or ())
+
+
+def _rv(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+class CopyratorController:
+    def __init__(self, access: Access, settings: logic.Settings, rules: Mapping[Any, Any],
+                 namespaces: Mapping[Any, Any], copies: Mapping[str, Mapping[Any, Any]]) -> None:
+        self.access = access
+        self.settings = settings
+        self.rules = rules            # Kopf's live index: (namespace, name) -> rule snapshot
+        self.namespaces = namespaces  # Kopf's live index: name -> NamespaceInfo
+        self.copies = copies          # kind -> Kopf's live index of copies (see copy_index_keys)
+        # The sources index: kind -> (namespace, name) -> source entry (the content copies are made of).
+        self.sources: dict[str, dict[tuple[str, str], dict[str, Any]]] = {"ConfigMap": {}, "Secret": {}}
+        self._written: dict[CopyKey, logic.CopyView | Gone] = {}  # our writes, until the watch catches up
+        self._foreign: dict[CopyKey, str] = {}  # objects in the way that are nobody's copy: uid (from a 409)
+        self._failed: dict[str, set[CopyKey]] = collections.defaultdict(set)  # rule uid -> failing copies
+        self._done: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+        self._triggers: dict[str, str] = {}
+        self._status: dict[str, dict[str, Any]] = {}  # rule uid -> the status we wrote last
+        self._deleting: set[str] = set()  # rule uids being deleted: they write nothing any more
+        self._inflight: collections.Counter[str] = collections.Counter()  # rule uid -> syncs running
+        self._parsed: dict[str, tuple[Any, logic.Rule | logic.RuleError]] = {}
+        self._flush: dict[tuple[str, str], asyncio.TimerHandle] = {}
+        self._retry: dict[tuple[str, str], asyncio.TimerHandle] = {}
+        self._attempts: dict[tuple[str, str], int] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._resync: asyncio.Task[None] | None = None
+        self._limit = asyncio.Semaphore(settings.write_concurrency)
+
+    # --- state from the indexes ----------------------------------------------------------------
+
+    def rule(self, snapshot: Mapping[str, Any]) -> logic.Rule | logic.RuleError:
+        meta = snapshot["metadata"]
+        stamp = (meta.get("uid"), meta.get("generation"), meta.get("resourceVersion"))
+        cached = self._parsed.get(str(meta.get("uid")))
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        try:
+            parsed: logic.Rule | logic.RuleError = logic.parse_rule(snapshot)
+        except logic.RuleError as exc:
+            parsed = exc
+        self._parsed[str(meta.get("uid"))] = (stamp, parsed)
+        return parsed
+
+    def active_rules(self, kind: str | None = None) -> list[tuple[dict[str, Any], logic.Rule]]:
+        """Valid rules not being deleted (of one kind when given)."""
+        result = []
+        for key in list(self.rules):
+            snapshot = _first(self.rules, key)
+            if snapshot is None or snapshot["metadata"].get("deletionTimestamp"):
+                continue
+            rule = self.rule(snapshot)
+            if isinstance(rule, logic.Rule) and rule.uid not in self._deleting and (kind is None or rule.kind == kind):
+                result.append((snapshot, rule))
+        return result
+
+    def namespace(self, name: str) -> logic.NamespaceInfo | None:
+        return _first(self.namespaces, name)
+
+    def all_namespaces(self) -> list[logic.NamespaceInfo]:
+        return [info for name in list(self.namespaces) if (info := _first(self.namespaces, name)) is not None]
+
+    def copy(self, kind: str, namespace: str, name: str) -> logic.CopyView | None:
+        """The copy at a place: the index, or the answer to our own newer write."""
+        indexed: logic.CopyView | None = _first(self.copies[kind], ("at", namespace, name))
+        key = (kind, namespace, name)
+        written = self._written.get(key)
+        if written is None:
+            return indexed
+        if isinstance(written, Gone):
+            if indexed is not None and indexed.uid == written.uid:
+                return None  # the watch has not seen our delete yet
+            self._written.pop(key, None)
+            return indexed
+        if indexed is not None and indexed.uid == written.uid and indexed.rv >= written.rv:
+            self._written.pop(key, None)  # the watch caught up
+            return indexed
+        return written
+
+    def copies_of(self, rule_uid: str, kind: str, *, name: str | None = None,
+                  namespace: str | None = None) -> list[logic.CopyView]:
+        """A rule's copies (all, or of one name, or in one namespace), our pending writes included."""
+        if name is not None:
+            key: Any = ("rule-name", rule_uid, name)
+        elif namespace is not None:
+            key = ("rule-ns", rule_uid, namespace)
+        else:
+            key = ("rule", rule_uid)
+        places = {(v.namespace, v.name) for v in _values(self.copies[kind], key)}
+        for (k, ns, nm), written in list(self._written.items()):
+            if k == kind and isinstance(written, logic.CopyView) and written.rule_uid == rule_uid \
+                    and name in (None, nm) and namespace in (None, ns):
+                places.add((ns, nm))
+        return [view for ns, nm in sorted(places)
+                if (view := self.copy(kind, ns, nm)) is not None and view.rule_uid == rule_uid]
+
+    def selected(self, rule: logic.Rule) -> Iterator[dict[str, Any]]:
+        """The rule's selected objects in the sources index (skipped types included)."""
+        for (ns, _name), entry in self.sources[rule.kind].items():
+            if ns in rule.source_namespaces and logic.selects(rule, rule.kind, entry):
+                yield entry
+
+    def winner(self, rule: logic.Rule, name: str) -> dict[str, Any] | None:
+        candidates = {}
+        for ns in rule.source_namespaces:
+            entry = self.sources[rule.kind].get((ns, name))
+            if entry is not None and logic.selects(rule, rule.kind, entry):
+                candidates[ns] = entry
+        return logic.winner(rule, candidates)  # type: ignore[return-value]
+
+    def source_names(self, rule: logic.Rule) -> set[str]:
+        return {entry["metadata"]["name"] for entry in self.selected(rule)}
+
+    # --- one copy ---------------------------------------------------------------------------------
+
+    def desired(self, rule: logic.Rule, name: str, ns: logic.NamespaceInfo | None) -> dict[str, Any] | None:
+        if ns is None or not logic.is_target(rule, ns):
+            return None
+        source = self.winner(rule, name)
+        if source is None or not logic.allowed_into(rule, source, ns.name, self.settings):
+            return None
+        return logic.desired_copy(rule, source, ns.name)
+
+    async def sync_copy(self, rule: logic.Rule, namespace: str, name: str, kind: str | None = None) -> int:
+        """Make one place hold what ``rule`` wants there; returns the number of writes made."""
+        kind = kind or rule.kind
+        key: CopyKey = (kind, namespace, name)
+        async with self._limit, self.access.serialised(("copyrator", *key)):
+            if rule.uid in self._deleting:
+                return 0
+            self._inflight[rule.uid] += 1
+            try:
+                return await self._sync_locked(rule, key)
+            finally:
+                self._inflight[rule.uid] -= 1
+                if not self._inflight[rule.uid]:
+                    del self._inflight[rule.uid]
+
+    async def _sync_locked(self, rule: logic.Rule, key: CopyKey) -> int:
+        """(The place's lock is held.)"""
+        kind, namespace, name = key
+        ns = self.namespace(namespace)
+        if ns is None or not ns.active:
+            return 0  # gone or terminating: its copies go with it
+        desired = self.desired(rule, name, ns) if kind == rule.kind else None
+        try:
+            writes = await self._apply(rule, key, desired)
+        except ApiError as exc:
+            if exc.namespace_terminating:
+                return 0
+            self._failed[rule.uid].add(key)
+            metrics.error(OPERATOR, "write")
+            raise
+        self._failed[rule.uid].discard(key)
+        return writes
+
+    async def _apply(self, rule: logic.Rule, key: CopyKey, desired: dict[str, Any] | None) -> int:
+        kind, namespace, name = key
+        api_kind = KINDS[kind]
+        view = self.copy(kind, namespace, name)
+        action = logic.decide(rule.uid, desired, view, foreign=key in self._foreign)
+        where = f"Copyrator {rule.key}:"
+        if action is logic.Action.NONE or action is logic.Action.CONFLICT:
+            return 0
+        if action is logic.Action.DELETE and view is not None:
+            await self.access.delete(api_kind, namespace, name, uid=view.uid)
+            self._written[key] = Gone(view.uid)
+            self._count(rule, "deleted")
+            logger.info(f"{where} pruned {kind} {namespace}/{name}")
+            return 1
+        assert desired is not None
+        source = desired["metadata"]["annotations"][logic.SOURCE_ANNOTATION]
+        if action is logic.Action.RECREATE and view is not None:
+            await self.access.delete(api_kind, namespace, name, uid=view.uid)
+            self._written[key] = Gone(view.uid)
+            created = await self.access.create(api_kind, desired)
+            if created is None:
+                return 1 + await self._in_the_way(rule, key, desired)
+            self._written[key] = logic.copy_view(created, kind)
+            self._count(rule, "updated")
+            logger.info(f"{where} updated {kind} {namespace}/{name} (re-created: type or immutability)")
+            return 2
+        if action is logic.Action.CREATE:
+            created = await self.access.create(api_kind, desired)
+            if created is None:
+                return 1 + await self._in_the_way(rule, key, desired)
+            self._written[key] = logic.copy_view(created, kind)
+            self._count(rule, "created")
+            logger.info(f"{where} copied {kind} {source} into {namespace}")
+            return 1
+        assert view is not None  # PATCH
+        try:
+            answer = await self.access.patch(api_kind, namespace, name, logic.patch_ops(view, desired),
+                                             json_patch=True)
+        except k8s.Conflict:
+            # Changed since the index saw it (edited meanwhile): read that one object, try once more.
+            fresh = await self.access.read(api_kind, namespace, name)
+            if fresh is None:
+                self._written[key] = Gone(view.uid)
+                return 1 + await self._apply(rule, key, desired)
+            fresh_view = logic.copy_view(fresh, kind)
+            self._written[key] = fresh_view
+            if logic.decide(rule.uid, desired, fresh_view) is not logic.Action.PATCH:
+                return 1 + await self._apply(rule, key, desired)
+            answer = await self.access.patch(api_kind, namespace, name, logic.patch_ops(fresh_view, desired),
+                                              json_patch=True)
+        if answer is None:  # deleted meanwhile: create it
+            self._written[key] = Gone(view.uid)
+            return 1 + await self._apply(rule, key, desired)
+        self._written[key] = logic.copy_view(answer, kind)
+        self._count(rule, "updated")
+        logger.info(f"{where} updated {kind} {namespace}/{name}" + (" (edited by hand)" if view.drifted else ""))
+        return 1
+
+    async def _in_the_way(self, rule: logic.Rule, key: CopyKey, desired: dict[str, Any]) -> int:
+        """A 409 on create: read that one object. Ours (the watch is behind): carry on from it;
+        anybody else's: a conflict, left untouched."""
+        kind, namespace, name = key
+        existing = await self.access.read(KINDS[kind], namespace, name)
+        if existing is None:  # gone again meanwhile: the next event or sweep creates the copy
+            return 1
+        if logic.is_copy(existing):
+            view = logic.copy_view(existing, kind)
+            self._written[key] = view
+            if view.rule_uid == rule.uid:
+                return 1 + await self._apply(rule, key, desired)
+            return 1
+        self._foreign[key] = str(existing["metadata"].get("uid", ""))
+        return 1
+
+    def _count(self, rule: logic.Rule, what: str) -> None:
+        metrics.action(OPERATOR, what)
+        self._done[rule.uid][what] += 1
+
+    async def _bounded(self, jobs: Iterable[Awaitable[int]]) -> tuple[int, list[ApiError]]:
+        """Independent copies at once (``sync_copy`` bounds how many write at a time)."""
+        results = await asyncio.gather(*jobs, return_exceptions=True)
+        errors = [r for r in results if isinstance(r, ApiError)]
+        for r in results:
+            if isinstance(r, BaseException) and not isinstance(r, ApiError):
+                raise r
+        return sum(r for r in results if isinstance(r, int)), errors
+
+    # --- triggers -----------------------------------------------------------------------------------
+
+    async def rule_changed(self, body: Mapping[str, Any], trigger: str) -> None:
+        """A rule created, updated or resumed: list its sources once, then converge all its copies.
+        Raises ApiError (Kopf retries the handler)."""
+        snapshot = logic.rule_snapshot(body)
+        if snapshot["metadata"].get("deletionTimestamp"):
+            return
+        rule = self.rule(snapshot)
+        if isinstance(rule, logic.RuleError):
+            await self._report_problem(snapshot, rule)
+            return
+        await self._list_sources(rule)
+        errors = await self._sweep(rule, trigger)
+        await self.flush_status(snapshot)
+        if errors:
+            raise errors[0]
+
+    async def _list_sources(self, rule: logic.Rule) -> None:
+        """The one LIST per rule (create/update/resume): what existed before the rule had no event."""
+        store = self.sources[rule.kind]
+        selector = ",".join(f"{k}={v}" for k, v in sorted(rule.selector.items()))
+        for ns in rule.source_namespaces:
+            listed = await self.access.list(KINDS[rule.kind], ns, labels=selector)
+            seen = set()
+            for obj in listed:
+                if logic.is_copy(obj):
+                    continue
+                key = (ns, obj["metadata"]["name"])
+                seen.add(key)
+                old = store.get(key)
+                newer = _rv(obj["metadata"].get("resourceVersion"))
+                if old is None or _rv(old["metadata"].get("resourceVersion")) <= newer:
+                    store[key] = logic.source_entry(obj)
+            for key in [k for k, entry in store.items() if k[0] == ns and k not in seen
+                        and logic.selects(rule, rule.kind, entry)]:
+                store.pop(key, None)
+
+    async def _sweep(self, rule: logic.Rule, trigger: str) -> list[ApiError]:
+        """Every copy of one rule, from the indexes: writes only what differs."""
+        namespaces = self.all_namespaces()
+        targets = [ns.name for ns in namespaces if logic.is_target(rule, ns)]
+        jobs: list[Awaitable[int]] = []
+        names = self.source_names(rule) | {v.name for v in self.copies_of(rule.uid, rule.kind)}
+        for name in sorted(names):
+            places = set(targets) | {v.namespace for v in self.copies_of(rule.uid, rule.kind, name=name)}
+            jobs.extend(self.sync_copy(rule, ns, name) for ns in sorted(places))
+        for kind in KINDS:  # the rule's type changed: its copies of the other kind go
+            if kind != rule.kind:
+                jobs.extend(self.sync_copy(rule, v.namespace, v.name, kind=kind)
+                            for v in self.copies_of(rule.uid, kind))
+        with metrics.reaction(OPERATOR, trigger.split()[0]):
+            writes, errors = await self._bounded(jobs)
+        logger.debug(f"Copyrator {rule.key}: reconciled (trigger={trigger}): {len(names)} name(s), "
+                     f"{len(targets)} target(s), {writes} write(s)")
+        if errors:
+            logger.warning(f"Copyrator {rule.key}: {len(errors)} copy operation(s) failed ({errors[0]}); "
+                           f"retrying")
+        return errors
+
+    async def rule_deleted(self, body: Mapping[str, Any]) -> int:
+        """Prune every copy of a rule being deleted (from the copies index). Raises ApiError."""
+        meta = body["metadata"]
+        uid = str(meta.get("uid"))
+        self._deleting.add(uid)
+        # A sync that started before the deletion may still create a copy: let it finish first.
+        for _ in range(600):
+            if not self._inflight.get(uid):
+                break
+            await asyncio.sleep(0.05)
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        for handles in (self._flush, self._retry):
+            handle = handles.pop(key, None)
+            if handle:
+                handle.cancel()
+        count = 0
+        for kind, api_kind in KINDS.items():
+            for view in self.copies_of(uid, kind):
+                async with self.access.serialised(("copyrator", kind, view.namespace, view.name)):
+                    await self.access.delete(api_kind, view.namespace, view.name, uid=view.uid)
+                    self._written[(kind, view.namespace, view.name)] = Gone(view.uid)
+                count += 1
+                logger.info(f"Copyrator {key[0]}/{key[1]}: pruned {kind} {view.namespace}/{view.name} (rule deleted)")
+        if count:
+            metrics.action(OPERATOR, "deleted", count)
+        for store in (self._failed, self._done, self._status, self._parsed, self._triggers):
+            store.pop(uid, None)
+        return count
+
+    async def namespace_event(self, event_type: str, body: Mapping[str, Any]) -> None:
+        """A namespace added or relabelled: only that namespace's copies, for each rule."""
+        info = logic.namespace_info(body)
+        if event_type == "DELETED" or not info.active:
+            return  # its copies go with it
+        trigger = f"namespace {event_type.lower()}"
+        await self._run(trigger, [
+            (snapshot, rule, [self.sync_copy(rule, info.name, name) for name in sorted(
+                self.source_names(rule) | {v.name for v in self.copies_of(rule.uid, rule.kind, namespace=info.name)})])
+            for snapshot, rule in self.active_rules() if info.name not in rule.source_namespaces]
+            + [(snapshot, rule, []) for snapshot, rule in self.active_rules() if info.name in rule.source_namespaces])
+
+    async def object_event(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """A ConfigMap/Secret event: a copy (deleted or edited by hand), a source, or an object that
+        was in a copy's way."""
+        meta = body.get("metadata") or {}
+        namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        key: CopyKey = (kind, namespace, name)
+        if logic.is_copy(body):
+            await self._copy_event(kind, event_type, body)
+            return
+        if event_type == "DELETED" and self._foreign.get(key) == meta.get("uid"):
+            del self._foreign[key]  # the object in the way is gone: the copies may go there now
+            await self._place_freed(kind, namespace, name, "conflict cleared")
+        store = self.sources[kind]
+        old = store.get((namespace, name))
+        rules = self.active_rules(kind)
+        now = [(s, r) for s, r in rules if event_type != "DELETED" and logic.selects(r, kind, body)]
+        if now:
+            store[(namespace, name)] = logic.source_entry(body)
+        elif old is not None:
+            store.pop((namespace, name), None)
+        if event_type is None:
+            return  # the initial listing: the rules' resume converges
+        selecting = {r.uid for _s, r in now}
+        affected = [(s, r) for s, r in rules
+                    if r.uid in selecting or (old is not None and logic.selects(r, kind, old))]
+        if not affected:
+            return
+        trigger = f"source {event_type.lower()}"
+        await self._run(trigger, [(s, r, self._source_jobs(r, name)) for s, r in affected])
+
+    def _source_jobs(self, rule: logic.Rule, name: str) -> list[Awaitable[int]]:
+        places = {ns.name for ns in self.all_namespaces() if logic.is_target(rule, ns)}
+        places |= {v.namespace for v in self.copies_of(rule.uid, rule.kind, name=name)}
+        return [self.sync_copy(rule, ns, name) for ns in sorted(places)]
+
+    async def _copy_event(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> None:
+        view = logic.copy_view(body, kind)
+        key: CopyKey = (kind, view.namespace, view.name)
+        self._foreign.pop(key, None)
+        written = self._written.get(key)
+        if event_type == "DELETED":
+            if written is not None and written.uid == view.uid:
+                del self._written[key]
+            await self._place_freed(kind, view.namespace, view.name, "copy deleted")
+            return
+        self.copy(kind, view.namespace, view.name)  # drops our pending write once the watch caught up
+        if event_type is None or not view.drifted:
+            return  # our own write echoing back (or the initial listing: the resume handles it)
+        for snapshot, rule in self.active_rules(kind):
+            if rule.uid == view.rule_uid:
+                await self._run("copy edited", [(snapshot, rule, [self.sync_copy(rule, view.namespace, view.name)])])
+
+    async def _place_freed(self, kind: str, namespace: str, name: str, trigger: str) -> None:
+        """An object left a place: every rule that wants a copy there gets it (or keeps it absent)."""
+        wanted = [(s, r) for s, r in self.active_rules(kind) if self.winner(r, name) is not None]
+        await self._run(trigger, [(s, r, [self.sync_copy(r, namespace, name)]) for s, r in wanted])
+
+    async def _run(self, trigger: str, work: list[tuple[dict[str, Any], logic.Rule, list[Awaitable[int]]]]) -> None:
+        """Event-driven passes: failures are logged once and the rule is retried with backoff."""
+        if not work:
+            return
+        with metrics.reaction(OPERATOR, trigger.split()[0]):
+            results = await asyncio.gather(*(self._bounded(jobs) for _s, _r, jobs in work))
+        for (snapshot, rule, _jobs), (writes, errors) in zip(work, results, strict=True):
+            if writes:
+                self._triggers[rule.uid] = trigger
+            self.schedule_status(snapshot)  # once per burst; written only when it changed
+            if errors:
+                logger.warning(f"Copyrator {rule.key}: {trigger}: {len(errors)} copy operation(s) failed "
+                               f"({errors[0]}); retrying with backoff")
+                self._retry_later(rule)
+
+    # --- retries and the periodic sweep ---------------------------------------------------------------
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _retry_later(self, rule: logic.Rule) -> None:
+        key = (rule.namespace, rule.name)
+        if key in self._retry:
+            return
+        first, cap = RETRY_SECONDS
+        attempts = self._attempts.get(key, 0)
+        self._attempts[key] = attempts + 1
+        delay = min(cap, first * 2 ** min(attempts, 16)) * random.uniform(0.8, 1.2)
+
+        def fire() -> None:
+            self._retry.pop(key, None)
+            self._spawn(self._guarded(key, "retry"))
+
+        self._retry[key] = asyncio.get_running_loop().call_later(delay, fire)
+
+    async def _guarded(self, key: tuple[str, str], trigger: str) -> None:
+        """One rule's sweep outside Kopf's handlers (retries, resync): failures retry with backoff."""
+        snapshot = _first(self.rules, key)
+        if snapshot is None or snapshot["metadata"].get("deletionTimestamp"):
+            return
+        rule = self.rule(snapshot)
+        if isinstance(rule, logic.RuleError) or rule.uid in self._deleting:
+            return
+        try:
+            errors = await self._sweep(rule, trigger)
+            await self.flush_status(snapshot)
+        except ApiError as exc:
+            errors = [exc]
+            logger.warning(f"Copyrator {rule.key}: {trigger}: {exc}; retrying with backoff")
+        if errors:
+            self._retry_later(rule)
+        else:
+            self._attempts.pop(key, None)
+
+    def start_resync(self) -> None:
+        self._resync = asyncio.create_task(self._resync_loop(), name="copyrator resync")
+
+    async def _resync_loop(self) -> None:
+        """Level-triggered: a sweep over the indexes, no request unless something must change."""
+        while True:
+            await asyncio.sleep(self.settings.resync_seconds * random.uniform(0.8, 1.2))
+            for key in list(self.rules):
+                await self._guarded(key, "resync")
+
+    async def stop(self) -> None:
+        if self._resync:
+            self._resync.cancel()
+        for handles in (self._flush, self._retry):
+            for handle in handles.values():
+                handle.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+
+    # --- status and events ---------------------------------------------------------------------------
+
+    def tally(self, rule: logic.Rule) -> logic.Tally:
+        """The rule's copies as the indexes see them."""
+        tally = logic.Tally(failed=len(self._failed.get(rule.uid, ())))
+        targets = [ns.name for ns in self.all_namespaces() if logic.is_target(rule, ns)]
+        tally.targets = len(targets)
+        for ns_name in rule.source_namespaces:
+            if self.namespace(ns_name) is None and logic.needs_consent(rule, ns_name, self.settings):
+                tally.refusals.append(f"source namespace {ns_name} does not exist: nothing there consents "
+                                      f"to this rule ({logic.ALLOWED_NAMESPACES_ANNOTATION})")
+        names = sorted(self.source_names(rule))
+        tally.skipped = sum(1 for e in self.selected(rule) if logic.skip_reason(rule, e) is not None)
+        for name in names:
+            source = self.winner(rule, name)
+            if source is None:
+                continue
+            tally.sources += 1
+            problem = logic.consent_problem(rule, source, targets, self.settings)
+            if problem:
+                tally.refusals.append(problem)
+                continue
+            wanted = logic.desired_copy(rule, source, "")
+            for ns in targets:
+                if not logic.allowed_into(rule, source, ns, self.settings):
+                    tally.withheld += 1
+                    continue
+                tally.desired += 1
+                view = self.copy(rule.kind, ns, name)
+                if view is None:
+                    if (rule.kind, ns, name) in self._foreign:
+                        tally.conflicts.append(f"{ns}/{name}")
+                elif view.rule_uid != rule.uid:
+                    tally.conflicts.append(f"{ns}/{name}")
+                elif logic.in_sync(view, wanted):
+                    tally.copied += 1
+        return tally
+
+    def schedule_status(self, snapshot: Mapping[str, Any]) -> None:
+        """Write the rule's status (and its Synced event) once per burst of changes."""
+        key = (snapshot["metadata"]["namespace"], snapshot["metadata"]["name"])
+        if key in self._flush:
+            return
+
+        def fire() -> None:
+            self._flush.pop(key, None)
+            current = _first(self.rules, key)
+            if current is not None:
+                self._spawn(self._flush_guarded(current))
+
+        self._flush[key] = asyncio.get_running_loop().call_later(self.settings.status_delay_seconds, fire)
+
+    async def _flush_guarded(self, snapshot: Mapping[str, Any]) -> None:
+        try:
+            await self.flush_status(snapshot)
+        except ApiError as exc:
+            metrics.error(OPERATOR, "status")
+            logger.warning(f"Copyrator {snapshot['metadata']['namespace']}/{snapshot['metadata']['name']}: "
+                           f"status not written ({exc}); the next pass retries")
+
+    def _previous(self, snapshot: Mapping[str, Any]) -> dict[str, Any]:
+        uid = snapshot["metadata"].get("uid")
+        return dict(self._status.get(str(uid)) or snapshot.get("status") or {})
+
+    async def flush_status(self, snapshot: Mapping[str, Any]) -> None:
+        if snapshot["metadata"].get("deletionTimestamp"):
+            return
+        rule = self.rule(snapshot)
+        if isinstance(rule, logic.RuleError):
+            await self._report_problem(snapshot, rule)
+            return
+        if rule.uid in self._deleting:
+            return
+        previous = self._previous(snapshot)
+        status = logic.build_status(rule, previous, self.tally(rule))
+        done = self._done.pop(rule.uid, None)
+        trigger = self._triggers.pop(rule.uid, "")
+        if done:
+            summary = ", ".join(f"{what} {count}" for what, count in sorted(done.items()))
+            self.access.event(snapshot, "Normal", "Synced", f"{summary} ({trigger})" if trigger else summary)
+        if status["conflicts"] and status["conflicts"] != (previous.get("conflicts") or []):
+            message = (f"{status['conflicted']} object(s) in the way are not owned by this rule and were left "
+                       f"untouched: {', '.join(status['conflicts'])}")
+            logger.warning(f"Copyrator {rule.key}: {message}")
+            self.access.event(snapshot, "Warning", "Conflict", message)
+        if status["refused"] and status["refused"] != (previous.get("refused") or []):
+            message = "; ".join(status["refused"])
+            logger.warning(f"Copyrator {rule.key}: {message}")
+            self.access.event(snapshot, "Warning", "Refused", message)
+        await self._write_status(snapshot, previous, status)
+
+    async def _write_status(self, snapshot: Mapping[str, Any], previous: Mapping[str, Any],
+                            status: dict[str, Any]) -> None:
+        if not logic.status_changed(previous, status):
+            return
+        meta = snapshot["metadata"]
+        answer = await self.access.patch_status(RULE, meta["namespace"], meta["name"], status)
+        if answer is not None:
+            self._status[str(meta.get("uid"))] = {**previous, **status}
+
+    async def _report_problem(self, snapshot: Mapping[str, Any], problem: logic.RuleError) -> None:
+        meta = snapshot["metadata"]
+        previous = self._previous(snapshot)
+        placeholder = logic.Rule(namespace=meta["namespace"], name=meta["name"], uid=str(meta.get("uid", "")),
+                                 generation=int(meta.get("generation") or 0), rule_type="configmap",
+                                 selector={}, source_namespaces=())
+        status = logic.build_status(placeholder, previous, problem=problem)
+        status.pop("ruleType", None)
+        status.pop("sourceNamespaces", None)
+        ready: Mapping[str, Any] = next((c for c in previous.get("conditions") or [] if c.get("type") == "Ready"), {})
+        if ready.get("message") != str(problem) or ready.get("observedGeneration") != status["observedGeneration"]:
+            logger.warning(f"Copyrator {meta['namespace']}/{meta['name']}: {problem.reason}: {problem}")
+            self.access.event(snapshot, "Warning", problem.reason, str(problem))
+        await self._write_status(snapshot, previous, status)
