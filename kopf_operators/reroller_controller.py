@@ -201,6 +201,7 @@ class RerollerController:
                     wrote = await self._pass(view)
                 except k8s.Conflict:
                     # The workload changed since the version we know: read that one, decide again.
+                    metrics.error(OPERATOR, "conflict")
                     fresh = await self.access.read(KINDS[key[0]], key[1], key[2])
                     view = logic.workload_view(key[0], fresh, self.settings) if fresh else None
                     if view is None or view.deleting:

@@ -467,19 +467,62 @@ def test_pause_period(operator: OperatorProcess, namespace: str, core: Any, apps
     wait_for(lambda: replicasets(apps, namespace, "paused") == 2, timeout=30, what="the rollout after the pause")
 
 
+def conflicts(operator: OperatorProcess) -> float:
+    """How many 409s the re-roller met on its writes (its own metric)."""
+    for line in operator.metrics().splitlines():
+        if line.startswith("kopf_operators_errors_total{") and 'operator="reroller"' in line and "conflict" in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "StatefulSet", "DaemonSet", "CronJob"])
 def test_concurrent_writers_still_roll_exactly_once(operator: OperatorProcess, namespace: str, core: Any,
-                                                    apps: Any) -> None:
+                                                    apps: Any, batch: Any, kind: str) -> None:
     """Someone else edits the workload all the time: our patch carries the resourceVersion we know,
-    a 409 re-reads that one workload and decides again; still exactly one rollout per change."""
-    configmap(core, namespace, "conf", {"k": "1"})
-    deployment(apps, namespace, "busy", nginx_pod_spec("conf"), AUTO)
-    baseline(apps, namespace, "busy")
-    wait_for(lambda: replicasets(apps, namespace, "busy") == 1, timeout=30, what="the first ReplicaSet")
-    for i in range(30):
-        apps.patch_namespaced_deployment("busy", namespace, {"metadata": {"labels": {"edit": str(i)}}})
-        if i == 10:
-            set_cm(core, namespace, "conf", {"k": "2"})
-    assert_rolled_once(apps, core, namespace, "busy", "configmap/conf")
+    a 409 re-reads that one workload and decides again; still exactly one rollout per change. Rounds
+    repeat until the operator has met a 409 (its metric), so the conflict path really ran."""
+    configmap(core, namespace, "conf", {"k": "0"})
+    labels = {"app": "busy"}
+    template = pod_template(nginx_pod_spec("conf"), labels)
+    spec: dict[str, Any] = {"selector": {"matchLabels": labels}, "template": template}
+    meta = {"name": "busy", "annotations": AUTO}
+    edit: Any
+    if kind == "Deployment":
+        apps.create_namespaced_deployment(namespace, {"metadata": meta, "spec": {**spec, "replicas": 0}})
+        edit = apps.patch_namespaced_deployment
+    elif kind == "StatefulSet":
+        apps.create_namespaced_stateful_set(namespace, {"metadata": meta, "spec": {**spec, "serviceName": "busy",
+                                                                                   "replicas": 0}})
+        edit = apps.patch_namespaced_stateful_set
+    elif kind == "DaemonSet":
+        apps.create_namespaced_daemon_set(namespace, {"metadata": meta, "spec": spec})
+        edit = apps.patch_namespaced_daemon_set
+    else:
+        cronjob(batch, namespace, "busy", nginx_pod_spec("conf"), AUTO)
+        edit = batch.patch_namespaced_cron_job
+
+    def observed() -> str | None:
+        obj = (batch.read_namespaced_cron_job("busy", namespace) if kind == "CronJob"
+               else read(apps, kind, namespace, "busy"))
+        return (obj.metadata.annotations or {}).get(logic.OBSERVED_HASH)
+
+    def rollouts() -> int:
+        return len(events(core, namespace, "busy", "Rerolled"))
+
+    wait_for(observed, timeout=30, what="the baseline")
+    before = conflicts(operator)
+    rounds = 0
+    while conflicts(operator) == before and rounds < 15:
+        rounds += 1
+        # Past the minimum interval, so that this change rolls at once, amid the other writer's edits.
+        time.sleep(10.5 if rounds > 1 else 0)
+        for i in range(20):
+            edit("busy", namespace, {"metadata": {"labels": {"edit": f"{rounds}-{i}"}}})
+            if i == 3:
+                set_cm(core, namespace, "conf", {"k": str(rounds)})
+        wait_for(lambda r=rounds: rollouts() == r, timeout=30, what=f"rollout #{rounds}")  # type: ignore[misc]
+    assert conflicts(operator) > before, "no 409 met in 15 rounds: the conflict path was not exercised"
+    stays(lambda: rollouts() == rounds, 3, what="exactly one rollout per change")
     assert not operator.errors(about=namespace)
 
 
