@@ -10,7 +10,8 @@ LOCAL_KUBECONFIG := $(CLUSTER_DIR)/kubeconfig
 # Arguments for `kopf run` in `make run` (the operator files are always operators/*.py).
 RUN_ARGS ?= --all-namespaces --verbose
 
-.PHONY: help setup cluster cluster-down install uninstall run test unit lint bench manifests deploy undeploy
+.PHONY: help setup cluster cluster-down install uninstall run test unit lint bench manifests deploy undeploy \
+	reloader-e2e reloader-bench
 
 help: ## list the verbs
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -58,6 +59,14 @@ test: setup ## everything: set-up, local cluster, lint, unit and end-to-end test
 bench: setup ## benchmarks on the local cluster; writes bench/results.json and bench/results.md
 	@cluster/cluster.sh up
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
+
+reloader-e2e: setup ## stakater Reloader's own e2e suites against our re-roller (needs Reloader's fetched source)
+	@cluster/cluster.sh up
+	KUBECONFIG=$(LOCAL_KUBECONFIG) $(BIN)/python -m tests.reloader_e2e $(SUITES)
+
+reloader-bench: setup ## re-roller vs stakater Reloader (built from source): isolated ConfigMap edit -> rollout
+	@cluster/cluster.sh up
+	$(BIN)/python -m bench.peers reloader-latency
 
 lint: setup ## ruff, mypy
 	$(BIN)/ruff check .

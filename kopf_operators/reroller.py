@@ -1,31 +1,52 @@
 """Re-roller: pure decision logic (no API calls).
 
-A workload (Deployment, StatefulSet, DaemonSet) opts in by annotation. The operator hashes the data of
-the ConfigMaps/Secrets it watches and, when that hash differs from the baseline stored on the workload
-(``observed-hash``, in ``metadata.annotations``), re-rolls it the way ``kubectl rollout restart`` does:
-by changing a pod-template annotation (``config-hash``). The first sighting only records the baseline.
+A workload (Deployment, StatefulSet, DaemonSet, CronJob, Job) opts in by annotation, with the
+project's keys or with stakater Reloader's. The operator hashes the data of the ConfigMaps/Secrets it
+watches and, when that data differs from the baseline stored on the workload (``observed-hash`` and
+``observed-sources`` in ``metadata.annotations``), re-rolls it: a pod-template annotation changes
+(``config-hash`` for our keys, Reloader's ``last-reloaded-from`` for Reloader's keys), a CronJob gets
+a Job from its template, a Job is recreated. The first sighting records the baseline at once.
+
+Everything here is data in, data out: index entries (``WorkloadView``, ``SourceView``), the watched
+set, the plan, the patches, and the pacing arithmetic (leading edge, per-workload interval, cluster
+token bucket), all unit-tested without a cluster.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
-from kopf_operators.common import DOMAIN
+from kopf_operators.common import DOMAIN, env_bool, env_float, env_list
 
 PREFIX = f"reroller.{DOMAIN}"
 
-# Opt-in keys (on the workload or on its pod template).
+# Our opt-in keys (on the workload or on its pod template).
 AUTO = f"{PREFIX}/auto"                  # "true": every ConfigMap/Secret the pod template references
-CONFIGMAPS = f"{PREFIX}/configmaps"      # "a,b": these ConfigMaps (referenced or not)
+CONFIGMAPS = f"{PREFIX}/configmaps"      # "a,b": these ConfigMaps (exact names, referenced or not)
 SECRETS = f"{PREFIX}/secrets"            # "x": these Secrets
-# stakater Reloader's keys, honoured for migration.
-RELOADER_AUTO = "reloader.stakater.com/auto"
-RELOADER_CONFIGMAPS = "configmap.reloader.stakater.com/reload"
+
+# stakater Reloader's keys, with Reloader's meaning (see docs/reroller.md).
+RELOADER = "reloader.stakater.com"
+RELOADER_AUTO = f"{RELOADER}/auto"
+RELOADER_CONFIGMAP_AUTO = "configmap.reloader.stakater.com/auto"
+RELOADER_SECRET_AUTO = "secret.reloader.stakater.com/auto"
+RELOADER_CONFIGMAPS = "configmap.reloader.stakater.com/reload"   # names are anchored regexes
 RELOADER_SECRETS = "secret.reloader.stakater.com/reload"
+RELOADER_SEARCH = f"{RELOADER}/search"      # workload: roll on referenced sources marked match
+RELOADER_MATCH = f"{RELOADER}/match"        # source
+RELOADER_IGNORE = f"{RELOADER}/ignore"      # source: never rolls anything
+RELOADER_CONFIGMAPS_EXCLUDE = "configmaps.exclude.reloader.stakater.com/reload"
+RELOADER_SECRETS_EXCLUDE = "secrets.exclude.reloader.stakater.com/reload"
+PAUSE_PERIOD = "deployment.reloader.stakater.com/pause-period"
+PAUSED_AT = "deployment.reloader.stakater.com/paused-at"
+LAST_RELOADED_FROM = f"{RELOADER}/last-reloaded-from"   # pod template, Reloader's JSON format
+CRONJOB_INSTANTIATE = "cronjob.kubernetes.io/instantiate"
 
 # Written by the operator.
 CONFIG_HASH = f"{PREFIX}/config-hash"          # pod template: changing it rolls the workload
@@ -33,7 +54,138 @@ OBSERVED_HASH = f"{PREFIX}/observed-hash"      # workload metadata: the baseline
 OBSERVED_SOURCES = f"{PREFIX}/observed-sources"  # workload metadata: short per-source hashes
 
 SourceKind = Literal["ConfigMap", "Secret"]
-WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet")
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "CronJob", "Job")
+TEMPLATED = ("Deployment", "StatefulSet", "DaemonSet")  # rolled by a pod-template annotation
+WORKLOAD_TYPE_NAMES = {"deployments": "Deployment", "statefulsets": "StatefulSet", "daemonsets": "DaemonSet",
+                       "cronjobs": "CronJob", "jobs": "Job"}
+# Names that are plain object names: indexed exactly. Anything else in a Reloader key is a pattern.
+_PLAIN_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+WorkloadKey = tuple[str, str, str]  # (kind, namespace, name)
+ABSENT = "absent"
+
+
+# --- options ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The re-roller's options (environment variables, README's table); Reloader's flags in brackets."""
+
+    debounce_seconds: float = 2.0        # merge window after a rollout (changes in it: one more rollout)
+    min_interval_seconds: float = 10.0   # least time between two rollouts of one workload
+    cluster_rate: float = 20.0           # cluster-wide rollouts per second (token bucket); 0: unlimited
+    cluster_burst: float = 40.0          # bucket size: this many at once after a quiet period
+    resync_seconds: float = 300.0        # level-triggered sweep over the indexes (no requests if nothing to do)
+    auto_reload_all: bool = False        # [--auto-reload-all] every workload as if auto=true unless auto=false
+    reload_on_create: bool = False       # [--reload-on-create] a watched source appearing rolls
+    reload_on_delete: bool = False       # [--reload-on-delete] a watched source deleted rolls
+    namespaces_to_ignore: tuple[str, ...] = ()        # [--namespaces-to-ignore]
+    namespace_selector: str = ""         # [--namespace-selector] label selector on namespaces
+    resource_label_selector: str = ""    # [--resource-label-selector] label selector on ConfigMaps/Secrets
+    resources_to_ignore: tuple[str, ...] = ()         # [--resources-to-ignore] configmaps | secrets
+    ignored_workload_types: tuple[str, ...] = ()      # [--ignored-workload-types] jobs, cronjobs, ...
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        resources = tuple(r.lower() for r in env_list(env, "REROLLER_RESOURCES_TO_IGNORE"))
+        for r in resources:
+            if r not in ("configmaps", "secrets"):
+                raise ValueError(f"REROLLER_RESOURCES_TO_IGNORE: {r!r} is not configmaps or secrets")
+        if len(set(resources)) > 1:
+            raise ValueError("REROLLER_RESOURCES_TO_IGNORE: ignore configmaps or secrets, not both")
+        types = tuple(t.lower() for t in env_list(env, "REROLLER_IGNORED_WORKLOAD_TYPES"))
+        for t in types:
+            if t not in WORKLOAD_TYPE_NAMES:
+                raise ValueError(f"REROLLER_IGNORED_WORKLOAD_TYPES: {t!r} is not one of "
+                                 f"{', '.join(sorted(WORKLOAD_TYPE_NAMES))}")
+        namespace_selector = env.get("REROLLER_NAMESPACE_SELECTOR", "").strip()
+        resource_selector = env.get("REROLLER_RESOURCE_LABEL_SELECTOR", "").strip()
+        parse_selector(namespace_selector, "REROLLER_NAMESPACE_SELECTOR")  # fail fast on a typo
+        parse_selector(resource_selector, "REROLLER_RESOURCE_LABEL_SELECTOR")
+        return cls(
+            debounce_seconds=env_float(env, "REROLLER_DEBOUNCE_SECONDS", 2.0),
+            min_interval_seconds=env_float(env, "REROLLER_MIN_INTERVAL_SECONDS", 10.0),
+            cluster_rate=env_float(env, "REROLLER_CLUSTER_ROLLOUTS_PER_SECOND", 20.0),
+            cluster_burst=env_float(env, "REROLLER_CLUSTER_BURST", 40.0, minimum=1.0),
+            resync_seconds=env_float(env, "REROLLER_RESYNC_SECONDS", 300.0, minimum=1.0),
+            auto_reload_all=env_bool(env, "REROLLER_AUTO_RELOAD_ALL"),
+            reload_on_create=env_bool(env, "REROLLER_RELOAD_ON_CREATE"),
+            reload_on_delete=env_bool(env, "REROLLER_RELOAD_ON_DELETE"),
+            namespaces_to_ignore=env_list(env, "REROLLER_NAMESPACES_TO_IGNORE"),
+            namespace_selector=namespace_selector,
+            resource_label_selector=resource_selector,
+            resources_to_ignore=resources,
+            ignored_workload_types=types,
+        )
+
+    @property
+    def min_gap(self) -> float:
+        """The least time between two rollouts of one workload."""
+        return max(self.debounce_seconds, self.min_interval_seconds)
+
+    def ignores_kind(self, kind: str) -> bool:
+        return any(WORKLOAD_TYPE_NAMES[t] == kind for t in self.ignored_workload_types)
+
+    def ignores_source_kind(self, kind: str) -> bool:
+        return f"{kind.lower()}s" in self.resources_to_ignore
+
+
+# --- label selectors (the string form: "a=b,c!=d,e in (f,g),!h") -----------------------------------
+
+Requirement = tuple[str, str, tuple[str, ...]]  # (key, operator, values)
+_LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9._-]*")
+_SET_RE = re.compile(r"^\s*([^\s!=()]+)\s+(in|notin)\s*\(([^)]*)\)\s*$")
+
+
+def parse_selector(text: str, what: str = "selector") -> tuple[Requirement, ...]:
+    """Kubernetes' label selector string; ValueError on anything else."""
+    requirements: list[Requirement] = []
+    parts = re.split(r",(?![^()]*\))", text) if text.strip() else []
+    for part in parts:
+        part = part.strip()
+        match = _SET_RE.match(part)
+        if match:
+            values = tuple(v.strip() for v in match.group(3).split(",") if v.strip())
+            requirements.append((match.group(1), match.group(2), values))
+        elif "!=" in part:
+            key, value = (s.strip() for s in part.split("!=", 1))
+            requirements.append((key, "!=", (value,)))
+        elif "=" in part:
+            key, value = (s.strip() for s in part.replace("==", "=").split("=", 1))
+            requirements.append((key, "=", (value,)))
+        elif part.startswith("!") and part[1:].strip():
+            requirements.append((part[1:].strip(), "!", ()))
+        elif part and re.fullmatch(r"[^\s!=()]+", part):
+            requirements.append((part, "exists", ()))
+        else:
+            raise ValueError(f"{what}: {text!r} is not a label selector")
+    for key, _, values in requirements:
+        if not _LABEL_KEY.fullmatch(key) or not all(_LABEL_VALUE.fullmatch(v) for v in values):
+            raise ValueError(f"{what}: {text!r} is not a label selector")
+    return tuple(requirements)
+
+
+def selector_matches(requirements: Iterable[Requirement], labels: Mapping[str, str] | None) -> bool:
+    labels = labels or {}
+    for key, op, values in requirements:
+        present, value = key in labels, labels.get(key)
+        if op == "=" and value != values[0]:
+            return False
+        if op == "!=" and value == values[0]:
+            return False
+        if op == "in" and value not in values:
+            return False
+        if op == "notin" and present and value in values:
+            return False
+        if op == "exists" and not present:
+            return False
+        if op == "!" and present:
+            return False
+    return True
+
+
+# --- sources -------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -50,80 +202,15 @@ class Source:
         return f"{self.kind.lower()}/{self.name}"
 
 
-def _truthy(value: object) -> bool:
-    return str(value).strip().lower() == "true"
+@dataclasses.dataclass(frozen=True)
+class SourceView:
+    """What the source index keeps per ConfigMap/Secret: a data hash, never the data."""
 
-
-def _names(value: object) -> list[str]:
-    return [n.strip() for n in str(value or "").split(",") if n.strip()]
-
-
-def opt_in_annotations(metadata: Mapping[str, Any], template_metadata: Mapping[str, Any]) -> dict[str, str]:
-    """The annotations that decide the opt-in: the pod template's, overridden by the workload's."""
-    merged: dict[str, str] = {}
-    merged.update(template_metadata.get("annotations") or {})
-    merged.update(metadata.get("annotations") or {})
-    return merged
-
-
-def is_opted_in(annotations: Mapping[str, str]) -> bool:
-    return (_truthy(annotations.get(AUTO)) or _truthy(annotations.get(RELOADER_AUTO))
-            or any(_names(annotations.get(k)) for k in (CONFIGMAPS, SECRETS, RELOADER_CONFIGMAPS,
-                                                          RELOADER_SECRETS)))
-
-
-def _containers(pod_spec: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
-    for key in ("initContainers", "containers", "ephemeralContainers"):
-        yield from pod_spec.get(key) or ()
-
-
-def references(pod_spec: Mapping[str, Any]) -> set[Source]:
-    """Every ConfigMap/Secret a pod spec names: volumes, projected volumes, envFrom, env valueFrom,
-    in init, regular and ephemeral containers. A source is optional only if all references are."""
-    found: dict[tuple[SourceKind, str], bool] = {}
-
-    def add(kind: SourceKind, ref: Mapping[str, Any] | None, name_key: str = "name") -> None:
-        if not ref or not ref.get(name_key):
-            return
-        key = (kind, str(ref[name_key]))
-        optional = bool(ref.get("optional", False))
-        found[key] = found.get(key, True) and optional
-
-    for volume in pod_spec.get("volumes") or ():
-        add("ConfigMap", volume.get("configMap"))
-        add("Secret", volume.get("secret"), "secretName")
-        for projection in (volume.get("projected") or {}).get("sources") or ():
-            add("ConfigMap", projection.get("configMap"))
-            add("Secret", projection.get("secret"))
-    for container in _containers(pod_spec):
-        for env_from in container.get("envFrom") or ():
-            add("ConfigMap", env_from.get("configMapRef"))
-            add("Secret", env_from.get("secretRef"))
-        for env in container.get("env") or ():
-            value_from = env.get("valueFrom") or {}
-            add("ConfigMap", value_from.get("configMapKeyRef"))
-            add("Secret", value_from.get("secretKeyRef"))
-    return {Source(kind, name, optional) for (kind, name), optional in found.items()}
-
-
-def watched_sources(body: Mapping[str, Any]) -> set[Source]:
-    """The sources whose data changes roll this workload (empty: not opted in)."""
-    metadata = body.get("metadata") or {}
-    template = (body.get("spec") or {}).get("template") or {}
-    annotations = opt_in_annotations(metadata, template.get("metadata") or {})
-    pod_spec = template.get("spec") or {}
-    result: dict[tuple[SourceKind, str], Source] = {}
-    if _truthy(annotations.get(AUTO)) or _truthy(annotations.get(RELOADER_AUTO)):
-        result.update({(s.kind, s.name): s for s in references(pod_spec)})
-    referenced = {(s.kind, s.name): s for s in references(pod_spec)}
-    named: list[tuple[SourceKind, str]] = [
-        *(("ConfigMap", n) for k in (CONFIGMAPS, RELOADER_CONFIGMAPS) for n in _names(annotations.get(k))),
-        *(("Secret", n) for k in (SECRETS, RELOADER_SECRETS) for n in _names(annotations.get(k))),
-    ]
-    for key in named:
-        # A named source keeps the optionality of its references; unreferenced ones are required.
-        result[key] = referenced.get(key, Source(key[0], key[1]))
-    return set(result.values())
+    hash: str
+    rv: int                 # resourceVersion: orders a source change against a workload's creation
+    ignore: bool = False    # reloader.stakater.com/ignore: "true"
+    match: bool = False     # reloader.stakater.com/match: "true" (search mode)
+    selected: bool = True   # passes REROLLER_RESOURCE_LABEL_SELECTOR
 
 
 def source_hash(kind: str, body: Mapping[str, Any]) -> str:
@@ -137,13 +224,282 @@ def source_hash(kind: str, body: Mapping[str, Any]) -> str:
     return hashlib.sha256(encoded).hexdigest()[:16]
 
 
-ABSENT = "absent"
+def resource_version(body: Mapping[str, Any]) -> int:
+    try:
+        return int((body.get("metadata") or {}).get("resourceVersion") or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
-def combined_hash(per_source: Mapping[str, str]) -> str:
-    """One hash over the per-source hashes (keyed by ``Source.ref``), independent of order."""
-    encoded = json.dumps(dict(per_source), sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(encoded).hexdigest()[:16]
+def source_view(kind: str, body: Mapping[str, Any], selector: tuple[Requirement, ...] = ()) -> SourceView:
+    metadata = body.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    return SourceView(hash=source_hash(kind, body), rv=resource_version(body),
+                      ignore=_truthy(annotations.get(RELOADER_IGNORE)),
+                      match=_truthy(annotations.get(RELOADER_MATCH)),
+                      selected=selector_matches(selector, metadata.get("labels")))
+
+
+def _truthy(value: object) -> bool:
+    return str(value).strip().lower() == "true"
+
+
+def _falsy(value: object) -> bool:
+    return str(value).strip().lower() == "false"
+
+
+def _names(value: object) -> list[str]:
+    return [n.strip() for n in str(value or "").split(",") if n.strip()]
+
+
+def _containers(pod_spec: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
+    for key in ("initContainers", "containers", "ephemeralContainers"):
+        yield from pod_spec.get(key) or ()
+
+
+def references(pod_spec: Mapping[str, Any]) -> set[Source]:
+    """Every ConfigMap/Secret a pod spec names: volumes, projected volumes, envFrom, env valueFrom,
+    in init, regular and ephemeral containers. A source is optional only if all references are."""
+    return set(reference_map(pod_spec))
+
+
+def reference_map(pod_spec: Mapping[str, Any]) -> dict[Source, tuple[str, ...]]:
+    """Each referenced source -> the containers using it (by env or by a mounted volume)."""
+    found: dict[tuple[SourceKind, str], bool] = {}
+    users: dict[tuple[SourceKind, str], list[str]] = {}
+    volumes: dict[str, list[tuple[SourceKind, str]]] = {}
+
+    def add(kind: SourceKind, ref: Mapping[str, Any] | None, name_key: str = "name") -> tuple[SourceKind, str] | None:
+        if not ref or not ref.get(name_key):
+            return None
+        key = (kind, str(ref[name_key]))
+        optional = bool(ref.get("optional", False))
+        found[key] = found.get(key, True) and optional
+        users.setdefault(key, [])
+        return key
+
+    for volume in pod_spec.get("volumes") or ():
+        keys = [add("ConfigMap", volume.get("configMap")), add("Secret", volume.get("secret"), "secretName")]
+        for projection in (volume.get("projected") or {}).get("sources") or ():
+            keys += [add("ConfigMap", projection.get("configMap")), add("Secret", projection.get("secret"))]
+        volumes[str(volume.get("name"))] = [k for k in keys if k]
+    for container in _containers(pod_spec):
+        cname = str(container.get("name") or "")
+        used: list[tuple[SourceKind, str] | None] = []
+        for env_from in container.get("envFrom") or ():
+            used += [add("ConfigMap", env_from.get("configMapRef")), add("Secret", env_from.get("secretRef"))]
+        for env in container.get("env") or ():
+            value_from = env.get("valueFrom") or {}
+            used += [add("ConfigMap", value_from.get("configMapKeyRef")),
+                     add("Secret", value_from.get("secretKeyRef"))]
+        for mount in container.get("volumeMounts") or ():
+            used += volumes.get(str(mount.get("name")), [])
+        for key in used:
+            if key and cname not in users[key]:
+                users[key].append(cname)
+    return {Source(kind, name, optional): tuple(users[(kind, name)]) for (kind, name), optional in found.items()}
+
+
+# --- the workload view (its index entry) ------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkloadView:
+    """What the workload index keeps per opted-in workload: names, flags, hashes, and what a single
+    patch needs (resourceVersion, the baseline). Jobs and CronJobs also keep their template (needed
+    to recreate the Job / create one); no other body is kept."""
+
+    kind: str
+    namespace: str
+    name: str
+    uid: str
+    rv: int
+    sources: frozenset[Source]                     # exact names: referenced (auto) and named
+    search: frozenset[Source] = frozenset()        # referenced; count only when the source has match
+    patterns: tuple[tuple[SourceKind, str], ...] = ()  # Reloader's named keys that are regexes
+    excluded: frozenset[tuple[str, str]] = frozenset()
+    ours: bool = False            # opted in with our keys: write config-hash
+    reloader: bool = False        # opted in with Reloader's keys: write last-reloaded-from
+    containers: tuple[tuple[str, str, tuple[str, ...]], ...] = ()  # (kind, name, container names)
+    first_container: str = ""
+    observed_hash: str | None = None
+    observed_sources: str | None = None
+    pause_period: float | None = None   # Deployments: Reloader's pause-period, in seconds
+    paused_at: str | None = None
+    paused: bool = False
+    template: Mapping[str, Any] | None = None   # Job: its spec; CronJob: its jobTemplate
+    labels: Mapping[str, str] | None = None     # Job: kept for the recreated Job
+    annotations: Mapping[str, str] | None = None  # Job: kept for the recreated Job
+    deleting: bool = False
+
+    @property
+    def key(self) -> WorkloadKey:
+        return (self.kind, self.namespace, self.name)
+
+    @property
+    def baseline(self) -> dict[str, str]:
+        result = {}
+        if self.observed_hash is not None:
+            result[OBSERVED_HASH] = self.observed_hash
+        if self.observed_sources is not None:
+            result[OBSERVED_SOURCES] = self.observed_sources
+        return result
+
+    def containers_of(self, kind: str, name: str) -> list[str]:
+        for k, n, names in self.containers:
+            if k == kind and n == name and names:
+                return list(names)
+        return [self.first_container] if self.first_container else []
+
+
+def pod_template(kind: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec = body.get("spec") or {}
+    if kind == "CronJob":
+        return ((spec.get("jobTemplate") or {}).get("spec") or {}).get("template") or {}
+    return spec.get("template") or {}
+
+
+def _reloader_keys(kind: SourceKind, workload: Mapping[str, str], template: Mapping[str, str]) -> Mapping[str, str]:
+    """Reloader reads a source kind's keys from the workload's annotations when any of them is there,
+    else from the pod template's."""
+    keys = (RELOADER_AUTO, RELOADER_SEARCH,
+            RELOADER_CONFIGMAPS if kind == "ConfigMap" else RELOADER_SECRETS,
+            RELOADER_CONFIGMAP_AUTO if kind == "ConfigMap" else RELOADER_SECRET_AUTO)
+    return workload if any(k in workload for k in keys) else template
+
+
+def workload_view(kind: str, body: Mapping[str, Any], settings: Settings | None = None) -> WorkloadView | None:
+    """The index entry of a workload; None when it has not opted in (or is excluded by the options)."""
+    settings = settings or Settings()
+    metadata = body.get("metadata") or {}
+    namespace = str(metadata.get("namespace") or "")
+    if settings.ignores_kind(kind) or namespace in settings.namespaces_to_ignore:
+        return None
+    template = pod_template(kind, body)
+    pod_spec = template.get("spec") or {}
+    ws: Mapping[str, str] = metadata.get("annotations") or {}
+    ts: Mapping[str, str] = (template.get("metadata") or {}).get("annotations") or {}
+    merged = {**ts, **ws}  # our keys: the workload's value wins
+    refs = reference_map(pod_spec)
+    by_key = {(s.kind, s.name): s for s in refs}
+
+    sources: dict[tuple[SourceKind, str], Source] = {}
+    search: dict[tuple[SourceKind, str], Source] = {}
+    patterns: list[tuple[SourceKind, str]] = []
+    ours = reloader = False
+
+    # Our keys: auto (every reference), exact names.
+    if _truthy(merged.get(AUTO)):
+        ours = True
+        sources.update(by_key)
+    ours_keys: tuple[tuple[SourceKind, str], ...] = (("ConfigMap", CONFIGMAPS), ("Secret", SECRETS))
+    for source_kind, key in ours_keys:
+        for name in _names(merged.get(key)):
+            ours = True
+            sources[(source_kind, name)] = by_key.get((source_kind, name), Source(source_kind, name))
+
+    # Reloader's keys, per source kind, with Reloader's precedence.
+    source_kinds: tuple[SourceKind, ...] = ("ConfigMap", "Secret")
+    for source_kind in source_kinds:
+        ann = _reloader_keys(source_kind, ws, ts)
+        typed = ann.get(RELOADER_CONFIGMAP_AUTO if source_kind == "ConfigMap" else RELOADER_SECRET_AUTO)
+        auto = ann.get(RELOADER_AUTO)
+        named = _names(ann.get(RELOADER_CONFIGMAPS if source_kind == "ConfigMap" else RELOADER_SECRETS))
+        for name in named:
+            reloader = True
+            if _PLAIN_NAME.match(name):
+                sources[(source_kind, name)] = by_key.get((source_kind, name), Source(source_kind, name))
+            else:
+                patterns.append((source_kind, name))
+        auto_on = _truthy(auto) or _truthy(typed) or (
+            settings.auto_reload_all and auto is None and typed is None and not _falsy(merged.get(AUTO)))
+        if auto_on:
+            reloader = True
+            sources.update({k: s for k, s in by_key.items() if k[0] == source_kind})
+        elif _truthy(ann.get(RELOADER_SEARCH)):
+            reloader = True
+            search.update({k: s for k, s in by_key.items() if k[0] == source_kind and k not in sources})
+
+    if not (ours or reloader):
+        return None
+    excluded = {("ConfigMap", n) for n in _names(ws.get(RELOADER_CONFIGMAPS_EXCLUDE))}
+    excluded |= {("Secret", n) for n in _names(ws.get(RELOADER_SECRETS_EXCLUDE))}
+    pause = parse_duration(ws.get(PAUSE_PERIOD)) if kind == "Deployment" else None
+    spec = body.get("spec") or {}
+    kept_template: Mapping[str, Any] | None = None
+    if kind == "Job":
+        kept_template = spec
+    elif kind == "CronJob":
+        kept_template = spec.get("jobTemplate") or {}
+    containers = [c for c in (pod_spec.get("containers") or ()) if c.get("name")]
+    return WorkloadView(
+        kind=kind, namespace=namespace, name=str(metadata.get("name") or ""),
+        uid=str(metadata.get("uid") or ""), rv=resource_version(body),
+        sources=frozenset(sources.values()), search=frozenset(search.values()), patterns=tuple(patterns),
+        excluded=frozenset(excluded), ours=ours, reloader=reloader,
+        containers=tuple((s.kind, s.name, names) for s, names in sorted(refs.items())),
+        first_container=str(containers[0]["name"]) if containers else "",
+        observed_hash=ws.get(OBSERVED_HASH), observed_sources=ws.get(OBSERVED_SOURCES),
+        pause_period=pause, paused_at=ws.get(PAUSED_AT), paused=bool(spec.get("paused")),
+        template=kept_template, labels=dict(metadata.get("labels") or {}) if kind == "Job" else None,
+        annotations=dict(ws) if kind == "Job" else None,
+        deleting=bool(metadata.get("deletionTimestamp")),
+    )
+
+
+def workload_index_entries(view: WorkloadView | None) -> dict[Any, Any]:
+    """Index entries of one workload: (source kind, namespace, source name) -> workload key (the
+    reverse lookup a source event needs; "*" for workloads with name patterns), and
+    ("view", *key) -> the view itself."""
+    if view is None:
+        return {}
+    entries: dict[Any, Any] = {(s.kind, view.namespace, s.name): view.key for s in (*view.sources, *view.search)}
+    for source_kind, _ in view.patterns:
+        entries[(source_kind, view.namespace, "*")] = view.key
+    entries[("view", *view.key)] = view
+    return entries
+
+
+def parse_duration(value: object) -> float | None:
+    """Go's duration syntax as Reloader reads it ("90s", "5m", "1h30m", "1.5h"); None if unparsable."""
+    text = str(value or "").strip()
+    if not text:
+        return None
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+# --- what a workload watches right now --------------------------------------------------------------
+
+
+def effective_sources(view: WorkloadView, lookup: Mapping[tuple[str, str], SourceView],
+                      settings: Settings | None = None) -> set[Source]:
+    """The sources whose data rolls the workload now: its exact names, the referenced sources marked
+    match (search mode), the existing sources its patterns match; minus excluded, ignored, unselected
+    and ignored kinds. ``lookup``: (kind, name) -> SourceView of the namespace's existing sources."""
+    settings = settings or Settings()
+    result = set(view.sources)
+    result |= {s for s in view.search if (found := lookup.get((s.kind, s.name))) is not None and found.match}
+    for source_kind, pattern in view.patterns:
+        try:
+            compiled = re.compile(f"^(?:{pattern})$")
+        except re.error:
+            continue  # an invalid pattern matches nothing (as in Reloader)
+        result |= {Source(source_kind, name) for (kind, name) in lookup
+                   if kind == source_kind and compiled.match(name)}
+
+    def keep(source: Source) -> bool:
+        if (source.kind, source.name) in view.excluded or settings.ignores_source_kind(source.kind):
+            return False
+        found = lookup.get((source.kind, source.name))
+        return found is None or (not found.ignore and found.selected)
+    return {s for s in result if keep(s)}
+
+
+# --- snapshots and plans ---------------------------------------------------------------------------
 
 
 def short(h: str) -> str:
@@ -152,31 +508,41 @@ def short(h: str) -> str:
     return h[:8]
 
 
+def combined_hash(per_source: Mapping[str, str]) -> str:
+    """One hash over the per-source hashes (keyed by ``Source.ref``), independent of order."""
+    encoded = json.dumps(dict(per_source), sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(encoded).hexdigest()[:16]
+
+
 @dataclasses.dataclass(frozen=True)
 class Snapshot:
-    """The current data hashes of a workload's sources, as far as the cache knows them."""
+    """The current data hashes of a workload's sources, as far as the indexes know them."""
 
-    per_source: dict[str, str]        # ref -> short hash (or ABSENT for a missing optional source)
+    per_source: dict[str, str]        # ref -> short hash, or ABSENT for a missing source
     missing: list[str]                # refs of missing required sources
+    optional: frozenset[str] = frozenset()
 
     @property
     def hash(self) -> str:
         return combined_hash(self.per_source)
 
 
-def snapshot(sources: Iterable[Source], lookup: Mapping[tuple[str, str], str]) -> Snapshot:
-    """``lookup``: (kind, name) -> data hash, for existing sources in the workload's namespace."""
+def snapshot(sources: Iterable[Source], lookup: Mapping[tuple[str, str], Any]) -> Snapshot:
+    """``lookup``: (kind, name) -> SourceView (or a data hash) of the existing sources."""
     per_source: dict[str, str] = {}
     missing: list[str] = []
+    optional: set[str] = set()
     for source in sorted(sources):
-        h = lookup.get((source.kind, source.name))
-        if h is not None:
-            per_source[source.ref] = short(h)
-        elif source.optional:
-            per_source[source.ref] = ABSENT
+        found = lookup.get((source.kind, source.name))
+        if source.optional:
+            optional.add(source.ref)
+        if found is not None:
+            per_source[source.ref] = short(found.hash if isinstance(found, SourceView) else str(found))
         else:
-            missing.append(source.ref)
-    return Snapshot(per_source=per_source, missing=missing)
+            per_source[source.ref] = ABSENT
+            if not source.optional:
+                missing.append(source.ref)
+    return Snapshot(per_source=per_source, missing=missing, optional=frozenset(optional))
 
 
 Action = Literal["none", "baseline", "roll", "wait-missing"]
@@ -187,7 +553,7 @@ class Plan:
     action: Action
     new_hash: str = ""
     changed: tuple[str, ...] = ()     # refs whose data changed (for the Event)
-    missing: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()     # required sources missing now (warned about once)
 
 
 def parse_observed(annotations: Mapping[str, str]) -> tuple[str | None, dict[str, str]]:
@@ -201,99 +567,196 @@ def parse_observed(annotations: Mapping[str, str]) -> tuple[str | None, dict[str
     return observed, {str(k): str(v) for k, v in per_source.items()}
 
 
-def plan(annotations: Mapping[str, str], snap: Snapshot) -> Plan:
-    """Decide what to do with a workload, given its metadata annotations and the current snapshot.
+def plan(annotations: Mapping[str, str], snap: Snapshot, *, newer: Iterable[str] = (),
+         reload_on_create: bool = False, reload_on_delete: bool = False) -> Plan:
+    """Decide what to do with a workload, given its baseline annotations and the current snapshot.
 
-    - a required source is missing: do nothing (pods could not start anyway), warn, keep the baseline,
-      so a recreate with the same data rolls nothing;
-    - no baseline yet (new or newly annotated workload): record it, do not roll;
+    - no baseline yet (first sighting): record it at once, without rolling; except for sources
+      changed after the workload's version first seen (``newer``, by resourceVersion): a change
+      made right after creation is never absorbed into the baseline;
+    - a required source is missing: hold (pods could not start anyway), keep the baseline, so a
+      recreate with the same data rolls nothing (``reload_on_delete``: roll instead);
+    - a required source that was absent appears: re-baseline (``reload_on_create``: roll);
     - the data of a source that was already watched changed: roll;
-    - only the SET of sources changed (the user edited the pod template, which rolls it anyway, or
-      the opt-in annotations): re-baseline without a second rollout.
+    - only the SET of sources changed (a template edit, which rolls by itself, or the opt-in keys):
+      re-baseline without a second rollout.
     """
-    if snap.missing:
-        return Plan("wait-missing", missing=tuple(snap.missing))
-    observed, observed_sources = parse_observed(annotations)
+    missing = tuple(snap.missing)
     new_hash = snap.hash
-    if observed == new_hash:
-        return Plan("none", new_hash=new_hash)
+    observed, observed_sources = parse_observed(annotations)
     if observed is None:
-        return Plan("baseline", new_hash=new_hash)
+        newer = tuple(sorted(r for r in newer if snap.per_source.get(r, ABSENT) != ABSENT))
+        if newer:
+            return Plan("roll", new_hash=new_hash, changed=newer, missing=missing)
+        return Plan("baseline", new_hash=new_hash, missing=missing)
+    if snap.missing and not reload_on_delete:
+        return Plan("wait-missing" if observed != new_hash else "none", new_hash=new_hash, missing=missing)
+    if observed == new_hash:
+        return Plan("none", new_hash=new_hash, missing=missing)
     if not observed_sources:
         # A baseline without per-source hashes (edited by hand): the data may have changed; be safe.
-        return Plan("roll", new_hash=new_hash, changed=tuple(sorted(snap.per_source)))
-    changed = tuple(ref for ref, h in sorted(snap.per_source.items())
-                    if ref in observed_sources and observed_sources[ref] != h)
+        return Plan("roll", new_hash=new_hash, changed=tuple(sorted(snap.per_source)), missing=missing)
+    changed = []
+    for ref, h in sorted(snap.per_source.items()):
+        old = observed_sources.get(ref)
+        if old is None or old == h:
+            continue
+        required = ref not in snap.optional
+        if required and old == ABSENT and not reload_on_create:
+            continue  # appeared: pods could not have run without it; nothing to roll
+        changed.append(ref)
     if not changed:
-        return Plan("baseline", new_hash=new_hash)
-    return Plan("roll", new_hash=new_hash, changed=changed)
+        return Plan("baseline", new_hash=new_hash, missing=missing)
+    return Plan("roll", new_hash=new_hash, changed=tuple(changed), missing=missing)
 
 
-def metadata_patch(plan_: Plan, snap: Snapshot) -> dict[str, Any]:
-    annotations = {OBSERVED_HASH: plan_.new_hash,
-                   OBSERVED_SOURCES: json.dumps(snap.per_source, sort_keys=True, separators=(",", ":"))}
-    return {"metadata": {"annotations": annotations}}
+# --- patches ---------------------------------------------------------------------------------------
 
 
-def roll_patch(plan_: Plan, snap: Snapshot) -> dict[str, Any]:
-    """Baseline plus the pod-template annotation that makes the controller roll the workload."""
-    patch = metadata_patch(plan_, snap)
-    patch["spec"] = {"template": {"metadata": {"annotations": {CONFIG_HASH: plan_.new_hash}}}}
+def baseline_annotations(plan_: Plan, snap: Snapshot) -> dict[str, str]:
+    return {OBSERVED_HASH: plan_.new_hash,
+            OBSERVED_SOURCES: json.dumps(snap.per_source, sort_keys=True, separators=(",", ":"))}
+
+
+def metadata_patch(plan_: Plan, snap: Snapshot, rv: int | None = None) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"annotations": baseline_annotations(plan_, snap)}
+    if rv:
+        metadata["resourceVersion"] = str(rv)
+    return {"metadata": metadata}
+
+
+def last_reloaded_from(view: WorkloadView, ref: str, source_hash_: str, now: float) -> str:
+    """Reloader's pod-template annotation: JSON with the source that caused the rollout, in
+    Reloader's field order (type, name, namespace, hash, containerRefs, observedAt)."""
+    kind, _, name = ref.partition("/")
+    source_kind = "ConfigMap" if kind == "configmap" else "Secret"
+    return json.dumps({"type": kind.upper(), "name": name, "namespace": view.namespace, "hash": source_hash_,
+                       "containerRefs": view.containers_of(source_kind, name), "observedAt": int(now)},
+                      separators=(",", ":"))
+
+
+def template_annotations(view: WorkloadView, plan_: Plan, snap: Snapshot, now: float) -> dict[str, str]:
+    """The pod-template annotations that roll the workload: ours for our keys, Reloader's for its."""
+    result: dict[str, str] = {}
+    if view.ours or not view.reloader:
+        result[CONFIG_HASH] = plan_.new_hash
+    if view.reloader:
+        ref = (plan_.changed or tuple(snap.per_source) or ("configmap/",))[0]
+        result[LAST_RELOADED_FROM] = last_reloaded_from(view, ref, snap.per_source.get(ref, ABSENT), now)
+    return result
+
+
+def roll_patch(view: WorkloadView, plan_: Plan, snap: Snapshot, now: float, rv: int | None = None) -> dict[str, Any]:
+    """One merge patch: baseline plus the pod-template annotation that makes the controller roll the
+    workload (and, for a Deployment with a pause period, Reloader's pause)."""
+    patch = metadata_patch(plan_, snap, rv)
+    spec: dict[str, Any] = {"template": {"metadata": {"annotations": template_annotations(view, plan_, snap, now)}}}
+    if view.kind == "Deployment" and view.pause_period:
+        spec["paused"] = True
+        patch["metadata"]["annotations"][PAUSED_AT] = iso(now)
+    patch["spec"] = spec
     return patch
 
 
-@dataclasses.dataclass(frozen=True)
-class WorkloadState:
-    """What the in-memory index keeps per opted-in workload: names and hashes, never data."""
-
-    sources: frozenset[Source]
-    observed_hash: str | None
-    observed_sources: str | None
-
-    @property
-    def annotations(self) -> dict[str, str]:
-        result = {}
-        if self.observed_hash is not None:
-            result[OBSERVED_HASH] = self.observed_hash
-        if self.observed_sources is not None:
-            result[OBSERVED_SOURCES] = self.observed_sources
-        return result
+def unpause_patch(rv: int | None = None) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"annotations": {PAUSED_AT: None}}
+    if rv:
+        metadata["resourceVersion"] = str(rv)
+    return {"metadata": metadata, "spec": {"paused": False}}
 
 
-def workload_state(body: Mapping[str, Any]) -> WorkloadState | None:
-    """None when the workload has not opted in."""
-    metadata = body.get("metadata") or {}
-    template_metadata = ((body.get("spec") or {}).get("template") or {}).get("metadata") or {}
-    if not is_opted_in(opt_in_annotations(metadata, template_metadata)):
+def iso(now: float) -> str:
+    return datetime.datetime.fromtimestamp(now, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_iso(value: str | None) -> float | None:
+    try:
+        return datetime.datetime.strptime(str(value), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC).timestamp()
+    except ValueError:
         return None
-    annotations = metadata.get("annotations") or {}
-    return WorkloadState(frozenset(watched_sources(body)), annotations.get(OBSERVED_HASH),
-                         annotations.get(OBSERVED_SOURCES))
 
 
-def needs_reconcile(state: WorkloadState | None, lookup: Mapping[tuple[str, str], str],
-                    already_warned: tuple[str, ...] | None = None) -> bool:
-    """Cheap in-memory pre-check on a watch event: is there anything to do or to warn about?
-    (Missing sources already warned about need nothing until they appear.)"""
-    if state is None:
-        return False
-    p = plan(state.annotations, snapshot(state.sources, lookup))
-    return p.action != "none" and not (p.action == "wait-missing" and p.missing == already_warned)
+def unpause_due(view: WorkloadView, now: float) -> float | None:
+    """Seconds until a Deployment we paused must be resumed (<= 0: now); None: not paused by us."""
+    if view.kind != "Deployment" or not view.paused or not view.paused_at:
+        return None
+    since = parse_iso(view.paused_at)
+    if since is None:
+        return 0.0
+    return since + (view.pause_period or 0.0) - now
 
 
-WorkloadKey = tuple[str, str, str]  # (kind, namespace, name)
+_JOB_LABELS = ("controller-uid", "batch.kubernetes.io/controller-uid", "job-name", "batch.kubernetes.io/job-name")
 
 
-def workload_index_entries(key: WorkloadKey, body: Mapping[str, Any]) -> dict[Any, Any]:
-    """Index entries of one workload: (source kind, namespace, source name) -> workload key (the
-    reverse lookup a source event needs), and ("state", *key) -> its WorkloadState."""
-    state = workload_state(body)
-    if state is None:
-        return {}
-    entries: dict[Any, Any] = {(s.kind, key[1], s.name): key for s in state.sources}
-    entries[("state", *key)] = state
-    return entries
+def cronjob_job(view: WorkloadView, suffix: str, extra_annotations: Mapping[str, str]) -> dict[str, Any]:
+    """A Job from a CronJob's jobTemplate, owned by the CronJob (as ``kubectl create job --from``)."""
+    template = dict(view.template or {})
+    meta = template.get("metadata") or {}
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {
+            "name": f"{view.name[:52]}-{suffix}"[:63], "namespace": view.namespace,
+            "labels": dict(meta.get("labels") or {}),
+            "annotations": {**(meta.get("annotations") or {}), CRONJOB_INSTANTIATE: "manual", **extra_annotations},
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "CronJob", "name": view.name, "uid": view.uid,
+                                 "controller": True, "blockOwnerDeletion": True}],
+        },
+        "spec": dict(template.get("spec") or {}),
+    }
+
+
+def recreated_job(view: WorkloadView, annotations: Mapping[str, str]) -> dict[str, Any]:
+    """The same Job again, new identity: the generated selector and its labels are left to the API."""
+    spec = json.loads(json.dumps(view.template or {}))
+    if not spec.get("manualSelector"):
+        spec.pop("selector", None)
+        labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
+        for key in _JOB_LABELS:
+            labels.pop(key, None)
+    job_labels = {k: v for k, v in (view.labels or {}).items() if k not in _JOB_LABELS}
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": view.name, "namespace": view.namespace, "labels": job_labels,
+                         "annotations": {**(view.annotations or {}), **annotations}},
+            "spec": spec}
 
 
 def rollout_message(kind: str, name: str, changed: Iterable[str]) -> str:
     return f"Re-rolled {kind} {name}: data changed in {', '.join(changed)}"
+
+
+# --- pacing: leading edge, per-workload interval, cluster-wide token bucket -------------------------
+
+
+def next_rollout_at(last_roll: float | None, now: float, settings: Settings) -> float:
+    """When the workload may roll: at once after a quiet period (leading edge); otherwise when the
+    merge window / minimum interval since its last rollout has passed (one trailing rollout, which
+    takes every change made meanwhile)."""
+    if last_roll is None:
+        return now
+    return max(now, last_roll + settings.min_gap)
+
+
+class TokenBucket:
+    """Cluster-wide rollouts per second. ``reserve`` hands out slots in order (the level may go
+    negative): each caller learns how long to wait for its own slot, so waiters never stampede."""
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        self.rate = rate
+        self.burst = max(1.0, burst)
+        self.tokens = self.burst
+        self.stamp = now
+
+    def reserve(self, now: float) -> float:
+        """Take one slot; the seconds to wait before using it (0: at once)."""
+        if self.rate <= 0:
+            return 0.0
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        self.tokens -= 1
+        return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
+
+    def cancel(self, now: float) -> None:
+        """Give a reserved slot back (the rollout it was for turned out to be unnecessary)."""
+        if self.rate > 0:
+            self.tokens = min(self.burst, self.tokens + 1)

@@ -1,71 +1,91 @@
-"""Re-roller: re-roll Deployments/StatefulSets/DaemonSets when the ConfigMaps/Secrets they use change.
+"""Re-roller: re-roll workloads when the ConfigMaps/Secrets they use change.
 
-Only ``@kopf.index`` and ``@kopf.on.event`` on built-in objects: Kopf stores nothing on them. The
-indexes hold hashes of source data and the source -> workload reverse lookup; Kopf fills them from
-the initial listing before any event handler runs, so the first sighting after a start already
-compares against the real data (changes made while the operator was down roll exactly once).
+Thin handlers: indexes feed the controller (kopf_operators.reroller_controller), which decides with
+kopf_operators.reroller (pure). Only ``@kopf.index`` and ``@kopf.on.event`` on built-in objects: Kopf
+stores nothing on them. Kopf fills the indexes from the initial listing before any event handler
+runs, so the first look after a start compares stored baselines with the real data (changes made
+while the operator was down roll exactly once).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import kopf
 
-from kopf_operators import common  # noqa: F401  (registers the shared settings)
 from kopf_operators import reroller as logic
-from kopf_operators.reroller_api import runtime
-
-# --- in-memory indexes: hashes and names only, never data ------------------------------------------
-
-
-@kopf.index("configmaps", id="reroller_configmaps")
-def configmap_hashes(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, str]:
-    return {("ConfigMap", namespace or "", name): logic.source_hash("ConfigMap", body)}
-
-
-@kopf.index("secrets", id="reroller_secrets")
-def secret_hashes(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, str]:
-    return {("Secret", namespace or "", name): logic.source_hash("Secret", body)}
+from kopf_operators import runtime
+from kopf_operators.reroller_controller import (
+    INDEXES,
+    NAMESPACES_INDEX,
+    SOURCE_INDEXES,
+    WORKLOAD_INDEXES,
+    RerollerController,
+)
 
 
-def _index_workload(kind: str) -> Any:
-    def index(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-        return logic.workload_index_entries((kind, namespace or "", name), body)
+@kopf.on.startup(id="reroller-startup")
+async def start(memo: kopf.Memo, **kwargs: Any) -> None:
+    _, access = runtime.shared(memo)
+    settings = logic.Settings.from_env(os.environ)  # fails fast on a malformed option
+    memo.reroller = RerollerController(access, settings, {index_id: kwargs[index_id] for index_id in INDEXES})
+    memo.reroller.start_resync()
+
+
+@kopf.on.cleanup(id="reroller-cleanup")
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    await memo.reroller.stop()
+
+
+# --- indexes: hashes, names and flags, never data -------------------------------------------------
+
+
+def _source_index(kind: str) -> Any:
+    def index(namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> Any:
+        return {(kind, namespace or "", name): logic.source_view(kind, body, memo.reroller.resource_selector)}
     return index
 
 
-kopf.index("apps", "v1", "deployments", id="reroller_deployments")(_index_workload("Deployment"))
-kopf.index("apps", "v1", "statefulsets", id="reroller_statefulsets")(_index_workload("StatefulSet"))
-kopf.index("apps", "v1", "daemonsets", id="reroller_daemonsets")(_index_workload("DaemonSet"))
+kopf.index("configmaps", id=SOURCE_INDEXES["ConfigMap"])(_source_index("ConfigMap"))
+kopf.index("secrets", id=SOURCE_INDEXES["Secret"])(_source_index("Secret"))
 
 
-# --- events: cheap in-memory checks; the per-workload task does the (debounced) work ---------------
+def _workload_index(kind: str) -> Any:
+    def index(body: kopf.Body, memo: kopf.Memo, **_: Any) -> Any:
+        return logic.workload_index_entries(logic.workload_view(kind, body, memo.reroller.settings))
+    return index
+
+
+_WORKLOADS = {"Deployment": ("apps", "v1", "deployments"), "StatefulSet": ("apps", "v1", "statefulsets"),
+              "DaemonSet": ("apps", "v1", "daemonsets"), "CronJob": ("batch", "v1", "cronjobs"),
+              "Job": ("batch", "v1", "jobs")}
+for _kind, (_group, _version, _plural) in _WORKLOADS.items():
+    kopf.index(_group, _version, _plural, id=WORKLOAD_INDEXES[_kind])(_workload_index(_kind))
+
+
+@kopf.index("namespaces", id=NAMESPACES_INDEX)
+def namespace_labels(name: str, labels: kopf.Labels, **_: Any) -> Any:
+    return {name: dict(labels)}
+
+
+# --- events: the controller decides from the indexes and the event's body --------------------------
 
 
 @kopf.on.event("configmaps", id="reroller-configmap-event")
 @kopf.on.event("secrets", id="reroller-secret-event")
-async def source_event(resource: kopf.Resource, namespace: str | None, name: str, **kwargs: Any) -> None:
-    runtime.bind(kwargs)
+async def source_event(resource: kopf.Resource, namespace: str | None, name: str, memo: kopf.Memo,
+                       **_: Any) -> None:
     kind = "ConfigMap" if resource.plural == "configmaps" else "Secret"
-    for key in runtime.workloads_of(kind, namespace or "", name):
-        runtime.check(key, runtime.state_of(key))
+    await memo.reroller.source_event(kind, namespace or "", name)
 
 
-def _on_workload(kind: str) -> Any:
-    async def handler(type: str, namespace: str | None, name: str, body: kopf.Body, **kwargs: Any) -> None:
-        runtime.bind(kwargs)
-        if type == "DELETED":
-            return
-        runtime.check((kind, namespace or "", name), logic.workload_state(body))
+def _workload_event(kind: str) -> Any:
+    async def handler(type: str | None, namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo,
+                      **_: Any) -> None:
+        await memo.reroller.workload_event((kind, namespace or "", name), type, body)
     return handler
 
 
-kopf.on.event("apps", "v1", "deployments", id="reroller-deployment-event")(_on_workload("Deployment"))
-kopf.on.event("apps", "v1", "statefulsets", id="reroller-statefulset-event")(_on_workload("StatefulSet"))
-kopf.on.event("apps", "v1", "daemonsets", id="reroller-daemonset-event")(_on_workload("DaemonSet"))
-
-
-@kopf.on.cleanup(id="reroller-cleanup")
-async def cleanup(**_: Any) -> None:
-    await runtime.shutdown()
+for _kind, (_group, _version, _plural) in _WORKLOADS.items():
+    kopf.on.event(_group, _version, _plural, id=f"reroller-{_plural[:-1]}-event")(_workload_event(_kind))

@@ -4,6 +4,8 @@ ControllerRevisions, so "rolled exactly once" is asserted on what Kubernetes did
 from __future__ import annotations
 
 import base64
+import json
+import os
 import statistics
 import time
 from typing import Any
@@ -11,10 +13,16 @@ from typing import Any
 import pytest
 
 from kopf_operators import reroller as logic
-from tests.kube import OperatorProcess, stays, wait_for
+from tests.kube import REPO, OperatorProcess, stays, wait_for
 
 AUTO = {logic.AUTO: "true"}
 NGINX_CONF = "events {}\nhttp { server { listen 80; location / { return 200 'v1'; } } }\n"
+
+
+@pytest.fixture(scope="session")
+def batch(api: Any) -> Any:
+    import kubernetes
+    return kubernetes.client.BatchV1Api(api)
 
 
 # --- builders -----------------------------------------------------------------------------------
@@ -66,9 +74,14 @@ def read(apps: Any, kind: str, ns: str, name: str) -> Any:
             "DaemonSet": apps.read_namespaced_daemon_set}[kind](name, ns)
 
 
-def template_hash(apps: Any, ns: str, name: str, kind: str = "Deployment") -> str | None:
+def template_hash(apps: Any, ns: str, name: str, kind: str = "Deployment", key: str = logic.CONFIG_HASH
+                  ) -> str | None:
     annotations = read(apps, kind, ns, name).spec.template.metadata.annotations or {}
-    return annotations.get(logic.CONFIG_HASH)
+    return annotations.get(key)
+
+
+def reloaded_from(apps: Any, ns: str, name: str, kind: str = "Deployment") -> str | None:
+    return template_hash(apps, ns, name, kind, logic.LAST_RELOADED_FROM)
 
 
 def observed_hash(apps: Any, ns: str, name: str, kind: str = "Deployment") -> str | None:
@@ -106,12 +119,13 @@ def assert_not_rolled(apps: Any, ns: str, name: str, seconds: float = 4) -> None
           seconds, what=f"{name} not rolled")
 
 
-def assert_rolled_once(apps: Any, core: Any, ns: str, name: str, source: str, rs: int = 2) -> str:
-    new = wait_for(lambda: template_hash(apps, ns, name), timeout=30, what=f"{name} re-rolled")
+def assert_rolled_once(apps: Any, core: Any, ns: str, name: str, source: str, rs: int = 2,
+                       key: str = logic.CONFIG_HASH) -> str:
+    new = wait_for(lambda: template_hash(apps, ns, name, key=key), timeout=30, what=f"{name} re-rolled")
     wait_for(lambda: replicasets(apps, ns, name) == rs, timeout=30, what=f"{rs} ReplicaSets of {name}")
     wait_for(lambda: any(source in (e.message or "") for e in events(core, ns, name, "Rerolled")),
              timeout=15, what="a Rerolled event naming the source")
-    stays(lambda: replicasets(apps, ns, name) == rs and template_hash(apps, ns, name) == new, 4,
+    stays(lambda: replicasets(apps, ns, name) == rs and template_hash(apps, ns, name, key=key) == new, 4,
           what=f"exactly one rollout of {name}")
     return str(new)
 
@@ -235,8 +249,8 @@ def test_change_during_downtime_rolls_exactly_once(operator: OperatorProcess, na
     stays(lambda: replicasets(apps, namespace, "nginx") == 2, 3, what="still one rollout")
 
 
-def test_burst_merges_and_flapping_is_rate_limited(operator: OperatorProcess, namespace: str, core: Any,
-                                                   apps: Any) -> None:
+def test_burst_rolls_at_once_then_merges_and_flapping_is_rate_limited(operator: OperatorProcess, namespace: str,
+                                                                     core: Any, apps: Any) -> None:
     configmap(core, namespace, "a", {"k": "0"})
     secret(core, namespace, "s", {"k": "0"})
     spec = {"containers": [{"name": "c", "image": "app", "envFrom": [
@@ -245,24 +259,36 @@ def test_burst_merges_and_flapping_is_rate_limited(operator: OperatorProcess, na
     baseline(apps, namespace, "app")
     wait_for(lambda: replicasets(apps, namespace, "app") == 1, timeout=30, what="the first ReplicaSet")
 
-    # A burst of changes to two sources within the debounce window: one rollout.
+    # A burst of changes to two sources: the first rolls at once (leading edge), the rest of the
+    # burst merges into exactly one more rollout when the minimum interval (10 s) has passed.
+    edited = time.monotonic()
     for i in range(1, 4):
         set_cm(core, namespace, "a", {"k": str(i)})
         core.patch_namespaced_secret("s", namespace, {"stringData": {"k": str(i)}})
-    first = wait_for(lambda: template_hash(apps, namespace, "app"), timeout=30, what="the first rollout")
+    first = wait_for(lambda: template_hash(apps, namespace, "app"), timeout=30, interval=0.02,
+                     what="the first rollout")
     rolled_at = time.monotonic()
+    assert rolled_at - edited < 2, "the first change must roll at once, not after a debounce"
     wait_for(lambda: replicasets(apps, namespace, "app") == 2, timeout=30, what="a second ReplicaSet")
-
-    # A flapping source right after: the next rollout waits for the rate limit (10 s by default).
-    set_cm(core, namespace, "a", {"k": "flap"})
-    set_cm(core, namespace, "a", {"k": "flop"})
-    stays(lambda: replicasets(apps, namespace, "app") == 2, 4, what="the rate limit holding")
-    wait_for(lambda: template_hash(apps, namespace, "app") != first, timeout=30, what="the second rollout")
+    stays(lambda: replicasets(apps, namespace, "app") == 2, 6, what="the rate limit holding")
+    wait_for(lambda: template_hash(apps, namespace, "app") != first, timeout=30, what="the merged rollout")
     assert time.monotonic() - rolled_at >= 9
     wait_for(lambda: replicasets(apps, namespace, "app") == 3, timeout=30, what="a third ReplicaSet")
-    stays(lambda: replicasets(apps, namespace, "app") == 3, 3, what="no rollout storm")
+    stays(lambda: replicasets(apps, namespace, "app") == 3, 3, what="the burst merged into one more rollout")
     messages = [e.message for e in events(core, namespace, "app", "Rerolled")]
     assert len(messages) == 2 and "configmap/a" in messages[0] and "secret/s" in " ".join(messages)
+
+    # A source flapping 10 times a second for 12 s: at most one rollout per 10 s.
+    before = replicasets(apps, namespace, "app")
+    started = time.monotonic()
+    i = 0
+    while time.monotonic() - started < 12:
+        set_cm(core, namespace, "a", {"k": f"flap-{i}"})
+        i += 1
+        time.sleep(0.1)
+    wait_for(lambda: replicasets(apps, namespace, "app") > before, timeout=30, what="flapping rolled")
+    stays(lambda: replicasets(apps, namespace, "app") - before <= 3, 11, what="at most 1 rollout per 10 s")
+
 
 def test_reloader_annotations(operator: OperatorProcess, namespace: str, core: Any, apps: Any) -> None:
     configmap(core, namespace, "named", {"k": "1"})
@@ -277,13 +303,17 @@ def test_reloader_annotations(operator: OperatorProcess, namespace: str, core: A
     baseline(apps, namespace, "named")
     baseline(apps, namespace, "auto")
 
-    # Not named: only the auto workload rolls.
+    # Not named: only the auto workload rolls, with Reloader's annotation (not ours).
     set_cm(core, namespace, "unlisted", {"k": "2"})
-    assert_rolled_once(apps, core, namespace, "auto", "configmap/unlisted")
-    assert template_hash(apps, namespace, "named") is None
+    assert_rolled_once(apps, core, namespace, "auto", "configmap/unlisted", key=logic.LAST_RELOADED_FROM)
+    assert reloaded_from(apps, namespace, "named") is None
+    assert template_hash(apps, namespace, "auto") is None
+    source = json.loads(str(reloaded_from(apps, namespace, "auto")))
+    assert {k: source[k] for k in ("type", "name", "namespace", "containerRefs")} == {
+        "type": "CONFIGMAP", "name": "unlisted", "namespace": namespace, "containerRefs": ["c"]}
     # Named secret: the named workload rolls.
     core.patch_namespaced_secret("tls", namespace, {"stringData": {"k": "2"}})
-    assert_rolled_once(apps, core, namespace, "named", "secret/tls")
+    assert_rolled_once(apps, core, namespace, "named", "secret/tls", key=logic.LAST_RELOADED_FROM)
 
 
 def test_missing_source_warns_and_operator_stays_healthy(operator: OperatorProcess, namespace: str,
@@ -293,19 +323,20 @@ def test_missing_source_warns_and_operator_stays_healthy(operator: OperatorProce
     warning = events(core, namespace, "nginx", "SourceMissing")[0]
     assert warning.type == "Warning" and "configmap/not-yet" in warning.message
     assert operator.running and operator._healthy()
-    assert observed_hash(apps, namespace, "nginx") is None
+    # The baseline is recorded at the first sighting (the missing source as absent) ...
+    first = baseline(apps, namespace, "nginx")
 
-    # Once it exists, the baseline is recorded and nothing is rolled.
+    # ... and once the source exists, it is re-recorded and nothing is rolled.
     configmap(core, namespace, "not-yet", {"nginx.conf": NGINX_CONF})
-    baseline(apps, namespace, "nginx")
+    wait_for(lambda: observed_hash(apps, namespace, "nginx") != first, timeout=30, what="the new baseline")
     assert_not_rolled(apps, namespace, "nginx", 3)
     assert len(events(core, namespace, "nginx", "SourceMissing")) == 1  # warned once, not per event
     assert not operator.errors(about=namespace)
 
 
 def test_reaction_latency(operator: OperatorProcess, namespace: str, core: Any, apps: Any) -> None:
-    """ConfigMap edited -> pod template patched, over 20 edits (20 workloads, edited one after another).
-    No assertion on time: the number is dominated by the debounce window (2 s by default)."""
+    """ConfigMap edited -> pod template patched, over 20 edits (20 workloads, edited one after another),
+    at the shipped defaults: an isolated change rolls at once (leading edge), well under a second."""
     count = 20
     for i in range(count):
         configmap(core, namespace, f"cm-{i}", {"k": "0"})
@@ -318,20 +349,233 @@ def test_reaction_latency(operator: OperatorProcess, namespace: str, core: Any, 
     for i in range(count):
         set_cm(core, namespace, f"cm-{i}", {"k": "1"})
         edited[f"d-{i}"] = time.monotonic()
+        wait_for(lambda i=i: template_hash(apps, namespace, f"d-{i}"), timeout=30, interval=0.005,  # type: ignore[misc]
+                 what=f"d-{i} patched")
+        patched[f"d-{i}"] = time.monotonic()
         time.sleep(0.1)  # spread the edits a little, as real ones are
 
-    def all_patched() -> bool:
-        now = time.monotonic()
-        for d in apps.list_namespaced_deployment(namespace).items:
-            if d.metadata.name not in patched and (d.spec.template.metadata.annotations or {}).get(
-                    logic.CONFIG_HASH):
-                patched[d.metadata.name] = now
-        return len(patched) == count
-
-    wait_for(all_patched, timeout=60, interval=0.02, what="all workloads patched")
     latencies = sorted(patched[name] - edited[name] for name in edited)
     p50 = statistics.median(latencies)
     p99 = latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))]
     print(f"\nreroller reaction (ConfigMap edit -> pod template patched), n={count}: "
           f"p50={p50 * 1000:.0f} ms, p99={p99 * 1000:.0f} ms, max={latencies[-1] * 1000:.0f} ms")
+    assert p50 < 1.0, "an isolated change must roll at once, not after a debounce window"
 
+
+
+# --- issue #13: no missed rollouts, Reloader's strategy, Jobs and CronJobs, pacing, requests --------
+
+
+def test_change_right_after_creation_is_never_absorbed(operator: OperatorProcess, namespace: str, core: Any,
+                                                       apps: Any) -> None:
+    """A ConfigMap changed milliseconds after its workload was created rolls the workload: the
+    baseline is the data as of the first sighting, recorded at once."""
+    names = [f"early-{i}" for i in range(5)]
+    for name in names:
+        configmap(core, namespace, name, {"k": "v1"})
+        deployment(apps, namespace, name, nginx_pod_spec(name), AUTO)
+        set_cm(core, namespace, name, {"k": "v2"})  # no wait: right after the workload's creation
+    for name in names:
+        wait_for(lambda n=name: template_hash(apps, namespace, n), timeout=30, what=f"{name} rolled")  # type: ignore[misc]
+    assert not operator.errors(about=namespace)
+
+
+def cronjob(batch: Any, ns: str, name: str, pod_spec: dict[str, Any], annotations: dict[str, str]) -> None:
+    pod_spec = {**pod_spec, "restartPolicy": "Never"}
+    batch.create_namespaced_cron_job(ns, {
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"schedule": "0 0 1 1 *", "suspend": True,
+                 "jobTemplate": {"spec": {"template": {"spec": pod_spec}}}}})
+
+
+def test_cronjob_gets_a_job_and_job_is_recreated(operator: OperatorProcess, namespace: str, core: Any,
+                                                 batch: Any) -> None:
+    configmap(core, namespace, "conf", {"k": "1"})
+    spec = {"containers": [{"name": "c", "image": "busybox:1.36", "envFrom": [{"configMapRef": {"name": "conf"}}]}]}
+    cronjob(batch, namespace, "nightly", spec, {logic.RELOADER_CONFIGMAPS: "conf"})
+    batch.create_namespaced_job(namespace, {
+        "metadata": {"name": "once", "annotations": {logic.RELOADER_AUTO: "true"}, "labels": {"team": "a"}},
+        "spec": {"template": {"spec": {**spec, "restartPolicy": "Never"}}}})
+    uid = batch.read_namespaced_job("once", namespace).metadata.uid
+    wait_for(lambda: logic.OBSERVED_HASH in (batch.read_namespaced_cron_job("nightly", namespace).metadata.annotations
+                                              or {}), timeout=30, what="the CronJob's baseline")
+
+    set_cm(core, namespace, "conf", {"k": "2"})
+
+    def triggered() -> list[Any]:
+        return [j for j in batch.list_namespaced_job(namespace).items
+                if any(o.kind == "CronJob" and o.name == "nightly" for o in j.metadata.owner_references or ())
+                and (j.metadata.annotations or {}).get(logic.CRONJOB_INSTANTIATE) == "manual"]
+    wait_for(triggered, timeout=30, what="a Job created from the CronJob")
+    again = wait_for(lambda: (j := batch.read_namespaced_job("once", namespace)).metadata.uid != uid and j,
+                     timeout=30, what="the Job recreated")
+    assert again.metadata.labels.get("team") == "a"
+    assert again.metadata.annotations.get(logic.RELOADER_AUTO) == "true"
+    stays(lambda: len(triggered()) == 1 and batch.read_namespaced_job("once", namespace).metadata.uid
+          == again.metadata.uid, 4, what="one Job per change, recreated once")
+    assert events(core, namespace, "nightly", "Rerolled") and events(core, namespace, "once", "Rerolled")
+    assert not operator.errors(about=namespace)
+
+
+def test_reloader_search_match_ignore_regex_and_exclude(operator: OperatorProcess, namespace: str, core: Any,
+                                                        apps: Any) -> None:
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "matched", "annotations": {
+        logic.RELOADER_MATCH: "true"}}, "data": {"k": "1"}})
+    configmap(core, namespace, "plain", {"k": "1"})
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "ignored", "annotations": {
+        logic.RELOADER_IGNORE: "true"}}, "data": {"k": "1"}})
+    configmap(core, namespace, "app-config-1", {"k": "1"})
+    configmap(core, namespace, "excluded", {"k": "1"})
+
+    def uses(*names: str) -> dict[str, Any]:
+        refs = [{"configMapRef": {"name": n}} for n in names]
+        return {"containers": [{"name": "c", "image": "app", "envFrom": refs}]}
+    deployment(apps, namespace, "search", uses("matched", "plain"), {logic.RELOADER_SEARCH: "true"})
+    deployment(apps, namespace, "auto", uses("ignored", "excluded", "plain"),
+               {logic.RELOADER_AUTO: "true", logic.RELOADER_CONFIGMAPS_EXCLUDE: "excluded"})
+    deployment(apps, namespace, "regex", uses("app-config-1"), {logic.RELOADER_CONFIGMAPS: "app-config-.*"})
+    for name in ("search", "auto", "regex"):
+        baseline(apps, namespace, name)
+        wait_for(lambda n=name: replicasets(apps, namespace, n) == 1, timeout=30, what="first ReplicaSet")  # type: ignore[misc]
+
+    set_cm(core, namespace, "ignored", {"k": "2"})    # ignore=true on the source: nothing rolls
+    set_cm(core, namespace, "excluded", {"k": "2"})   # excluded by the workload: nothing rolls
+    stays(lambda: reloaded_from(apps, namespace, "auto") is None, 4, what="ignored and excluded sources roll nothing")
+    set_cm(core, namespace, "matched", {"k": "2"})    # search + match: rolls
+    assert_rolled_once(apps, core, namespace, "search", "configmap/matched", key=logic.LAST_RELOADED_FROM)
+    set_cm(core, namespace, "app-config-1", {"k": "2"})  # regex name: rolls
+    assert_rolled_once(apps, core, namespace, "regex", "configmap/app-config-1", key=logic.LAST_RELOADED_FROM)
+    # "plain" has no match annotation: it rolls the auto workload, not the search one.
+    search_before = reloaded_from(apps, namespace, "search")
+    set_cm(core, namespace, "plain", {"k": "2"})
+    assert_rolled_once(apps, core, namespace, "auto", "configmap/plain", key=logic.LAST_RELOADED_FROM)
+    assert reloaded_from(apps, namespace, "search") == search_before
+
+
+def test_pause_period(operator: OperatorProcess, namespace: str, core: Any, apps: Any) -> None:
+    configmap(core, namespace, "conf", {"k": "1"})
+    deployment(apps, namespace, "paused", nginx_pod_spec("conf"),
+               {logic.RELOADER_CONFIGMAPS: "conf", logic.PAUSE_PERIOD: "5s"})
+    baseline(apps, namespace, "paused")
+    set_cm(core, namespace, "conf", {"k": "2"})
+    wait_for(lambda: reloaded_from(apps, namespace, "paused"), timeout=30, what="the rollout")
+    dep = apps.read_namespaced_deployment("paused", namespace)
+    assert dep.spec.paused and logic.PAUSED_AT in dep.metadata.annotations
+    wait_for(lambda: not apps.read_namespaced_deployment("paused", namespace).spec.paused, timeout=30,
+             what="the pause period over")
+    assert logic.PAUSED_AT not in (apps.read_namespaced_deployment("paused", namespace).metadata.annotations or {})
+    wait_for(lambda: replicasets(apps, namespace, "paused") == 2, timeout=30, what="the rollout after the pause")
+
+
+def conflicts(operator: OperatorProcess) -> float:
+    """How many 409s the re-roller met on its writes (its own metric)."""
+    for line in operator.metrics().splitlines():
+        if line.startswith("kopf_operators_errors_total{") and 'operator="reroller"' in line and "conflict" in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "StatefulSet", "DaemonSet", "CronJob"])
+def test_concurrent_writers_still_roll_exactly_once(operator: OperatorProcess, namespace: str, core: Any,
+                                                    apps: Any, batch: Any, kind: str) -> None:
+    """Someone else edits the workload all the time: our patch carries the resourceVersion we know,
+    a 409 re-reads that one workload and decides again; still exactly one rollout per change. Rounds
+    repeat until the operator has met a 409 (its metric), so the conflict path really ran."""
+    configmap(core, namespace, "conf", {"k": "0"})
+    labels = {"app": "busy"}
+    template = pod_template(nginx_pod_spec("conf"), labels)
+    spec: dict[str, Any] = {"selector": {"matchLabels": labels}, "template": template}
+    meta = {"name": "busy", "annotations": AUTO}
+    edit: Any
+    if kind == "Deployment":
+        apps.create_namespaced_deployment(namespace, {"metadata": meta, "spec": {**spec, "replicas": 0}})
+        edit = apps.patch_namespaced_deployment
+    elif kind == "StatefulSet":
+        apps.create_namespaced_stateful_set(namespace, {"metadata": meta, "spec": {**spec, "serviceName": "busy",
+                                                                                   "replicas": 0}})
+        edit = apps.patch_namespaced_stateful_set
+    elif kind == "DaemonSet":
+        apps.create_namespaced_daemon_set(namespace, {"metadata": meta, "spec": spec})
+        edit = apps.patch_namespaced_daemon_set
+    else:
+        cronjob(batch, namespace, "busy", nginx_pod_spec("conf"), AUTO)
+        edit = batch.patch_namespaced_cron_job
+
+    def observed() -> str | None:
+        obj = (batch.read_namespaced_cron_job("busy", namespace) if kind == "CronJob"
+               else read(apps, kind, namespace, "busy"))
+        return (obj.metadata.annotations or {}).get(logic.OBSERVED_HASH)
+
+    def rollouts() -> int:
+        return len(events(core, namespace, "busy", "Rerolled"))
+
+    wait_for(observed, timeout=30, what="the baseline")
+    before = conflicts(operator)
+    rounds = 0
+    while conflicts(operator) == before and rounds < 15:
+        rounds += 1
+        # Past the minimum interval, so that this change rolls at once, amid the other writer's edits.
+        time.sleep(10.5 if rounds > 1 else 0)
+        for i in range(20):
+            edit("busy", namespace, {"metadata": {"labels": {"edit": f"{rounds}-{i}"}}})
+            if i == 3:
+                set_cm(core, namespace, "conf", {"k": str(rounds)})
+        wait_for(lambda r=rounds: rollouts() == r, timeout=30, what=f"rollout #{rounds}")  # type: ignore[misc]
+    assert conflicts(operator) > before, "no 409 met in 15 rounds: the conflict path was not exercised"
+    stays(lambda: rollouts() == rounds, 3, what="exactly one rollout per change")
+    assert not operator.errors(about=namespace)
+
+
+def audit_entries(namespace: str, since: str) -> list[dict[str, Any]]:
+    """The operator's requests about ``namespace`` after ``since`` (RFC 3339), from the audit log."""
+    import subprocess
+    path = subprocess.run([str(REPO / "cluster" / "cluster.sh"), "audit-log"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    entries = []
+    with open(path) as log:
+        for line in log:
+            entry = json.loads(line)
+            ref = entry.get("objectRef") or {}
+            if (entry.get("user", {}).get("username", "").startswith("system:serviceaccount:kopf-operators")
+                    and ref.get("namespace") == namespace and entry.get("requestReceivedTimestamp", "") > since
+                    and ref.get("resource") != "events"):
+                entries.append(entry)
+    return entries
+
+
+def test_requests_per_change_and_quiet_logs(operator: OperatorProcess, namespace: str, core: Any,
+                                            apps: Any) -> None:
+    """Source edited -> one write per affected workload, no reads; no INFO line for the events that
+    change nothing."""
+    import datetime
+    if os.environ.get("OPERATOR_IDENTITY", "serviceaccount") == "admin":
+        pytest.skip("requests are counted by the operator's ServiceAccount in the audit log")
+    configmap(core, namespace, "shared", {"k": "1"})
+    names = [f"user-{i}" for i in range(3)]
+    for name in names:
+        deployment(apps, namespace, name, nginx_pod_spec("shared"), AUTO, replicas=0)
+    for name in names:
+        baseline(apps, namespace, name)
+    time.sleep(1)  # the audit log's timestamps are per request; leave a clear gap before counting
+    since = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    log_start = len(operator.output())
+
+    # Events that change nothing: metadata-only edits of the source and the workloads, re-applies.
+    for i in range(10):
+        core.patch_namespaced_config_map("shared", namespace, {"metadata": {"labels": {"n": str(i)}}})
+        apps.patch_namespaced_deployment(names[0], namespace, {"metadata": {"labels": {"n": str(i)}}})
+    set_cm(core, namespace, "shared", {"k": "2"})
+    for name in names:
+        wait_for(lambda n=name: template_hash(apps, namespace, n), timeout=30, what=f"{name} rolled")  # type: ignore[misc]
+
+    def counted() -> list[tuple[str, str, str]]:
+        return [(e["verb"], e["objectRef"]["resource"], e["objectRef"].get("name", ""))
+                for e in audit_entries(namespace, since)]
+    wait_for(lambda: len([c for c in counted() if c[0] == "patch"]) >= len(names), timeout=15,
+             what="the patches in the audit log")
+    stays(lambda: len(counted()) == len(names), 2, what="nothing else")
+    assert sorted(counted()) == sorted(("patch", "deployments", n) for n in names), counted()
+
+    ours = [line for line in operator.output()[log_start:].splitlines()
+            if "kopf_operators.rer" in line and "[INFO" in line and namespace in line]
+    assert len(ours) == len(names), ours  # one line per rollout, nothing for the no-op events

@@ -68,6 +68,12 @@ POD = {"volumes": [{"name": "v", "configMap": {"name": "nginx-conf"}}],
        "containers": [{"name": "c", "envFrom": [{"secretRef": {"name": "creds"}}]}]}
 
 
+def watched(body: dict[str, Any], lookup: dict[tuple[str, str], logic.SourceView] | None = None,
+            settings: logic.Settings | None = None) -> set[Source]:
+    view = logic.workload_view("Deployment", body, settings)
+    return set() if view is None else logic.effective_sources(view, lookup or {}, settings)
+
+
 @pytest.mark.parametrize(("annotations", "template_annotations", "expected"), [
     ({}, {}, set()),
     ({logic.AUTO: "true"}, {}, {Source(CM, "nginx-conf"), Source(SEC, "creds")}),
@@ -79,12 +85,91 @@ POD = {"volumes": [{"name": "v", "configMap": {"name": "nginx-conf"}}],
     ({logic.RELOADER_CONFIGMAPS: "nginx-conf"}, {}, {Source(CM, "nginx-conf")}),
     ({logic.RELOADER_SECRETS: "x,y"}, {}, {Source(SEC, "x"), Source(SEC, "y")}),
     ({logic.CONFIGMAPS: " , "}, {}, set()),
+    # Reloader's typed auto keys: one kind only.
+    ({logic.RELOADER_CONFIGMAP_AUTO: "true"}, {}, {Source(CM, "nginx-conf")}),
+    ({logic.RELOADER_SECRET_AUTO: "true"}, {}, {Source(SEC, "creds")}),
+    # Reloader reads the pod template's keys only when the workload has none for that kind.
+    ({}, {logic.RELOADER_CONFIGMAPS: "nginx-conf"}, {Source(CM, "nginx-conf")}),
+    ({logic.RELOADER_SECRETS: "creds"}, {logic.RELOADER_CONFIGMAPS: "nginx-conf"},
+     {Source(CM, "nginx-conf"), Source(SEC, "creds")}),
+    # Exclusions (auto mode).
+    ({logic.RELOADER_AUTO: "true", logic.RELOADER_CONFIGMAPS_EXCLUDE: "nginx-conf"}, {}, {Source(SEC, "creds")}),
+    ({logic.RELOADER_AUTO: "true", logic.RELOADER_SECRETS_EXCLUDE: "creds"}, {}, {Source(CM, "nginx-conf")}),
+    # Search mode without a matching source watches nothing.
+    ({logic.RELOADER_SEARCH: "true"}, {}, set()),
 ])
 def test_watched_sources(annotations: dict[str, str], template_annotations: dict[str, str],
                          expected: set[Source]) -> None:
     body = workload(annotations, template_annotations, POD)
-    assert logic.watched_sources(body) == expected
-    assert (logic.workload_state(body) is not None) == bool(expected)
+    assert watched(body) == expected
+
+
+def test_reloader_keys_write_reloaders_annotation_ours_write_ours() -> None:
+    ours = logic.workload_view("Deployment", workload({logic.AUTO: "true"}, pod_spec=POD))
+    theirs = logic.workload_view("Deployment", workload({logic.RELOADER_AUTO: "true"}, pod_spec=POD))
+    assert ours is not None and ours.ours and not ours.reloader
+    assert theirs is not None and theirs.reloader and not theirs.ours
+    assert logic.workload_view("Deployment", workload({logic.AUTO: "maybe"}, pod_spec=POD)) is None
+
+
+def test_search_match_and_ignore_on_sources() -> None:
+    body = workload({logic.RELOADER_SEARCH: "true"}, pod_spec=POD)
+    matched = {(CM, "nginx-conf"): logic.SourceView("1" * 16, 1, match=True)}
+    assert watched(body, matched) == {Source(CM, "nginx-conf")}
+    ignored = {(CM, "nginx-conf"): logic.SourceView("1" * 16, 1, ignore=True)}
+    assert watched(workload({logic.AUTO: "true"}, pod_spec=POD), ignored) == {Source(SEC, "creds")}
+    unselected = {(SEC, "creds"): logic.SourceView("1" * 16, 1, selected=False)}
+    assert watched(workload({logic.AUTO: "true"}, pod_spec=POD), unselected) == {Source(CM, "nginx-conf")}
+
+
+def test_regex_names_are_anchored() -> None:
+    body = workload({logic.RELOADER_CONFIGMAPS: "app-config-.*"}, pod_spec=POD)
+    view = logic.workload_view("Deployment", body)
+    assert view is not None and view.patterns == (("ConfigMap", "app-config-.*"),)
+    lookup = {(CM, n): logic.SourceView("1" * 16, 1) for n in ("app-config-a", "other-app-config-b", "app-config")}
+    assert logic.effective_sources(view, lookup) == {Source(CM, "app-config-a")}
+    entries = logic.workload_index_entries(view)
+    assert entries[(CM, "ns", "*")] == ("Deployment", "ns", "w")
+
+
+def test_operator_wide_options() -> None:
+    settings = logic.Settings(auto_reload_all=True)
+    assert watched(workload(pod_spec=POD), settings=settings) == {Source(CM, "nginx-conf"), Source(SEC, "creds")}
+    assert watched(workload({logic.RELOADER_AUTO: "false"}, pod_spec=POD), settings=settings) == set()
+    assert logic.workload_view("Job", workload({logic.AUTO: "true"}, pod_spec=POD),
+                               logic.Settings(ignored_workload_types=("jobs",))) is None
+    assert logic.workload_view("Deployment", workload({logic.AUTO: "true"}, pod_spec=POD),
+                               logic.Settings(namespaces_to_ignore=("ns",))) is None
+    assert watched(workload({logic.AUTO: "true"}, pod_spec=POD),
+                   settings=logic.Settings(resources_to_ignore=("secrets",))) == {Source(CM, "nginx-conf")}
+
+
+def test_settings_from_env() -> None:
+    settings = logic.Settings.from_env({
+        "REROLLER_DEBOUNCE_SECONDS": "0", "REROLLER_AUTO_RELOAD_ALL": "true",
+        "REROLLER_NAMESPACES_TO_IGNORE": "a, b", "REROLLER_IGNORED_WORKLOAD_TYPES": "jobs,cronjobs",
+        "REROLLER_NAMESPACE_SELECTOR": "team=web,env in (prod, stage),!legacy"})
+    assert settings.debounce_seconds == 0 and settings.auto_reload_all
+    assert settings.namespaces_to_ignore == ("a", "b") and settings.ignored_workload_types == ("jobs", "cronjobs")
+    for bad in ({"REROLLER_RESOURCES_TO_IGNORE": "configmaps,secrets"}, {"REROLLER_IGNORED_WORKLOAD_TYPES": "pods"},
+                {"REROLLER_NAMESPACE_SELECTOR": "a=(b"}, {"REROLLER_MIN_INTERVAL_SECONDS": "soon"}):
+        with pytest.raises(ValueError):
+            logic.Settings.from_env(bad)
+
+
+@pytest.mark.parametrize(("selector", "labels", "expected"), [
+    ("", {}, True), ("a=b", {"a": "b"}, True), ("a=b", {"a": "c"}, False), ("a==b", {"a": "b"}, True),
+    ("a!=b", {}, True), ("a!=b", {"a": "b"}, False), ("a", {"a": ""}, True), ("!a", {"a": "x"}, False),
+    ("a in (x, y)", {"a": "y"}, True), ("a notin (x,y),b=c", {"b": "c"}, True), ("a in (x)", {}, False),
+])
+def test_label_selectors(selector: str, labels: dict[str, str], expected: bool) -> None:
+    assert logic.selector_matches(logic.parse_selector(selector), labels) is expected
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("10s", 10), ("5m", 300), ("1h30m", 5400), ("1.5h", 5400),
+                                                ("", None), ("soon", None), ("5 m", None)])
+def test_parse_duration(text: str, seconds: float | None) -> None:
+    assert logic.parse_duration(text) == seconds
 
 
 def test_source_hash_is_stable_and_order_independent() -> None:
@@ -141,8 +226,10 @@ def test_changed_data_rolls_and_names_the_source() -> None:
     snap = logic.snapshot(SOURCES, {**LOOKUP, (CM, "nginx-conf"): "3333333333333333"})
     plan = logic.plan(before, snap)
     assert plan.action == "roll" and plan.changed == ("configmap/nginx-conf",)
-    patch = logic.roll_patch(plan, snap)
-    assert patch["spec"]["template"]["metadata"]["annotations"][logic.CONFIG_HASH] == snap.hash
+    view = logic.workload_view("Deployment", workload({logic.AUTO: "true"}, pod_spec=POD))
+    assert view is not None
+    patch = logic.roll_patch(view, plan, snap, 0.0)
+    assert patch["spec"]["template"]["metadata"]["annotations"] == {logic.CONFIG_HASH: snap.hash}
     assert patch["metadata"]["annotations"][logic.OBSERVED_HASH] == snap.hash
 
 
@@ -175,23 +262,112 @@ def test_foreign_baseline_without_per_source_hashes_rolls() -> None:
     assert plan.action == "roll" and set(plan.changed) == {"configmap/nginx-conf", "secret/creds"}
 
 
-def test_needs_reconcile() -> None:
-    body = workload({logic.AUTO: "true"}, pod_spec=POD)
-    state = logic.workload_state(body)
-    assert logic.needs_reconcile(state, LOOKUP)  # no baseline yet
+def test_first_sighting_rolls_a_change_made_after_the_workload() -> None:
+    """A source whose resourceVersion is newer than the workload's first-seen one changed after the
+    workload existed: never absorbed into the baseline."""
     snap = logic.snapshot(SOURCES, LOOKUP)
-    body["metadata"]["annotations"].update(observed(snap))
-    assert not logic.needs_reconcile(logic.workload_state(body), LOOKUP)
-    assert not logic.needs_reconcile(logic.workload_state(workload(pod_spec=POD)), LOOKUP)
-    missing = {(SEC, "creds"): LOOKUP[(SEC, "creds")]}
-    assert logic.needs_reconcile(logic.workload_state(body), missing)
-    assert not logic.needs_reconcile(logic.workload_state(body), missing, ("configmap/nginx-conf",))
+    plan = logic.plan({}, snap, newer=["configmap/nginx-conf"])
+    assert plan.action == "roll" and plan.changed == ("configmap/nginx-conf",)
+
+
+def test_first_sighting_with_a_missing_source_records_it_absent() -> None:
+    snap = logic.snapshot(SOURCES, {(SEC, "creds"): LOOKUP[(SEC, "creds")]})
+    plan = logic.plan({}, snap)
+    assert plan.action == "baseline" and plan.missing == ("configmap/nginx-conf",)
+    # It appears: re-baseline, no rollout (pods could not have run without it) ...
+    assert logic.plan(observed(snap), logic.snapshot(SOURCES, LOOKUP)).action == "baseline"
+    # ... unless reload-on-create.
+    assert logic.plan(observed(snap), logic.snapshot(SOURCES, LOOKUP), reload_on_create=True).action == "roll"
+
+
+def test_reload_on_delete_rolls_instead_of_holding() -> None:
+    before = observed(logic.snapshot(SOURCES, LOOKUP))
+    gone = logic.snapshot(SOURCES, {(SEC, "creds"): LOOKUP[(SEC, "creds")]})
+    assert logic.plan(before, gone).action == "wait-missing"
+    plan = logic.plan(before, gone, reload_on_delete=True)
+    assert plan.action == "roll" and plan.changed == ("configmap/nginx-conf",)
+
+
+def test_last_reloaded_from_is_reloaders_format() -> None:
+    view = logic.workload_view("Deployment", workload({logic.RELOADER_AUTO: "true"}, pod_spec=POD))
+    assert view is not None
+    before = observed(logic.snapshot(SOURCES, LOOKUP))
+    snap = logic.snapshot(SOURCES, {**LOOKUP, (SEC, "creds"): "3333333333333333"})
+    plan = logic.plan(before, snap)
+    patch = logic.roll_patch(view, plan, snap, 1700000000.0, rv=42)
+    annotations = patch["spec"]["template"]["metadata"]["annotations"]
+    assert logic.CONFIG_HASH not in annotations
+    value = annotations[logic.LAST_RELOADED_FROM]
+    assert list(json.loads(value)) == ["type", "name", "namespace", "hash", "containerRefs", "observedAt"]
+    assert json.loads(value) == {"type": "SECRET", "name": "creds", "namespace": "ns", "hash": "33333333",
+                                 "containerRefs": ["c"], "observedAt": 1700000000}
+    assert patch["metadata"]["resourceVersion"] == "42"
+
+
+def test_pause_period_pauses_and_resumes() -> None:
+    body = workload({logic.RELOADER_AUTO: "true", logic.PAUSE_PERIOD: "10s"}, pod_spec=POD)
+    view = logic.workload_view("Deployment", body)
+    assert view is not None and view.pause_period == 10
+    snap = logic.snapshot(SOURCES, LOOKUP)
+    patch = logic.roll_patch(view, logic.Plan("roll", new_hash=snap.hash, changed=("secret/creds",)), snap, 1000.0)
+    assert patch["spec"]["paused"] is True and patch["metadata"]["annotations"][logic.PAUSED_AT]
+    body["metadata"]["annotations"][logic.PAUSED_AT] = logic.iso(1000.0)
+    body["spec"]["paused"] = True
+    paused = logic.workload_view("Deployment", body)
+    assert paused is not None and logic.unpause_due(paused, 1004.0) == 6.0
+    assert logic.unpause_patch()["spec"] == {"paused": False}
+
+
+def test_cronjob_job_and_recreated_job() -> None:
+    cron = {"metadata": {"name": "nightly", "namespace": "ns", "uid": "u1",
+                         "annotations": {logic.RELOADER_AUTO: "true"}},
+            "spec": {"jobTemplate": {"metadata": {"labels": {"a": "b"}},
+                                     "spec": {"template": {"spec": POD}}}}}
+    view = logic.workload_view("CronJob", cron)
+    assert view is not None and view.sources == SOURCES
+    job = logic.cronjob_job(view, "abcde", {})
+    assert job["metadata"]["name"] == "nightly-abcde"
+    assert job["metadata"]["annotations"][logic.CRONJOB_INSTANTIATE] == "manual"
+    assert job["metadata"]["ownerReferences"][0]["uid"] == "u1" and job["spec"]["template"]["spec"] == POD
+    labels = {"controller-uid": "x", "batch.kubernetes.io/job-name": "j", "app": "a"}
+    body = {"metadata": {"name": "j", "namespace": "ns", "uid": "u2", "labels": dict(labels),
+                         "annotations": {logic.RELOADER_AUTO: "true"}},
+            "spec": {"selector": {"matchLabels": {"controller-uid": "x"}},
+                     "template": {"metadata": {"labels": dict(labels)}, "spec": POD}}}
+    job_view = logic.workload_view("Job", body)
+    assert job_view is not None
+    again = logic.recreated_job(job_view, {logic.OBSERVED_HASH: "h"})
+    assert "selector" not in again["spec"] and again["spec"]["template"]["metadata"]["labels"] == {"app": "a"}
+    assert again["metadata"]["annotations"] == {logic.RELOADER_AUTO: "true", logic.OBSERVED_HASH: "h"}
+
+
+def test_pacing_leading_edge_then_one_trailing_rollout() -> None:
+    settings = logic.Settings(debounce_seconds=2, min_interval_seconds=10)
+    assert logic.next_rollout_at(None, 100.0, settings) == 100.0          # first change: at once
+    assert logic.next_rollout_at(100.0, 100.5, settings) == 110.0         # within the window: later
+    assert logic.next_rollout_at(100.0, 200.0, settings) == 200.0         # quiet again: at once
+    # A source flapping 10 times a second for a minute: at most 60 / 10 + 1 rollouts.
+    rolls: list[float] = []
+    t = 0.0
+    while t < 60:
+        if logic.next_rollout_at(rolls[-1] if rolls else None, t, settings) <= t:
+            rolls.append(t)
+        t += 0.1
+    assert len(rolls) <= 7 and rolls[0] == 0.0
+
+
+def test_token_bucket_spreads_mass_rollouts() -> None:
+    bucket = logic.TokenBucket(rate=20, burst=40, now=0.0)
+    waits = [bucket.reserve(0.0) for _ in range(500)]
+    assert waits[:40] == [0.0] * 40 and waits[40] > 0
+    assert waits[-1] == pytest.approx((500 - 40) / 20)
+    assert logic.TokenBucket(rate=0, burst=1, now=0).reserve(0) == 0.0
 
 
 def test_workload_index_entries() -> None:
     body = workload({logic.AUTO: "true"}, pod_spec=POD)
-    entries = logic.workload_index_entries(("Deployment", "ns", "w"), body)
+    entries = logic.workload_index_entries(logic.workload_view("Deployment", body))
     assert entries[(CM, "ns", "nginx-conf")] == ("Deployment", "ns", "w")
     assert entries[(SEC, "ns", "creds")] == ("Deployment", "ns", "w")
-    assert isinstance(entries[("state", "Deployment", "ns", "w")], logic.WorkloadState)
-    assert logic.workload_index_entries(("Deployment", "ns", "w"), workload(pod_spec=POD)) == {}
+    assert isinstance(entries[("view", "Deployment", "ns", "w")], logic.WorkloadView)
+    assert logic.workload_index_entries(logic.workload_view("Deployment", workload(pod_spec=POD))) == {}

@@ -1,0 +1,365 @@
+"""Re-roller: the controller (state from watches, decisions in ``reroller``, API via ``access``).
+
+State comes from Kopf indexes, never from a read per event:
+- ``reroller-configmaps`` / ``reroller-secrets``: (kind, namespace, name) -> SourceView (a data hash,
+  the resourceVersion and the ignore/match/selector flags; never the data);
+- ``reroller-<kind>s`` per workload kind: the reverse lookup (source kind, namespace, source name)
+  -> workload key, and ("view", kind, namespace, name) -> WorkloadView (baseline, resourceVersion);
+- ``reroller-namespaces``: namespace -> labels (for REROLLER_NAMESPACE_SELECTOR).
+
+A source event costs one write per affected workload (a merge patch carrying the resourceVersion
+known from the index, or from the answer to our own last write); a 409 re-reads that one workload
+and decides again. The first sighting of a workload records its baseline at once. Rollouts are
+paced: the first change rolls at once (leading edge), changes within the window after it merge into
+one more rollout, and a cluster-wide token bucket spreads out mass rollouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from kopf_operators import access as k8s
+from kopf_operators import metrics
+from kopf_operators import reroller as logic
+from kopf_operators.access import Access, ApiError
+
+OPERATOR = "reroller"
+SOURCE_INDEXES = {"ConfigMap": "reroller-configmaps", "Secret": "reroller-secrets"}
+WORKLOAD_INDEXES = {"Deployment": "reroller-deployments", "StatefulSet": "reroller-statefulsets",
+                    "DaemonSet": "reroller-daemonsets", "CronJob": "reroller-cronjobs", "Job": "reroller-jobs"}
+NAMESPACES_INDEX = "reroller-namespaces"
+INDEXES = (*SOURCE_INDEXES.values(), *WORKLOAD_INDEXES.values(), NAMESPACES_INDEX)
+KINDS = {"Deployment": k8s.DEPLOYMENT, "StatefulSet": k8s.STATEFULSET, "DaemonSet": k8s.DAEMONSET,
+         "CronJob": k8s.CRONJOB, "Job": k8s.JOB}
+API_VERSIONS = {"Deployment": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": "apps/v1",
+                "CronJob": "batch/v1", "Job": "batch/v1"}
+# A failed pass outside Kopf's retries: look again after this long (doubling, capped).
+RETRY_SECONDS = (1.0, 300.0)
+CONFLICT_ATTEMPTS = 3
+CONCURRENCY = 16  # writes in flight for one source event (independent workloads)
+
+logger = logging.getLogger("kopf_operators.reroller")
+Key = logic.WorkloadKey
+
+
+def _first(index: Mapping[Any, Any] | None, key: Any) -> Any:
+    for value in (index or {}).get(key) or ():
+        return value
+    return None
+
+
+class RerollerController:
+    def __init__(self, access: Access, settings: logic.Settings, indexes: Mapping[str, Mapping[Any, Any]]) -> None:
+        self.access = access
+        self.settings = settings
+        self.sources = {kind: indexes[index_id] for kind, index_id in SOURCE_INDEXES.items()}
+        self.workloads = {kind: indexes[index_id] for kind, index_id in WORKLOAD_INDEXES.items()}
+        self.namespaces = indexes[NAMESPACES_INDEX]
+        self.namespace_selector = logic.parse_selector(settings.namespace_selector)
+        self.resource_selector = logic.parse_selector(settings.resource_label_selector)
+        self.bucket = logic.TokenBucket(settings.cluster_rate, settings.cluster_burst, time.monotonic())
+        self._written: dict[Key, logic.WorkloadView] = {}  # answers to our writes, until the watch catches up
+        self._first_rv: dict[Key, int] = {}                # resourceVersion at the first sighting
+        self._last_roll: dict[Key, float] = {}             # monotonic time of each workload's last rollout
+        self._reserved: set[Key] = set()                   # holding a token-bucket slot
+        self._timers: dict[Key, tuple[float, asyncio.TimerHandle]] = {}
+        self._attempts: dict[Key, int] = {}
+        self._warned: dict[Key, tuple[str, ...]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._resync: asyncio.Task[None] | None = None
+        self._limit = asyncio.Semaphore(CONCURRENCY)
+
+    # --- state ---------------------------------------------------------------------------------------
+
+    def current(self, key: Key, event_view: logic.WorkloadView | None = None) -> logic.WorkloadView | None:
+        """The newest known view: the index, our own last write's answer, or the event's body."""
+        indexed = _first(self.workloads[key[0]], ("view", *key))
+        written = self._written.get(key)
+        if written is not None and (indexed is None or indexed.uid != written.uid or indexed.rv >= written.rv):
+            self._written.pop(key, None)
+            written = None
+        view = written or indexed
+        if event_view is not None and (view is None or event_view.uid != view.uid or event_view.rv >= view.rv):
+            view = event_view
+        return view
+
+    def lookup(self, view: logic.WorkloadView) -> dict[tuple[str, str], logic.SourceView]:
+        """(kind, name) -> SourceView of the existing sources the workload may watch."""
+        result: dict[tuple[str, str], logic.SourceView] = {}
+        for source in (*view.sources, *view.search):
+            found = _first(self.sources[source.kind], (source.kind, view.namespace, source.name))
+            if found is not None:
+                result[(source.kind, source.name)] = found
+        for source_kind in {kind for kind, _ in view.patterns}:
+            # Patterns: every source of the kind in the namespace (a scan; only for pattern users).
+            for (kind, namespace, name) in list(self.sources[source_kind].keys()):
+                if namespace == view.namespace:
+                    found = _first(self.sources[source_kind], (kind, namespace, name))
+                    if found is not None:
+                        result[(kind, name)] = found
+        return result
+
+    def affected(self, kind: str, namespace: str, name: str) -> set[Key]:
+        keys: set[Key] = set()
+        for index in self.workloads.values():
+            keys.update(index.get((kind, namespace, name)) or ())
+            keys.update(index.get((kind, namespace, "*")) or ())
+        return keys
+
+    def namespace_selected(self, namespace: str) -> bool:
+        if not self.namespace_selector:
+            return True
+        return logic.selector_matches(self.namespace_selector, _first(self.namespaces, namespace))
+
+    def forget(self, key: Key) -> None:
+        self._written.pop(key, None)
+        self._first_rv.pop(key, None)
+        self._last_roll.pop(key, None)
+        self._warned.pop(key, None)
+        self._attempts.pop(key, None)
+        self._release(key)
+        timer = self._timers.pop(key, None)
+        if timer:
+            timer[1].cancel()
+
+    def _release(self, key: Key) -> None:
+        if key in self._reserved:
+            self._reserved.discard(key)
+            self.bucket.cancel(time.monotonic())
+
+    # --- triggers ------------------------------------------------------------------------------------
+
+    async def source_event(self, kind: str, namespace: str, name: str) -> None:
+        """A ConfigMap/Secret changed (its index entry is already updated): look at its workloads."""
+        keys = self.affected(kind, namespace, name)
+        if keys:
+            await asyncio.gather(*(self.guarded(key, f"{kind.lower()} event") for key in keys))
+
+    async def workload_event(self, key: Key, event_type: str | None, body: Mapping[str, Any]) -> None:
+        if event_type == "DELETED":
+            self.forget(key)
+            return
+        view = logic.workload_view(key[0], body, self.settings)
+        if view is None:
+            self.forget(key)  # not (or no longer) opted in
+            return
+        await self.guarded(key, "workload event", view)
+
+    async def guarded(self, key: Key, trigger: str, event_view: logic.WorkloadView | None = None) -> None:
+        """One pass outside Kopf's retrying handlers: a failure is logged once and retried later with
+        backoff, never hot."""
+        try:
+            async with self._limit:
+                await self.reconcile(key, trigger, event_view)
+            self._attempts.pop(key, None)
+        except ApiError as exc:
+            metrics.error(OPERATOR, "api")
+            attempts = self._attempts.get(key, 0)
+            self._attempts[key] = attempts + 1
+            first, cap = RETRY_SECONDS
+            delay = min(cap, first * 2 ** min(attempts, 16))
+            logger.warning(f"{key[0]} {key[1]}/{key[2]}: {trigger}: {exc}; retrying in {delay:.0f}s")
+            self._schedule(key, delay)
+
+    def _schedule(self, key: Key, delay: float) -> None:
+        """Look at the workload again after ``delay`` (an earlier pending look wins)."""
+        loop = asyncio.get_running_loop()
+        when = loop.time() + max(0.0, delay)
+        pending = self._timers.get(key)
+        if pending is not None:
+            if pending[0] <= when:
+                return
+            pending[1].cancel()
+
+        def fire() -> None:
+            self._timers.pop(key, None)
+            task = asyncio.create_task(self.guarded(key, "timer"))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        self._timers[key] = (when, loop.call_at(when, fire))
+
+    # --- one level-triggered pass ----------------------------------------------------------------------
+
+    async def reconcile(self, key: Key, trigger: str, event_view: logic.WorkloadView | None = None) -> None:
+        started = time.perf_counter()
+        async with self.access.serialised(key):
+            view = self.current(key, event_view)
+            if view is None or view.deleting:
+                self.forget(key)
+                return
+            if not self.namespace_selected(view.namespace):
+                return
+            for _attempt in range(CONFLICT_ATTEMPTS):
+                try:
+                    wrote = await self._pass(view)
+                except k8s.Conflict:
+                    # The workload changed since the version we know: read that one, decide again.
+                    metrics.error(OPERATOR, "conflict")
+                    fresh = await self.access.read(KINDS[key[0]], key[1], key[2])
+                    view = logic.workload_view(key[0], fresh, self.settings) if fresh else None
+                    if view is None or view.deleting:
+                        self.forget(key)
+                        return
+                    self._written[key] = view
+                    continue
+                if wrote:
+                    metrics.REACTION.labels(operator=OPERATOR, trigger=trigger).observe(
+                        time.perf_counter() - started)
+                return
+            raise ApiError(409, "Conflict", "the workload kept changing")
+
+    async def _pass(self, view: logic.WorkloadView) -> bool:
+        """Decide and act once; True when something was written."""
+        key = view.key
+        wall = time.time()
+        due = logic.unpause_due(view, wall)
+        if due is not None:
+            if due <= 0:
+                return await self._unpause(view)
+            self._schedule(key, due)
+
+        lookup = self.lookup(view)
+        sources = logic.effective_sources(view, lookup, self.settings)
+        snap = logic.snapshot(sources, lookup)
+        newer: list[str] = []
+        if view.observed_hash is None:
+            first_rv = self._first_rv.setdefault(key, view.rv)
+            newer = [s.ref for s in sources if (found := lookup.get((s.kind, s.name))) and found.rv > first_rv]
+        plan = logic.plan(view.baseline, snap, newer=newer, reload_on_create=self.settings.reload_on_create,
+                          reload_on_delete=self.settings.reload_on_delete)
+        self._warn_missing(view, plan)
+
+        if plan.action in ("none", "wait-missing"):
+            self._release(key)
+            return False
+        if plan.action == "baseline":
+            self._release(key)
+            answer = await self.access.patch(KINDS[view.kind], view.namespace, view.name,
+                                             logic.metadata_patch(plan, snap, view.rv))
+            self._after_write(view, answer)
+            self._first_rv.pop(key, None)
+            metrics.action(OPERATOR, "baseline")
+            logger.debug(f"{view.kind} {view.namespace}/{view.name}: baseline {plan.new_hash} recorded")
+            return True
+
+        # A rollout: paced per workload (leading edge, then one merged trailing rollout) and cluster-wide.
+        now = time.monotonic()
+        at = logic.next_rollout_at(self._last_roll.get(key), now, self.settings)
+        if at > now:
+            self._schedule(key, at - now)
+            return False
+        if key not in self._reserved:
+            wait = self.bucket.reserve(now)
+            self._reserved.add(key)
+            if wait > 0:
+                self._schedule(key, wait)
+                return False
+        await self._roll(view, plan, snap, wall)
+        self._reserved.discard(key)
+        self._first_rv.pop(key, None)
+        return True
+
+    # --- the writes ----------------------------------------------------------------------------------
+
+    def _after_write(self, view: logic.WorkloadView, answer: Mapping[str, Any] | None) -> None:
+        if answer is None:  # gone meanwhile
+            self.forget(view.key)
+            return
+        written = logic.workload_view(view.kind, answer, self.settings)
+        if written is not None:
+            self._written[view.key] = written
+
+    async def _roll(self, view: logic.WorkloadView, plan: logic.Plan, snap: logic.Snapshot, wall: float) -> None:
+        where = f"{view.kind} {view.namespace}/{view.name}"
+        kind = KINDS[view.kind]
+        if view.kind in logic.TEMPLATED:
+            answer = await self.access.patch(kind, view.namespace, view.name,
+                                             logic.roll_patch(view, plan, snap, wall, view.rv))
+            self._after_write(view, answer)
+            if answer is None:
+                return
+            how = "pod template annotated"
+        elif view.kind == "CronJob":
+            # Baseline first (with the resourceVersion: a conflict decides again), then the Job.
+            answer = await self.access.patch(kind, view.namespace, view.name, logic.metadata_patch(plan, snap, view.rv))
+            self._after_write(view, answer)
+            if answer is None:
+                return
+            job = logic.cronjob_job(view, uuid.uuid4().hex[:5], {})
+            await self.access.create(k8s.JOB, job)
+            how = f"Job {job['metadata']['name']} created from its template"
+        else:  # Job: recreated with the new baseline
+            await self.access.delete(kind, view.namespace, view.name, uid=view.uid, propagation="Background")
+            job = logic.recreated_job(view, logic.baseline_annotations(plan, snap))
+            for delay in (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2):
+                created = await self.access.create(k8s.JOB, job)
+                if created is not None:
+                    self._after_write(view, created)
+                    break
+                await asyncio.sleep(delay)  # the old Job is still being removed
+            else:
+                raise ApiError(409, "Conflict", "the old Job is still there")
+            how = "recreated"
+        self._last_roll[view.key] = time.monotonic()
+        message = logic.rollout_message(view.kind, view.name, plan.changed)
+        metrics.action(OPERATOR, "rollout")
+        logger.info(f"{where}: {message} ({how})")
+        self.access.event(self._ref(view), "Normal", "Rerolled", message)
+        if view.kind == "Deployment" and view.pause_period:
+            self._schedule(view.key, view.pause_period)
+
+    async def _unpause(self, view: logic.WorkloadView) -> bool:
+        answer = await self.access.patch(KINDS[view.kind], view.namespace, view.name, logic.unpause_patch(view.rv))
+        self._after_write(view, answer)
+        if answer is not None:
+            metrics.action(OPERATOR, "resume")
+            logger.info(f"{view.kind} {view.namespace}/{view.name}: pause period over, rollout resumed")
+        return True
+
+    def _warn_missing(self, view: logic.WorkloadView, plan: logic.Plan) -> None:
+        key = view.key
+        if not plan.missing:
+            self._warned.pop(key, None)
+            return
+        if self._warned.get(key) == plan.missing:
+            return
+        self._warned[key] = plan.missing
+        message = (f"Missing source(s) {', '.join(plan.missing)}: not re-rolling until they exist "
+                   f"(the baseline is kept, so a recreate with the same data rolls nothing)")
+        metrics.error(OPERATOR, "source-missing")
+        logger.warning(f"{view.kind} {view.namespace}/{view.name}: {message}"[:1000])
+        self.access.event(self._ref(view), "Warning", "SourceMissing", message)
+
+    @staticmethod
+    def _ref(view: logic.WorkloadView) -> dict[str, Any]:
+        return {"apiVersion": API_VERSIONS[view.kind], "kind": view.kind,
+                "metadata": {"name": view.name, "namespace": view.namespace, "uid": view.uid}}
+
+    # --- the periodic sweep ----------------------------------------------------------------------------
+
+    def start_resync(self) -> None:
+        self._resync = asyncio.create_task(self._resync_loop(), name="reroller resync")
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.resync_seconds * random.uniform(0.8, 1.2))
+            for kind, index in self.workloads.items():
+                for entry in list(index.keys()):
+                    if isinstance(entry, tuple) and entry and entry[0] == "view":
+                        await self.guarded((kind, entry[2], entry[3]), "resync")
+
+    async def stop(self) -> None:
+        if self._resync:
+            self._resync.cancel()
+        for _, handle in self._timers.values():
+            handle.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,0 +1,282 @@
+"""stakater Reloader's own end-to-end suites, run against our re-roller (issue #13): ``make reloader-e2e``.
+
+    .venv/bin/python -m tests.reloader_e2e [core annotations flags advanced]   # exit 1 on any failure
+    .venv/bin/python -m tests.reloader_e2e --against=reloader core             # the same, Reloader itself
+
+What it does, per suite:
+1. builds the suite's Ginkgo test binary from Reloader's source (bench/peers.py: the bare git
+   directory left by the search tool's ``fetch github:stakater/Reloader``; the Go module proxy
+   refuses Reloader's module, so CI cannot build it and this is a make target, not a pytest test);
+2. puts a ``helm`` shim first on PATH: the suite installs Reloader with ``helm upgrade --install``
+   (on the local KWOK cluster that pod is only marked Running, nothing executes it), and the shim
+   passes the call to the real helm, then (re)starts OUR operator with Reloader's Helm values
+   mapped onto our options (``reloader.autoReloadAll`` -> REROLLER_AUTO_RELOAD_ALL, ...); an
+   uninstall stops our operator. So whatever rolls the workloads is our operator, configured as
+   the suite configured Reloader;
+3. runs the binary with ``-ginkgo.label-filter='!argo && !csi && !openshift'`` and reports passed,
+   failed and skipped specs (from Ginkgo's JSON report), with each failure's message.
+
+Values with no counterpart (``reloader.reloadStrategy=env-vars``: we implement the annotations
+strategy only) are reported, and the specs needing them fail honestly.
+
+``--against=reloader`` runs the suite the same way with Reloader's own binary (built from the same
+source, started by the shim with the flags its Helm values mean) in place of our operator: the
+reference for which failures are the suite's own (timing races on this machine) and which are ours.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.peers import build_reloader, build_reloader_e2e
+from tests.kube import KUBECONFIG, REPO, helm_binary, wait_for
+
+SUITES = ("core", "annotations", "flags", "advanced")
+LABEL_FILTER = "!argo && !csi && !openshift"
+# Reloader's Helm values -> our environment (docs/reroller.md, README's table).
+VALUE_ENV = {
+    "reloader.autoReloadAll": "REROLLER_AUTO_RELOAD_ALL",
+    "reloader.reloadOnCreate": "REROLLER_RELOAD_ON_CREATE",
+    "reloader.reloadOnDelete": "REROLLER_RELOAD_ON_DELETE",
+    "reloader.namespaceSelector": "REROLLER_NAMESPACE_SELECTOR",
+    "reloader.ignoreNamespaces": "REROLLER_NAMESPACES_TO_IGNORE",
+    "reloader.resourceLabelSelector": "REROLLER_RESOURCE_LABEL_SELECTOR",
+}
+# Values that change nothing for us (no such component here, or our behaviour already).
+NEUTRAL = {"image.repository", "image.tag", "image.pullPolicy", "reloader.isArgoRollouts",
+           "reloader.enableCSIIntegration"}
+
+SHIM = """#!/bin/sh
+# helm shim of tests/reloader_e2e.py: pass the call on, then let the harness (re)start our operator.
+"{real}" "$@" || exit $?
+case "$1" in upgrade|install|uninstall) ;; *) exit 0 ;; esac
+id=$(date +%s%N)
+printf '%s\\n' "$@" > "{control}/request-$id.tmp" && mv "{control}/request-$id.tmp" "{control}/request-$id"
+i=0
+while [ ! -e "{control}/done-$id" ]; do
+  i=$((i+1)); [ $i -gt 1200 ] && echo "helm shim: the harness did not answer" >&2 && exit 1
+  sleep 0.05
+done
+exit 0
+"""
+
+
+def helm_values(args: list[str]) -> tuple[str, str, dict[str, str]]:
+    """(command, namespace, --set values) of a helm call."""
+    command = args[0] if args else ""
+    namespace = ""
+    values: dict[str, str] = {}
+    for i, arg in enumerate(args):
+        if arg in ("--namespace", "-n") and i + 1 < len(args):
+            namespace = args[i + 1]
+        if arg == "--set" and i + 1 < len(args):
+            key, _, value = args[i + 1].partition("=")
+            values[key] = value
+    return command, namespace, values
+
+
+def operator_options(namespace: str, values: dict[str, str]) -> tuple[dict[str, str], list[str], list[str]]:
+    """Our env, our kopf run arguments and the unmapped values, for Reloader's Helm values."""
+    env: dict[str, str] = {}
+    unmapped: list[str] = []
+    ignored_types = [t for key, t in (("reloader.ignoreJobs", "jobs"), ("reloader.ignoreCronJobs", "cronjobs"))
+                     if values.get(key) == "true"]
+    if ignored_types:
+        env["REROLLER_IGNORED_WORKLOAD_TYPES"] = ",".join(ignored_types)
+    for key, kind in (("reloader.ignoreSecrets", "secrets"), ("reloader.ignoreConfigMaps", "configmaps")):
+        if values.get(key) == "true":
+            env["REROLLER_RESOURCES_TO_IGNORE"] = kind
+    handled = {"reloader.reloadStrategy", "reloader.watchGlobally", "reloader.namespaces", "reloader.ignoreJobs",
+               "reloader.ignoreCronJobs", "reloader.ignoreSecrets", "reloader.ignoreConfigMaps", *NEUTRAL}
+    for key, value in values.items():
+        if key in VALUE_ENV:
+            env[VALUE_ENV[key]] = value
+        elif key not in handled or (key == "reloader.reloadStrategy" and value != "annotations"):
+            unmapped.append(f"{key}={value}")
+    # watchGlobally=false: Reloader watches its own namespace only (or reloader.namespaces).
+    scope = ["--all-namespaces"]
+    if values.get("reloader.watchGlobally") == "false":
+        names = values.get("reloader.namespaces", "").strip("{}")
+        scope = [f"--namespace={n}" for n in (names.split(",") if names else [namespace]) if n]
+    return env, scope, unmapped
+
+
+def reloader_flags(namespace: str, values: dict[str, str]) -> list[str]:
+    """Reloader's own command-line flags for its Helm values (what its chart does with them)."""
+    flags = [f"--reload-strategy={values.get('reloader.reloadStrategy', 'annotations')}"]
+    for key, flag in (("reloader.autoReloadAll", "auto-reload-all"), ("reloader.reloadOnCreate", "reload-on-create"),
+                      ("reloader.reloadOnDelete", "reload-on-delete")):
+        if values.get(key) == "true":
+            flags.append(f"--{flag}=true")
+    for key, flag in (("reloader.namespaceSelector", "namespace-selector"),
+                      ("reloader.ignoreNamespaces", "namespaces-to-ignore"),
+                      ("reloader.resourceLabelSelector", "resource-label-selector")):
+        if values.get(key):
+            flags.append(f"--{flag}={values[key]}")
+    for key, kind in (("reloader.ignoreSecrets", "secrets"), ("reloader.ignoreConfigMaps", "configMaps")):
+        if values.get(key) == "true":
+            flags.append(f"--resources-to-ignore={kind}")
+    types = [t for key, t in (("reloader.ignoreJobs", "jobs"), ("reloader.ignoreCronJobs", "cronjobs"))
+             if values.get(key) == "true"]
+    if types:
+        flags.append(f"--ignored-workload-types={','.join(types)}")
+    if values.get("reloader.watchGlobally") == "false":
+        flags.append(f"--namespaces={values.get('reloader.namespaces', '').strip('{}') or namespace}")
+    return flags
+
+
+class Harness:
+    def __init__(self, workdir: Path, against: str = "ours") -> None:
+        self.against = against
+        self.workdir = workdir
+        self.control = workdir / "control"
+        self.control.mkdir(parents=True, exist_ok=True)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = workdir / "operator.log"
+        self.unmapped: set[str] = set()
+        self.kubeconfig = Path(os.environ.get("KUBECONFIG", str(KUBECONFIG)))
+
+    def start_reloader(self, flags: list[str]) -> None:
+        self.stop_operator()
+        binary, _commit = build_reloader()
+        with self.log_path.open("ab") as out:
+            out.write(f"\n===== {binary} {' '.join(flags)}\n".encode())
+            out.flush()
+            self.proc = subprocess.Popen([str(binary), *flags], stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True, env={**os.environ, "KUBECONFIG": str(self.kubeconfig)})
+        time.sleep(3)  # its informers' initial listing (it has no readiness endpoint we could poll here)
+
+    def start_operator(self, env: dict[str, str], scope: list[str]) -> None:
+        self.stop_operator()
+        kopf = Path(sys.executable).parent / "kopf"
+        port = 18080 + os.getpid() % 1000
+        cmd = [str(kopf), "run", "--standalone", "--verbose", *scope, f"--liveness=http://127.0.0.1:{port}/healthz",
+               str(REPO / "operators" / "reroller.py")]
+        with self.log_path.open("ab") as out:
+            out.write(f"\n===== {' '.join(cmd)} env={env}\n".encode())
+            out.flush()
+            self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                         env={**os.environ, "KUBECONFIG": str(self.kubeconfig), **env})
+
+        def healthy() -> bool:
+            import urllib.request
+            assert self.proc is not None and self.proc.poll() is None, f"operator exited; see {self.log_path}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as resp:
+                    return bool(resp.status == 200)
+            except OSError:
+                return False
+        wait_for(healthy, timeout=60, interval=0.1, what="our operator healthy")
+
+    def stop_operator(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None
+
+    def serve(self) -> None:
+        """Answer the shim's requests (called in a loop while the suite runs)."""
+        for request in sorted(self.control.glob("request-*")):
+            if request.suffix == ".tmp":
+                continue
+            args = request.read_text().splitlines()
+            command, namespace, values = helm_values(args)
+            if command == "uninstall":
+                self.stop_operator()
+            elif self.against == "reloader":
+                self.start_reloader(reloader_flags(namespace, values))
+            else:
+                env, scope, unmapped = operator_options(namespace, values)
+                self.unmapped.update(unmapped)
+                self.start_operator(env, scope)
+            (self.control / request.name.replace("request-", "done-")).touch()
+            request.unlink()
+
+    def shim_dir(self) -> Path:
+        bindir = self.workdir / "bin"
+        bindir.mkdir(exist_ok=True)
+        shim = bindir / "helm"
+        shim.write_text(SHIM.format(real=helm_binary(), control=self.control))
+        shim.chmod(0o755)
+        return bindir
+
+
+def run_suite(suite: str, workdir: Path, against: str = "ours") -> dict[str, Any]:
+    binary, tree, commit = build_reloader_e2e(suite)
+    harness = Harness(workdir / suite, against)
+    report = harness.workdir / "report.json"
+    env = {**os.environ, "KUBECONFIG": str(harness.kubeconfig),
+           "PATH": f"{harness.shim_dir()}:{Path(shutil.which('kubectl') or 'kubectl').parent}:{os.environ['PATH']}",
+           "RELOADER_IMAGE": "ghcr.io/stakater/reloader:test", "SKIP_BUILD": "true"}
+    cmd = [str(binary), f"-ginkgo.label-filter={LABEL_FILTER}", "-ginkgo.v", f"-ginkgo.json-report={report}",
+           "-ginkgo.timeout=60m", "-test.timeout=70m"]
+    started = time.monotonic()
+    with (harness.workdir / "ginkgo.log").open("wb") as out:
+        proc = subprocess.Popen(cmd, cwd=tree / "test" / "e2e" / suite, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            while proc.poll() is None:
+                harness.serve()
+                time.sleep(0.05)
+        finally:
+            harness.stop_operator()
+    result = summarize(suite, report, commit, time.monotonic() - started, sorted(harness.unmapped))
+    return {"against": against, **result}
+
+
+def summarize(suite: str, report: Path, commit: str, seconds: float, unmapped: list[str]) -> dict[str, Any]:
+    counts = {"passed": 0, "failed": 0, "skipped": 0, "pending": 0}
+    failures: list[dict[str, str]] = []
+    data = json.loads(report.read_text()) if report.exists() else []
+    for suite_report in data:
+        for spec in suite_report.get("SpecReports") or ():
+            if spec.get("LeafNodeType") != "It":
+                if spec.get("State") in ("failed", "panicked", "timedout"):
+                    failures.append({"spec": spec.get("LeafNodeType", "setup"),
+                                     "reason": (spec.get("Failure") or {}).get("Message", "")[:300]})
+                    counts["failed"] += 1
+                continue
+            state = spec.get("State")
+            name = " ".join([*(spec.get("ContainerHierarchyTexts") or []), spec.get("LeafNodeText", "")])
+            if state == "passed":
+                counts["passed"] += 1
+            elif state in ("skipped",):
+                counts["skipped"] += 1
+            elif state == "pending":
+                counts["pending"] += 1
+            else:
+                counts["failed"] += 1
+                failures.append({"spec": name, "reason": (spec.get("Failure") or {}).get("Message", "")[:300]})
+    return {"suite": suite, "reloader_commit": commit, "seconds": round(seconds), **counts,
+            "unmapped_values": unmapped, "failures": failures}
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    against = "ours"
+    for arg in list(args):
+        if arg.startswith("--against="):
+            against = arg.split("=", 1)[1]
+            args.remove(arg)
+    suites = args or list(SUITES)
+    workdir = Path(tempfile.mkdtemp(prefix="reloader-e2e-", dir=os.environ.get("TMPDIR")))
+    results = [run_suite(suite, workdir, against) for suite in suites]
+    print(json.dumps(results, indent=2))
+    print(f"logs: {workdir}", file=sys.stderr)
+    return 1 if any(r["failed"] or not r["passed"] for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
