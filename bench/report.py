@@ -303,7 +303,7 @@ def peers_table(peers: dict[str, Any]) -> str:
         info = r.get("peer")
         note = (f"{info['repo']}@{info['commit'][:12]} {' '.join(info['args'])}" if isinstance(info, dict)
                 else (info or ""))
-        ours = r.get(ours_keys[0])
+        ours = r.get(ours_keys[0]) or r.get("ours")
         dflt = r.get(ours_keys[1]) if ours_keys[1] else None
 
         def cell(x: Any, f: str) -> str:
