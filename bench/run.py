@@ -5,6 +5,7 @@ Go peer where there is one).
     .venv/bin/python -m bench.run --quick               # small counts -> bench/results-quick.{json,md}
     .venv/bin/python -m bench.run --quick --only scale quiet_logs
     .venv/bin/python -m bench.run --operators operators/immortal.py   # load only these operator files
+    .venv/bin/python -m bench.run --only scale --set scale_pods=0,10000,20000     # override a count
     .venv/bin/python -m bench.run --render bench/results.json         # re-render the markdown only
 
 Honours CLUSTER_DIR (the cluster is started if needed) and OPERATOR_FILES (as --operators). The operator
@@ -81,6 +82,8 @@ def main() -> None:
                         help=f"run only these sections ({', '.join(sections.SECTIONS)})")
     parser.add_argument("--operators", help="operator files to load, comma or space separated "
                                             "(default: $OPERATOR_FILES, else operators/*.py)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a count, e.g. --set events=50 --set scale_pods=0,10000,20000")
     parser.add_argument("--output", help="results file prefix (default bench/results or bench/results-quick)")
     parser.add_argument("--render", metavar="JSON", help="only re-render the markdown of a results JSON file")
     args = parser.parse_args()
@@ -89,7 +92,13 @@ def main() -> None:
         path.with_suffix(".md").write_text(render(json.loads(path.read_text())))
         print(path.with_suffix(".md").read_text())
         return
-    bench = Bench(QUICK if args.quick else FULL, args.only or list(sections.SECTIONS), operator_files(args.operators))
+    counts = dict(QUICK if args.quick else FULL)
+    for item in args.set:
+        key, _, value = item.partition("=")
+        if key not in counts:
+            parser.error(f"--set {item}: no count named {key!r} (one of {', '.join(counts)})")
+        counts[key] = [int(v) for v in value.split(",")] if isinstance(counts[key], list) else int(value)
+    bench = Bench(counts, args.only or list(sections.SECTIONS), operator_files(args.operators))
     results = asyncio.run(main_async(bench, args.quick))
     prefix = Path(args.output) if args.output else REPO / "bench" / ("results-quick" if args.quick else "results")
     prefix.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
