@@ -1,0 +1,63 @@
+"""memory: RSS after a fresh start with one object per operator (idle), then growth with 10,000 unrelated
+pods and 2,500 ConfigMaps + 2,500 Secrets, once the process is quiet again."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from bench.harness import Bench
+from bench.kube import bounded
+
+IDLE_TARGET_MB = 85
+GROWTH_TARGET_MB = 15
+
+
+async def run(b: Bench) -> dict[str, Any]:
+    b.restart_operator()
+    assert b.operator
+    warm = await b.steady_state("mem")
+    await asyncio.sleep(5)
+    await b.operator.settle()
+    idle = b.operator.status()
+    ns_pods = await b.namespace(f"bench-mem-pods-{b.run}")
+    ns_cfg = await b.namespace(f"bench-mem-cfg-{b.run}")
+    t0 = time.monotonic()
+    pod_body = {"metadata": {"labels": {"app": "unrelated"}},
+                "spec": {"nodeName": "kwok-node-0", "containers": [{"name": "c", "image": "busybox:1.36"}]}}
+
+    async def pod(j: int) -> None:
+        body = json.loads(json.dumps(pod_body))
+        body["metadata"]["name"] = f"p-{j}"
+        await b.create_retrying(f"/api/v1/namespaces/{ns_pods}/pods", body)
+
+    async def cm(j: int) -> None:
+        await b.create_retrying(f"/api/v1/namespaces/{ns_cfg}/configmaps",
+                                {"metadata": {"name": f"cm-{j}"}, "data": {"key": f"value-{j}" * 8}})
+
+    async def secret(j: int) -> None:
+        await b.create_retrying(f"/api/v1/namespaces/{ns_cfg}/secrets",
+                                {"metadata": {"name": f"s-{j}"}, "stringData": {"key": f"value-{j}" * 8}})
+
+    await bounded(64, [pod(j) for j in range(b.n["pods"])])
+    pods_s = time.monotonic() - t0
+    await bounded(64, [cm(j) for j in range(b.n["configmaps"])] + [secret(j) for j in range(b.n["secrets"])])
+    created_s = time.monotonic() - t0
+    await asyncio.sleep(5)
+    settle = await b.operator.settle(timeout=300)
+    after = b.operator.status()
+    growth = (after["VmRSS"] - idle["VmRSS"]) / 1024
+    result = {"idle_rss_mb": round(idle["VmRSS"] / 1024, 1), "idle_hwm_mb": round(idle["VmHWM"] / 1024, 1),
+              "loaded_rss_mb": round(after["VmRSS"] / 1024, 1), "loaded_hwm_mb": round(after["VmHWM"] / 1024, 1),
+              "growth_mb": round(growth, 1),
+              "objects": {"pods": b.n["pods"], "configmaps": b.n["configmaps"], "secrets": b.n["secrets"]},
+              "pods_created_s": round(pods_s, 1), "all_created_s": round(created_s, 1),
+              "settled_after_s": round(settle, 1), "operator_files": b.files,
+              "target_idle_mb": IDLE_TARGET_MB, "target_growth_mb": GROWTH_TARGET_MB,
+              "target_idle": idle["VmRSS"] / 1024 <= IDLE_TARGET_MB, "target_growth": growth <= GROWTH_TARGET_MB}
+    await b.kube.delete(f"/apis/flant.com/v1/namespaces/{warm}/copyrators/idle")
+    await b.gone(f"/apis/flant.com/v1/namespaces/{warm}/copyrators/idle", 60)
+    await b.cleanup([ns_pods, ns_cfg, warm], wait=300)
+    return result
