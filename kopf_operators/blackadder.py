@@ -8,12 +8,13 @@ restore) is a plain function of data, so it is unit-tested with a fixed seed.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from kopf_operators.common import DOMAIN, stable_hash
+from kopf_operators.common import DOMAIN, env_bool, set_condition, stable_hash
 
 GROUP = "blackadder.io"
 VERSION = "v1beta1"
@@ -40,6 +41,18 @@ MODES = (TANTRUM, CANCER, IPSUM)
 
 
 # --- Settings -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Operator-wide options of Blackadder (environment variables, documented in docs/blackadder.md)."""
+
+    dry_run: bool = False  # CHAOS_DRY_RUN: forces dry-run on every agent (the chart sets it)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        return cls(dry_run=env_bool(env, "CHAOS_DRY_RUN", False))
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +153,7 @@ class DeploymentRef:
     uid: str
     replicas: int
     resource_version: str = ""
+    generation: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +176,8 @@ def deployment_ref(obj: Mapping[str, Any]) -> DeploymentRef:
     meta = obj.get("metadata", {})
     replicas = (obj.get("spec") or {}).get("replicas")
     return DeploymentRef(meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", ""),
-                         1 if replicas is None else int(replicas), meta.get("resourceVersion", ""))
+                         1 if replicas is None else int(replicas), meta.get("resourceVersion", ""),
+                         int(meta.get("generation") or 0))
 
 
 def configmap_ref(obj: Mapping[str, Any]) -> ConfigMapRef:
@@ -344,3 +359,149 @@ def seconds_until_next_cycle(last_cycle_epoch: float | None, now_epoch: float, p
     if last_cycle_epoch is None:
         return 0.0
     return max(0.0, min(float(pause), last_cycle_epoch + pause - now_epoch))
+
+
+def iso_to_epoch(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return datetime.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def epoch_to_iso(epoch: float) -> str:
+    return datetime.datetime.fromtimestamp(int(epoch), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --- A cycle, step by step (the controller applies what these return) ------------------------------
+
+REVERT_STEP, PAUSED_STEP, CHAOS_STEP = "revert", "paused", "chaos"
+
+
+def cycle_step(settings: AgentSettings) -> str:
+    """What this cycle does: revert wins over pause, pause over chaos."""
+    if settings.revert:
+        return REVERT_STEP
+    if settings.paused:
+        return PAUSED_STEP
+    return CHAOS_STEP
+
+
+@dataclasses.dataclass(frozen=True)
+class Inventory:
+    """The candidates of one cycle, after the deny-list and the spec's scope."""
+
+    pods: tuple[PodRef, ...] = ()
+    deployments: tuple[DeploymentRef, ...] = ()
+    configmaps: tuple[ConfigMapRef, ...] = ()
+
+    def counts(self) -> dict[str, int]:
+        return {"pods": len(self.pods), "deployments": len(self.deployments), "configMaps": len(self.configmaps)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    kills: tuple[PodRef, ...] = ()
+    scales: tuple[tuple[DeploymentRef, int], ...] = ()
+    writes: tuple[ConfigMapRef, ...] = ()
+
+
+def plan_cycle(inventory: Inventory, settings: AgentSettings, cycle: int) -> Plan:
+    """Which candidates each enabled mode acts on in this cycle."""
+    kills = pick_pods(inventory.pods, settings.tolerance, settings.eagerness,
+                      rng_for(settings.seed, cycle, TANTRUM)) if settings.tantrum else []
+    scales = pick_deployments(inventory.deployments, settings.eagerness,
+                              rng_for(settings.seed, cycle, CANCER)) if settings.cancer else []
+    writes = pick_configmaps(inventory.configmaps, settings.eagerness,
+                             rng_for(settings.seed, cycle, IPSUM)) if settings.ipsum else []
+    return Plan(tuple(kills), tuple(scales), tuple(writes))
+
+
+def deployment_undo(dep: DeploymentRef, wanted: int, now: str) -> dict[str, Any]:
+    # The generation our scale will produce: one more than listed (a concurrent spec change makes it
+    # differ, and revert then reports the Deployment as changed instead of overwriting it).
+    generation = dep.generation + 1 if dep.generation else None
+    return {"kind": "Deployment", "namespace": dep.namespace, "name": dep.name, "uid": dep.uid,
+            "before": dep.replicas, "written": wanted, "generation": generation, "firstAt": now, "lastAt": now,
+            "actions": 1, "pending": True}
+
+
+def write_ahead(ledger: dict[str, Any], plan: Plan, now: str, paragraph: Callable[[], str]
+                ) -> tuple[list[tuple[ConfigMapRef, dict[str, str]]], list[ConfigMapRef]]:
+    """Record the before-state of every planned change in ``ledger`` BEFORE making it (a crash between
+    the write and the ledger update never loses an original). Returns the ConfigMap writes with their
+    new data, and the ConfigMaps refused because their undo would not fit the ledger."""
+    for dep, wanted in plan.scales:
+        record_undo(ledger, target_key("Deployment", dep.namespace, dep.name), deployment_undo(dep, wanted, now),
+                    dep.replicas)
+    planned: list[tuple[ConfigMapRef, dict[str, str]]] = []
+    refused: list[ConfigMapRef] = []
+    for cm in plan.writes:
+        new_data = ipsum_data(cm.data or {}, paragraph)
+        key = target_key("ConfigMap", cm.namespace, cm.name)
+        trial = {**ledger, "undo": dict(ledger.get("undo") or {})}
+        record_undo(trial, key, {"kind": "ConfigMap", "namespace": cm.namespace, "name": cm.name, "uid": cm.uid,
+                                 "before": dict(cm.data or {}), "written": data_fingerprint(new_data),
+                                 "firstAt": now, "lastAt": now, "actions": 1, "pending": True},
+                    data_fingerprint(cm.data))
+        if ledger_size(trial) > LEDGER_BUDGET_BYTES:
+            refused.append(cm)
+            continue
+        ledger["undo"] = trial["undo"]
+        planned.append((cm, new_data))
+    return planned, refused
+
+
+def forget_undo(ledger: dict[str, Any], previous_undo: Mapping[str, Any], key: str) -> None:
+    """An action that did not happen: drop its write-ahead entry (keeping an older one if any)."""
+    if key in previous_undo:
+        ledger["undo"][key] = previous_undo[key]
+    else:
+        ledger["undo"].pop(key, None)
+
+
+def scale_patch(expected: int, replicas: int) -> list[dict[str, Any]]:
+    """A JSON patch that fails (422) unless the replicas are still what we expect."""
+    return [{"op": "test", "path": "/spec/replicas", "value": expected},
+            {"op": "replace", "path": "/spec/replicas", "value": replicas}]
+
+
+# --- Status -----------------------------------------------------------------------------------------
+
+
+def conditions_for(previous: Any, settings: AgentSettings, generation: int | None,
+                   ready: bool, reason: str, message: str) -> list[dict[str, Any]]:
+    conds = set_condition(previous, "Ready", ready, reason, message, generation)
+    conds = set_condition(conds, "Paused", settings.paused, "Spec" if settings.paused else "Running",
+                          "paused: true in the spec" if settings.paused else "acting every pauseDuration",
+                          generation)
+    dry_msg = {"OperatorForced": "CHAOS_DRY_RUN=true forces dry-run for every agent",
+               "Spec": "dryRun: true in the spec"}.get(settings.dry_run_reason, "actions are real")
+    return set_condition(conds, "DryRun", settings.dry_run, settings.dry_run_reason or "Off", dry_msg, generation)
+
+
+def simple_status(previous: Any, settings: AgentSettings, generation: int | None, ready: bool, reason: str,
+                  message: str) -> dict[str, Any]:
+    """The status of a cycle that did no chaos (revert, paused, failed)."""
+    status: dict[str, Any] = {"observedGeneration": generation,
+                              "conditions": conditions_for(previous, settings, generation, ready, reason, message)}
+    if ready:
+        status["dryRun"] = settings.dry_run
+    return status
+
+
+def cycle_status(previous: Any, settings: AgentSettings, generation: int | None, ledger: Mapping[str, Any],
+                 done: Mapping[str, int], skipped: int, candidates: Mapping[str, int],
+                 ledger_ref: str) -> dict[str, Any]:
+    cycle = ledger["cycle"]
+    done_msg = ", ".join(f"{m} {n}" for m, n in done.items())
+    return {
+        "observedGeneration": generation, "cycle": cycle, "lastCycleTime": ledger["lastCycleAt"],
+        "dryRun": settings.dry_run, "actions": ledger["counts"], "wouldBe": ledger["wouldBe"],
+        "lastCycle": {"cycle": cycle, "dryRun": settings.dry_run, "skipped": skipped,
+                      "candidates": dict(candidates), **done},
+        "ledger": ledger_ref,
+        "conditions": conditions_for(previous, settings, generation, True, "CycleDone",
+                                     f"cycle {cycle}: {'would ' if settings.dry_run else ''}{done_msg}"),
+    }
