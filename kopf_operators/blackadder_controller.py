@@ -25,6 +25,8 @@ import json
 import logging
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
@@ -41,6 +43,8 @@ from kopf_operators.common import DOMAIN, Config, now_iso
 
 OPERATOR = "blackadder"
 NAMESPACES_INDEX = "blackadder-namespaces"
+SOURCES_INDEX = "blackadder-copyrator-sources"
+WEBHOOK_TIMEOUT_SECONDS = 3.0
 CHAOSAGENT = k8s.Kind(f"{logic.GROUP}/{logic.VERSION}", logic.PLURAL, logic.KIND, namespaced=False)
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 Stopped = Callable[[], bool]
@@ -67,6 +71,28 @@ def _ref(kind: str, api_version: str, namespace: str, name: str, uid: str) -> di
     return {"apiVersion": api_version, "kind": kind, "metadata": {"name": name, "namespace": namespace, "uid": uid}}
 
 
+def _ready_reason(conditions: Any) -> str | None:
+    return next((str(c.get("reason")) for c in conditions or () if c.get("type") == "Ready"), None)
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect could lead past the allowed hosts: it fails the notification instead."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects(), urllib.request.ProxyHandler({}))
+
+
+def _post_json(url: str, payload: Mapping[str, Any]) -> None:
+    """Blocking POST (in a thread), straight to the host (no proxy, no redirects)."""
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with _OPENER.open(request, timeout=WEBHOOK_TIMEOUT_SECONDS) as response:
+        response.read()
+
+
 def spec_view(body: Mapping[str, Any]) -> munch.Munch:
     """The article's view of an agent's spec: attribute access on a detached copy."""
     return munch.munchify(copy.deepcopy(dict(body.get("spec") or {})))
@@ -74,11 +100,13 @@ def spec_view(body: Mapping[str, Any]) -> munch.Munch:
 
 class BlackadderController:
     def __init__(self, access: Access, config: Config, settings: logic.Settings,
-                 namespaces: Mapping[Any, Any]) -> None:
+                 namespaces: Mapping[Any, Any], sources: Mapping[Any, Any] | None = None) -> None:
         self.access = access
         self.config = config
         self.settings = settings
         self.namespaces = namespaces  # Kopf's live index: name -> {"labels": ..., "terminating": bool}
+        self.sources = sources or {}  # Kopf's live index: Copyrator rule -> its ConfigMap sources
+        self._webhooks: set[asyncio.Task[None]] = set()
         self._ledgers: dict[str, LedgerHandle] = {}  # agent uid -> its ledger as we last wrote it
         self._pykube: pykube.HTTPClient | None = None
         self._pykube_guard = threading.Lock()  # one requests session, one listing at a time
@@ -90,6 +118,12 @@ class BlackadderController:
 
     def _terminating(self) -> set[str]:
         return {name for name, entries in self.namespaces.items() for entry in entries if entry.get("terminating")}
+
+    def _namespace_labels(self) -> dict[str, Mapping[str, str]]:
+        return {name: entry.get("labels") or {} for name, entries in self.namespaces.items() for entry in entries}
+
+    def _copyrator_sources(self) -> list[Mapping[str, Any]]:
+        return [src for entries in self.sources.values() for entry in entries for src in entry]
 
     # --- the daemon --------------------------------------------------------------------------------
 
@@ -139,7 +173,15 @@ class BlackadderController:
                 return
             try:
                 handle = await self.ledger(name, uid)
-                step = logic.cycle_step(settings)
+                problem = logic.window_problem(settings)
+                if problem:
+                    if _ready_reason(previous) != "InvalidSpec":
+                        self.announce(body, None, "Warning", "InvalidSpec", problem, log)
+                    await self._patch_status(name, logic.simple_status(previous, settings, generation, False,
+                                                                       "InvalidSpec", problem))
+                    return
+                now = time.time()
+                step = logic.cycle_step(settings, now)
                 if step == logic.REVERT_STEP:
                     summary = await self.revert_all(body, handle, settings, log)
                     status = logic.simple_status(previous, settings, generation, True, "Reverted",
@@ -152,7 +194,15 @@ class BlackadderController:
                     await self._patch_status(name, logic.simple_status(previous, settings, generation, True,
                                                                        "Paused", "paused: true — no chaos"))
                     return
-                inventory = await self.inventory(settings)
+                if step == logic.IDLE_STEP:
+                    opens = logic.next_window_start(settings.windows, settings.time_zone, now)
+                    message = f"outside activeWindows ({settings.time_zone}); idle until {opens or 'never'}"
+                    if _ready_reason(previous) != "OutsideWindow":
+                        log.info(message)
+                    await self._patch_status(name, logic.simple_status(previous, settings, generation, True,
+                                                                       "OutsideWindow", message))
+                    return
+                inventory = await self.inventory(settings, now)
                 outcome = await self.chaos(body, handle, settings, inventory, stopped, log, paragraph)
             except ApiError as exc:
                 metrics.error(OPERATOR, "cycle")
@@ -164,24 +214,42 @@ class BlackadderController:
                 previous, settings, generation, handle.data, outcome.done, outcome.skipped, inventory.counts(),
                 f"{handle.namespace}/{handle.name}"))
 
-    async def inventory(self, settings: logic.AgentSettings) -> logic.Inventory:
-        """The cycle's candidates, listed with pykube-ng and scoped server-side."""
+    async def inventory(self, settings: logic.AgentSettings, now: float) -> logic.Inventory:
+        """The cycle's candidates, listed with pykube-ng and scoped server-side: only the allowed
+        namespaces (field selector, or one listing per namespace), the spec's label selectors, no
+        ended pods; then what only the client can check (annotations, age, Copyrator sources)."""
         # Namespaces being deleted are no candidates: nothing to learn there, and Events are refused.
         settings = dataclasses.replace(settings, excluded=tuple(sorted({*settings.excluded, *self._terminating()})))
-        namespaces, selector = logic.listing_plan(settings, self.config.operator_namespace)
+        namespaces, selector = logic.listing_plan_for(settings, self.config.operator_namespace,
+                                                      self._namespace_labels())
+        allowed = None if namespaces is None else set(namespaces)
         ns_op, pod_op = self.config.operator_namespace, self.config.operator_pod_name
+
+        def scoped(obj: Mapping[str, Any]) -> bool:
+            namespace = obj["metadata"].get("namespace", "")
+            return (allowed is None or namespace in allowed) and logic.namespace_allowed(namespace, settings, ns_op)
+
         pods: list[logic.PodRef] = []
         deps: list[logic.DeploymentRef] = []
         cms: list[logic.ConfigMapRef] = []
         if settings.tantrum:
-            pods = [p for p in map(logic.pod_ref, await self._list(pykube.Pod, namespaces, selector))
-                    if logic.pod_allowed(p, settings, ns_op, pod_op)]
+            listed = await self._list(pykube.Pod, namespaces, logic.pod_field_selector(selector),
+                                      logic.label_selector_for("Pod", settings))
+            pods = [p for obj in listed if scoped(obj) and logic.pod_selected(obj, settings, now)
+                    if logic.pod_allowed(p := logic.pod_ref(obj), settings, ns_op, pod_op)]
         if settings.cancer:
-            deps = [d for d in map(logic.deployment_ref, await self._list(pykube.Deployment, namespaces, selector))
-                    if logic.namespace_allowed(d.namespace, settings, ns_op)]
+            listed = await self._list(pykube.Deployment, namespaces, selector,
+                                      logic.label_selector_for("Deployment", settings))
+            deps = [logic.deployment_ref(obj) for obj in listed
+                    if scoped(obj) and logic.deployment_selected(obj, settings)]
         if settings.ipsum:
-            cms = [c for c in map(logic.configmap_ref, await self._list(pykube.ConfigMap, namespaces, selector))
-                   if logic.configmap_allowed(c, settings, ns_op)]
+            listed = await self._list(pykube.ConfigMap, namespaces, selector,
+                                      logic.label_selector_for("ConfigMap", settings))
+            sources = self._copyrator_sources() if settings.shared_configmaps != "Include" else []
+            cms = [cm for obj in listed if scoped(obj)
+                   and not logic.is_copyrator_source(obj["metadata"].get("namespace", ""),
+                                                     obj["metadata"].get("labels"), sources)
+                   if logic.configmap_allowed(cm := logic.configmap_ref(obj), settings, ns_op)]
         return logic.Inventory(tuple(pods), tuple(deps), tuple(cms))
 
     async def chaos(self, body: Mapping[str, Any], handle: LedgerHandle, settings: logic.AgentSettings,
@@ -189,7 +257,9 @@ class BlackadderController:
                     paragraph: Callable[[], str]) -> CycleOutcome:
         ledger = handle.data
         cycle = int(ledger.get("cycle", 0)) + 1
-        plan = logic.plan_cycle(inventory, settings, cycle)
+        # The cluster-wide cap on replicas cancer adds: what all agents added and did not revert.
+        budget = self.settings.max_added_replicas - logic.added_replicas(h.data for h in self._ledgers.values())
+        plan = logic.plan_cycle(inventory, settings, cycle, replica_budget=budget)
         now = now_iso()
         outcome = CycleOutcome({m: 0 for m in logic.MODES})
         # The cycle counts as started from here: a crash mid-cycle never makes a restart repeat its number.
@@ -232,7 +302,41 @@ class BlackadderController:
         for mode, n in outcome.done.items():
             ledger[counter][mode] = int(ledger[counter].get(mode, 0)) + n
         await self.save_ledger(handle)
+        if settings.webhook_url:
+            self._notify(body, settings.webhook_url, [e for e in ledger["journal"] if e.get("cycle") == cycle
+                                                      and e.get("at") == now], log)
         return outcome
+
+    # --- the webhook -------------------------------------------------------------------------------
+
+    def _notify(self, body: Mapping[str, Any], url: str, entries: list[Mapping[str, Any]], log: Logger) -> None:
+        """One POST per action of the cycle, in the background (a slow receiver never delays chaos).
+        The URL is never logged (it may carry a token); only its host."""
+        if not entries:
+            return
+        refusal = logic.webhook_refusal(url, self.settings.webhook_hosts)
+        agent = body["metadata"]["name"]
+        if refusal:
+            self.announce(body, None, "Warning", "WebhookRefused", refusal, log)
+            return
+        payloads = [logic.webhook_payload(agent, entry) for entry in entries]
+
+        async def post_all() -> None:
+            for payload in payloads:
+                try:
+                    await asyncio.to_thread(_post_json, url, payload)
+                except (OSError, ValueError) as exc:
+                    metrics.error(OPERATOR, "webhook")
+                    host = urllib.parse.urlsplit(url).hostname
+                    self.announce(body, None, "Warning", "WebhookFailed",
+                                  f"webhook to {host} failed: {type(exc).__name__}; the rest of this cycle's "
+                                  "notifications are dropped", log)
+                    return
+            metrics.action(OPERATOR, "webhook", len(payloads))
+
+        task = asyncio.create_task(post_all())
+        self._webhooks.add(task)
+        task.add_done_callback(self._webhooks.discard)
 
     # --- the actions (each True when done, False when skipped) ------------------------------------
 
@@ -245,17 +349,26 @@ class BlackadderController:
                           f"dry-run: would delete Pod {pod.namespace}/{pod.name}", log)
             return True
         try:
-            # The uid precondition: never a same-named successor.
-            deleted = await self.access.delete(k8s.POD, pod.namespace, pod.name, uid=pod.uid)
+            if settings.evict:  # the Eviction API: PodDisruptionBudgets apply
+                done = await self.access.evict(pod.namespace, pod.name)
+            else:  # the uid precondition: never a same-named successor
+                done = await self.access.delete(k8s.POD, pod.namespace, pod.name, uid=pod.uid)
         except ApiError as exc:
             note(logic.TANTRUM, "Pod", pod, f"skipped: HTTP {exc.status}")
             return False
-        if not deleted:
-            note(logic.TANTRUM, "Pod", pod, "skipped: gone")
+        if not done:
+            if settings.evict:
+                note(logic.TANTRUM, "Pod", pod, "skipped: eviction refused")
+                self.announce(body, target, "Normal", "EvictionRefused",
+                              f"not evicting Pod {pod.namespace}/{pod.name}: a PodDisruptionBudget refused it "
+                              "(or it is gone)", log)
+            else:
+                note(logic.TANTRUM, "Pod", pod, "skipped: gone")
             return False
         metrics.action(OPERATOR, "pod-killed")
-        note(logic.TANTRUM, "Pod", pod, "deleted")
-        self.announce(body, target, "Normal", "PodKilled", f"deleted Pod {pod.namespace}/{pod.name} (not revertible)",
+        how = "evicted" if settings.evict else "deleted"
+        note(logic.TANTRUM, "Pod", pod, how)
+        self.announce(body, target, "Normal", "PodKilled", f"{how} Pod {pod.namespace}/{pod.name} (not revertible)",
                       log)
         return True
 

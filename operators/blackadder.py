@@ -16,7 +16,7 @@ import kopf
 from kopf_operators import blackadder as logic
 from kopf_operators import runtime
 from kopf_operators.access import ApiError
-from kopf_operators.blackadder_controller import NAMESPACES_INDEX, BlackadderController, Logger
+from kopf_operators.blackadder_controller import NAMESPACES_INDEX, SOURCES_INDEX, BlackadderController, Logger
 
 RESOURCE = (logic.GROUP, logic.VERSION, logic.PLURAL)
 
@@ -25,12 +25,19 @@ RESOURCE = (logic.GROUP, logic.VERSION, logic.PLURAL)
 async def start(memo: kopf.Memo, **kwargs: Any) -> None:
     config, access = runtime.shared(memo)
     memo.blackadder = BlackadderController(access, config, logic.Settings.from_env(os.environ),
-                                           kwargs[NAMESPACES_INDEX])
+                                           kwargs[NAMESPACES_INDEX], kwargs[SOURCES_INDEX])
 
 
 @kopf.index("namespaces", id=NAMESPACES_INDEX)
 def blackadder_namespaces(name: str, labels: kopf.Labels, status: kopf.Status, **_: Any) -> Any:
     return {name: {"labels": dict(labels), "terminating": status.get("phase") == "Terminating"}}
+
+
+@kopf.index("flant.com", "v1", "copyrators", id=SOURCES_INDEX)
+def blackadder_copyrator_sources(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> Any:
+    """Which ConfigMaps Copyrator rules copy (sharedConfigMaps: Skip keeps ipsum off them)."""
+    sources = logic.copyrator_sources(body)
+    return {(namespace, name): sources} if sources else None
 
 
 # cancellation_polling: Kopf re-checks an exiting daemon this often (default 60 s would hold
