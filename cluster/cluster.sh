@@ -57,7 +57,12 @@ up() {
     "$bin/kwokctl" delete cluster --name "$name" >&2 || rm -rf "$KWOK_WORKDIR/clusters/$name"
   fi
   log "creating cluster $name (Kubernetes $KUBERNETES_VERSION)"
+  # kwokctl picks free ports when it creates a cluster, but binds them only when the components
+  # start: two clusters created at once pick the same ports. One creation at a time per machine.
+  exec 8>"${TMPDIR:-/tmp}/kopf-operators-cluster-create.lock"
+  flock 8
   "$bin/kwokctl" create cluster "${flags[@]}" >&2
+  flock -u 8
   "$bin/kwokctl" get kubeconfig --name "$name" > "$kubeconfig.tmp" && mv "$kubeconfig.tmp" "$kubeconfig"
   wait_until 60 "/readyz" ready
   if ! kc get node kwok-node-0 >/dev/null 2>&1; then
