@@ -105,7 +105,8 @@ class BlackadderController:
         self.config = config
         self.settings = settings
         self.namespaces = namespaces  # Kopf's live index: name -> {"labels": ..., "terminating": bool}
-        self.sources = sources or {}  # Kopf's live index: Copyrator rule -> its ConfigMap sources
+        # Kopf's live index: Copyrator rule -> its ConfigMap sources (an empty index is falsy: no `or`).
+        self.sources = {} if sources is None else sources
         self._webhooks: set[asyncio.Task[None]] = set()
         self._ledgers: dict[str, LedgerHandle] = {}  # agent uid -> its ledger as we last wrote it
         self._pykube: pykube.HTTPClient | None = None
