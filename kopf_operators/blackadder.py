@@ -540,17 +540,21 @@ def epoch_to_iso(epoch: float) -> str:
 
 # --- A cycle, step by step (the controller applies what these return) ------------------------------
 
-REVERT_STEP, PAUSED_STEP, IDLE_STEP, CHAOS_STEP = "revert", "paused", "idle", "chaos"
+REVERT_STEP, PAUSED_STEP, INVALID_STEP, IDLE_STEP, CHAOS_STEP = "revert", "paused", "invalid", "idle", "chaos"
 
 
 def cycle_step(settings: AgentSettings, now: float | None = None) -> str:
-    """What this cycle does: revert wins over pause, pause over a closed time window, then chaos."""
+    """What this cycle does: revert wins over pause, pause over a closed time window, then chaos.
+    Windows in an unknown time zone: the agent idles and reports it (revert and pause still work)."""
     if settings.revert:
         return REVERT_STEP
     if settings.paused:
         return PAUSED_STEP
-    if now is not None and settings.windows and not in_windows(settings.windows, settings.time_zone, now):
-        return IDLE_STEP
+    if now is not None and settings.windows:
+        if window_problem(settings):
+            return INVALID_STEP
+        if not in_windows(settings.windows, settings.time_zone, now):
+            return IDLE_STEP
     return CHAOS_STEP
 
 
@@ -760,6 +764,16 @@ def simple_status(previous: Any, settings: AgentSettings, generation: int | None
     if ready:
         status["dryRun"] = settings.dry_run
     return status
+
+
+def status_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether patching ``new`` over ``old`` changes anything but condition timestamps."""
+    def comparable(status: Mapping[str, Any]) -> dict[str, Any]:
+        view = {k: v for k, v in status.items() if k != "conditions"}
+        view["conditions"] = sorted(sorted((k, str(v)) for k, v in c.items() if k != "lastTransitionTime")
+                                     for c in status.get("conditions") or ())
+        return view
+    return comparable({k: old.get(k) for k in new}) != comparable(new)
 
 
 def cycle_status(previous: Any, settings: AgentSettings, generation: int | None, ledger: Mapping[str, Any],

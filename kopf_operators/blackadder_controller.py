@@ -174,13 +174,6 @@ class BlackadderController:
                 return
             try:
                 handle = await self.ledger(name, uid)
-                problem = logic.window_problem(settings)
-                if problem:
-                    if _ready_reason(previous) != "InvalidSpec":
-                        self.announce(body, None, "Warning", "InvalidSpec", problem, log)
-                    await self._patch_status(name, logic.simple_status(previous, settings, generation, False,
-                                                                       "InvalidSpec", problem))
-                    return
                 now = time.time()
                 step = logic.cycle_step(settings, now)
                 if step == logic.REVERT_STEP:
@@ -189,11 +182,18 @@ class BlackadderController:
                                                  "revert: true — no chaos; the ledger has been reverted")
                     if summary["processed"]:
                         status["revert"] = summary
-                    await self._patch_status(name, status)
+                    await self._patch_status(name, status, body)
                     return
                 if step == logic.PAUSED_STEP:
                     await self._patch_status(name, logic.simple_status(previous, settings, generation, True,
-                                                                       "Paused", "paused: true — no chaos"))
+                                                                       "Paused", "paused: true — no chaos"), body)
+                    return
+                if step == logic.INVALID_STEP:
+                    problem = logic.window_problem(settings) or "invalid spec"
+                    if _ready_reason(previous) != "InvalidSpec":
+                        self.announce(body, None, "Warning", "InvalidSpec", problem, log)
+                    await self._patch_status(name, logic.simple_status(previous, settings, generation, False,
+                                                                       "InvalidSpec", problem), body)
                     return
                 if step == logic.IDLE_STEP:
                     opens = logic.next_window_start(settings.windows, settings.time_zone, now)
@@ -201,7 +201,7 @@ class BlackadderController:
                     if _ready_reason(previous) != "OutsideWindow":
                         log.info(message)
                     await self._patch_status(name, logic.simple_status(previous, settings, generation, True,
-                                                                       "OutsideWindow", message))
+                                                                       "OutsideWindow", message), body)
                     return
                 inventory = await self.inventory(settings, now)
                 outcome = await self.chaos(body, handle, settings, inventory, stopped, log, paragraph)
@@ -634,7 +634,12 @@ class BlackadderController:
         except LookupError:
             pass  # outside a running operator (no event queue): the log line is the record
 
-    async def _patch_status(self, agent: str, status: Mapping[str, Any]) -> None:
+    async def _patch_status(self, agent: str, status: Mapping[str, Any],
+                            body: Mapping[str, Any] | None = None) -> None:
+        """Patch the agent's status; with ``body``, only when it would change (an idle or paused
+        agent does not write every cycle)."""
+        if body is not None and not logic.status_changed(body.get("status") or {}, status):
+            return
         try:
             await self.access.patch_status(CHAOSAGENT, None, agent, status)  # None: deleted meanwhile
         except ApiError as exc:

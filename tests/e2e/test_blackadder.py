@@ -613,3 +613,30 @@ def test_ipsum_leaves_copyrator_sources_and_copies_alone_unless_included(
     agents.patch_spec(name, {"sharedConfigMaps": "Include"})
     wait_for(lambda: cm_rv(core, namespace, "source") != source and cm_rv(core, namespace, "a-copy") != copy,
              timeout=30, what="sources and copies ipsumed once included")
+
+
+@pytest.mark.parametrize(("field", "needle"), [
+    ('maxKillsPerCycle: "lots"', 'maxKillsPerCycle must be a count (0 or more) or a percentage like "25%"'),
+    ("maxKillsPerCycle: -1", "maxKillsPerCycle must be a count"),
+    ("minPodAgeSeconds: -5", "should be greater than or equal to 0"),
+    ('activeWindows: [{from: "25:00", to: "17:00"}]', "spec.activeWindows[0].from: Invalid value"),
+    ('activeWindows: [{weekdays: [Someday], from: "09:00", to: "17:00"}]', 'supported values: "Mon"'),
+    ('activeWindows: [{from: "09:00"}]', "spec.activeWindows[0].to: Required value"),
+    ("podSelector: {matchExpressions: [{key: app, operator: In}]}", "In and NotIn need values"),
+    ("namespaceSelector: {matchExpressions: [{key: app, operator: Near, values: [x]}]}", 'supported values: "In"'),
+    ('webhook: {url: "ftp://example.invalid/x"}', "spec.webhook.url: Invalid value"),
+    ("sharedConfigMaps: Maybe", 'supported values: "Skip", "Include"'),
+])
+def test_bad_guard_fields_are_rejected_with_a_readable_message(crds: None, field: str, needle: str) -> None:
+    result = kubectl("apply", "-f", "-", check=False, input=f"""
+apiVersion: blackadder.io/v1beta1
+kind: ChaosAgent
+metadata: {{name: bad-guard}}
+spec:
+  eagerness: 0
+  paused: true
+  dryRun: true
+  targetNamespaces: [nowhere]
+  {field}
+""")
+    assert result.returncode != 0 and needle in result.stderr, result.stderr

@@ -297,10 +297,18 @@ def test_windows_decide_the_cycle_step_and_a_bad_zone_is_reported() -> None:
     assert logic.cycle_step(settings, at(2026, 11, 23, 9, 30, zone=datetime.UTC)) == logic.CHAOS_STEP
     assert logic.cycle_step(settings, at(2026, 11, 23, 11, 0, zone=datetime.UTC)) == logic.IDLE_STEP
     assert logic.cycle_step(dataclasses.replace(settings, paused=True), 0) == logic.PAUSED_STEP
-    assert logic.window_problem(dataclasses.replace(settings, time_zone="Mars/Olympus")) is not None
+    bad_zone = dataclasses.replace(settings, time_zone="Mars/Olympus")
+    assert logic.window_problem(bad_zone) is not None
+    assert logic.cycle_step(bad_zone, 0) == logic.INVALID_STEP
+    assert logic.cycle_step(dataclasses.replace(bad_zone, revert=True), 0) == logic.REVERT_STEP  # still revertible
     idle = logic.simple_status(None, settings, 1, True, "OutsideWindow", "idle")
     assert idle["state"] == "Idle"
     assert [c["status"] for c in idle["conditions"] if c["type"] == "Active"] == ["False"]
+    # An idle agent does not patch its status every cycle: only when something but a timestamp changes.
+    again = logic.simple_status(idle["conditions"], settings, 1, True, "OutsideWindow", "idle")
+    assert not logic.status_changed({**idle, "cycle": 4}, again)
+    next_generation = logic.simple_status(idle["conditions"], settings, 2, True, "OutsideWindow", "idle")
+    assert logic.status_changed(idle, next_generation)
 
 
 def test_copyrator_sources_are_recognised() -> None:
