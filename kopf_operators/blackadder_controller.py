@@ -310,6 +310,11 @@ class BlackadderController:
 
     # --- the webhook -------------------------------------------------------------------------------
 
+    async def stop(self) -> None:
+        """Notifications still in flight are dropped when the operator exits."""
+        for task in list(self._webhooks):
+            task.cancel()
+
     def _notify(self, body: Mapping[str, Any], url: str, entries: list[Mapping[str, Any]], log: Logger) -> None:
         """One POST per action of the cycle, in the background (a slow receiver never delays chaos).
         The URL is never logged (it may carry a token); only its host."""

@@ -28,6 +28,11 @@ async def start(memo: kopf.Memo, **kwargs: Any) -> None:
                                            kwargs[NAMESPACES_INDEX], kwargs[SOURCES_INDEX])
 
 
+@kopf.on.cleanup(id="blackadder-cleanup")
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    await memo.blackadder.stop()
+
+
 @kopf.index("namespaces", id=NAMESPACES_INDEX)
 def blackadder_namespaces(name: str, labels: kopf.Labels, status: kopf.Status, **_: Any) -> Any:
     return {name: {"labels": dict(labels), "terminating": status.get("phase") == "Terminating"}}

@@ -640,3 +640,9 @@ spec:
   {field}
 """)
     assert result.returncode != 0 and needle in result.stderr, result.stderr
+
+
+def test_guarded_example_is_accepted(crds: None) -> None:
+    path = REPO / "manifests" / "examples" / "blackadder-guarded.yaml"
+    result = kubectl("apply", "--dry-run=server", "-f", str(path), check=False)
+    assert result.returncode == 0, result.stderr

@@ -460,3 +460,11 @@ def test_status_shows_the_containers_restart_count(core: Any, custom: Any, names
     st = wait_for(counted, what="restartCount 4 in status")
     assert st["startTimes"] == 1  # restarts inside the pod are not starts of a pod
     assert "4" in kubectl("get", "ic", "restarts", "-n", namespace).stdout.splitlines()[1].split()
+
+
+def test_template_example_runs(core: Any, custom: Any, namespace: str, operator: OperatorProcess) -> None:
+    apply_yaml((REPO / "manifests" / "examples" / "immortal-template.yaml").read_text(), namespace)
+    pod = wait_pod(core, namespace, "web-immortalpod")
+    assert pod.spec.containers[0].image == "nginxinc/nginx-unprivileged:1.27"
+    assert pod.metadata.labels["app"] == "web"
+    wait_counted(custom, namespace, "web", 1, pod.metadata.uid)
