@@ -7,13 +7,26 @@ restore) is a plain function of data, so it is unit-tested with a fixed seed.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import datetime
 import json
+import math
 import random
+import urllib.parse
+import zoneinfo
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from kopf_operators.common import DOMAIN, stable_hash
+from kopf_operators.common import (
+    DOMAIN,
+    env_bool,
+    env_float,
+    env_list,
+    matches_label_selector,
+    set_condition,
+    stable_hash,
+)
 
 GROUP = "blackadder.io"
 VERSION = "v1beta1"
@@ -38,8 +51,35 @@ LEDGER_BUDGET_BYTES = 700_000
 TANTRUM, CANCER, IPSUM = "tantrum", "cancer", "ipsum"
 MODES = (TANTRUM, CANCER, IPSUM)
 
+# The opt-in/opt-out label on Pods, Deployments and ConfigMaps: "false" always opts out; with
+# requireOptIn only objects labelled "true" are candidates. Applied server-side.
+OPT_LABEL = "blackadder.io/chaos"
+# Copyrator's marker on its copies (kopf_operators.copyrator.RULE_UID_LABEL).
+COPYRATOR_COPY_LABEL = f"copyrator.{DOMAIN}/rule-uid"
+DEFAULT_MAX_KILLS = 1  # like chaoskube's --max-kill
+DEFAULT_MAX_ADDED_REPLICAS = 32
+WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+
 
 # --- Settings -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Operator-wide options of Blackadder (environment variables, documented in docs/blackadder.md)."""
+
+    dry_run: bool = False  # CHAOS_DRY_RUN: forces dry-run on every agent (the chart sets it)
+    # CHAOS_MAX_ADDED_REPLICAS: all agents together never add more replicas than this (cancer).
+    max_added_replicas: int = DEFAULT_MAX_ADDED_REPLICAS
+    # CHAOS_WEBHOOK_HOSTS: the only hosts webhook notifications may go to (empty: any host).
+    webhook_hosts: tuple[str, ...] = ()
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        return cls(dry_run=env_bool(env, "CHAOS_DRY_RUN", False),
+                   max_added_replicas=int(env_float(env, "CHAOS_MAX_ADDED_REPLICAS", DEFAULT_MAX_ADDED_REPLICAS)),
+                   webhook_hosts=tuple(h.lower() for h in env_list(env, "CHAOS_WEBHOOK_HOSTS")))
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +100,19 @@ class AgentSettings:
     revert: bool = False
     revert_on_delete: bool = True
     seed: int | None = None
+    # The guards of issue #14 (defaults: the article's agents keep working, with chaoskube's cap).
+    pod_selector: Mapping[str, Any] | None = None
+    namespace_selector: Mapping[str, Any] | None = None
+    annotation_selector: Mapping[str, Any] | None = None
+    require_opt_in: bool = False
+    max_kills: int | str | None = DEFAULT_MAX_KILLS
+    min_pod_age: int = 0
+    windows: tuple[Mapping[str, Any], ...] = ()
+    time_zone: str = "UTC"
+    allow_single_replica: bool = False
+    evict: bool = False
+    webhook_url: str = ""
+    shared_configmaps: str = "Skip"
 
 
 def settings_from_spec(spec: Mapping[str, Any], forced_dry_run: bool = False) -> AgentSettings:
@@ -83,7 +136,24 @@ def settings_from_spec(spec: Mapping[str, Any], forced_dry_run: bool = False) ->
         revert=bool(spec.get("revert", False)),
         revert_on_delete=bool(spec.get("revertOnDelete", True)),
         seed=None if seed is None else int(seed),
+        pod_selector=_mapping(spec.get("podSelector")),
+        namespace_selector=_mapping(spec.get("namespaceSelector")),
+        annotation_selector=_mapping(spec.get("annotationSelector")),
+        require_opt_in=bool(spec.get("requireOptIn", False)),
+        max_kills=spec.get("maxKillsPerCycle", DEFAULT_MAX_KILLS),
+        min_pod_age=max(0, int(spec.get("minPodAgeSeconds", 0) or 0)),
+        windows=tuple(_mapping(w) or {} for w in spec.get("activeWindows") or ()),
+        time_zone=str(spec.get("timeZone") or "UTC"),
+        allow_single_replica=bool(spec.get("allowSingleReplica", False)),
+        evict=bool(spec.get("evictPods", False)),
+        webhook_url=str((spec.get("webhook") or {}).get("url") or ""),
+        shared_configmaps=str(spec.get("sharedConfigMaps") or "Skip"),
     )
+
+
+def _mapping(value: Any) -> dict[str, Any] | None:
+    """A plain dict (munch and Kopf views included), None when unset or empty."""
+    return json.loads(json.dumps(value)) if value else None
 
 
 # --- Scope: namespaces, deny-list, field selectors -----------------------------------------------
@@ -115,6 +185,53 @@ def listing_plan(settings: AgentSettings, operator_namespace: str) -> tuple[list
     return None, namespace_field_selector(excluded)
 
 
+def listing_plan_for(settings: AgentSettings, operator_namespace: str,
+                     namespace_labels: Mapping[str, Mapping[str, str]]) -> tuple[list[str] | None, str]:
+    """``listing_plan`` with the namespaceSelector: then only the matching namespaces (from the
+    namespaces index) are listed, one by one."""
+    namespaces, selector = listing_plan(settings, operator_namespace)
+    if settings.namespace_selector is None:
+        return namespaces, selector
+    matching = sorted(ns for ns, labels in namespace_labels.items()
+                      if matches_label_selector(labels, settings.namespace_selector)
+                      and namespace_allowed(ns, settings, operator_namespace))
+    return [ns for ns in matching if namespaces is None or ns in namespaces], ""
+
+
+def selector_string(selector: Mapping[str, Any] | None) -> str:
+    """A LabelSelector (matchLabels, matchExpressions) as the API's labelSelector query string."""
+    if not selector:
+        return ""
+    parts = [f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items())]
+    for expr in selector.get("matchExpressions") or ():
+        key, op, values = expr.get("key"), expr.get("operator"), sorted(expr.get("values") or ())
+        if op == "In":
+            parts.append(f"{key} in ({','.join(values)})")
+        elif op == "NotIn":
+            parts.append(f"{key} notin ({','.join(values)})")
+        elif op == "Exists":
+            parts.append(str(key))
+        elif op == "DoesNotExist":
+            parts.append(f"!{key}")
+    return ",".join(parts)
+
+
+def label_selector_for(kind: str, settings: AgentSettings) -> str:
+    """The server-side label selector of a listing: the opt-in/opt-out label, the podSelector (Pods),
+    and without sharedConfigMaps: Include, no Copyrator copies (ConfigMaps)."""
+    parts = [f"{OPT_LABEL}=true" if settings.require_opt_in else f"{OPT_LABEL}!=false"]
+    if kind == "Pod" and settings.pod_selector:
+        parts.append(selector_string(settings.pod_selector))
+    if kind == "ConfigMap" and settings.shared_configmaps != "Include":
+        parts.append(f"!{COPYRATOR_COPY_LABEL}")
+    return ",".join(p for p in parts if p)
+
+
+def pod_field_selector(namespace_selector: str) -> str:
+    """Pods that have ended are no candidates (nothing to kill), filtered server-side too."""
+    return ",".join(p for p in (namespace_selector, "status.phase!=Succeeded,status.phase!=Failed") if p)
+
+
 def namespace_allowed(namespace: str, settings: AgentSettings, operator_namespace: str) -> bool:
     """Client-side double check of what the server-side selectors already filtered."""
     if namespace in denied_namespaces(operator_namespace) or namespace in settings.excluded:
@@ -131,6 +248,13 @@ class PodRef:
     name: str
     uid: str
     terminating: bool = False
+    owner: str = ""  # uid of its controller (ReplicaSet, StatefulSet, ...); "" for a bare pod
+    ready: bool = True
+    created: float | None = None  # epoch seconds
+
+    @property
+    def workload(self) -> str:
+        return self.owner or f"bare:{self.namespace}/{self.name}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +264,7 @@ class DeploymentRef:
     uid: str
     replicas: int
     resource_version: str = ""
+    generation: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,15 +279,34 @@ class ConfigMapRef:
 
 def pod_ref(obj: Mapping[str, Any]) -> PodRef:
     meta = obj.get("metadata", {})
+    owner = next((ref.get("uid", "") for ref in meta.get("ownerReferences") or () if ref.get("controller")), "")
+    conditions = (obj.get("status") or {}).get("conditions") or ()
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     return PodRef(meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", ""),
-                  bool(meta.get("deletionTimestamp")))
+                  bool(meta.get("deletionTimestamp")), owner, ready, iso_to_epoch(meta.get("creationTimestamp")))
+
+
+def pod_selected(obj: Mapping[str, Any], settings: AgentSettings, now: float) -> bool:
+    """What the server-side selectors cannot express: the annotation selector and the minimum age."""
+    meta = obj.get("metadata", {})
+    if not matches_label_selector(meta.get("annotations") or {}, settings.annotation_selector):
+        return False
+    created = iso_to_epoch(meta.get("creationTimestamp"))
+    return settings.min_pod_age <= 0 or (created is not None and now - created >= settings.min_pod_age)
+
+
+def deployment_selected(obj: Mapping[str, Any], settings: AgentSettings) -> bool:
+    """A Deployment is a candidate when the pods it makes match the podSelector."""
+    template_labels = (((obj.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("labels")
+    return matches_label_selector(template_labels or {}, settings.pod_selector)
 
 
 def deployment_ref(obj: Mapping[str, Any]) -> DeploymentRef:
     meta = obj.get("metadata", {})
     replicas = (obj.get("spec") or {}).get("replicas")
     return DeploymentRef(meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", ""),
-                         1 if replicas is None else int(replicas), meta.get("resourceVersion", ""))
+                         1 if replicas is None else int(replicas), meta.get("resourceVersion", ""),
+                         int(meta.get("generation") or 0))
 
 
 def configmap_ref(obj: Mapping[str, Any]) -> ConfigMapRef:
@@ -203,18 +347,40 @@ def _key(obj: Any) -> tuple[str, str]:
     return (obj.namespace, obj.name)
 
 
-def pick_pods(pods: Sequence[PodRef], tolerance: int, eagerness: int, rng: random.Random) -> list[PodRef]:
+def max_kills(value: int | str | None, alive: int) -> int | None:
+    """maxKillsPerCycle: a count, or a percentage of the live candidates ("25%", rounded down but at
+    least 1 when above 0 %); None: no cap."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().endswith("%"):
+        percent = float(value.strip()[:-1])
+        return 0 if percent <= 0 else max(1, math.floor(alive * percent / 100))
+    return max(0, int(value))
+
+
+def pick_pods(pods: Sequence[PodRef], tolerance: int, eagerness: int, rng: random.Random,
+              cap: int | None = None, allow_single_replica: bool = True) -> list[PodRef]:
     """Pods to kill: only when at least ``tolerance`` live pods match, never below ``tolerance``,
-    never pods already being deleted."""
+    never pods already being deleted, at most ``cap``; without ``allow_single_replica`` never the
+    last ready replica of a workload (a bare pod is a workload of one)."""
     alive = sorted((p for p in pods if not p.terminating), key=_key)
     if len(alive) < tolerance:
         return []
     budget = len(alive) - tolerance
+    if cap is not None:
+        budget = min(budget, cap)
+    ready = collections.Counter(p.workload for p in alive if p.ready)
+    left = {w: n - 1 for w, n in ready.items()}  # each workload keeps at least one ready replica
     picked: list[PodRef] = []
     for pod in alive:
         chosen = eager(rng, eagerness)  # draw for every pod, so decisions do not shift with budget
-        if chosen and len(picked) < budget:
-            picked.append(pod)
+        if not chosen or len(picked) >= budget:
+            continue
+        if not allow_single_replica:
+            if left.get(pod.workload, 0) <= 0:
+                continue
+            left[pod.workload] -= 1
+        picked.append(pod)
     return picked
 
 
@@ -226,14 +392,27 @@ def doubled(replicas: int) -> int:
 
 
 def pick_deployments(deployments: Sequence[DeploymentRef], eagerness: int,
-                     rng: random.Random) -> list[tuple[DeploymentRef, int]]:
+                     rng: random.Random, budget: int | None = None) -> list[tuple[DeploymentRef, int]]:
+    """Deployments to grow; ``budget``: how many replicas may still be added (the cluster-wide cap),
+    the last pick grows only by what is left."""
     picked: list[tuple[DeploymentRef, int]] = []
     for dep in sorted(deployments, key=_key):
         chosen = eager(rng, eagerness)
         target = doubled(dep.replicas)
+        if budget is not None:
+            target = min(target, dep.replicas + max(0, budget))
         if chosen and target != dep.replicas:
             picked.append((dep, target))
+            if budget is not None:
+                budget -= target - dep.replicas
     return picked
+
+
+def added_replicas(ledgers: Iterable[Mapping[str, Any]]) -> int:
+    """Replicas the agents' cancer added and not yet reverted (from their ledgers' undo entries)."""
+    return sum(max(0, int(entry.get("written") or 0) - int(entry.get("before") or 0))
+               for ledger in ledgers for entry in (ledger.get("undo") or {}).values()
+               if entry.get("kind") == "Deployment")
 
 
 def ipsum_eligible(cm: ConfigMapRef) -> bool:
@@ -344,3 +523,274 @@ def seconds_until_next_cycle(last_cycle_epoch: float | None, now_epoch: float, p
     if last_cycle_epoch is None:
         return 0.0
     return max(0.0, min(float(pause), last_cycle_epoch + pause - now_epoch))
+
+
+def iso_to_epoch(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return datetime.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def epoch_to_iso(epoch: float) -> str:
+    return datetime.datetime.fromtimestamp(int(epoch), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --- A cycle, step by step (the controller applies what these return) ------------------------------
+
+REVERT_STEP, PAUSED_STEP, INVALID_STEP, IDLE_STEP, CHAOS_STEP = "revert", "paused", "invalid", "idle", "chaos"
+
+
+def cycle_step(settings: AgentSettings, now: float | None = None) -> str:
+    """What this cycle does: revert wins over pause, pause over a closed time window, then chaos.
+    Windows in an unknown time zone: the agent idles and reports it (revert and pause still work)."""
+    if settings.revert:
+        return REVERT_STEP
+    if settings.paused:
+        return PAUSED_STEP
+    if now is not None and settings.windows:
+        if window_problem(settings):
+            return INVALID_STEP
+        if not in_windows(settings.windows, settings.time_zone, now):
+            return IDLE_STEP
+    return CHAOS_STEP
+
+
+# --- Time windows ---------------------------------------------------------------------------------
+
+
+def _minutes(hhmm: str) -> int:
+    hours, minutes = hhmm.split(":")
+    return int(hours) * 60 + int(minutes)
+
+
+def _window_days(window: Mapping[str, Any]) -> set[int]:
+    days = window.get("weekdays") or WEEKDAYS
+    return {WEEKDAYS.index(d[:3].title()) for d in days}
+
+
+def in_windows(windows: Sequence[Mapping[str, Any]], time_zone: str, now: float) -> bool:
+    """Whether ``now`` (epoch) falls in one of the windows, in ``time_zone`` (its daylight saving
+    included). A window is weekdays (default all) and from/to times of day ("HH:MM", from inclusive,
+    to exclusive); to <= from spans midnight (the weekday is the one it starts on)."""
+    local = datetime.datetime.fromtimestamp(now, zoneinfo.ZoneInfo(time_zone))
+    minute, day = local.hour * 60 + local.minute, local.weekday()
+    for window in windows:
+        start, end = _minutes(window.get("from", "00:00")), _minutes(window.get("to", "00:00"))
+        days = _window_days(window)
+        if start < end:
+            if day in days and start <= minute < end:
+                return True
+        elif (day in days and minute >= start) or ((day - 1) % 7 in days and minute < end):
+            return True
+    return False
+
+
+def next_window_start(windows: Sequence[Mapping[str, Any]], time_zone: str, now: float) -> str | None:
+    """When the next window opens, in the windows' time zone (ISO, for status)."""
+    zone = zoneinfo.ZoneInfo(time_zone)
+    local = datetime.datetime.fromtimestamp(now, zone)
+    starts = []
+    for offset in range(8):
+        date = (local + datetime.timedelta(days=offset)).date()
+        for window in windows:
+            if date.weekday() in _window_days(window):
+                start = _minutes(window.get("from", "00:00"))
+                at = datetime.datetime.combine(date, datetime.time(start // 60, start % 60), zone)
+                if at > local:
+                    starts.append(at)
+    return min(starts).isoformat(timespec="minutes") if starts else None
+
+
+def window_problem(settings: AgentSettings) -> str | None:
+    """A timeZone or window the schema could not check (the agent idles and says so)."""
+    try:
+        zoneinfo.ZoneInfo(settings.time_zone)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return f"timeZone {settings.time_zone!r} is not a known IANA time zone (e.g. Europe/Berlin)"
+    return None
+
+
+# --- Other operators' objects ---------------------------------------------------------------------
+
+
+def copyrator_sources(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """What a Copyrator rule reads (fields at the top level or under spec): its ConfigMap sources'
+    namespaces and label selector. Small, for an index; empty when the rule is not about ConfigMaps."""
+    spec = body.get("spec")
+    fields: Mapping[str, Any] = spec if isinstance(spec, Mapping) else body
+    if str(fields.get("ruleType", "")).lower() != "configmap" or not isinstance(fields.get("selector"), Mapping):
+        return []
+    namespaces = fields.get("namespace")
+    namespaces = [namespaces] if isinstance(namespaces, str) else list(namespaces or ())
+    return [{"namespace": ns, "selector": dict(fields["selector"])} for ns in namespaces if isinstance(ns, str)]
+
+
+def is_copyrator_source(namespace: str, labels: Mapping[str, str] | None,
+                        sources: Iterable[Mapping[str, Any]]) -> bool:
+    return any(src["namespace"] == namespace and matches_label_selector(labels, {"matchLabels": src["selector"]})
+               for src in sources)
+
+
+# --- Webhook --------------------------------------------------------------------------------------
+
+
+def webhook_refusal(url: str, allowed_hosts: Sequence[str]) -> str | None:
+    """Why a webhook URL may not be used (None: it may): http(s) only, and only the operator's
+    allowed hosts when CHAOS_WEBHOOK_HOSTS is set."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return "webhook.url must be an http:// or https:// URL"
+    if allowed_hosts and parsed.hostname.lower() not in allowed_hosts:
+        return f"webhook host {parsed.hostname} is not in the operator's CHAOS_WEBHOOK_HOSTS"
+    return None
+
+
+def webhook_payload(agent: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """One action as the webhook receives it (names and counts, never ConfigMap values)."""
+    keys = ("cycle", "at", "mode", "kind", "namespace", "name", "outcome", "dryRun")
+    return {"agent": agent, **{k: entry.get(k) for k in keys}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Inventory:
+    """The candidates of one cycle, after the deny-list and the spec's scope."""
+
+    pods: tuple[PodRef, ...] = ()
+    deployments: tuple[DeploymentRef, ...] = ()
+    configmaps: tuple[ConfigMapRef, ...] = ()
+
+    def counts(self) -> dict[str, int]:
+        return {"pods": len(self.pods), "deployments": len(self.deployments), "configMaps": len(self.configmaps)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    kills: tuple[PodRef, ...] = ()
+    scales: tuple[tuple[DeploymentRef, int], ...] = ()
+    writes: tuple[ConfigMapRef, ...] = ()
+
+
+def plan_cycle(inventory: Inventory, settings: AgentSettings, cycle: int,
+               replica_budget: int | None = None) -> Plan:
+    """Which candidates each enabled mode acts on in this cycle."""
+    alive = sum(1 for p in inventory.pods if not p.terminating)
+    kills = pick_pods(inventory.pods, settings.tolerance, settings.eagerness, rng_for(settings.seed, cycle, TANTRUM),
+                      cap=max_kills(settings.max_kills, alive),
+                      allow_single_replica=settings.allow_single_replica) if settings.tantrum else []
+    scales = pick_deployments(inventory.deployments, settings.eagerness, rng_for(settings.seed, cycle, CANCER),
+                              budget=replica_budget) if settings.cancer else []
+    writes = pick_configmaps(inventory.configmaps, settings.eagerness,
+                             rng_for(settings.seed, cycle, IPSUM)) if settings.ipsum else []
+    return Plan(tuple(kills), tuple(scales), tuple(writes))
+
+
+def deployment_undo(dep: DeploymentRef, wanted: int, now: str) -> dict[str, Any]:
+    # The generation our scale will produce: one more than listed (a concurrent spec change makes it
+    # differ, and revert then reports the Deployment as changed instead of overwriting it).
+    generation = dep.generation + 1 if dep.generation else None
+    return {"kind": "Deployment", "namespace": dep.namespace, "name": dep.name, "uid": dep.uid,
+            "before": dep.replicas, "written": wanted, "generation": generation, "firstAt": now, "lastAt": now,
+            "actions": 1, "pending": True}
+
+
+def write_ahead(ledger: dict[str, Any], plan: Plan, now: str, paragraph: Callable[[], str]
+                ) -> tuple[list[tuple[ConfigMapRef, dict[str, str]]], list[ConfigMapRef]]:
+    """Record the before-state of every planned change in ``ledger`` BEFORE making it (a crash between
+    the write and the ledger update never loses an original). Returns the ConfigMap writes with their
+    new data, and the ConfigMaps refused because their undo would not fit the ledger."""
+    for dep, wanted in plan.scales:
+        record_undo(ledger, target_key("Deployment", dep.namespace, dep.name), deployment_undo(dep, wanted, now),
+                    dep.replicas)
+    planned: list[tuple[ConfigMapRef, dict[str, str]]] = []
+    refused: list[ConfigMapRef] = []
+    for cm in plan.writes:
+        new_data = ipsum_data(cm.data or {}, paragraph)
+        key = target_key("ConfigMap", cm.namespace, cm.name)
+        trial = {**ledger, "undo": dict(ledger.get("undo") or {})}
+        record_undo(trial, key, {"kind": "ConfigMap", "namespace": cm.namespace, "name": cm.name, "uid": cm.uid,
+                                 "before": dict(cm.data or {}), "written": data_fingerprint(new_data),
+                                 "firstAt": now, "lastAt": now, "actions": 1, "pending": True},
+                    data_fingerprint(cm.data))
+        if ledger_size(trial) > LEDGER_BUDGET_BYTES:
+            refused.append(cm)
+            continue
+        ledger["undo"] = trial["undo"]
+        planned.append((cm, new_data))
+    return planned, refused
+
+
+def forget_undo(ledger: dict[str, Any], previous_undo: Mapping[str, Any], key: str) -> None:
+    """An action that did not happen: drop its write-ahead entry (keeping an older one if any)."""
+    if key in previous_undo:
+        ledger["undo"][key] = previous_undo[key]
+    else:
+        ledger["undo"].pop(key, None)
+
+
+def scale_patch(expected: int, replicas: int) -> list[dict[str, Any]]:
+    """A JSON patch that fails (422) unless the replicas are still what we expect."""
+    return [{"op": "test", "path": "/spec/replicas", "value": expected},
+            {"op": "replace", "path": "/spec/replicas", "value": replicas}]
+
+
+# --- Status -----------------------------------------------------------------------------------------
+
+
+def conditions_for(previous: Any, settings: AgentSettings, generation: int | None,
+                   ready: bool, reason: str, message: str) -> list[dict[str, Any]]:
+    conds = set_condition(previous, "Ready", ready, reason, message, generation)
+    conds = set_condition(conds, "Paused", settings.paused, "Spec" if settings.paused else "Running",
+                          "paused: true in the spec" if settings.paused else "acting every pauseDuration",
+                          generation)
+    dry_msg = {"OperatorForced": "CHAOS_DRY_RUN=true forces dry-run for every agent",
+               "Spec": "dryRun: true in the spec"}.get(settings.dry_run_reason, "actions are real")
+    return set_condition(conds, "DryRun", settings.dry_run, settings.dry_run_reason or "Off", dry_msg, generation)
+
+
+STATES = {"Reverted": "Reverted", "Paused": "Paused", "OutsideWindow": "Idle", "CycleFailed": "Failed",
+          "InvalidSpec": "Failed"}
+
+
+def simple_status(previous: Any, settings: AgentSettings, generation: int | None, ready: bool, reason: str,
+                  message: str) -> dict[str, Any]:
+    """The status of a cycle that did no chaos (revert, paused, idle outside its windows, failed)."""
+    conditions = conditions_for(previous, settings, generation, ready, reason, message)
+    conditions = set_condition(conditions, "Active", False, reason, message, generation)
+    status: dict[str, Any] = {"observedGeneration": generation, "state": STATES.get(reason, reason),
+                              "conditions": conditions}
+    if ready:
+        status["dryRun"] = settings.dry_run
+    return status
+
+
+def status_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether patching ``new`` over ``old`` changes anything but condition timestamps."""
+    def comparable(status: Mapping[str, Any]) -> dict[str, Any]:
+        view = {k: v for k, v in status.items() if k != "conditions"}
+        view["conditions"] = sorted(sorted((k, str(v)) for k, v in c.items() if k != "lastTransitionTime")
+                                     for c in status.get("conditions") or ())
+        return view
+    return comparable({k: old.get(k) for k in new}) != comparable(new)
+
+
+def cycle_status(previous: Any, settings: AgentSettings, generation: int | None, ledger: Mapping[str, Any],
+                 done: Mapping[str, int], skipped: int, candidates: Mapping[str, int],
+                 ledger_ref: str) -> dict[str, Any]:
+    cycle = ledger["cycle"]
+    done_msg = ", ".join(f"{m} {n}" for m, n in done.items())
+    return {
+        "observedGeneration": generation, "cycle": cycle, "lastCycleTime": ledger["lastCycleAt"],
+        "dryRun": settings.dry_run, "actions": ledger["counts"], "wouldBe": ledger["wouldBe"],
+        "lastCycle": {"cycle": cycle, "dryRun": settings.dry_run, "skipped": skipped,
+                      "candidates": dict(candidates), **done},
+        "ledger": ledger_ref,
+        "state": "Active",
+        "conditions": set_condition(
+            conditions_for(previous, settings, generation, True, "CycleDone",
+                           f"cycle {cycle}: {'would ' if settings.dry_run else ''}{done_msg}"),
+            "Active", True, "InWindow" if settings.windows else "Always",
+            "inside activeWindows" if settings.windows else "no activeWindows: always active", generation),
+    }

@@ -11,12 +11,14 @@ and "patch status" therefore counts every pod exactly once.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import datetime
 import enum
 from collections.abc import Mapping
 from typing import Any
 
-from kopf_operators.common import DOMAIN, set_condition
+from kopf_operators.common import DOMAIN, set_condition, stable_hash
 
 GROUP = "immortalcontainer.flugel.it"
 VERSION = "v1alpha1"
@@ -30,7 +32,17 @@ CONTAINER_NAME = "acontainer"  # as in the article
 ARTICLE_LABEL = "controller"
 OWNER_LABEL = f"{DOMAIN}/immortal"
 
+# The digest of the pod the spec asks for (image shorthand or template): a change replaces the pod.
+# Under the CRD's group: it is the operator's own data, not Kopf state.
+TEMPLATE_HASH_ANNOTATION = f"{GROUP}/template-hash"
+
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+# Crash backoff for pods that end, like the kubelet's: the first replacement at once, then 10 s
+# doubling up to 5 minutes; a pod that ran 10 minutes before ending resets it.
+BACKOFF_FIRST_SECONDS = 10.0
+BACKOFF_CAP_SECONDS = 300.0
+BACKOFF_RESET_SECONDS = 600.0
 
 SNAPSHOT_METADATA = ("name", "namespace", "uid", "generation", "resourceVersion", "deletionTimestamp")
 
@@ -64,25 +76,71 @@ def pod_summary(pod: Mapping[str, Any]) -> dict[str, Any]:
     meta = pod.get("metadata") or {}
     containers = (pod.get("spec") or {}).get("containers") or []
     status = pod.get("status") or {}
+    summary_meta = {key: meta[key] for key in ("name", "uid", "ownerReferences", "deletionTimestamp")
+                    if meta.get(key) is not None}
+    template_hash = (meta.get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION)
+    if template_hash:
+        summary_meta["annotations"] = {TEMPLATE_HASH_ANNOTATION: template_hash}
+    summary_status = {key: status[key] for key in ("phase", "reason", "startTime") if status.get(key) is not None}
+    statuses = status.get("containerStatuses") or []
+    summary_status["restartCount"] = sum(int(c.get("restartCount") or 0) for c in statuses)
+    finished = [t["finishedAt"] for c in statuses
+                if (t := (c.get("state") or {}).get("terminated") or {}).get("finishedAt")]
+    if finished:
+        summary_status["finishedAt"] = max(finished)
     return {
-        "metadata": {key: meta[key] for key in ("name", "uid", "ownerReferences", "deletionTimestamp")
-                     if meta.get(key) is not None},
+        "metadata": summary_meta,
         "spec": {"containers": [{"name": c.get("name"), "image": c.get("image")} for c in containers]},
-        "status": {key: status[key] for key in ("phase", "reason") if status.get(key) is not None},
+        "status": summary_status,
     }
 
 
+def pod_template(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The pod the spec asks for: ``template`` (labels, annotations, pod spec), or the article's
+    shorthand ``image`` (one container named acontainer). With both, ``image`` fills in the image of
+    template containers that have none."""
+    template = spec.get("template")
+    image = spec.get("image")
+    if not template:
+        return {"labels": {}, "annotations": {}, "spec": {"containers": [{"name": CONTAINER_NAME, "image": image}]}}
+    meta = template.get("metadata") or {}
+    pod_spec = copy.deepcopy(dict(template.get("spec") or {}))
+    if image:
+        pod_spec["containers"] = [c if c.get("image") else {**c, "image": image}
+                                  for c in pod_spec.get("containers") or ()]
+    return {"labels": dict(meta.get("labels") or {}), "annotations": dict(meta.get("annotations") or {}),
+            "spec": pod_spec}
+
+
+def template_hash(spec: Mapping[str, Any]) -> str:
+    return stable_hash(pod_template(spec))
+
+
+def _main_image(containers: Any) -> str | None:
+    """The image that stands for the pod: the article's container's, else the first container's."""
+    containers = list(containers or ())
+    main = next((c for c in containers if c.get("name") == CONTAINER_NAME), containers[0] if containers else {})
+    return main.get("image")
+
+
+def main_image(spec: Mapping[str, Any]) -> str:
+    return str(_main_image(pod_template(spec)["spec"].get("containers")) or "")
+
+
 def build_pod(ic: Mapping[str, Any]) -> dict[str, Any]:
-    """The pod manifest for an ImmortalContainer (the article's pod, plus the project's label)."""
+    """The pod manifest for an ImmortalContainer (the article's pod, or the template's), with the
+    project's labels (which win over the template's), the owner reference and the template digest."""
     meta = ic["metadata"]
     name = meta["name"]
+    template = pod_template(ic["spec"])
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": pod_name(name),
             "namespace": meta["namespace"],
-            "labels": {ARTICLE_LABEL: name, OWNER_LABEL: name},
+            "labels": {**template["labels"], ARTICLE_LABEL: name, OWNER_LABEL: name},
+            "annotations": {**template["annotations"], TEMPLATE_HASH_ANNOTATION: template_hash(ic["spec"])},
             "ownerReferences": [{
                 "apiVersion": API_VERSION,
                 "kind": KIND,
@@ -91,9 +149,7 @@ def build_pod(ic: Mapping[str, Any]) -> dict[str, Any]:
                 "controller": True,
             }],
         },
-        "spec": {
-            "containers": [{"name": CONTAINER_NAME, "image": ic["spec"]["image"]}],
-        },
+        "spec": template["spec"],
     }
 
 
@@ -108,10 +164,21 @@ class PodView:
     phase: str | None
     terminating: bool
     reason: str | None = None  # e.g. "Evicted"
+    template_hash: str | None = None  # None: created before templates (compare the image only)
+    restarts: int = 0  # the containers' own restarts (restartCount, summed)
+    started_at: str | None = None
+    finished_at: str | None = None
 
     @property
     def ended(self) -> bool:
         return self.phase in TERMINAL_PHASES
+
+    def ran_seconds(self, now: float) -> float:
+        """How long the pod ran before ending (0 when its start is unknown)."""
+        started = iso_to_epoch(self.started_at)
+        if started is None:
+            return 0.0
+        return max(0.0, (iso_to_epoch(self.finished_at) or now) - started)
 
 
 def observe_pod(pod: Mapping[str, Any] | None, owner_uid: str) -> PodView | None:
@@ -124,7 +191,7 @@ def observe_pod(pod: Mapping[str, Any] | None, owner_uid: str) -> PodView | None
         for ref in meta.get("ownerReferences") or ()
     )
     containers = (pod.get("spec") or {}).get("containers") or []
-    image = next((c.get("image") for c in containers if c.get("name") == CONTAINER_NAME), None)
+    image = _main_image(containers)
     status = pod.get("status") or {}
     return PodView(
         name=str(meta.get("name", "")),
@@ -134,6 +201,11 @@ def observe_pod(pod: Mapping[str, Any] | None, owner_uid: str) -> PodView | None
         phase=status.get("phase"),
         terminating=bool(meta.get("deletionTimestamp")),
         reason=status.get("reason"),
+        template_hash=(meta.get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION),
+        restarts=int(status.get("restartCount") or sum(int(c.get("restartCount") or 0)
+                                                       for c in status.get("containerStatuses") or ())),
+        started_at=status.get("startTime"),
+        finished_at=status.get("finishedAt"),
     )
 
 
@@ -143,6 +215,8 @@ class Action(enum.Enum):
     DELETE = "delete"  # our pod ended or runs the wrong image: remove it (the next pass creates)
     WAIT = "wait"  # our pod is going away: wait for it
     BLOCKED = "blocked"  # a pod we do not own has the target name: never touch it
+    BACKOFF = "backoff"  # our pod ended again soon after the last end: replace it later
+    INVALID = "invalid"  # the API server refuses the pod the spec describes: wait for a spec change
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,10 +224,13 @@ class Decision:
     action: Action
     reason: str  # CamelCase, used as the Ready condition's reason and the event's reason
     message: str
+    retry_in: float = 0.0  # BACKOFF: seconds until the replacement
 
 
-def decide(image: str, pod: PodView | None) -> Decision:
-    """What to do next about the pod, given the desired image and the observed pod."""
+def decide(image: str, pod: PodView | None, wanted_hash: str | None = None,
+           backoff: Mapping[str, Any] | None = None, now: float = 0.0) -> Decision:
+    """What to do next about the pod, given the desired image (and template digest), the observed
+    pod, and the crash backoff state (``observe_end``) at ``now`` (epoch seconds)."""
     if pod is None:
         return Decision(Action.CREATE, "PodCreating", "no pod is running; starting one")
     if not pod.owned:
@@ -165,14 +242,60 @@ def decide(image: str, pod: PodView | None) -> Decision:
                         f"pod {pod.name} is terminating; waiting to replace it")
     if pod.ended:
         why = f" ({pod.reason})" if pod.reason else ""
+        next_at = iso_to_epoch((backoff or {}).get("nextAttempt")) if (backoff or {}).get("podUID") == pod.uid else None
+        wait = 0.0 if next_at is None else next_at - now
+        if wait > 0:
+            return Decision(Action.BACKOFF, "BackOff",
+                            f"pod {pod.name} ended with phase {pod.phase}{why} "
+                            f"({(backoff or {}).get('failures')} ends in a row); replacing it at "
+                            f"{(backoff or {}).get('nextAttempt')}", retry_in=wait)
         return Decision(Action.DELETE, "PodEnded",
                         f"pod {pod.name} ended with phase {pod.phase}{why}; replacing it")
     if pod.image != image:
         return Decision(Action.DELETE, "ImageChanged",
                         f"pod {pod.name} runs {pod.image}, the spec asks for {image}; replacing it")
+    if wanted_hash and pod.template_hash and pod.template_hash != wanted_hash:
+        return Decision(Action.DELETE, "TemplateChanged",
+                        f"pod {pod.name} was made from another template; replacing it")
     if pod.phase == "Running":
         return Decision(Action.NONE, "PodRunning", f"pod {pod.name} is running {image}")
     return Decision(Action.NONE, "PodStarting", f"pod {pod.name} is {pod.phase or 'Pending'}")
+
+
+def iso_to_epoch(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return datetime.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def epoch_to_iso(epoch: float) -> str:
+    return datetime.datetime.fromtimestamp(int(epoch), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def backoff_delay(ends_before: int) -> float:
+    """Seconds before replacing a pod that ended after ``ends_before`` earlier ends in a row:
+    0 (the first replacement at once), then 10, 20, 40, ... capped at 300."""
+    if ends_before <= 0:
+        return 0.0
+    return min(BACKOFF_CAP_SECONDS, BACKOFF_FIRST_SECONDS * 2 ** min(ends_before - 1, 16))
+
+
+def observe_end(backoff: Mapping[str, Any] | None, pod: PodView | None, now: float) -> dict[str, Any]:
+    """The crash backoff state after observing ``pod`` at ``now``: an owned pod that ended and was not
+    counted yet (by uid, so retries and restarts count it once) is one more end in a row, unless it
+    ran 10 minutes (the count starts again)."""
+    state = dict(backoff or {})
+    if pod is None or not pod.owned or not pod.ended or state.get("podUID") == pod.uid:
+        return state
+    ends_before = 0 if pod.ran_seconds(now) >= BACKOFF_RESET_SECONDS else int(state.get("failures") or 0)
+    delay = backoff_delay(ends_before)
+    why = f" ({pod.reason})" if pod.reason else ""
+    return {"podUID": pod.uid, "failures": ends_before + 1, "delaySeconds": int(delay),
+            "nextAttempt": epoch_to_iso(now + delay),
+            "lastEnd": f"pod {pod.name} ended with phase {pod.phase}{why} at {epoch_to_iso(now)}"}
 
 
 def count_start(status: Mapping[str, Any], pod: PodView | None) -> tuple[int, str | None]:
@@ -190,10 +313,20 @@ def next_status(
     pod: PodView | None,
     decision: Decision,
     now: str | None = None,
+    backoff: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The full set of status fields this operator owns, after observing ``pod`` and deciding."""
     starts, counted_uid = count_start(status, pod)
     new: dict[str, Any] = {"startTimes": starts}
+    if pod is not None and pod.owned:
+        new["restartCount"] = pod.restarts
+    elif status.get("restartCount") is not None:
+        new["restartCount"] = status["restartCount"]
+    if backoff:
+        # nextAttempt only while a replacement waits; the count of ends in a row stays.
+        # (null deletes the key in the merge patch).
+        new["backoff"] = {**backoff, "nextAttempt": backoff.get("nextAttempt")
+                          if decision.action is Action.BACKOFF else None}
     if counted_uid is not None:
         new["currentPodUID"] = counted_uid
     if pod is not None and pod.owned:
@@ -211,8 +344,9 @@ def next_status(
 def _comparable(status: Mapping[str, Any]) -> dict[str, Any]:
     conds = [{k: v for k, v in c.items() if k != "lastTransitionTime"}
              for c in status.get("conditions") or ()]
-    keys = ("startTimes", "currentPodUID", "currentPod", "observedGeneration")
-    return {**{k: status.get(k) for k in keys}, "conditions": conds}
+    keys = ("startTimes", "currentPodUID", "currentPod", "observedGeneration", "restartCount")
+    backoff = {k: v for k, v in (status.get("backoff") or {}).items() if v is not None}
+    return {**{k: status.get(k) for k in keys}, "backoff": backoff or None, "conditions": conds}
 
 
 def status_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:

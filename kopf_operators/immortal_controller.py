@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -59,6 +60,7 @@ class ImmortalController:
         self._written: dict[Key, dict[str, Any]] = {}
         self._blocked: dict[Key, asyncio.TimerHandle] = {}
         self._blocked_attempts: dict[Key, int] = {}
+        self._backoffs: dict[Key, asyncio.TimerHandle] = {}  # crash backoff: the replacement's wake-up
         self._resync: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # retries in flight (referenced until done)
 
@@ -80,9 +82,10 @@ class ImmortalController:
     def forget(self, key: Key) -> None:
         self._written.pop(key, None)
         self._blocked_attempts.pop(key, None)
-        handle = self._blocked.pop(key, None)
-        if handle:
-            handle.cancel()
+        for timers in (self._blocked, self._backoffs):
+            handle = timers.pop(key, None)
+            if handle:
+                handle.cancel()
 
     # --- triggers ----------------------------------------------------------------------------------
 
@@ -97,14 +100,17 @@ class ImmortalController:
             if ic is None:
                 self.forget(key)
                 return None
+            now = time.time()
             with metrics.reaction(OPERATOR, trigger):
                 pod = self._pod(key, ic, pod_event)
-                decision, pod = await self._act(ic, pod)
-                await self._write_status(key, ic, pod, decision)
+                decision, pod = await self._act(ic, pod, now)
+                await self._write_status(key, ic, pod, decision, now)
             if decision.action is logic.Action.BLOCKED:
                 self._retry_later(key)
             else:
                 self._blocked_attempts.pop(key, None)
+            if decision.action is logic.Action.BACKOFF:
+                self._wake_later(key, decision.retry_in)
             return decision
 
     def _pod(self, key: Key, ic: Mapping[str, Any], pod_event: tuple[str, Mapping[str, Any]] | None
@@ -120,12 +126,17 @@ class ImmortalController:
                 summary = event_pod
         return logic.observe_pod(summary, ic["metadata"]["uid"])
 
-    async def _act(self, ic: Mapping[str, Any], pod: logic.PodView | None
+    async def _act(self, ic: Mapping[str, Any], pod: logic.PodView | None, now: float
                    ) -> tuple[logic.Decision, logic.PodView | None]:
         meta = ic["metadata"]
         namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-        image = ic["spec"]["image"]
-        decision = logic.decide(image, pod)
+        image, wanted = logic.main_image(ic["spec"]), logic.template_hash(ic["spec"])
+
+        def decide(pod: logic.PodView | None) -> logic.Decision:
+            backoff = logic.observe_end((ic.get("status") or {}).get("backoff"), pod, now)
+            return logic.decide(image, pod, wanted, backoff, now)
+
+        decision = decide(pod)
         where = f"[{namespace}/{name}]"
 
         if decision.action is logic.Action.CREATE:
@@ -135,6 +146,9 @@ class ImmortalController:
                 if exc.namespace_terminating:  # the namespace (and this object with it) is going away
                     return logic.Decision(logic.Action.NONE, "NamespaceTerminating",
                                           f"namespace {namespace} is being deleted"), pod
+                if exc.status in (400, 422):  # the template describes a pod the API server refuses
+                    return logic.Decision(logic.Action.INVALID, "InvalidTemplate",
+                                          f"the API server refuses the pod: {exc.message or exc}"), pod
                 metrics.error(OPERATOR, "create-pod")
                 raise
             if created is None:
@@ -142,12 +156,12 @@ class ImmortalController:
                 # the only read on this path, and only on a conflict.
                 existing = await self.access.read(k8s.POD, namespace, logic.pod_name(name))
                 pod = logic.observe_pod(existing, uid)
-                return logic.decide(image, pod), pod
+                return decide(pod), pod
             pod = logic.observe_pod(created, uid)
             metrics.action(OPERATOR, "create-pod")
             logger.info(f"{where} Created pod {pod.name if pod else ''} running {image}")
             self.access.event(ic, "Normal", "PodCreated", f"created pod {logic.pod_name(name)} running {image}")
-            return logic.decide(image, pod), pod
+            return decide(pod), pod
 
         if decision.action is logic.Action.DELETE and pod is not None:
             # The uid precondition: never delete a pod that replaced ours meanwhile. A pod that has
@@ -159,12 +173,13 @@ class ImmortalController:
         return decision, pod
 
     async def _write_status(self, key: Key, ic: dict[str, Any], pod: logic.PodView | None,
-                            decision: logic.Decision) -> None:
+                            decision: logic.Decision, now: float) -> None:
         """Patch status only when it changes, with optimistic concurrency (a 409 re-reads once)."""
         for _attempt in range(3):
             meta = ic["metadata"]
             old = ic.get("status") or {}
-            new = logic.next_status(old, meta.get("generation"), pod, decision)
+            backoff = logic.observe_end(old.get("backoff"), pod, now)
+            new = logic.next_status(old, meta.get("generation"), pod, decision, backoff=backoff)
             if not logic.status_changed(old, new):
                 return
             try:
@@ -182,10 +197,19 @@ class ImmortalController:
             if new["startTimes"] != old.get("startTimes"):
                 logger.info(f"[{key[0]}/{key[1]}] Counted start #{new['startTimes']} "
                             f"(pod uid {new.get('currentPodUID')})")
-            if decision.action is logic.Action.BLOCKED and logic.ready_reason(old) != decision.reason:
-                metrics.error(OPERATOR, "foreign-pod")  # once per episode, not on every retry
-                logger.warning(f"[{key[0]}/{key[1]}] {decision.message}")
+            blocked = decision.action in (logic.Action.BLOCKED, logic.Action.INVALID)
+            if blocked and logic.ready_reason(old) != decision.reason:
+                kind = "foreign-pod" if decision.action is logic.Action.BLOCKED else "invalid-template"
+                metrics.error(OPERATOR, kind)
+                logger.warning(f"[{key[0]}/{key[1]}] {decision.message}")  # once per episode, not per retry
                 self.access.event(ic, "Warning", decision.reason, decision.message)
+            if backoff.get("delaySeconds") and backoff.get("podUID") != (old.get("backoff") or {}).get("podUID"):
+                # One Event per end that waits (an end replaced at once gets PodEnded when deleted).
+                metrics.action(OPERATOR, "backoff")
+                message = (f"{backoff['lastEnd']}; replacing it in {backoff['delaySeconds']} s, at "
+                           f"{backoff['nextAttempt']} (end #{backoff['failures']} in a row)")
+                logger.info(f"[{key[0]}/{key[1]}] {message}")
+                self.access.event(ic, "Warning", "BackOff", message)
             return
         raise ApiError(409, "Conflict", "status kept conflicting")
 
@@ -206,6 +230,20 @@ class ImmortalController:
             task.add_done_callback(self._tasks.discard)
 
         self._blocked[key] = asyncio.get_running_loop().call_later(delay, fire)
+
+    def _wake_later(self, key: Key, delay: float) -> None:
+        """Converge again when a crash backoff is over (the replacement is due)."""
+        handle = self._backoffs.pop(key, None)
+        if handle:
+            handle.cancel()
+
+        def fire() -> None:
+            self._backoffs.pop(key, None)
+            task = asyncio.create_task(self.guarded(key, "backoff"))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        self._backoffs[key] = asyncio.get_running_loop().call_later(max(0.05, delay), fire)
 
     async def guarded(self, key: Key, trigger: str,
                       pod_event: tuple[str, Mapping[str, Any]] | None = None) -> None:
@@ -232,5 +270,5 @@ class ImmortalController:
     async def stop(self) -> None:
         if self._resync:
             self._resync.cancel()
-        for handle in self._blocked.values():
+        for handle in [*self._blocked.values(), *self._backoffs.values()]:
             handle.cancel()

@@ -29,9 +29,9 @@ logger = logging.getLogger("kopf_operators")
 # Threads for blocking API calls, in Kopf's pool (sync handlers) and asyncio's (to_thread) alike.
 WORKER_THREADS = 16
 
-# Kopf's bookkeeping at INFO: one line per handler run and per processed event, even when nothing
-# changed. Without --verbose they are dropped: the log keeps one line per action the operators take.
-_BOOKKEEPING = re.compile(r"^(Handler '.*' succeeded\.|.* is processed: \d+ succeeded; \d+ failed\.)$")
+# Kopf's bookkeeping at INFO: one line per handler run, per index update and per processed event,
+# even when nothing changed. Without --verbose they are dropped: the log keeps one line per action the operators take.
+_BOOKKEEPING = re.compile(r"^((Handler|Indexer) '.*' succeeded\.|.* is processed: \d+ succeeded; \d+ failed\.)$")
 
 
 class QuietBookkeeping(logging.Filter):

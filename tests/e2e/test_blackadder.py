@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import base64
 import calendar
+import collections
+import http.server
 import itertools
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -194,9 +197,10 @@ def test_tantrum_kills_only_in_targets_and_respects_tolerance(
     for i in range(2):
         make_pod(core, other_namespace, f"bystander-{i}")
     bystanders = live_pods(core, other_namespace)
+    # Bare pods are single-replica workloads: only fair game when allowed (issue #14).
     name = agents.create({"tantrumMode": True, "podTolerance": 2, "eagerness": 100, "pauseDuration": PAUSE,
                           "seed": 1, "targetNamespaces": [namespace, other_namespace, "kube-system"],
-                          "excludedNamespaces": [other_namespace]})
+                          "excludedNamespaces": [other_namespace], "allowSingleReplica": True})
     wait_for(lambda: len(live_pods(core, namespace)) == 2, timeout=30, what="2 pods killed down to the tolerance")
     wait_for(lambda: agents.status(name).get("actions", {}).get("tantrum") == 2, timeout=20, what="status counts")
     stays(lambda: len(live_pods(core, namespace)) == 2, seconds=PAUSE + 1, what="tolerance respected next cycle")
@@ -271,7 +275,8 @@ def test_dry_run_changes_nothing_but_reports(
     pods = live_pods(core, namespace)
     generation = apps.read_namespaced_deployment("web", namespace).metadata.generation
     name = agents.create({"tantrumMode": True, "cancerMode": True, "ipsumMode": True, "eagerness": 100,
-                          "podTolerance": 0, "pauseDuration": PAUSE, "dryRun": True, "targetNamespaces": [namespace]})
+                          "podTolerance": 0, "pauseDuration": PAUSE, "dryRun": True, "targetNamespaces": [namespace],
+                          "allowSingleReplica": True, "maxKillsPerCycle": "100%"})
 
     def reported() -> bool:
         would = agents.status(name).get("wouldBe", {})
@@ -362,3 +367,282 @@ def test_princeedmund_from_the_article_acts_under_forced_dry_run(
         for agent in agents.names:
             agents.delete(agent)
         dry.stop()
+
+
+# --- issue #14: the guards ------------------------------------------------------------------------------
+
+
+def make_labelled_pod(core: kubernetes.client.CoreV1Api, ns: str, name: str, labels: dict[str, str],
+                      annotations: dict[str, str] | None = None) -> str:
+    pod = core.create_namespaced_pod(ns, {
+        "metadata": {"name": name, "labels": labels, "annotations": annotations or {}},
+        "spec": {"containers": [{"name": "c", "image": "test"}]}})
+    return str(pod.metadata.uid)
+
+
+def uid_of(core: kubernetes.client.CoreV1Api, ns: str, name: str) -> str | None:
+    return live_pods(core, ns).get(name)
+
+
+def next_cycles(agents: Agents, name: str, count: int = 1) -> None:
+    """Wait until ``count`` more cycles have run (and reported) from now."""
+    seen = int(agents.status(name).get("cycle") or 0)
+    wait_for(lambda: int(agents.status(name).get("cycle") or 0) >= seen + count, timeout=(PAUSE + 5) * count + 10,
+             what=f"{count} more cycle(s)")
+
+
+# Greedy but confined: every candidate is acted on in each cycle.
+GREEDY = {"eagerness": 100, "pauseDuration": PAUSE, "maxKillsPerCycle": "100%", "allowSingleReplica": True}
+
+
+def test_pod_and_namespace_selectors_scope_every_mode(
+        agents: Agents, namespace: str, other_namespace: str,
+        core: kubernetes.client.CoreV1Api, apps: kubernetes.client.AppsV1Api) -> None:
+    core.patch_namespace(namespace, {"metadata": {"labels": {"chaos": "yes"}}})
+    before: dict[str, Any] = {}
+    for ns in (namespace, other_namespace):
+        make_labelled_pod(core, ns, "victim", {"app": "victim"})
+        make_labelled_pod(core, ns, "bystander", {"app": "other"})
+        make_deployment(apps, ns, "victim", 1)  # pod template labels app=victim: matches the podSelector
+        make_deployment(apps, ns, "other", 1)
+        before[ns] = make_cm(core, ns, "settings", {"a": "1"})
+    opted_out = make_labelled_pod(core, namespace, "victim-opted-out",
+                                  {"app": "victim", "blackadder.io/chaos": "false"})
+    bystander = uid_of(core, namespace, "bystander")
+    outside = live_pods(core, other_namespace)
+    name = agents.create({**GREEDY, "tantrumMode": True, "cancerMode": True, "ipsumMode": True,
+                          "podSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["victim"]}]},
+                          "namespaceSelector": {"matchLabels": {"chaos": "yes"}},
+                          "targetNamespaces": [namespace, other_namespace]})
+    wait_for(lambda: uid_of(core, namespace, "victim") is None, timeout=30, what="the victim pod killed")
+    wait_for(lambda: replicas(apps, namespace, "victim") >= 2, timeout=30, what="the matching Deployment grown")
+    wait_for(lambda: cm_rv(core, namespace, "settings") != before[namespace], timeout=30, what="ipsum in scope")
+    next_cycles(agents, name)
+    assert uid_of(core, namespace, "bystander") == bystander  # podSelector
+    assert uid_of(core, namespace, "victim-opted-out") == opted_out  # the opt-out label
+    assert replicas(apps, namespace, "other") == 1  # pod template does not match
+    # Nothing at all in the namespace that the namespaceSelector does not match.
+    assert {k: v for k, v in live_pods(core, other_namespace).items() if not k.startswith(("victim-", "other-"))} \
+        == {k: v for k, v in outside.items() if not k.startswith(("victim-", "other-"))}
+    assert replicas(apps, other_namespace, "victim") == 1 and replicas(apps, other_namespace, "other") == 1
+    assert cm_rv(core, other_namespace, "settings") == before[other_namespace]
+    assert not events(core, "PodKilled", namespace=other_namespace)
+
+
+def test_max_kills_per_cycle_and_minimum_pod_age(
+        agents: Agents, namespace: str, other_namespace: str, core: kubernetes.client.CoreV1Api) -> None:
+    for i in range(6):
+        make_pod(core, namespace, f"pod-{i}")
+    for i in range(3):
+        make_pod(core, other_namespace, f"young-{i}")
+    young = live_pods(core, other_namespace)
+    capped = agents.create({**GREEDY, "tantrumMode": True, "maxKillsPerCycle": 2, "targetNamespaces": [namespace]})
+    aged = agents.create({**GREEDY, "tantrumMode": True, "minPodAgeSeconds": 3600,
+                          "targetNamespaces": [other_namespace]})
+    wait_for(lambda: len(live_pods(core, namespace)) <= 2, timeout=40, what="6 pods killed, 2 per cycle")
+    journal = ledger(core, capped)["journal"]
+    per_cycle = collections.Counter(e["cycle"] for e in journal if e["outcome"] == "deleted")
+    assert per_cycle and max(per_cycle.values()) <= 2 and sum(per_cycle.values()) >= 4, per_cycle
+    next_cycles(agents, aged)
+    status = agents.status(aged)
+    assert status["lastCycle"]["candidates"]["pods"] == 0 and live_pods(core, other_namespace) == young
+
+
+def test_annotation_selector_and_required_opt_in(
+        agents: Agents, namespace: str, core: kubernetes.client.CoreV1Api) -> None:
+    enabled = {"chaos.alpha.kubernetes.io/enabled": "true"}
+    make_labelled_pod(core, namespace, "both", {"blackadder.io/chaos": "true"}, enabled)
+    annotated = make_labelled_pod(core, namespace, "annotated-only", {}, enabled)
+    opted_in = make_labelled_pod(core, namespace, "opted-in-only", {"blackadder.io/chaos": "true"})
+    name = agents.create({**GREEDY, "tantrumMode": True, "requireOptIn": True, "targetNamespaces": [namespace],
+                          "annotationSelector": {"matchLabels": enabled}})
+    wait_for(lambda: uid_of(core, namespace, "both") is None, timeout=30, what="the opted-in, annotated pod killed")
+    next_cycles(agents, name)
+    assert uid_of(core, namespace, "annotated-only") == annotated
+    assert uid_of(core, namespace, "opted-in-only") == opted_in
+
+
+def test_active_windows_idle_outside_and_act_inside(
+        agents: Agents, namespace: str, core: kubernetes.client.CoreV1Api) -> None:
+    for i in range(2):
+        make_pod(core, namespace, f"pod-{i}")
+    pods = live_pods(core, namespace)
+    today = time.gmtime().tm_wday
+    closed_day = logic.WEEKDAYS[(today + 3) % 7]  # a whole day, but not today (in UTC)
+    name = agents.create({**GREEDY, "tantrumMode": True, "targetNamespaces": [namespace], "timeZone": "UTC",
+                          "activeWindows": [{"weekdays": [closed_day], "from": "00:00", "to": "00:00"}]})
+    def idle() -> dict[str, Any]:
+        status = agents.status(name)
+        return status if status.get("state") == "Idle" else {}
+
+    status = wait_for(idle, timeout=20, what="Idle")
+    active = condition(status, "Active")
+    assert active["status"] == "False" and active["reason"] == "OutsideWindow" and "idle until" in active["message"]
+    assert "Idle" in kubectl("get", "ca", name).stdout.splitlines()[1].split()
+    stays(lambda: live_pods(core, namespace) == pods, seconds=PAUSE + 1, what="no chaos outside the windows")
+
+    agents.patch_spec(name, {"timeZone": "Mars/Olympus"})
+    wait_for(lambda: agents.status(name).get("state") == "Failed", timeout=20, what="an unknown time zone reported")
+    wait_for(lambda: events(core, "InvalidSpec", agent=name), timeout=10, what="an InvalidSpec event")
+    assert live_pods(core, namespace) == pods
+
+    agents.patch_spec(name, {"timeZone": "UTC", "activeWindows": [{"from": "00:00", "to": "00:00"}]})
+    wait_for(lambda: not live_pods(core, namespace), timeout=30, what="chaos inside the window")
+    assert agents.status(name)["state"] == "Active"
+    assert condition(agents.status(name), "Active")["status"] == "True"
+
+
+def make_pdb(namespace: str, app: str, min_available: int) -> None:
+    apply_yaml(f"""
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {{name: {app}}}
+spec:
+  minAvailable: {min_available}
+  selector: {{matchLabels: {{app: {app}}}}}
+""", namespace)
+
+
+def ready_pods(core: kubernetes.client.CoreV1Api, ns: str, prefix: str) -> dict[str, str]:
+    return {p.metadata.name: p.metadata.uid for p in core.list_namespaced_pod(ns).items
+            if p.metadata.name.startswith(prefix) and p.metadata.deletion_timestamp is None
+            and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or ())}
+
+
+def test_last_ready_replica_kept_and_evictions_honour_budgets(
+        agents: Agents, namespace: str, core: kubernetes.client.CoreV1Api,
+        apps: kubernetes.client.AppsV1Api) -> None:
+    make_deployment(apps, namespace, "single", 1)
+    make_deployment(apps, namespace, "guarded", 3)
+    make_deployment(apps, namespace, "pair", 2)
+    make_pod(core, namespace, "bare")
+    make_pdb(namespace, "guarded", 3)
+    wait_for(lambda: len(ready_pods(core, namespace, "single")) == 1 and len(ready_pods(core, namespace, "guarded"))
+             == 3 and len(ready_pods(core, namespace, "pair")) == 2, timeout=60, what="all replicas ready")
+    kept = {**ready_pods(core, namespace, "single"), **live_pods(core, namespace)}
+    kept = {k: v for k, v in kept.items() if k.startswith(("single", "bare"))}
+    name = agents.create({"tantrumMode": True, "eagerness": 100, "pauseDuration": PAUSE, "maxKillsPerCycle": "100%",
+                          "evictPods": True, "targetNamespaces": [namespace]})
+    wait_for(lambda: [e for e in events(core, "PodKilled", namespace=namespace) if "evicted Pod" in e.message
+                      and f"{namespace}/pair-" in e.message], timeout=30, what="a pair pod evicted")
+    wait_for(lambda: [e for e in events(core, "EvictionRefused", namespace=namespace)
+                      if f"{namespace}/guarded-" in e.message], timeout=30, what="the budget refusing an eviction")
+    next_cycles(agents, name)
+    current = {k: v for k, v in live_pods(core, namespace).items() if k.startswith(("single", "bare"))}
+    assert current == kept  # the last ready replica of "single" and the bare pod were never candidates
+    assert not [e for e in events(core, "PodKilled", namespace=namespace) if f"{namespace}/guarded-" in e.message]
+    assert len(ready_pods(core, namespace, "guarded")) == 3
+
+
+class Hook(http.server.BaseHTTPRequestHandler):
+    received: list[dict[str, Any]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        Hook.received.append(json.loads(body))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+def test_cluster_wide_replica_cap_and_webhook_notifications(
+        operator: OperatorProcess, namespace: str, other_namespace: str,
+        custom: kubernetes.client.CustomObjectsApi, core: kubernetes.client.CoreV1Api,
+        apps: kubernetes.client.AppsV1Api) -> None:
+    make_deployment(apps, namespace, "a", 2)
+    make_deployment(apps, other_namespace, "b", 2)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)  # local only: nothing leaves the machine
+    Hook.received = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    operator.stop()
+    capped = OperatorProcess(files=["operators/blackadder.py"], log_name="blackadder-capped",
+                             env={"CHAOS_MAX_ADDED_REPLICAS": "3", "CHAOS_WEBHOOK_HOSTS": "127.0.0.1"})
+    capped.start()
+    agents = Agents(custom)
+    try:
+        first = agents.create({"cancerMode": True, "eagerness": 100, "pauseDuration": PAUSE,
+                               "targetNamespaces": [namespace], "webhook": {"url": f"http://127.0.0.1:{port}/hook"}})
+        second = agents.create({"cancerMode": True, "eagerness": 100, "pauseDuration": PAUSE,
+                                "targetNamespaces": [other_namespace],
+                                "webhook": {"url": f"http://localhost:{port}/hook"}})  # not an allowed host
+
+        def added() -> int:
+            return replicas(apps, namespace, "a") + replicas(apps, other_namespace, "b") - 4
+
+        wait_for(lambda: added() == 3, timeout=40, what="3 replicas added by both agents together")
+        next_cycles(agents, first)
+        next_cycles(agents, second)
+        assert added() == 3  # the cap holds across agents and cycles
+        wait_for(lambda: Hook.received, timeout=10, what="a webhook notification")
+        for payload in Hook.received:
+            assert payload["agent"] == first and payload["mode"] == "cancer" and payload["kind"] == "Deployment"
+            assert payload["namespace"] == namespace and payload["outcome"] == "scaled" and "before" not in payload
+        scaled = [e for e in ledger(core, first)["journal"] if e.get("outcome") == "scaled"]
+        assert len(Hook.received) == len(scaled)
+        wait_for(lambda: events(core, "WebhookRefused", agent=second), timeout=10, what="the refused host reported")
+        assert not capped.errors(), capped.errors()
+    finally:
+        for agent in agents.names:
+            agents.delete(agent)
+        capped.stop()
+        server.shutdown()
+    assert replicas(apps, namespace, "a") == 2 and replicas(apps, other_namespace, "b") == 2  # reverted
+
+
+def test_ipsum_leaves_copyrator_sources_and_copies_alone_unless_included(
+        agents: Agents, namespace: str, other_namespace: str, custom: kubernetes.client.CustomObjectsApi,
+        core: kubernetes.client.CoreV1Api) -> None:
+    custom.create_namespaced_custom_object("flant.com", "v1", namespace, "copyrators", {
+        "apiVersion": "flant.com/v1", "kind": "CopyratorRule", "metadata": {"name": "rule"},
+        "ruleType": "configmap", "selector": {"copy": "yes"}, "namespace": namespace,
+        "targetNamespaces": [other_namespace]})
+    source = core.create_namespaced_config_map(namespace, {"metadata": {"name": "source", "labels": {"copy": "yes"}},
+                                                           "data": {"k": "v"}}).metadata.resource_version
+    copy = core.create_namespaced_config_map(namespace, {
+        "metadata": {"name": "a-copy", "labels": {logic.COPYRATOR_COPY_LABEL: "some-rule-uid"}},
+        "data": {"k": "v"}}).metadata.resource_version
+    plain = make_cm(core, namespace, "plain", {"k": "v"})
+    name = agents.create({"ipsumMode": True, "eagerness": 100, "pauseDuration": PAUSE,
+                          "targetNamespaces": [namespace]})
+    wait_for(lambda: cm_rv(core, namespace, "plain") != plain, timeout=30, what="the plain ConfigMap ipsumed")
+    next_cycles(agents, name)
+    assert cm_rv(core, namespace, "source") == source and cm_rv(core, namespace, "a-copy") == copy
+    agents.patch_spec(name, {"sharedConfigMaps": "Include"})
+    wait_for(lambda: cm_rv(core, namespace, "source") != source and cm_rv(core, namespace, "a-copy") != copy,
+             timeout=30, what="sources and copies ipsumed once included")
+
+
+@pytest.mark.parametrize(("field", "needle"), [
+    ('maxKillsPerCycle: "lots"', 'maxKillsPerCycle must be a count (0 or more) or a percentage like "25%"'),
+    ("maxKillsPerCycle: -1", "maxKillsPerCycle must be a count"),
+    ("minPodAgeSeconds: -5", "should be greater than or equal to 0"),
+    ('activeWindows: [{from: "25:00", to: "17:00"}]', "spec.activeWindows[0].from: Invalid value"),
+    ('activeWindows: [{weekdays: [Someday], from: "09:00", to: "17:00"}]', 'supported values: "Mon"'),
+    ('activeWindows: [{from: "09:00"}]', "spec.activeWindows[0].to: Required value"),
+    ("podSelector: {matchExpressions: [{key: app, operator: In}]}", "In and NotIn need values"),
+    ("namespaceSelector: {matchExpressions: [{key: app, operator: Near, values: [x]}]}", 'supported values: "In"'),
+    ('webhook: {url: "ftp://example.invalid/x"}', "spec.webhook.url: Invalid value"),
+    ("sharedConfigMaps: Maybe", 'supported values: "Skip", "Include"'),
+])
+def test_bad_guard_fields_are_rejected_with_a_readable_message(crds: None, field: str, needle: str) -> None:
+    result = kubectl("apply", "-f", "-", check=False, input=f"""
+apiVersion: blackadder.io/v1beta1
+kind: ChaosAgent
+metadata: {{name: bad-guard}}
+spec:
+  eagerness: 0
+  paused: true
+  dryRun: true
+  targetNamespaces: [nowhere]
+  {field}
+""")
+    assert result.returncode != 0 and needle in result.stderr, result.stderr
+
+
+def test_guarded_example_is_accepted(crds: None) -> None:
+    path = REPO / "manifests" / "examples" / "blackadder-guarded.yaml"
+    result = kubectl("apply", "--dry-run=server", "-f", str(path), check=False)
+    assert result.returncode == 0, result.stderr

@@ -306,3 +306,165 @@ def test_reaction_time_pod_deleted_to_replacement(core: Any, custom: Any, namesp
     p99 = latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))]
     print(f"\nimmortal reaction (pod deleted -> replacement exists), n={len(latencies)}: "
           f"p50={p50 * 1000:.0f}ms p99={p99 * 1000:.0f}ms max={latencies[-1] * 1000:.0f}ms")
+
+
+# --- issue #14: pod template, crash backoff, restart count ----------------------------------------
+
+TEMPLATE: dict[str, Any] = {
+    "metadata": {"labels": {"app": "web", "tier": "front"}, "annotations": {"team": "blue"}},
+    "spec": {
+        "serviceAccountName": "default",
+        "nodeSelector": {"type": "kwok"},
+        "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000},
+        "volumes": [{"name": "scratch", "emptyDir": {}}],
+        "containers": [{
+            "name": "web", "image": "nginx:1.27", "command": ["nginx"], "args": ["-g", "daemon off;"],
+            "env": [{"name": "MODE", "value": "blue"}], "ports": [{"containerPort": 8080, "name": "http"}],
+            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
+            "readinessProbe": {"httpGet": {"path": "/", "port": 8080}},
+            "livenessProbe": {"tcpSocket": {"port": 8080}},
+            "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+        }],
+    },
+}
+
+
+def create_template_ic(custom: Any, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    body = {"apiVersion": logic.API_VERSION, "kind": logic.KIND, "metadata": {"name": name}, "spec": spec}
+    return dict(custom.create_namespaced_custom_object(G, V, namespace, P, body))
+
+
+def test_pod_template_is_honoured_and_a_template_change_replaces_the_pod(
+        core: Any, custom: Any, namespace: str, operator: OperatorProcess) -> None:
+    create_template_ic(custom, namespace, "tpl", {"template": TEMPLATE})
+    pod = wait_pod(core, namespace, "tpl-immortalpod")
+    wait_counted(custom, namespace, "tpl", 1, pod.metadata.uid)
+    api = kubernetes.client.ApiClient()
+    spec = api.sanitize_for_serialization(pod.spec)
+    [container] = spec["containers"]
+    want = TEMPLATE["spec"]["containers"][0]
+    for field in ("name", "image", "command", "args", "env"):
+        assert container[field] == want[field], field
+    # The API server adds the service account token's mount and volume beside ours.
+    assert want["volumeMounts"][0] in container["volumeMounts"]
+    assert container["ports"][0]["containerPort"] == 8080 and container["resources"]["limits"] == {"memory": "64Mi"}
+    assert container["readinessProbe"]["httpGet"]["port"] == 8080 and container["livenessProbe"]["tcpSocket"]
+    for field in ("serviceAccountName", "nodeSelector", "securityContext"):
+        assert spec[field] == TEMPLATE["spec"][field], field
+    assert TEMPLATE["spec"]["tolerations"][0] in spec["tolerations"]
+    assert {"name": "scratch", "emptyDir": {}} in spec["volumes"]
+    assert pod.metadata.labels["app"] == "web" and pod.metadata.labels["controller"] == "tpl"
+    assert pod.metadata.annotations["team"] == "blue"
+    assert_no_kopf_state_on(pod)
+
+    changed = {**TEMPLATE, "spec": {**TEMPLATE["spec"], "containers": [
+        {**TEMPLATE["spec"]["containers"][0], "env": [{"name": "MODE", "value": "green"}]}]}}
+    custom.patch_namespaced_custom_object(G, V, namespace, P, "tpl", {"spec": {"template": changed}})
+    new = wait_pod(core, namespace, "tpl-immortalpod", not_uid=pod.metadata.uid)
+    assert new.spec.containers[0].env[0].value == "green"
+    wait_counted(custom, namespace, "tpl", 2, new.metadata.uid)
+    wait_for(lambda: has_event(core, namespace, "tpl", "TemplateChanged", "Normal"), what="a TemplateChanged event")
+
+
+def test_template_refused_by_the_api_server_is_reported_not_retried_hot(
+        core: Any, custom: Any, namespace: str, operator: OperatorProcess) -> None:
+    bad = {"spec": {"containers": [{"name": "Bad_Name", "image": "nginx"}]}}
+    create_template_ic(custom, namespace, "refused", {"template": bad})
+
+    def reported() -> dict[str, Any]:
+        st = status(custom, namespace, "refused")
+        return st if st.get("conditions") and ready(st)["reason"] == "InvalidTemplate" else {}
+
+    st = wait_for(reported, what="InvalidTemplate in status")
+    assert ready(st)["status"] == "False" and "Bad_Name" in ready(st)["message"]
+    wait_for(lambda: has_event(core, namespace, "refused", "InvalidTemplate", "Warning"), what="a Warning event")
+    assert pod_or_none(core, namespace, "refused-immortalpod") is None
+    assert not [line for line in operator.errors() if "refused" in line], operator.errors()
+
+
+@pytest.mark.parametrize(("spec", "needle"), [
+    ("  template: {spec: {containers: []}}", "should have at least 1 items"),
+    ("  template: {metadata: {labels: {a: b}}}", "spec.template.spec: Required value"),
+    ("  template: {spec: {containers: [{name: c}]}}", "every container in spec.template.spec.containers needs"),
+])
+def test_bad_template_is_rejected_with_a_readable_message(namespace: str, crds: None, spec: str, needle: str) -> None:
+    text = f"apiVersion: {logic.API_VERSION}\nkind: {logic.KIND}\nmetadata:\n  name: bad\nspec:\n{spec}\n"
+    result = apply_yaml(text, namespace, check=False)
+    assert result.returncode != 0
+    assert needle in result.stderr, result.stderr
+
+
+def fail_pod(core: Any, namespace: str, name: str) -> Any:
+    def running() -> Any:
+        pod = pod_or_none(core, namespace, name)
+        ok = pod is not None and pod.status.phase == "Running" and pod.metadata.deletion_timestamp is None
+        return pod if ok else None
+
+    pod = wait_for(running, what=f"{name} running")
+    core.patch_namespaced_pod_status(name, namespace, {"status": {"phase": "Failed", "reason": "Error"}})
+    return pod
+
+
+def test_a_pod_that_keeps_failing_is_replaced_with_backoff(
+        core: Any, custom: Any, namespace: str, operator: OperatorProcess) -> None:
+    create_ic(custom, namespace, "crashy", image="busybox:1.36")
+    name = "crashy-immortalpod"
+    # The first end: replaced at once (as before), counted exactly.
+    first = fail_pod(core, namespace, name)
+    second = wait_pod(core, namespace, name, not_uid=first.metadata.uid, timeout=10)
+    wait_counted(custom, namespace, "crashy", 2, second.metadata.uid)
+    # The second end in a row: the replacement waits 10 s, and status and an Event say so.
+    fail_pod(core, namespace, name)
+    failed_at = time.monotonic()
+
+    def waiting() -> dict[str, Any]:
+        st = status(custom, namespace, "crashy")
+        return st if (st.get("backoff") or {}).get("nextAttempt") else {}
+
+    st = wait_for(waiting, timeout=10, what="the backoff in status")
+    assert st["backoff"]["failures"] == 2 and st["backoff"]["delaySeconds"] == 10, st["backoff"]
+    assert ready(st)["reason"] == "BackOff" and st["backoff"]["nextAttempt"] in ready(st)["message"]
+    wait_for(lambda: has_event(core, namespace, "crashy", "BackOff", "Warning"), what="a BackOff event")
+    row = kubectl("get", "ic", "crashy", "-n", namespace, "-o", "wide").stdout
+    assert st["backoff"]["nextAttempt"] in row, row
+    stays(lambda: pod_or_none(core, namespace, name).metadata.uid == second.metadata.uid, seconds=7,
+          what="no replacement during the backoff")
+    third = wait_pod(core, namespace, name, not_uid=second.metadata.uid, timeout=15)
+    assert time.monotonic() - failed_at >= 8.5  # 10 s, timestamps at second precision
+    st = wait_counted(custom, namespace, "crashy", 3, third.metadata.uid)
+    assert not st["backoff"].get("nextAttempt")  # shown only while waiting
+    # The third end in a row waits 20 s; nothing is replaced in a hot loop.
+    fail_pod(core, namespace, name)
+    st = wait_for(waiting, timeout=10, what="the second backoff")
+    assert st["backoff"]["failures"] == 3 and st["backoff"]["delaySeconds"] == 20
+    stays(lambda: status(custom, namespace, "crashy")["startTimes"] == 3, seconds=5, what="no hot loop")
+
+
+def test_status_shows_the_containers_restart_count(core: Any, custom: Any, namespace: str,
+                                                   operator: OperatorProcess) -> None:
+    create_ic(custom, namespace, "restarts")
+    pod = wait_pod(core, namespace, "restarts-immortalpod")
+    wait_counted(custom, namespace, "restarts", 1, pod.metadata.uid)
+    wait_for(lambda: core.read_namespaced_pod(pod.metadata.name, namespace).status.container_statuses,
+             what="container statuses")
+    current = core.read_namespaced_pod(pod.metadata.name, namespace)
+    statuses = kubernetes.client.ApiClient().sanitize_for_serialization(current.status.container_statuses)
+    for cs in statuses:
+        cs["restartCount"] = 4
+    core.patch_namespaced_pod_status(pod.metadata.name, namespace, {"status": {"containerStatuses": statuses}})
+    def counted() -> dict[str, Any]:
+        st = status(custom, namespace, "restarts")
+        return st if st.get("restartCount") == 4 else {}
+
+    st = wait_for(counted, what="restartCount 4 in status")
+    assert st["startTimes"] == 1  # restarts inside the pod are not starts of a pod
+    assert "4" in kubectl("get", "ic", "restarts", "-n", namespace).stdout.splitlines()[1].split()
+
+
+def test_template_example_runs(core: Any, custom: Any, namespace: str, operator: OperatorProcess) -> None:
+    apply_yaml((REPO / "manifests" / "examples" / "immortal-template.yaml").read_text(), namespace)
+    pod = wait_pod(core, namespace, "web-immortalpod")
+    assert pod.spec.containers[0].image == "nginxinc/nginx-unprivileged:1.27"
+    assert pod.metadata.labels["app"] == "web"
+    wait_counted(custom, namespace, "web", 1, pod.metadata.uid)

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import zoneinfo
+from typing import Any
+
+import pytest
+
 from kopf_operators import blackadder as logic
 from kopf_operators.blackadder import AgentSettings, ConfigMapRef, DeploymentRef, PodRef
 
@@ -156,3 +163,177 @@ def test_restart_waits_out_the_pause() -> None:
     assert logic.seconds_until_next_cycle(90.0, 100.0, 30) == 20
     assert logic.seconds_until_next_cycle(10.0, 100.0, 30) == 0
     assert logic.seconds_until_next_cycle(200.0, 100.0, 30) == 30  # clock skew: at most one pause
+
+
+# --- issue #14: the guards (chaoskube's filters in the project's own words) --------------------------
+
+
+
+def workload_pods(owner: str, n: int, ready: int | None = None, ns: str = "ns") -> list[PodRef]:
+    ready = n if ready is None else ready
+    return [PodRef(ns, f"{owner}-{i}", f"{owner}-uid-{i}", owner=owner, ready=i < ready) for i in range(n)]
+
+
+def test_selector_strings_are_the_api_syntax() -> None:
+    selector = {"matchLabels": {"app": "web", "tier": "front"},
+                "matchExpressions": [{"key": "env", "operator": "In", "values": ["qa", "dev"]},
+                                     {"key": "team", "operator": "NotIn", "values": ["core"]},
+                                     {"key": "chaos", "operator": "Exists"},
+                                     {"key": "critical", "operator": "DoesNotExist"}]}
+    assert logic.selector_string(selector) == "app=web,tier=front,env in (dev,qa),team notin (core),chaos,!critical"
+    assert logic.selector_string(None) == ""
+
+
+def test_label_selectors_per_kind_with_opt_in_and_copies() -> None:
+    base = AgentSettings(pod_selector={"matchLabels": {"app": "web"}})
+    assert logic.label_selector_for("Pod", base) == "blackadder.io/chaos!=false,app=web"
+    assert logic.label_selector_for("Deployment", base) == "blackadder.io/chaos!=false"
+    assert logic.label_selector_for("ConfigMap", base) == "blackadder.io/chaos!=false,!" + logic.COPYRATOR_COPY_LABEL
+    opted = AgentSettings(require_opt_in=True, shared_configmaps="Include")
+    assert logic.label_selector_for("ConfigMap", opted) == "blackadder.io/chaos=true"
+
+
+def test_copyrator_copy_label_is_copyrators_own() -> None:
+    from kopf_operators import copyrator
+    assert logic.COPYRATOR_COPY_LABEL == copyrator.RULE_UID_LABEL
+
+
+def test_namespace_selector_lists_only_matching_allowed_namespaces() -> None:
+    labels = {"a": {"chaos": "yes"}, "b": {"chaos": "no"}, "c": {"chaos": "yes"}, "kube-system": {"chaos": "yes"}}
+    settings = AgentSettings(namespace_selector={"matchLabels": {"chaos": "yes"}}, excluded=("c",))
+    assert logic.listing_plan_for(settings, "op", labels) == (["a"], "")
+    both = dataclasses.replace(settings, excluded=(), targets=("b", "c"))
+    assert logic.listing_plan_for(both, "op", labels) == (["c"], "")
+    assert logic.listing_plan_for(AgentSettings(), "op", labels)[0] is None  # no selector: cluster-wide
+
+
+def test_pod_filters_annotations_and_minimum_age() -> None:
+    now = 1_700_000_000.0
+    created = datetime.datetime.fromtimestamp(now - 120, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    pod = {"metadata": {"name": "p", "namespace": "ns", "creationTimestamp": created,
+                        "annotations": {"chaos.alpha.kubernetes.io/enabled": "true"}}}
+    assert logic.pod_selected(pod, AgentSettings(min_pod_age=120), now)
+    assert not logic.pod_selected(pod, AgentSettings(min_pod_age=121), now)
+    wanted = {"matchLabels": {"chaos.alpha.kubernetes.io/enabled": "true"}}
+    assert logic.pod_selected(pod, AgentSettings(annotation_selector=wanted), now)
+    assert not logic.pod_selected({"metadata": {}}, AgentSettings(annotation_selector=wanted), now)
+
+
+def test_deployments_match_the_pod_selector_by_their_template() -> None:
+    dep = {"spec": {"template": {"metadata": {"labels": {"app": "web"}}}}}
+    assert logic.deployment_selected(dep, AgentSettings(pod_selector={"matchLabels": {"app": "web"}}))
+    assert not logic.deployment_selected(dep, AgentSettings(pod_selector={"matchLabels": {"app": "db"}}))
+
+
+def test_max_kills_per_cycle_count_and_percentage() -> None:
+    assert logic.max_kills(3, 10) == 3
+    assert logic.max_kills("25%", 10) == 2
+    assert logic.max_kills("10%", 3) == 1  # at least one when above 0 %
+    assert logic.max_kills("0%", 10) == 0
+    assert logic.max_kills(None, 10) is None
+    rng = logic.rng_for(1, 1, "tantrum")
+    assert len(logic.pick_pods(pods(30), 0, 100, rng, cap=4)) == 4
+
+
+def test_eagerness_100_tolerance_0_no_longer_kills_everything() -> None:
+    settings = logic.settings_from_spec({"tantrumMode": True, "eagerness": 100, "podTolerance": 0})
+    plan = logic.plan_cycle(logic.Inventory(pods=tuple(workload_pods("rs", 20))), settings, 1)
+    assert len(plan.kills) == 1  # the default cap, as chaoskube's
+
+
+def test_single_ready_replica_and_bare_pods_are_skipped_unless_allowed() -> None:
+    inventory = [*workload_pods("single", 1), *workload_pods("three", 3), *workload_pods("halfready", 3, ready=1),
+                 PodRef("ns", "bare", "bare-uid", owner="")]
+    rng = logic.rng_for(1, 1, "tantrum")
+    picked = logic.pick_pods(inventory, 0, 100, rng, allow_single_replica=False)
+    # Each workload keeps one ready replica: 2 of "three", none of the others.
+    assert sorted(p.name for p in picked) == ["three-0", "three-1"]
+    everything = logic.pick_pods(inventory, 0, 100, logic.rng_for(1, 1, "tantrum"), allow_single_replica=True)
+    assert len(everything) == len(inventory)
+
+
+def test_cluster_wide_cap_on_added_replicas() -> None:
+    ledgers: list[dict[str, Any]] = [
+        {"undo": {"a": {"kind": "Deployment", "before": 2, "written": 8},
+                  "c": {"kind": "ConfigMap", "before": {}, "written": "h"}}},
+        {"undo": {"b": {"kind": "Deployment", "before": 1, "written": 2}}}]
+    assert logic.added_replicas(ledgers) == 7
+    picked = logic.pick_deployments(deps(4, 4, 4), 100, logic.rng_for(1, 1, "cancer"), budget=6)
+    assert [(d.name, r) for d, r in picked] == [("d0", 8), ("d1", 6)]  # 4 + 2 added, then nothing left
+    assert logic.pick_deployments(deps(4), 100, logic.rng_for(1, 1, "cancer"), budget=0) == []
+    env = logic.Settings.from_env({"CHAOS_MAX_ADDED_REPLICAS": "10", "CHAOS_WEBHOOK_HOSTS": "127.0.0.1, Hooks.local"})
+    assert env.max_added_replicas == 10 and env.webhook_hosts == ("127.0.0.1", "hooks.local")
+
+
+BERLIN = zoneinfo.ZoneInfo("Europe/Berlin")
+
+
+def at(year: int, month: int, day: int, hour: int, minute: int = 0, zone: Any = BERLIN) -> float:
+    return datetime.datetime(year, month, day, hour, minute, tzinfo=zone).timestamp()
+
+
+def test_time_windows_with_a_fixed_clock() -> None:
+    office = [{"weekdays": ["Mon", "Tue", "Wed", "Thu", "Fri"], "from": "09:00", "to": "17:00"}]
+    # 2026-11-23 is a Monday.
+    assert logic.in_windows(office, "Europe/Berlin", at(2026, 11, 23, 9, 0))
+    assert logic.in_windows(office, "Europe/Berlin", at(2026, 11, 23, 16, 59))
+    assert not logic.in_windows(office, "Europe/Berlin", at(2026, 11, 23, 17, 0))  # to is exclusive
+    assert not logic.in_windows(office, "Europe/Berlin", at(2026, 11, 28, 12, 0))  # Saturday
+    # The same instant in UTC is 08:30, outside; in Berlin 09:30, inside.
+    instant = at(2026, 11, 23, 8, 30, zone=datetime.UTC)
+    assert not logic.in_windows(office, "UTC", instant) and logic.in_windows(office, "Europe/Berlin", instant)
+    # Summer time: 09:00 Berlin is 07:00 UTC.
+    assert logic.in_windows(office, "Europe/Berlin", at(2026, 7, 6, 7, 0, zone=datetime.UTC))
+    night = [{"weekdays": ["Fri"], "from": "22:00", "to": "02:00"}]
+    assert logic.in_windows(night, "UTC", at(2026, 11, 27, 23, 0, zone=datetime.UTC))  # Friday night
+    assert logic.in_windows(night, "UTC", at(2026, 11, 28, 1, 59, zone=datetime.UTC))  # Saturday small hours
+    assert not logic.in_windows(night, "UTC", at(2026, 11, 28, 22, 30, zone=datetime.UTC))
+    assert logic.next_window_start(office, "Europe/Berlin", at(2026, 11, 27, 18, 0)) == "2026-11-30T09:00+01:00"
+
+
+def test_windows_decide_the_cycle_step_and_a_bad_zone_is_reported() -> None:
+    windows = ({"from": "09:00", "to": "10:00"},)
+    settings = AgentSettings(windows=windows, time_zone="UTC")
+    assert logic.cycle_step(settings, at(2026, 11, 23, 9, 30, zone=datetime.UTC)) == logic.CHAOS_STEP
+    assert logic.cycle_step(settings, at(2026, 11, 23, 11, 0, zone=datetime.UTC)) == logic.IDLE_STEP
+    assert logic.cycle_step(dataclasses.replace(settings, paused=True), 0) == logic.PAUSED_STEP
+    bad_zone = dataclasses.replace(settings, time_zone="Mars/Olympus")
+    assert logic.window_problem(bad_zone) is not None
+    assert logic.cycle_step(bad_zone, 0) == logic.INVALID_STEP
+    assert logic.cycle_step(dataclasses.replace(bad_zone, revert=True), 0) == logic.REVERT_STEP  # still revertible
+    idle = logic.simple_status(None, settings, 1, True, "OutsideWindow", "idle")
+    assert idle["state"] == "Idle"
+    assert [c["status"] for c in idle["conditions"] if c["type"] == "Active"] == ["False"]
+    # An idle agent does not patch its status every cycle: only when something but a timestamp changes.
+    again = logic.simple_status(idle["conditions"], settings, 1, True, "OutsideWindow", "idle")
+    assert not logic.status_changed({**idle, "cycle": 4}, again)
+    next_generation = logic.simple_status(idle["conditions"], settings, 2, True, "OutsideWindow", "idle")
+    assert logic.status_changed(idle, next_generation)
+
+
+def test_copyrator_sources_are_recognised() -> None:
+    rule = {"metadata": {"name": "r", "namespace": "src"},
+            "spec": {"ruleType": "configmap", "selector": {"copy": "yes"}, "namespace": "src"}}
+    sources = logic.copyrator_sources(rule)
+    assert sources == [{"namespace": "src", "selector": {"copy": "yes"}}]
+    assert logic.is_copyrator_source("src", {"copy": "yes", "x": "y"}, sources)
+    assert not logic.is_copyrator_source("other", {"copy": "yes"}, sources)
+    assert not logic.is_copyrator_source("src", {"copy": "no"}, sources)
+    assert logic.copyrator_sources({"ruleType": "secret", "selector": {"a": "b"}, "namespace": "x"}) == []
+
+
+@pytest.mark.parametrize(("url", "hosts", "refused"), [
+    ("http://127.0.0.1:8080/hook", ("127.0.0.1",), False),
+    ("http://example.com/hook", ("127.0.0.1",), True),
+    ("ftp://127.0.0.1/x", (), True),
+    ("https://hooks.local/x", (), False),
+])
+def test_webhook_hosts_are_checked(url: str, hosts: tuple[str, ...], refused: bool) -> None:
+    assert (logic.webhook_refusal(url, hosts) is not None) == refused
+
+
+def test_webhook_payload_carries_names_never_values() -> None:
+    entry = {"cycle": 3, "at": "t", "mode": "ipsum", "kind": "ConfigMap", "namespace": "ns", "name": "cm",
+             "outcome": "ipsumed", "dryRun": False, "before": "hash", "after": "hash2"}
+    payload = logic.webhook_payload("edmund", entry)
+    assert payload["agent"] == "edmund" and "before" not in payload and "after" not in payload

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from typing import Any
 
 import pytest
@@ -35,7 +37,9 @@ def test_pod_manifest_matches_the_article_plus_project_label() -> None:
         "name": "example-immortalcontainer", "uid": "ic-uid", "controller": True,
     }]
     assert pod["spec"]["containers"] == [{"name": "acontainer", "image": "nginx:latest"}]
-    assert "annotations" not in meta and "finalizers" not in meta
+    # No Kopf state: the only annotation is the operator's digest of the pod the spec asks for.
+    assert meta["annotations"] == {logic.TEMPLATE_HASH_ANNOTATION: logic.template_hash(IC["spec"])}
+    assert "finalizers" not in meta
 
 
 def test_pod_name_round_trip() -> None:
@@ -123,3 +127,111 @@ def test_status_changed_ignores_transition_times_only() -> None:
     b = logic.next_status({}, 1, None, logic.decide("x", None), now="T2")
     assert not logic.status_changed(a, b)
     assert logic.status_changed(a, {**b, "observedGeneration": 2})
+
+
+# --- pod template --------------------------------------------------------------------------------
+
+
+TEMPLATE_SPEC: dict[str, Any] = {"template": {
+    "metadata": {"labels": {"app": "web", "controller": "spoofed"}, "annotations": {"team": "a"}},
+    "spec": {"serviceAccountName": "runner", "nodeSelector": {"disk": "ssd"},
+             "tolerations": [{"key": "k", "operator": "Exists"}], "securityContext": {"runAsNonRoot": True},
+             "volumes": [{"name": "v", "emptyDir": {}}],
+             "containers": [{"name": "web", "image": "nginx:1.27", "command": ["nginx"], "args": ["-g", "x"],
+                             "env": [{"name": "A", "value": "1"}], "ports": [{"containerPort": 80}],
+                             "resources": {"limits": {"cpu": "1"}}, "volumeMounts": [{"name": "v", "mountPath": "/v"}],
+                             "readinessProbe": {"httpGet": {"port": 80}}},
+                            {"name": "side", "command": ["sleep"]}]}}}
+
+
+def test_pod_from_a_template_keeps_everything_and_our_labels_win() -> None:
+    ic = {**IC, "spec": {**TEMPLATE_SPEC, "image": "busybox:1.36"}}
+    pod = logic.build_pod(ic)
+    template = TEMPLATE_SPEC["template"]
+    assert pod["metadata"]["labels"] == {"app": "web", "controller": "example-immortalcontainer",
+                                         logic.OWNER_LABEL: "example-immortalcontainer"}
+    assert pod["metadata"]["annotations"]["team"] == "a"
+    spec = pod["spec"]
+    for field in ("serviceAccountName", "nodeSelector", "tolerations", "securityContext", "volumes"):
+        assert spec[field] == template["spec"][field]
+    assert spec["containers"][0] == template["spec"]["containers"][0]
+    assert spec["containers"][1] == {"name": "side", "command": ["sleep"], "image": "busybox:1.36"}  # filled in
+    assert "image" not in template["spec"]["containers"][1]  # the spec itself is not mutated
+    assert logic.main_image(ic["spec"]) == "nginx:1.27"
+
+
+def test_a_template_change_replaces_the_pod_like_an_image_change() -> None:
+    ic = {**IC, "spec": TEMPLATE_SPEC}
+    built = logic.observe_pod(logic.build_pod(ic), "ic-uid")
+    assert built is not None
+    wanted = logic.template_hash(TEMPLATE_SPEC)
+    running = dataclasses.replace(built, phase="Running")
+    assert logic.decide("nginx:1.27", running, wanted).action is logic.Action.NONE
+    changed = json.loads(json.dumps(TEMPLATE_SPEC))
+    changed["template"]["spec"]["containers"][0]["env"] = [{"name": "A", "value": "2"}]
+    decision = logic.decide("nginx:1.27", running, logic.template_hash(changed))
+    assert (decision.action, decision.reason) == (logic.Action.DELETE, "TemplateChanged")
+    # A pod from before templates (no digest) is compared by image only: no needless replacement.
+    legacy = dataclasses.replace(running, template_hash=None)
+    assert logic.decide("nginx:1.27", legacy, logic.template_hash(changed)).action is logic.Action.NONE
+
+
+# --- crash backoff --------------------------------------------------------------------------------
+
+
+def test_backoff_arithmetic_like_the_kubelet() -> None:
+    assert [logic.backoff_delay(n) for n in range(8)] == [0, 10, 20, 40, 80, 160, 300, 300]
+    assert logic.backoff_delay(1000) == 300
+
+
+NOW = 1_700_000_000.0
+
+
+def ended(uid: str, started: float | None = None, **kw: Any) -> logic.PodView:
+    return view(uid=uid, phase="Failed", started_at=logic.epoch_to_iso(started) if started else None, **kw)
+
+
+def test_backoff_counts_each_end_once_and_waits_longer_each_time() -> None:
+    state: dict[str, Any] = {}
+    delays = []
+    for i in range(5):
+        state = logic.observe_end(state, ended(f"p{i}", NOW - 5), NOW)
+        again = logic.observe_end(state, ended(f"p{i}", NOW - 5), NOW + 3)  # a retry or second event
+        assert again == state
+        delays.append(state["delaySeconds"])
+    assert delays == [0, 10, 20, 40, 80] and state["failures"] == 5
+    assert state["nextAttempt"] == logic.epoch_to_iso(NOW + 80)
+
+
+def test_backoff_resets_after_a_pod_ran_ten_minutes() -> None:
+    state = {"podUID": "old", "failures": 6, "nextAttempt": None}
+    state = logic.observe_end(state, ended("long", NOW - 601), NOW)
+    assert (state["failures"], state["delaySeconds"]) == (1, 0)
+    state = logic.observe_end(state, ended("short", NOW - 599), NOW)
+    assert (state["failures"], state["delaySeconds"]) == (2, 10)
+
+
+def test_decide_first_end_at_once_then_backoff_until_due() -> None:
+    first = logic.observe_end({}, ended("a"), NOW)
+    assert logic.decide("nginx:latest", ended("a"), None, first, NOW).action is logic.Action.DELETE
+    second = logic.observe_end(first, ended("b"), NOW)
+    decision = logic.decide("nginx:latest", ended("b"), None, second, NOW)
+    assert (decision.action, decision.reason, decision.retry_in) == (logic.Action.BACKOFF, "BackOff", 10)
+    assert logic.decide("nginx:latest", ended("b"), None, second, NOW + 10).action is logic.Action.DELETE
+    # Status shows the next attempt only while waiting; the count of ends in a row stays.
+    waiting = logic.next_status({}, 1, ended("b"), decision, backoff=second)
+    assert waiting["backoff"]["nextAttempt"] == logic.epoch_to_iso(NOW + 10)
+    assert logic.ready_reason(waiting) == "BackOff"
+    created = logic.next_status(waiting, 1, view(uid="c"), logic.decide("nginx:latest", view(uid="c")),
+                                backoff=second)
+    assert created["backoff"]["nextAttempt"] is None and created["backoff"]["failures"] == 2
+
+
+def test_status_shows_the_containers_restart_count() -> None:
+    summary = logic.pod_summary({"metadata": {"name": "x", "uid": "u"}, "spec": {"containers": []},
+                                 "status": {"phase": "Running", "containerStatuses": [{"restartCount": 2},
+                                                                                     {"restartCount": 1}]}})
+    view = logic.observe_pod(summary, "ic-uid")
+    assert view is not None and view.restarts == 3
+    status = logic.next_status({}, 1, dataclasses.replace(view, owned=True), logic.decide("x", None))
+    assert status["restartCount"] == 3

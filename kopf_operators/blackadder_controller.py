@@ -1,0 +1,652 @@
+"""Blackadder: the controller of ChaosAgents (a cycle as steps; decisions in ``blackadder``; API via ``access``).
+
+Packages, each with one role, as in the article:
+- pykube-ng lists the cycle's inventory (Pods, Deployments, ConfigMaps). A cycle is periodic, so its
+  listing is a legitimate periodic read; it is scoped server-side (label and field selectors, only the
+  namespaces an agent may touch) and runs in a thread (pykube is blocking).
+- munch gives the agent's spec its attribute view (``spec.tantrumMode``) before it is normalised.
+- lorem writes the text of ipsum mode.
+Every write (delete, scale, patch, the ledger Secret), every Event and every status patch goes through
+``memo.access``; pykube's errors are mapped onto the same ``ApiError`` with ``access.from_pykube``.
+
+Namespaces (labels, terminating) come from a Kopf index, not from a listing per cycle. Each agent's
+ledger is read once (the first cycle after a start) and then kept in memory with the resourceVersion
+of our own last write; a 409 on saving re-reads it once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import dataclasses
+import functools
+import json
+import logging
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+import lorem
+import munch
+import pykube
+import requests
+
+from kopf_operators import access as k8s
+from kopf_operators import blackadder as logic
+from kopf_operators import metrics
+from kopf_operators.access import Access, ApiError
+from kopf_operators.common import DOMAIN, Config, now_iso
+
+OPERATOR = "blackadder"
+NAMESPACES_INDEX = "blackadder-namespaces"
+SOURCES_INDEX = "blackadder-copyrator-sources"
+WEBHOOK_TIMEOUT_SECONDS = 3.0
+CHAOSAGENT = k8s.Kind(f"{logic.GROUP}/{logic.VERSION}", logic.PLURAL, logic.KIND, namespaced=False)
+Logger = logging.Logger | logging.LoggerAdapter[Any]
+Stopped = Callable[[], bool]
+
+logger = logging.getLogger("kopf_operators.blackadder")
+
+
+@dataclasses.dataclass
+class LedgerHandle:
+    namespace: str
+    name: str
+    data: dict[str, Any]
+    exists: bool
+    resource_version: str = ""
+
+
+@dataclasses.dataclass
+class CycleOutcome:
+    done: dict[str, int]
+    skipped: int = 0
+
+
+def _ref(kind: str, api_version: str, namespace: str, name: str, uid: str) -> dict[str, Any]:
+    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": name, "namespace": namespace, "uid": uid}}
+
+
+def _ready_reason(conditions: Any) -> str | None:
+    return next((str(c.get("reason")) for c in conditions or () if c.get("type") == "Ready"), None)
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect could lead past the allowed hosts: it fails the notification instead."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects(), urllib.request.ProxyHandler({}))
+
+
+def _post_json(url: str, payload: Mapping[str, Any]) -> None:
+    """Blocking POST (in a thread), straight to the host (no proxy, no redirects)."""
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with _OPENER.open(request, timeout=WEBHOOK_TIMEOUT_SECONDS) as response:
+        response.read()
+
+
+def spec_view(body: Mapping[str, Any]) -> munch.Munch:
+    """The article's view of an agent's spec: attribute access on a detached copy."""
+    return munch.munchify(copy.deepcopy(dict(body.get("spec") or {})))
+
+
+class BlackadderController:
+    def __init__(self, access: Access, config: Config, settings: logic.Settings,
+                 namespaces: Mapping[Any, Any], sources: Mapping[Any, Any] | None = None) -> None:
+        self.access = access
+        self.config = config
+        self.settings = settings
+        self.namespaces = namespaces  # Kopf's live index: name -> {"labels": ..., "terminating": bool}
+        # Kopf's live index: Copyrator rule -> its ConfigMap sources (an empty index is falsy: no `or`).
+        self.sources = {} if sources is None else sources
+        self._webhooks: set[asyncio.Task[None]] = set()
+        self._ledgers: dict[str, LedgerHandle] = {}  # agent uid -> its ledger as we last wrote it
+        self._pykube: pykube.HTTPClient | None = None
+        self._pykube_guard = threading.Lock()  # one requests session, one listing at a time
+
+    # --- settings and scope -----------------------------------------------------------------------
+
+    def agent_settings(self, body: Mapping[str, Any]) -> logic.AgentSettings:
+        return logic.settings_from_spec(spec_view(body), self.settings.dry_run)
+
+    def _terminating(self) -> set[str]:
+        return {name for name, entries in self.namespaces.items() for entry in entries if entry.get("terminating")}
+
+    def _namespace_labels(self) -> dict[str, Mapping[str, str]]:
+        return {name: entry.get("labels") or {} for name, entries in self.namespaces.items() for entry in entries}
+
+    def _copyrator_sources(self) -> list[Mapping[str, Any]]:
+        return [src for entries in self.sources.values() for entry in entries for src in entry]
+
+    # --- the daemon --------------------------------------------------------------------------------
+
+    async def agent_loop(self, body: Mapping[str, Any], stopped: Stopped,
+                         wait: Callable[[float], Any], log: Logger) -> None:
+        """The agent's loop: wait out the pause left from before a restart, then cycle until stopped.
+        ``body`` is Kopf's live view: spec edits apply on the next cycle."""
+        try:
+            delay = await self.initial_delay(body)
+        except ApiError as exc:  # the API is down: start now, the cycle will report it
+            log.warning(f"could not read the ledger before the first cycle: {exc}")
+            delay = 0.0
+        if delay and await wait(delay):
+            return
+        while not stopped():
+            try:
+                await self.cycle(body, stopped, log)
+            except Exception as exc:  # never let one bad cycle kill the agent's loop
+                metrics.error(OPERATOR, "cycle-crash")
+                log.exception(f"cycle crashed: {exc}")
+            if await wait(self.agent_settings(body).pause):
+                break
+
+    async def initial_delay(self, body: Mapping[str, Any]) -> float:
+        """After an operator restart, wait out the rest of the pause instead of acting at once."""
+        settings = self.agent_settings(body)
+        meta = body["metadata"]
+        async with self.access.serialised((OPERATOR, meta["uid"])):
+            handle = await self.ledger(meta["name"], meta["uid"])
+        last = handle.data.get("lastCycleEpoch")
+        if last is None:
+            last = logic.iso_to_epoch((body.get("status") or {}).get("lastCycleTime"))
+        return logic.seconds_until_next_cycle(last, time.time(), settings.pause)
+
+    # --- one cycle ---------------------------------------------------------------------------------
+
+    async def cycle(self, body: Mapping[str, Any], stopped: Stopped, log: Logger,
+                    paragraph: Callable[[], str] = lorem.paragraph) -> None:
+        """One cycle of one agent: revert, pause, or chaos; then the status. API errors of single
+        actions are reported and skipped; a failed listing or ledger write makes Ready=False."""
+        meta = body["metadata"]
+        name, uid, generation = meta["name"], meta["uid"], meta.get("generation")
+        settings = self.agent_settings(body)
+        previous = (body.get("status") or {}).get("conditions")
+        async with self.access.serialised((OPERATOR, uid)):
+            if stopped():
+                return
+            try:
+                handle = await self.ledger(name, uid)
+                now = time.time()
+                step = logic.cycle_step(settings, now)
+                if step == logic.REVERT_STEP:
+                    summary = await self.revert_all(body, handle, settings, log)
+                    status = logic.simple_status(previous, settings, generation, True, "Reverted",
+                                                 "revert: true — no chaos; the ledger has been reverted")
+                    if summary["processed"]:
+                        status["revert"] = summary
+                    await self._patch_status(name, status, body)
+                    return
+                if step == logic.PAUSED_STEP:
+                    await self._patch_status(name, logic.simple_status(previous, settings, generation, True,
+                                                                       "Paused", "paused: true — no chaos"), body)
+                    return
+                if step == logic.INVALID_STEP:
+                    problem = logic.window_problem(settings) or "invalid spec"
+                    if _ready_reason(previous) != "InvalidSpec":
+                        self.announce(body, None, "Warning", "InvalidSpec", problem, log)
+                    await self._patch_status(name, logic.simple_status(previous, settings, generation, False,
+                                                                       "InvalidSpec", problem), body)
+                    return
+                if step == logic.IDLE_STEP:
+                    opens = logic.next_window_start(settings.windows, settings.time_zone, now)
+                    message = f"outside activeWindows ({settings.time_zone}); idle until {opens or 'never'}"
+                    if _ready_reason(previous) != "OutsideWindow":
+                        log.info(message)
+                    await self._patch_status(name, logic.simple_status(previous, settings, generation, True,
+                                                                       "OutsideWindow", message), body)
+                    return
+                inventory = await self.inventory(settings, now)
+                outcome = await self.chaos(body, handle, settings, inventory, stopped, log, paragraph)
+            except ApiError as exc:
+                metrics.error(OPERATOR, "cycle")
+                self.announce(body, None, "Warning", "CycleFailed", f"cycle failed: {exc}", log)
+                await self._patch_status(name, logic.simple_status(previous, settings, generation, False,
+                                                                   "CycleFailed", str(exc)[:300]))
+                return
+            await self._patch_status(name, logic.cycle_status(
+                previous, settings, generation, handle.data, outcome.done, outcome.skipped, inventory.counts(),
+                f"{handle.namespace}/{handle.name}"))
+
+    async def inventory(self, settings: logic.AgentSettings, now: float) -> logic.Inventory:
+        """The cycle's candidates, listed with pykube-ng and scoped server-side: only the allowed
+        namespaces (field selector, or one listing per namespace), the spec's label selectors, no
+        ended pods; then what only the client can check (annotations, age, Copyrator sources)."""
+        # Namespaces being deleted are no candidates: nothing to learn there, and Events are refused.
+        settings = dataclasses.replace(settings, excluded=tuple(sorted({*settings.excluded, *self._terminating()})))
+        namespaces, selector = logic.listing_plan_for(settings, self.config.operator_namespace,
+                                                      self._namespace_labels())
+        allowed = None if namespaces is None else set(namespaces)
+        ns_op, pod_op = self.config.operator_namespace, self.config.operator_pod_name
+
+        def scoped(obj: Mapping[str, Any]) -> bool:
+            namespace = obj["metadata"].get("namespace", "")
+            return (allowed is None or namespace in allowed) and logic.namespace_allowed(namespace, settings, ns_op)
+
+        pods: list[logic.PodRef] = []
+        deps: list[logic.DeploymentRef] = []
+        cms: list[logic.ConfigMapRef] = []
+        if settings.tantrum:
+            listed = await self._list(pykube.Pod, namespaces, logic.pod_field_selector(selector),
+                                      logic.label_selector_for("Pod", settings))
+            pods = [p for obj in listed if scoped(obj) and logic.pod_selected(obj, settings, now)
+                    if logic.pod_allowed(p := logic.pod_ref(obj), settings, ns_op, pod_op)]
+        if settings.cancer:
+            listed = await self._list(pykube.Deployment, namespaces, selector,
+                                      logic.label_selector_for("Deployment", settings))
+            deps = [logic.deployment_ref(obj) for obj in listed
+                    if scoped(obj) and logic.deployment_selected(obj, settings)]
+        if settings.ipsum:
+            listed = await self._list(pykube.ConfigMap, namespaces, selector,
+                                      logic.label_selector_for("ConfigMap", settings))
+            sources = self._copyrator_sources() if settings.shared_configmaps != "Include" else []
+            cms = [cm for obj in listed if scoped(obj)
+                   and not logic.is_copyrator_source(obj["metadata"].get("namespace", ""),
+                                                     obj["metadata"].get("labels"), sources)
+                   if logic.configmap_allowed(cm := logic.configmap_ref(obj), settings, ns_op)]
+        return logic.Inventory(tuple(pods), tuple(deps), tuple(cms))
+
+    async def chaos(self, body: Mapping[str, Any], handle: LedgerHandle, settings: logic.AgentSettings,
+                    inventory: logic.Inventory, stopped: Stopped, log: Logger,
+                    paragraph: Callable[[], str]) -> CycleOutcome:
+        ledger = handle.data
+        cycle = int(ledger.get("cycle", 0)) + 1
+        # The cluster-wide cap on replicas cancer adds: what all agents added and did not revert.
+        budget = self.settings.max_added_replicas - logic.added_replicas(h.data for h in self._ledgers.values())
+        plan = logic.plan_cycle(inventory, settings, cycle, replica_budget=budget)
+        now = now_iso()
+        outcome = CycleOutcome({m: 0 for m in logic.MODES})
+        # The cycle counts as started from here: a crash mid-cycle never makes a restart repeat its number.
+        ledger["cycle"], ledger["lastCycleAt"], ledger["lastCycleEpoch"] = cycle, now, time.time()
+        previous_undo: dict[str, Any] = {}
+        if not settings.dry_run and (plan.scales or plan.writes):
+            previous_undo = copy.deepcopy(ledger.get("undo", {}))
+            writes, refused = logic.write_ahead(ledger, plan, now, paragraph)
+            for cm in refused:
+                outcome.skipped += 1
+                self.announce(body, None, "Warning", "LedgerFull",
+                              f"not writing ConfigMap {cm.namespace}/{cm.name}: its undo would not fit the ledger",
+                              log)
+            await self.save_ledger(handle)
+        else:
+            writes = [(cm, {}) for cm in plan.writes]
+
+        def note(mode: str, kind: str, ref: Any, outcome_text: str, before: Any = None, after: Any = None) -> None:
+            logic.journal(ledger, {"cycle": cycle, "at": now, "mode": mode, "kind": kind, "namespace": ref.namespace,
+                                   "name": ref.name, "outcome": outcome_text, "dryRun": settings.dry_run,
+                                   "before": before, "after": after})
+
+        steps: list[tuple[str, Callable[[], Awaitable[bool]]]] = []
+        for pod in plan.kills:
+            steps.append((logic.TANTRUM, functools.partial(self._kill, body, pod, settings, note, log)))
+        for dep, replicas in plan.scales:
+            steps.append((logic.CANCER, functools.partial(self._scale, body, ledger, previous_undo, dep, replicas,
+                                                          settings, note, log)))
+        for cm, new_data in writes:
+            steps.append((logic.IPSUM, functools.partial(self._ipsum, body, ledger, previous_undo, cm, new_data,
+                                                         settings, note, log)))
+        for mode, step in steps:
+            if stopped():  # deleting the agent stops it at once, mid-cycle if need be
+                break
+            if await step():
+                outcome.done[mode] += 1
+            else:
+                outcome.skipped += 1
+        counter = "wouldBe" if settings.dry_run else "counts"
+        for mode, n in outcome.done.items():
+            ledger[counter][mode] = int(ledger[counter].get(mode, 0)) + n
+        await self.save_ledger(handle)
+        if settings.webhook_url:
+            self._notify(body, settings.webhook_url, [e for e in ledger["journal"] if e.get("cycle") == cycle
+                                                      and e.get("at") == now], log)
+        return outcome
+
+    # --- the webhook -------------------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        """Notifications still in flight are dropped when the operator exits."""
+        for task in list(self._webhooks):
+            task.cancel()
+
+    def _notify(self, body: Mapping[str, Any], url: str, entries: list[Mapping[str, Any]], log: Logger) -> None:
+        """One POST per action of the cycle, in the background (a slow receiver never delays chaos).
+        The URL is never logged (it may carry a token); only its host."""
+        if not entries:
+            return
+        refusal = logic.webhook_refusal(url, self.settings.webhook_hosts)
+        agent = body["metadata"]["name"]
+        if refusal:
+            self.announce(body, None, "Warning", "WebhookRefused", refusal, log)
+            return
+        payloads = [logic.webhook_payload(agent, entry) for entry in entries]
+
+        async def post_all() -> None:
+            for payload in payloads:
+                try:
+                    await asyncio.to_thread(_post_json, url, payload)
+                except (OSError, ValueError) as exc:
+                    metrics.error(OPERATOR, "webhook")
+                    host = urllib.parse.urlsplit(url).hostname
+                    self.announce(body, None, "Warning", "WebhookFailed",
+                                  f"webhook to {host} failed: {type(exc).__name__}; the rest of this cycle's "
+                                  "notifications are dropped", log)
+                    return
+            metrics.action(OPERATOR, "webhook", len(payloads))
+
+        task = asyncio.create_task(post_all())
+        self._webhooks.add(task)
+        task.add_done_callback(self._webhooks.discard)
+
+    # --- the actions (each True when done, False when skipped) ------------------------------------
+
+    async def _kill(self, body: Mapping[str, Any], pod: logic.PodRef, settings: logic.AgentSettings,
+                    note: Callable[..., None], log: Logger) -> bool:
+        target = _ref("Pod", "v1", pod.namespace, pod.name, pod.uid)
+        if settings.dry_run:
+            note(logic.TANTRUM, "Pod", pod, "would-delete")
+            self.announce(body, target, "Normal", "WouldKillPod",
+                          f"dry-run: would delete Pod {pod.namespace}/{pod.name}", log)
+            return True
+        try:
+            if settings.evict:  # the Eviction API: PodDisruptionBudgets apply
+                done = await self.access.evict(pod.namespace, pod.name)
+            else:  # the uid precondition: never a same-named successor
+                done = await self.access.delete(k8s.POD, pod.namespace, pod.name, uid=pod.uid)
+        except ApiError as exc:
+            note(logic.TANTRUM, "Pod", pod, f"skipped: HTTP {exc.status}")
+            return False
+        if not done:
+            if settings.evict:
+                note(logic.TANTRUM, "Pod", pod, "skipped: eviction refused")
+                self.announce(body, target, "Normal", "EvictionRefused",
+                              f"not evicting Pod {pod.namespace}/{pod.name}: a PodDisruptionBudget refused it "
+                              "(or it is gone)", log)
+            else:
+                note(logic.TANTRUM, "Pod", pod, "skipped: gone")
+            return False
+        metrics.action(OPERATOR, "pod-killed")
+        how = "evicted" if settings.evict else "deleted"
+        note(logic.TANTRUM, "Pod", pod, how)
+        self.announce(body, target, "Normal", "PodKilled", f"{how} Pod {pod.namespace}/{pod.name} (not revertible)",
+                      log)
+        return True
+
+    async def _scale(self, body: Mapping[str, Any], ledger: dict[str, Any], previous_undo: Mapping[str, Any],
+                     dep: logic.DeploymentRef, replicas: int, settings: logic.AgentSettings,
+                     note: Callable[..., None], log: Logger) -> bool:
+        key = logic.target_key("Deployment", dep.namespace, dep.name)
+        target = _ref("Deployment", "apps/v1", dep.namespace, dep.name, dep.uid)
+        msg = f"Deployment {dep.namespace}/{dep.name} from {dep.replicas} to {replicas} replicas"
+        if settings.dry_run:
+            note(logic.CANCER, "Deployment", dep, "would-scale", dep.replicas, replicas)
+            self.announce(body, target, "Normal", "WouldScaleDeployment", f"dry-run: would scale {msg}", log)
+            return True
+        try:
+            # Through the scale subresource, conditional on the replicas we decided on (not on the
+            # resourceVersion: the Deployment's status moves it all the time).
+            answer = await self.access.patch(k8s.DEPLOYMENT, dep.namespace, dep.name,
+                                             logic.scale_patch(dep.replicas, replicas), subresource="scale",
+                                             json_patch=True)
+        except ApiError as exc:
+            logic.forget_undo(ledger, previous_undo, key)
+            note(logic.CANCER, "Deployment", dep, f"skipped: HTTP {exc.status}")
+            return False
+        if answer is None:
+            logic.forget_undo(ledger, previous_undo, key)
+            note(logic.CANCER, "Deployment", dep, "skipped: gone")
+            return False
+        ledger["undo"].get(key, {}).pop("pending", None)
+        metrics.action(OPERATOR, "deployment-scaled")
+        note(logic.CANCER, "Deployment", dep, "scaled", dep.replicas, replicas)
+        self.announce(body, target, "Normal", "DeploymentScaled", f"scaled {msg}", log)
+        return True
+
+    async def _ipsum(self, body: Mapping[str, Any], ledger: dict[str, Any], previous_undo: Mapping[str, Any],
+                     cm: logic.ConfigMapRef, new_data: Mapping[str, str], settings: logic.AgentSettings,
+                     note: Callable[..., None], log: Logger) -> bool:
+        key = logic.target_key("ConfigMap", cm.namespace, cm.name)
+        target = _ref("ConfigMap", "v1", cm.namespace, cm.name, cm.uid)
+        keys = ", ".join(sorted(cm.data or {}))
+        before_hash = logic.data_fingerprint(cm.data)
+        if settings.dry_run:
+            note(logic.IPSUM, "ConfigMap", cm, "would-ipsum", before_hash)
+            self.announce(body, target, "Normal", "WouldIpsumConfigMap",
+                          f"dry-run: would overwrite ConfigMap {cm.namespace}/{cm.name} keys [{keys}] with lorem ipsum",
+                          log)
+            return True
+        try:
+            answer = await self.access.patch(k8s.CONFIGMAP, cm.namespace, cm.name,
+                                             {"metadata": {"resourceVersion": cm.resource_version}, "data": new_data})
+        except ApiError as exc:
+            logic.forget_undo(ledger, previous_undo, key)
+            note(logic.IPSUM, "ConfigMap", cm, f"skipped: HTTP {exc.status}")
+            return False
+        if answer is None:
+            logic.forget_undo(ledger, previous_undo, key)
+            note(logic.IPSUM, "ConfigMap", cm, "skipped: gone")
+            return False
+        ledger["undo"].get(key, {}).pop("pending", None)
+        metrics.action(OPERATOR, "configmap-ipsumed")
+        note(logic.IPSUM, "ConfigMap", cm, "ipsumed", before_hash, logic.data_fingerprint(new_data))
+        self.announce(body, target, "Normal", "ConfigMapIpsumed",
+                      f"overwrote ConfigMap {cm.namespace}/{cm.name} keys [{keys}] with lorem ipsum (revertible)", log)
+        return True
+
+    # --- revert ------------------------------------------------------------------------------------
+
+    async def revert_all(self, body: Mapping[str, Any], handle: LedgerHandle, settings: logic.AgentSettings,
+                         log: Logger) -> dict[str, Any]:
+        """Restore every ledger entry that still shows what we wrote; report the others. Under the
+        agent's lock. Dry-run: report what would be restored, keep the ledger as it is. Revert is rare
+        and must see the objects as they are now: it reads each one (the only reads of targets)."""
+        ledger = handle.data
+        undo: dict[str, Any] = ledger.get("undo", {})
+        restored: list[str] = []
+        changed: list[str] = []
+        gone: list[str] = []
+        now = now_iso()
+        for key in sorted(undo):
+            entry = undo[key]
+            is_dep = entry["kind"] == "Deployment"
+            kind = k8s.DEPLOYMENT if is_dep else k8s.CONFIGMAP
+            ns, nm = entry["namespace"], entry["name"]
+            current = await self.access.read(kind, ns, nm)
+            verdict = logic.revert_verdict(entry, current)
+            target = _ref(entry["kind"], kind.api_version, ns, nm, entry["uid"]) if current else None
+            what = f"{entry['kind']} {ns}/{nm}"
+            if verdict == logic.RESTORE and current is not None:
+                if settings.dry_run:
+                    restored.append(key)
+                    self.announce(body, target, "Normal", "WouldRevert", f"dry-run: would restore {what}", log)
+                    continue
+                try:
+                    if is_dep:
+                        answer = await self.access.patch(kind, ns, nm, logic.scale_patch(entry["written"],
+                                                                                         entry["before"]),
+                                                         subresource="scale", json_patch=True)
+                        detail = f"replicas back to {entry['before']}"
+                    else:
+                        # A merge patch: keys we wrote get their old values back; nothing else is touched.
+                        answer = await self.access.patch(kind, ns, nm, {
+                            "metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
+                            "data": entry["before"]})
+                        detail = "data restored"
+                except ApiError as exc:
+                    if exc.status not in (409, 422):  # changed between our read and our write
+                        raise
+                    verdict = logic.CHANGED
+                else:
+                    if answer is None:
+                        verdict = logic.GONE
+                    else:
+                        restored.append(key)
+                        metrics.action(OPERATOR, "reverted")
+                        logic.journal(ledger, {"at": now, "mode": "revert", "kind": entry["kind"], "namespace": ns,
+                                               "name": nm, "outcome": "restored"})
+                        self.announce(body, target, "Normal", "Reverted", f"restored {what}: {detail}", log)
+            if verdict == logic.CHANGED:
+                changed.append(key)
+                self.announce(body, target, "Warning", "RevertSkipped",
+                              f"not restoring {what}: it was changed since the agent wrote it", log)
+            elif verdict == logic.GONE:
+                gone.append(key)
+                self.announce(body, None, "Warning", "RevertSkipped", f"not restoring {what}: it no longer exists",
+                              log)
+            if not settings.dry_run and verdict in (logic.CHANGED, logic.GONE):
+                logic.journal(ledger, {"at": now, "mode": "revert", "kind": entry["kind"], "namespace": ns,
+                                       "name": nm, "outcome": verdict})
+        if not settings.dry_run and undo:
+            ledger["undo"] = {}
+            await self.save_ledger(handle)
+        return {"at": now, "dryRun": settings.dry_run, "processed": len(undo), "restored": restored[:50],
+                "changed": changed[:50], "gone": gone[:50]}
+
+    async def revert_on_delete(self, body: Mapping[str, Any], log: Logger) -> None:
+        meta = body["metadata"]
+        settings = self.agent_settings(body)
+        async with self.access.serialised((OPERATOR, meta["uid"])):
+            if settings.revert_on_delete:
+                handle = await self.ledger(meta["name"], meta["uid"])
+                if handle.data.get("undo"):
+                    await self.revert_all(body, handle, settings, log)
+            await self.access.delete(k8s.SECRET, self._ledger_namespace(), logic.ledger_name(meta["name"]))
+            self._ledgers.pop(meta["uid"], None)
+
+    # --- the ledger: one Secret per agent in the operator's namespace ------------------------------
+
+    def _ledger_namespace(self) -> str:
+        return logic.ledger_namespace(self.config.operator_namespace)
+
+    async def ledger(self, agent: str, agent_uid: str) -> LedgerHandle:
+        """The agent's ledger: from memory after the first read (we are its only writer)."""
+        handle = self._ledgers.get(agent_uid)
+        if handle is None:
+            handle = await self._read_ledger(agent, agent_uid)
+            self._ledgers[agent_uid] = handle
+        return handle
+
+    async def _read_ledger(self, agent: str, agent_uid: str) -> LedgerHandle:
+        namespace, name = self._ledger_namespace(), logic.ledger_name(agent)
+        obj = await self.access.read(k8s.SECRET, namespace, name)
+        if obj is None:
+            return LedgerHandle(namespace, name, logic.empty_ledger(agent, agent_uid), exists=False)
+        raw: dict[str, Any] | None = None
+        encoded = (obj.get("data") or {}).get(logic.LEDGER_KEY)
+        if encoded:
+            try:
+                raw = json.loads(base64.b64decode(encoded))
+            except ValueError:
+                raw = None  # a hand-edited, broken ledger: start afresh rather than crash-looping
+        return LedgerHandle(namespace, name, logic.normalise_ledger(raw, agent, agent_uid), exists=True,
+                            resource_version=obj["metadata"].get("resourceVersion", ""))
+
+    async def save_ledger(self, handle: LedgerHandle) -> None:
+        """Create or replace with the resourceVersion of our last write (a conflict: someone else
+        wrote it; their version is read once and our in-memory ledger, the newer, replaces it)."""
+        agent, agent_uid = handle.data["agent"], handle.data["agentUid"]
+        payload = base64.b64encode(json.dumps(handle.data, separators=(",", ":")).encode()).decode()
+        body: dict[str, Any] = {
+            "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {
+                "name": handle.name, "namespace": handle.namespace,
+                "labels": {logic.LEDGER_LABEL: agent},
+                # Namespaced dependents may have cluster-scoped owners: the GC removes a forgotten ledger.
+                "ownerReferences": [{"apiVersion": CHAOSAGENT.api_version, "kind": logic.KIND,
+                                     "name": agent, "uid": agent_uid}],
+            },
+            "data": {logic.LEDGER_KEY: payload},
+        }
+        for _attempt in range(3):
+            answer: dict[str, Any] | None
+            if handle.exists:
+                body["metadata"]["resourceVersion"] = handle.resource_version
+                try:
+                    answer = await self.access.replace(k8s.SECRET, body)
+                except k8s.Conflict:
+                    answer = None
+            else:
+                if not self.config.operator_namespace:  # local run: the default namespace may be missing
+                    await self._ensure_namespace(handle.namespace)
+                body["metadata"].pop("resourceVersion", None)
+                answer = await self.access.create(k8s.SECRET, body)
+            if answer is not None:
+                handle.exists = True
+                handle.resource_version = answer["metadata"]["resourceVersion"]
+                return
+            fresh = await self.access.read(k8s.SECRET, handle.namespace, handle.name)
+            handle.exists = fresh is not None
+            handle.resource_version = fresh["metadata"].get("resourceVersion", "") if fresh else ""
+        raise ApiError(409, "Conflict", "the ledger kept conflicting")
+
+    async def _ensure_namespace(self, namespace: str) -> None:
+        """Only for the local default (blackadder-system); in a cluster the operator's namespace exists."""
+        if namespace in self.namespaces:
+            return
+        await self.access.create(k8s.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {
+            "name": namespace, "labels": {f"{DOMAIN}/owner": OPERATOR}}})
+
+    # --- inventory listing with pykube-ng ----------------------------------------------------------
+
+    async def _list(self, kind: type[pykube.objects.NamespacedAPIObject], namespaces: Iterable[str] | None,
+                    field_selector: str, label_selector: str = "") -> list[dict[str, Any]]:
+        try:
+            return await asyncio.to_thread(self._list_sync, kind, None if namespaces is None else list(namespaces),
+                                           field_selector, label_selector)
+        except (pykube.exceptions.PyKubeError, requests.RequestException) as exc:
+            raise k8s.from_pykube(exc) from None
+
+    def _list_sync(self, kind: type[pykube.objects.NamespacedAPIObject], namespaces: list[str] | None,
+                   field_selector: str, label_selector: str) -> list[dict[str, Any]]:
+        """The article's server-side filtering: all namespaces minus a field selector, or just the
+        allowed namespaces; plus the spec's label selector."""
+        with self._pykube_guard:
+            if self._pykube is None:
+                # KubeConfig.from_env(): in-cluster service account, else $KUBECONFIG or ~/.kube/config.
+                self._pykube = pykube.HTTPClient(pykube.KubeConfig.from_env())
+            api = self._pykube
+            query = kind.objects(api)
+            filters: dict[str, Any] = {}
+            if label_selector:
+                filters["selector"] = label_selector
+            if namespaces is None:
+                if field_selector:
+                    filters["field_selector"] = field_selector
+                return [o.obj for o in query.filter(namespace=pykube.all, **filters)]
+            result: list[dict[str, Any]] = []
+            for ns in namespaces:
+                if field_selector:
+                    filters["field_selector"] = field_selector
+                result.extend(o.obj for o in query.filter(namespace=ns, **filters))
+            return result
+
+    # --- Events and status -------------------------------------------------------------------------
+
+    def announce(self, agent_body: Mapping[str, Any], target: Mapping[str, Any] | None, type_: str,
+                 reason: str, message: str, log: Logger) -> None:
+        """An Event on the agent and on the target, plus a log line (ConfigMap values never appear)."""
+        (log.warning if type_ == "Warning" else log.info)(f"{reason}: {message}")
+        try:
+            self.access.event(agent_body, type_, reason, message)
+            if target is not None:
+                self.access.event(target, type_, reason, f"{message} (ChaosAgent {agent_body['metadata']['name']})")
+        except LookupError:
+            pass  # outside a running operator (no event queue): the log line is the record
+
+    async def _patch_status(self, agent: str, status: Mapping[str, Any],
+                            body: Mapping[str, Any] | None = None) -> None:
+        """Patch the agent's status; with ``body``, only when it would change (an idle or paused
+        agent does not write every cycle)."""
+        if body is not None and not logic.status_changed(body.get("status") or {}, status):
+            return
+        try:
+            await self.access.patch_status(CHAOSAGENT, None, agent, status)  # None: deleted meanwhile
+        except ApiError as exc:
+            metrics.error(OPERATOR, "status")
+            logger.warning(f"[{agent}] status not written: {exc}")
