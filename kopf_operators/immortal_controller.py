@@ -1,8 +1,8 @@
 """Immortal containers: the controller (state from watches, decisions in ``immortal``, API via ``access``).
 
 State comes from two Kopf indexes, never from a read per event:
-- ``immortal_objects``: each ImmortalContainer's spec, uid, generation, resourceVersion and status;
-- ``immortal_pods``: each of our pods (the pod watch is label-selected server-side, so unrelated pods
+- ``immortal-objects``: each ImmortalContainer's spec, uid, generation, resourceVersion and status;
+- ``immortal-pods``: each of our pods (the pod watch is label-selected server-side, so unrelated pods
   never reach the process), reduced to a ``PodView``.
 
 A pod event costs one write (create or delete) and at most one status patch. A pod that we do not own
@@ -26,8 +26,8 @@ from kopf_operators import metrics
 from kopf_operators.access import Access, ApiError
 
 OPERATOR = "immortal"
-OBJECTS_INDEX = "immortal_objects"
-PODS_INDEX = "immortal_pods"
+OBJECTS_INDEX = "immortal-objects"
+PODS_INDEX = "immortal-pods"
 IMMORTAL = k8s.Kind(logic.API_VERSION, logic.PLURAL, logic.KIND)
 # Level-triggered sweep over the indexes (no requests unless something must change), with jitter.
 RESYNC_SECONDS = 300.0

@@ -4,6 +4,7 @@ each with a peering of its own; together they serve every namespace, and never b
 
 from __future__ import annotations
 
+import functools
 import urllib.parse
 import uuid
 from collections.abc import Iterator
@@ -56,7 +57,7 @@ def test_shards_together_serve_every_namespace_and_never_both_act(shards: list[O
         core.create_namespace({"metadata": {"name": ns, "labels": {"kopf-operators.dev/test": "true"}}})
     try:
         for ns in names:  # our hash agrees with the server's filter
-            wait_for(lambda ns=ns: served_by_server(ns, owner[ns]), timeout=30, what=f"kube-root-ca.crt in {ns}")
+            wait_for(functools.partial(served_by_server, ns, owner[ns]), timeout=30, what=f"kube-root-ca.crt in {ns}")
             assert not served_by_server(ns, 1 - owner[ns])
         for ns in names:
             apply_yaml("""
@@ -72,7 +73,7 @@ spec: {image: nginx:latest}
             return (ic.get("status") or {}).get("startTimes") == 1
 
         for ns in names:  # every namespace is served ...
-            wait_for(lambda ns=ns: converged(ns), timeout=60, what=f"the ImmortalContainer in {ns}")
+            wait_for(functools.partial(converged, ns), timeout=60, what=f"the ImmortalContainer in {ns}")
         for ns in names:  # ... by its own shard only
             for index, proc in enumerate(shards):
                 mentions = [line for line in proc.output().splitlines() if f"{ns}/sharded" in line]

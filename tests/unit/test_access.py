@@ -48,7 +48,7 @@ def test_namespace_being_terminated_is_recognised() -> None:
 
 
 def test_serialised_runs_one_holder_per_key_and_forgets_unused_keys() -> None:
-    layer = access.Access(client=None)  # type: ignore[arg-type]  # no request is made here
+    layer = access.Access(client=None)  # no request is made here
     order: list[str] = []
 
     async def hold(key: str, tag: str) -> None:

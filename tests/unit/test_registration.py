@@ -34,7 +34,7 @@ def test_each_handler_registers_exactly_once() -> None:
     duplicates = [hid for hid, n in Counter(all_ids).items() if n > 1]
     assert not duplicates, f"registered more than once: {duplicates}"
     assert handlers["_activities"].count("shared-settings") == 1
-    assert len(all_ids) == 28
+    assert len(all_ids) == len(EXPECTED_HANDLER_IDS) == 45
     assert sorted(all_ids) == sorted(EXPECTED_HANDLER_IDS)
 
 
@@ -44,8 +44,7 @@ def test_each_operator_file_loads_alone() -> None:
         ids = [hid for group in handlers.values() for hid in group]
         assert "shared-settings" in ids, path.name
         own = [hid for hid in ids if hid != "shared-settings" and hid not in KOPF_BUILTIN_IDS]
-        # Index ids are keyword names (underscores); every other id uses a dash.
-        assert own and all(hid.startswith((path.stem + "-", path.stem + "_")) for hid in own), (path.name, own)
+        assert own and all(hid.startswith(path.stem + "-") for hid in own), (path.name, own)
 
 
 # Kopf registers its own login activities; they are not ours to count.
@@ -54,15 +53,19 @@ KOPF_BUILTIN_IDS = {"login_via_client", "login_via_pykube"}
 EXPECTED_HANDLER_IDS: list[str] = [
     "shared-settings",
     # operators/immortal.py
+    "immortal-startup", "immortal-cleanup", "immortal-objects", "immortal-pods",
     "immortal-create", "immortal-update/spec", "immortal-resume", "immortal-pod-event",
-    "immortal-foreign-pod-event",
     # operators/copyrator.py
-    "copyrator-rules", "copyrator-resume", "copyrator-create", "copyrator-update", "copyrator-resync",
-    "copyrator-delete", "copyrator-configmap-event", "copyrator-secret-event", "copyrator-namespace-event",
+    "copyrator-startup", "copyrator-cleanup", "copyrator-rules", "copyrator-namespaces",
+    "copyrator-configmap-copies", "copyrator-secret-copies", "copyrator-resume", "copyrator-create",
+    "copyrator-update", "copyrator-delete", "copyrator-configmap-event", "copyrator-secret-event",
+    "copyrator-namespace-event",
     # operators/blackadder.py
+    "blackadder-startup", "blackadder-cleanup", "blackadder-namespaces", "blackadder-copyrator-sources",
     "blackadder-agent", "blackadder-revert-on-delete",
     # operators/reroller.py
-    "reroller_configmaps", "reroller_secrets", "reroller_deployments", "reroller_statefulsets",
-    "reroller_daemonsets", "reroller-configmap-event", "reroller-secret-event", "reroller-deployment-event",
-    "reroller-statefulset-event", "reroller-daemonset-event", "reroller-cleanup",
+    "reroller-startup", "reroller-cleanup", "reroller-configmaps", "reroller-secrets", "reroller-deployments",
+    "reroller-statefulsets", "reroller-daemonsets", "reroller-cronjobs", "reroller-jobs", "reroller-namespaces",
+    "reroller-configmap-event", "reroller-secret-event", "reroller-deployment-event", "reroller-statefulset-event",
+    "reroller-daemonset-event", "reroller-cronjob-event", "reroller-job-event",
 ]
