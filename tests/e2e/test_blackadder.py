@@ -494,7 +494,8 @@ def test_active_windows_idle_outside_and_act_inside(
 
     agents.patch_spec(name, {"timeZone": "UTC", "activeWindows": [{"from": "00:00", "to": "00:00"}]})
     wait_for(lambda: not live_pods(core, namespace), timeout=30, what="chaos inside the window")
-    assert agents.status(name)["state"] == "Active"
+    # The status follows the cycle's actions.
+    wait_for(lambda: agents.status(name).get("state") == "Active", timeout=10, what="state Active")
     assert condition(agents.status(name), "Active")["status"] == "True"
 
 
@@ -582,12 +583,14 @@ def test_cluster_wide_replica_cap_and_webhook_notifications(
         next_cycles(agents, first)
         next_cycles(agents, second)
         assert added() == 3  # the cap holds across agents and cycles
-        wait_for(lambda: Hook.received, timeout=10, what="a webhook notification")
+        def one_per_action() -> bool:
+            scaled = [e for e in ledger(core, first)["journal"] if e.get("outcome") == "scaled"]
+            return bool(scaled) and len(Hook.received) == len(scaled)
+
+        wait_for(one_per_action, timeout=10, what="one webhook notification per action")
         for payload in Hook.received:
             assert payload["agent"] == first and payload["mode"] == "cancer" and payload["kind"] == "Deployment"
             assert payload["namespace"] == namespace and payload["outcome"] == "scaled" and "before" not in payload
-        scaled = [e for e in ledger(core, first)["journal"] if e.get("outcome") == "scaled"]
-        assert len(Hook.received) == len(scaled)
         wait_for(lambda: events(core, "WebhookRefused", agent=second), timeout=10, what="the refused host reported")
         assert not capped.errors(), capped.errors()
     finally:
