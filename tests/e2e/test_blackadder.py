@@ -9,9 +9,13 @@ from __future__ import annotations
 import base64
 import calendar
 import collections
+import contextlib
 import http.server
 import itertools
 import json
+import os
+import pathlib
+import subprocess
 import threading
 import time
 import uuid
@@ -23,10 +27,12 @@ import pytest
 
 from kopf_operators import blackadder as logic
 from tests.kube import (
+    KUBECONFIG,
     REPO,
     OperatorProcess,
     apply_yaml,
     delete_namespaces,
+    free_port,
     kubectl,
     operator_namespace,
     stays,
@@ -488,7 +494,8 @@ def test_active_windows_idle_outside_and_act_inside(
 
     agents.patch_spec(name, {"timeZone": "UTC", "activeWindows": [{"from": "00:00", "to": "00:00"}]})
     wait_for(lambda: not live_pods(core, namespace), timeout=30, what="chaos inside the window")
-    assert agents.status(name)["state"] == "Active"
+    # The status follows the cycle's actions.
+    wait_for(lambda: agents.status(name).get("state") == "Active", timeout=10, what="state Active")
     assert condition(agents.status(name), "Active")["status"] == "True"
 
 
@@ -576,12 +583,14 @@ def test_cluster_wide_replica_cap_and_webhook_notifications(
         next_cycles(agents, first)
         next_cycles(agents, second)
         assert added() == 3  # the cap holds across agents and cycles
-        wait_for(lambda: Hook.received, timeout=10, what="a webhook notification")
+        def one_per_action() -> bool:
+            scaled = [e for e in ledger(core, first)["journal"] if e.get("outcome") == "scaled"]
+            return bool(scaled) and len(Hook.received) == len(scaled)
+
+        wait_for(one_per_action, timeout=10, what="one webhook notification per action")
         for payload in Hook.received:
             assert payload["agent"] == first and payload["mode"] == "cancer" and payload["kind"] == "Deployment"
             assert payload["namespace"] == namespace and payload["outcome"] == "scaled" and "before" not in payload
-        scaled = [e for e in ledger(core, first)["journal"] if e.get("outcome") == "scaled"]
-        assert len(Hook.received) == len(scaled)
         wait_for(lambda: events(core, "WebhookRefused", agent=second), timeout=10, what="the refused host reported")
         assert not capped.errors(), capped.errors()
     finally:
@@ -646,3 +655,63 @@ def test_guarded_example_is_accepted(crds: None) -> None:
     path = REPO / "manifests" / "examples" / "blackadder-guarded.yaml"
     result = kubectl("apply", "--dry-run=server", "-f", str(path), check=False)
     assert result.returncode == 0, result.stderr
+
+
+# --- side by side with chaoskube (a peer built from source: linki/chaoskube v0.39.1) -------------------
+
+
+def chaoskube_binary() -> pathlib.Path | None:
+    """$CHAOSKUBE, or the build under ~/.cache/kopf-operators/peers (see docs/blackadder.md)."""
+    if os.environ.get("CHAOSKUBE"):
+        return pathlib.Path(os.environ["CHAOSKUBE"])
+    builds = sorted(pathlib.Path.home().glob(".cache/kopf-operators/peers/chaoskube-*/bin/chaoskube"))
+    return builds[-1] if builds else None
+
+
+def chaoskube_victims(binary: pathlib.Path, *flags: str) -> set[tuple[str, str]]:
+    """One dry-run round of chaoskube (it acts once at start): the pods it would terminate."""
+    out = subprocess.run([str(binary), f"--kubeconfig={KUBECONFIG}", "--interval=1h", "--max-runtime=4s",
+                          "--max-kill=100", "--log-format=json", f"--metrics-address=127.0.0.1:{free_port()}",
+                          *flags], capture_output=True, text=True, timeout=60)
+    victims = set()
+    for line in (out.stdout + out.stderr).splitlines():
+        with contextlib.suppress(ValueError):
+            entry = json.loads(line)
+            if entry.get("msg") == "terminating pod":
+                victims.add((entry["namespace"], entry["name"]))
+    return victims
+
+
+def test_same_victims_as_chaoskube_with_the_same_filters(
+        agents: Agents, namespace: str, other_namespace: str, core: kubernetes.client.CoreV1Api) -> None:
+    binary = chaoskube_binary()
+    if binary is None:
+        pytest.skip("chaoskube is not built (docs/blackadder.md: side by side with chaoskube)")
+    core.patch_namespace(namespace, {"metadata": {"labels": {"env": "chaos"}}})
+    on = {"chaos": "on"}
+    for ns in (namespace, other_namespace):
+        make_labelled_pod(core, ns, "web-1", {"app": "web"}, on)
+        make_labelled_pod(core, ns, "web-2", {"app": "web"})
+        make_labelled_pod(core, ns, "api-1", {"app": "api"}, on)
+        make_labelled_pod(core, ns, "db-1", {"app": "db"}, on)
+    wait_for(lambda: all(p.status.phase == "Running" for ns in (namespace, other_namespace)
+                         for p in core.list_namespaced_pod(ns).items), timeout=30, what="pods running")
+    filters = ("--labels=app in (api,web)", "--annotations=chaos=on", "--namespace-labels=env=chaos",
+               f"--namespaces={namespace},{other_namespace}")
+    theirs = chaoskube_victims(binary, *filters)
+    name = agents.create({
+        **GREEDY, "tantrumMode": True, "dryRun": True, "targetNamespaces": [namespace, other_namespace],
+        "podSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["api", "web"]}]},
+        "annotationSelector": {"matchLabels": on}, "namespaceSelector": {"matchLabels": {"env": "chaos"}}})
+    wait_for(lambda: agents.status(name).get("cycle"), timeout=20, what="a cycle")
+    ours = {(e["namespace"], e["name"]) for e in ledger(core, name)["journal"]
+            if e["cycle"] == 1 and e["outcome"] == "would-delete"}
+    assert ours == theirs == {(namespace, "web-1"), (namespace, "api-1")}, (ours, theirs)
+
+    # A day excluded in chaoskube's words is a day outside our windows: both stay still.
+    today = time.strftime("%a", time.gmtime())
+    others = [d for d in logic.WEEKDAYS if d != today]
+    assert chaoskube_victims(binary, *filters, f"--excluded-weekdays={today}", "--timezone=UTC") == set()
+    agents.patch_spec(name, {"activeWindows": [{"weekdays": others, "from": "00:00", "to": "00:00"}],
+                             "timeZone": "UTC"})
+    wait_for(lambda: agents.status(name).get("state") == "Idle", timeout=20, what="idle on the excluded day")
