@@ -76,8 +76,8 @@ def pod_summary(pod: Mapping[str, Any]) -> dict[str, Any]:
     meta = pod.get("metadata") or {}
     containers = (pod.get("spec") or {}).get("containers") or []
     status = pod.get("status") or {}
-    summary_meta = {key: meta[key] for key in ("name", "uid", "ownerReferences", "deletionTimestamp")
-                    if meta.get(key) is not None}
+    summary_meta = {key: meta[key] for key in ("name", "uid", "resourceVersion", "ownerReferences",
+                                               "deletionTimestamp") if meta.get(key) is not None}
     template_hash = (meta.get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION)
     if template_hash:
         summary_meta["annotations"] = {TEMPLATE_HASH_ANNOTATION: template_hash}

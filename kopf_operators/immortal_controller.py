@@ -58,6 +58,8 @@ class ImmortalController:
         self.pods = pods        # Kopf's live index: (namespace, ic name) -> PodView
         # The answers to our own status patches: newer than the index until the watch catches up.
         self._written: dict[Key, dict[str, Any]] = {}
+        # The newest pod version seen per object (None: deleted at that version): see ``_pod``.
+        self._pods_seen: dict[Key, tuple[int, dict[str, Any] | None]] = {}
         self._blocked: dict[Key, asyncio.TimerHandle] = {}
         self._blocked_attempts: dict[Key, int] = {}
         self._backoffs: dict[Key, asyncio.TimerHandle] = {}  # crash backoff: the replacement's wake-up
@@ -81,6 +83,7 @@ class ImmortalController:
 
     def forget(self, key: Key) -> None:
         self._written.pop(key, None)
+        self._pods_seen.pop(key, None)
         self._blocked_attempts.pop(key, None)
         for timers in (self._blocked, self._backoffs):
             handle = timers.pop(key, None)
@@ -115,16 +118,26 @@ class ImmortalController:
 
     def _pod(self, key: Key, ic: Mapping[str, Any], pod_event: tuple[str, Mapping[str, Any]] | None
              ) -> logic.PodView | None:
-        summary = _first(self.pods, key)
+        """The newest pod with the target name. Kopf handles each pod (uid) on its own, so an event of
+        a replaced pod can arrive after its successor's: the newest resourceVersion wins, and a
+        deletion is remembered (as "gone at that version") so that no older event brings it back."""
+        seen = self._pods_seen.get(key)
+        candidates: list[tuple[int, dict[str, Any] | None]] = [(_rv(v), v) for v in self.pods.get(key) or ()]
+        if seen is not None:
+            candidates.append(seen)
         if pod_event is not None:
             event_type, event_pod = pod_event
-            if event_type == "DELETED":
-                # Gone, unless the watch already shows its successor.
-                gone = event_pod.get("metadata", {}).get("uid")
-                summary = None if summary is None or summary["metadata"].get("uid") == gone else summary
-            else:
-                summary = event_pod
-        return logic.observe_pod(summary, ic["metadata"]["uid"])
+            candidates.append((_rv(event_pod), None if event_type == "DELETED" else dict(event_pod)))
+        if not candidates:
+            return None
+        newest = max(candidates, key=lambda candidate: candidate[0])
+        self._pods_seen[key] = newest
+        return logic.observe_pod(newest[1], ic["metadata"]["uid"])
+
+    def _saw_pod(self, key: Key, pod: Mapping[str, Any]) -> None:
+        """Our own create's answer: newer than anything the watch has delivered so far."""
+        if _rv(pod) >= (self._pods_seen.get(key) or (0, None))[0]:
+            self._pods_seen[key] = (_rv(pod), logic.pod_summary(pod))
 
     async def _act(self, ic: Mapping[str, Any], pod: logic.PodView | None, now: float
                    ) -> tuple[logic.Decision, logic.PodView | None]:
@@ -155,8 +168,11 @@ class ImmortalController:
                 # 409: a pod with that name exists. Ours not yet seen by the watch, or a foreign one:
                 # the only read on this path, and only on a conflict.
                 existing = await self.access.read(k8s.POD, namespace, logic.pod_name(name))
+                if existing is not None:
+                    self._saw_pod((namespace, name), existing)
                 pod = logic.observe_pod(existing, uid)
                 return decide(pod), pod
+            self._saw_pod((namespace, name), created)
             pod = logic.observe_pod(created, uid)
             metrics.action(OPERATOR, "create-pod")
             logger.info(f"{where} Created pod {pod.name if pod else ''} running {image}")

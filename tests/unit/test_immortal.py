@@ -235,3 +235,25 @@ def test_status_shows_the_containers_restart_count() -> None:
     assert view is not None and view.restarts == 3
     status = logic.next_status({}, 1, dataclasses.replace(view, owned=True), logic.decide("x", None))
     assert status["restartCount"] == 3
+
+
+def test_a_late_event_of_a_replaced_pod_never_counts_as_a_new_start() -> None:
+    """Kopf handles each pod (uid) on its own: the old pod's events may come after its successor's.
+    The controller keeps the newest version per object; a deletion is remembered at its version."""
+    from kopf_operators.immortal_controller import ImmortalController
+
+    def pod(uid: str, rv: int, **meta: Any) -> dict[str, Any]:
+        return logic.pod_summary({"metadata": {"name": "x-immortalpod", "uid": uid, "resourceVersion": str(rv),
+                                               "ownerReferences": [{"controller": True, "uid": "ic-uid"}], **meta},
+                                  "spec": {"containers": [{"name": "acontainer", "image": "nginx"}]},
+                                  "status": {"phase": "Running"}})
+
+    ic = {"metadata": {"uid": "ic-uid"}}
+    key = ("ns", "x")
+    controller = ImmortalController(access=None, objects={}, pods={key: [pod("old", 10)]})  # type: ignore[arg-type]
+    assert controller._pod(key, ic, ("DELETED", pod("old", 12))) is None
+    controller._saw_pod(key, pod("new", 13))
+    late = controller._pod(key, ic, ("MODIFIED", pod("old", 11, deletionTimestamp="t")))
+    assert late is not None and late.uid == "new"
+    assert controller._pod(key, ic, ("ADDED", pod("new", 13))).uid == "new"  # type: ignore[union-attr]
+    assert controller._pod(key, ic, ("DELETED", pod("old", 12))).uid == "new"  # type: ignore[union-attr]
