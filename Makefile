@@ -10,7 +10,7 @@ LOCAL_KUBECONFIG := $(CLUSTER_DIR)/kubeconfig
 # Arguments for `kopf run` in `make run` (the operator files are always operators/*.py).
 RUN_ARGS ?= --all-namespaces --verbose
 
-.PHONY: help setup cluster cluster-down install uninstall run test unit lint bench manifests deploy undeploy \
+.PHONY: help setup cluster cluster-down install uninstall run test unit lint bench manifests deploy undeploy peers-test \
 	reloader-e2e reloader-bench
 
 help: ## list the verbs
@@ -69,6 +69,10 @@ reloader-e2e: setup ## stakater Reloader's own e2e suites against our re-roller 
 reloader-bench: setup ## re-roller vs stakater Reloader (built from source): isolated ConfigMap edit -> rollout
 	@cluster/cluster.sh up
 	$(BIN)/python -m bench.peers reloader-latency
+
+peers-test: setup ## tests side by side with Go peers built from source (their sources: docs/blackadder.md)
+	@cluster/cluster.sh up
+	$(BIN)/pytest -m peers
 
 lint: setup ## ruff, mypy
 	$(BIN)/ruff check .
