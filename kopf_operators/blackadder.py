@@ -23,6 +23,7 @@ from kopf_operators.common import (
     env_bool,
     env_float,
     env_list,
+    iso_to_epoch,
     matches_label_selector,
     set_condition,
     stable_hash,
@@ -523,19 +524,6 @@ def seconds_until_next_cycle(last_cycle_epoch: float | None, now_epoch: float, p
     if last_cycle_epoch is None:
         return 0.0
     return max(0.0, min(float(pause), last_cycle_epoch + pause - now_epoch))
-
-
-def iso_to_epoch(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return datetime.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC).timestamp()
-    except ValueError:
-        return None
-
-
-def epoch_to_iso(epoch: float) -> str:
-    return datetime.datetime.fromtimestamp(int(epoch), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # --- A cycle, step by step (the controller applies what these return) ------------------------------

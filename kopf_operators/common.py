@@ -109,6 +109,19 @@ def shard_selector(index: int, count: int, field: str = "object.metadata.namespa
     return f"shardRange({field}, '0x{start:016x}', '0x{end:016x}')"
 
 
+def iso_to_epoch(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return datetime.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def epoch_to_iso(epoch: float) -> str:
+    return datetime.datetime.fromtimestamp(int(epoch), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def now_iso() -> str:
     return datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import datetime
 import enum
 from collections.abc import Mapping
 from typing import Any
 
-from kopf_operators.common import DOMAIN, set_condition, stable_hash
+from kopf_operators.common import DOMAIN, epoch_to_iso, iso_to_epoch, set_condition, stable_hash
 
 GROUP = "immortalcontainer.flugel.it"
 VERSION = "v1alpha1"
@@ -260,19 +259,6 @@ def decide(image: str, pod: PodView | None, wanted_hash: str | None = None,
     if pod.phase == "Running":
         return Decision(Action.NONE, "PodRunning", f"pod {pod.name} is running {image}")
     return Decision(Action.NONE, "PodStarting", f"pod {pod.name} is {pod.phase or 'Pending'}")
-
-
-def iso_to_epoch(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return datetime.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC).timestamp()
-    except ValueError:
-        return None
-
-
-def epoch_to_iso(epoch: float) -> str:
-    return datetime.datetime.fromtimestamp(int(epoch), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def backoff_delay(ends_before: int) -> float:
