@@ -5,8 +5,9 @@
 Where the source comes from, first found wins:
   1. $BENCH_PEER_SOURCE_<NAME> (a git directory, bare or not), e.g. BENCH_PEER_SOURCE_RELOADER;
   2. the snapshot the search tool's ``fetch`` leaves (``$BENCH_PEER_MIRROR``, default /work/.mirror,
-     ``<owner>+<repo>/repo``): the Go module proxy refuses github.com/stakater/Reloader (403), so on this
-     machine that is the only way in;
+     ``<owner>+<repo>/repo``): the Go module proxy refuses both peers' modules (403 Forbidden for
+     github.com/stakater/Reloader and github.com/mittwald/kubernetes-replicator), so on this machine that
+     is the only way in;
   3. a work tree already in the cache (``<cache>/<owner>-<repo>-<commit12>/src``, left by an earlier build).
 A binary already built for that commit is reused; with no source at all, the newest cached binary is used.
 Nothing found: :class:`PeerUnavailable` says why, and the benchmark records "peer not available: <why>".

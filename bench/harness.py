@@ -125,16 +125,17 @@ def token_kubeconfig(service_account: str, namespace: str, path: Path) -> Path:
     return path
 
 
-def operator_files(spec: str | None) -> list[str]:
-    """The operator files to load: ``spec`` (comma/space separated), else $OPERATOR_FILES, else all."""
+def operator_files(spec: str | None, root: Path = REPO) -> list[str]:
+    """The operator files to load, relative to ``root``: ``spec`` (comma/space separated), else
+    $OPERATOR_FILES, else all of operators/*.py."""
     spec = spec or os.environ.get("OPERATOR_FILES", "")
     if spec.strip():
         files = [f for f in spec.replace(",", " ").split() if f]
     else:
-        files = sorted(str(p.relative_to(REPO)) for p in (REPO / "operators").glob("*.py"))
+        files = sorted(str(p.relative_to(root)) for p in (root / "operators").glob("*.py"))
     for f in files:
-        if not (REPO / f).is_file():
-            raise SystemExit(f"no such operator file: {f}")
+        if not (root / f).is_file():
+            raise SystemExit(f"no such operator file: {root / f}")
     return files
 
 
@@ -179,8 +180,9 @@ class Operator:
     """``kopf run`` as the chart runs it (peering, all namespaces, info logs), as a ServiceAccount;
     ``files`` are the operator files it loads (all four by default)."""
 
-    def __init__(self, kubeconfig: Path, env: dict[str, str], log_path: Path, files: list[str]) -> None:
-        self.kubeconfig, self.env, self.log_path, self.files = kubeconfig, env, log_path, files
+    def __init__(self, kubeconfig: Path, env: dict[str, str], log_path: Path, files: list[str],
+                 root: Path = REPO) -> None:
+        self.kubeconfig, self.env, self.log_path, self.files, self.root = kubeconfig, env, log_path, files, root
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 90) -> None:
@@ -188,11 +190,13 @@ class Operator:
         cmd = [str(Path(sys.executable).parent / "kopf"), "run", f"--liveness=http://127.0.0.1:{port}/healthz",
                "--peering=kopf-operators", "--all-namespaces", *self.files]
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.env}
+        if self.root != REPO:  # another checkout: its own kopf_operators package, ahead of the installed one
+            env["PYTHONPATH"] = os.pathsep.join([str(self.root), *filter(None, [env.get("PYTHONPATH")])])
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         out = self.log_path.open("ab")
         out.write(f"\n===== {' '.join(cmd)} env={self.env}\n".encode())
         out.flush()
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=out, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -363,10 +367,11 @@ def deployment(name: str, cm: str, opted_in: bool, annotations: dict[str, str] |
 class Bench:
     """One benchmark run: its id, client, audit log, operator process and namespaces."""
 
-    def __init__(self, counts: dict[str, Any], sections: list[str], files: list[str]) -> None:
+    def __init__(self, counts: dict[str, Any], sections: list[str], files: list[str], root: Path = REPO) -> None:
         self.n = counts
         self.sections = sections
         self.files = files
+        self.root = root  # the checkout the operator runs from (its files, package and CRDs)
         self.run = uuid.uuid4().hex[:5]
         self.kube = Kube(KUBECONFIG, limit=80)
         self.results: dict[str, Any] = {}
@@ -458,7 +463,7 @@ class Bench:
             env = {"REROLLER_DEBOUNCE_SECONDS": "0", "REROLLER_MIN_INTERVAL_SECONDS": "0"}
         self.operator_env = env
         self.operator = Operator(self.sa_kubeconfig, env, CLUSTER_DIR / "logs" / f"bench-operator-{self.run}.log",
-                                 self.files)
+                                 self.files, self.root)
         self.operator.start()
 
     def stop_operator(self) -> None:
@@ -473,8 +478,8 @@ class Bench:
         subprocess.run([str(REPO / "cluster" / "cluster.sh"), "up"], check=True, timeout=3600,
                        env={**os.environ, "CLUSTER_DIR": str(CLUSTER_DIR)})
         self.audit = Audit()
-        kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "manifests" / "crds"))
-        kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(REPO / "manifests" / "crds"))
+        kubectl("apply", "--server-side", "--force-conflicts", "-f", str(self.root / "manifests" / "crds"))
+        kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(self.root / "manifests" / "crds"))
         items: list[dict[str, Any]] = [
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SA_NAMESPACE}},
             {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "kopf-operators"}}]

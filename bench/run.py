@@ -67,6 +67,7 @@ async def main_async(b: Bench, quick: bool) -> dict[str, Any]:
         "total_seconds": round(time.monotonic() - started, 1),
         "machine": f"{os.cpu_count()} CPUs, {platform.platform()}", "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "operator_files": b.files,
+        "operator_root": str(b.root),
         "operator": f"kopf run --peering=kopf-operators --all-namespaces {' '.join(b.files)} (log level info) as a "
                     "cluster-admin ServiceAccount; latency and convergence run with REROLLER_DEBOUNCE_SECONDS=0 "
                     "REROLLER_MIN_INTERVAL_SECONDS=0",
@@ -82,6 +83,9 @@ def main() -> None:
                         help=f"run only these sections ({', '.join(sections.SECTIONS)})")
     parser.add_argument("--operators", help="operator files to load, comma or space separated "
                                             "(default: $OPERATOR_FILES, else operators/*.py)")
+    parser.add_argument("--operator-root", metavar="DIR",
+                        help="run the operator from another checkout (its operators/, kopf_operators/ and CRDs), "
+                             "e.g. to compare two revisions with the same harness")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a count, e.g. --set events=50 --set scale_pods=0,10000,20000")
     parser.add_argument("--output", help="results file prefix (default bench/results or bench/results-quick)")
@@ -98,7 +102,8 @@ def main() -> None:
         if key not in counts:
             parser.error(f"--set {item}: no count named {key!r} (one of {', '.join(counts)})")
         counts[key] = [int(v) for v in value.split(",")] if isinstance(counts[key], list) else int(value)
-    bench = Bench(counts, args.only or list(sections.SECTIONS), operator_files(args.operators))
+    root = Path(args.operator_root).resolve() if args.operator_root else REPO
+    bench = Bench(counts, args.only or list(sections.SECTIONS), operator_files(args.operators, root), root)
     results = asyncio.run(main_async(bench, args.quick))
     prefix = Path(args.output) if args.output else REPO / "bench" / ("results-quick" if args.quick else "results")
     prefix.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
