@@ -31,6 +31,8 @@ PODS_INDEX = "immortal-pods"
 IMMORTAL = k8s.Kind(logic.API_VERSION, logic.PLURAL, logic.KIND)
 # Level-triggered sweep over the indexes (no requests unless something must change), with jitter.
 RESYNC_SECONDS = 300.0
+# A pod of ours going away is reported in status only if it is still there this much later.
+TRANSIENT_SECONDS = 2.0
 # A foreign pod in the way, or a failed pass: look again after this long (doubling, capped).
 RETRY_SECONDS = (1.0, 300.0)
 
@@ -63,6 +65,7 @@ class ImmortalController:
         self._blocked: dict[Key, asyncio.TimerHandle] = {}
         self._blocked_attempts: dict[Key, int] = {}
         self._backoffs: dict[Key, asyncio.TimerHandle] = {}  # crash backoff: the replacement's wake-up
+        self._settling: dict[Key, asyncio.TimerHandle] = {}  # a pod going away: report it if it lasts
         self._resync: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # retries in flight (referenced until done)
 
@@ -85,7 +88,7 @@ class ImmortalController:
         self._written.pop(key, None)
         self._pods_seen.pop(key, None)
         self._blocked_attempts.pop(key, None)
-        for timers in (self._blocked, self._backoffs):
+        for timers in (self._blocked, self._backoffs, self._settling):
             handle = timers.pop(key, None)
             if handle:
                 handle.cancel()
@@ -107,7 +110,12 @@ class ImmortalController:
             with metrics.reaction(OPERATOR, trigger):
                 pod = self._pod(key, ic, pod_event)
                 decision, pod = await self._act(ic, pod, now)
-                await self._write_status(key, ic, pod, decision, now)
+                if self._transient(ic, pod, decision, trigger):
+                    # Our counted pod is going away: its DELETED event usually follows at once and the
+                    # replacement's status write says it all. Report the wait only if it lasts.
+                    self._settle_later(key)
+                else:
+                    await self._write_status(key, ic, pod, decision, now)
             if decision.action is logic.Action.BLOCKED:
                 self._retry_later(key)
             else:
@@ -168,9 +176,10 @@ class ImmortalController:
                 # 409: a pod with that name exists. Ours not yet seen by the watch, or a foreign one:
                 # the only read on this path, and only on a conflict.
                 existing = await self.access.read(k8s.POD, namespace, logic.pod_name(name))
-                if existing is not None:
-                    self._saw_pod((namespace, name), existing)
                 pod = logic.observe_pod(existing, uid)
+                if existing is not None and pod is not None and pod.owned:
+                    # A foreign pod is not remembered: it is not watched, so the next pass tries again.
+                    self._saw_pod((namespace, name), existing)
                 return decide(pod), pod
             self._saw_pod((namespace, name), created)
             pod = logic.observe_pod(created, uid)
@@ -229,6 +238,24 @@ class ImmortalController:
             return
         raise ApiError(409, "Conflict", "status kept conflicting")
 
+    @staticmethod
+    def _transient(ic: Mapping[str, Any], pod: logic.PodView | None, decision: logic.Decision, trigger: str) -> bool:
+        status = ic.get("status") or {}
+        return (decision.action is logic.Action.WAIT and trigger != "settle" and pod is not None
+                and pod.uid == status.get("currentPodUID") and logic.ready_reason(status) != decision.reason)
+
+    def _settle_later(self, key: Key) -> None:
+        if key in self._settling:
+            return
+
+        def fire() -> None:
+            self._settling.pop(key, None)
+            task = asyncio.create_task(self.guarded(key, "settle"))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        self._settling[key] = asyncio.get_running_loop().call_later(TRANSIENT_SECONDS, fire)
+
     def _retry_later(self, key: Key) -> None:
         """Look again later, doubling the delay up to the cap: a foreign pod in the way is not watched,
         and a failed pass outside Kopf's handlers is not retried by Kopf."""
@@ -286,5 +313,5 @@ class ImmortalController:
     async def stop(self) -> None:
         if self._resync:
             self._resync.cancel()
-        for handle in [*self._blocked.values(), *self._backoffs.values()]:
+        for handle in [*self._blocked.values(), *self._backoffs.values(), *self._settling.values()]:
             handle.cancel()

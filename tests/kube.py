@@ -323,3 +323,28 @@ class OperatorProcess:
         return [rec for rec in self.records()
                 if re.search(r"Traceback|\[ERROR", rec) and (about is None or about in rec)
                 and not TRANSIENT_API_RETRY.search(rec)]
+
+
+def audit_now() -> str:
+    """A timestamp to count the operator's requests from (the audit log's own format)."""
+    import datetime
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def operator_requests(namespace: str, since: str) -> list[tuple[str, str, str]]:
+    """(verb, resource, name) of the operator's requests about ``namespace`` after ``since``, from the
+    API server's audit log (Events excluded). The operator must run as the chart's ServiceAccount."""
+    path = subprocess.run([str(REPO / "cluster" / "cluster.sh"), "audit-log"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    calls = []
+    with open(path) as log:
+        for line in log:
+            entry = json.loads(line)
+            ref = entry.get("objectRef") or {}
+            if (entry.get("user", {}).get("username", "").startswith("system:serviceaccount:kopf-operators")
+                    and ref.get("namespace") == namespace and entry.get("requestReceivedTimestamp", "") > since
+                    and ref.get("resource") != "events"):
+                calls.append((entry["verb"], ref.get("resource", "") + ("/" + ref["subresource"]
+                                                                         if ref.get("subresource") else ""),
+                              ref.get("name", "")))
+    return calls

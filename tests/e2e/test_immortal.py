@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Any
@@ -10,7 +11,17 @@ import kubernetes
 import pytest
 
 from kopf_operators import immortal as logic
-from tests.kube import REPO, OperatorProcess, PodCreations, apply_yaml, kubectl, stays, wait_for
+from tests.kube import (
+    REPO,
+    OperatorProcess,
+    PodCreations,
+    apply_yaml,
+    audit_now,
+    kubectl,
+    operator_requests,
+    stays,
+    wait_for,
+)
 
 ARTICLE_YAML = (REPO / "manifests" / "examples" / "immortal.yaml").read_text()
 G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL
@@ -194,6 +205,33 @@ def test_foreign_pod_with_the_target_name_is_left_alone(core: Any, custom: Any, 
     assert ours.metadata.owner_references[0].name == "mine"
     wait_counted(custom, namespace, "mine", 1, ours.metadata.uid)
     wait_for(lambda: ready(status(custom, namespace, "mine"))["status"] == "True", what="Ready=True")
+
+
+def test_a_deleted_pod_costs_one_create_and_no_read(core: Any, custom: Any, namespace: str,
+                                                    operator: OperatorProcess) -> None:
+    """State comes from watches: replacing a deleted pod makes no GET or LIST, only the create and the
+    status writes (the start counted at creation; Ready once the new pod runs)."""
+    if os.environ.get("OPERATOR_IDENTITY", "serviceaccount") == "admin":
+        pytest.fail("requests are attributed to the operator's ServiceAccount in the audit log: run it so")
+    create_ic(custom, namespace, "frugal")
+    pod = wait_pod(core, namespace, "frugal-immortalpod")
+    wait_counted(custom, namespace, "frugal", 1, pod.metadata.uid)
+    wait_for(lambda: ready(status(custom, namespace, "frugal"))["status"] == "True", what="Ready=True")
+    since = audit_now()
+    core.delete_namespaced_pod("frugal-immortalpod", namespace, grace_period_seconds=0)
+    new = wait_pod(core, namespace, "frugal-immortalpod", not_uid=pod.metadata.uid)
+    wait_counted(custom, namespace, "frugal", 2, new.metadata.uid)
+    wait_for(lambda: ready(status(custom, namespace, "frugal"))["status"] == "True", what="Ready=True again")
+    def logged() -> list[tuple[str, str, str]]:
+        calls = operator_requests(namespace, since)
+        return calls if ("patch", "immortalcontainers/status", "frugal") in calls else []
+
+    calls = wait_for(logged, what="the requests in the audit log")
+    assert [c for c in calls if c[0] in ("get", "list", "watch")] == [], calls
+    assert calls.count(("create", "pods", "frugal-immortalpod")) == 1, calls
+    status_patches = calls.count(("patch", "immortalcontainers/status", "frugal"))
+    assert 1 <= status_patches <= 2, calls
+    assert len(calls) == 1 + status_patches, calls
 
 
 # --- restarts and crashes ------------------------------------------------------------------------
