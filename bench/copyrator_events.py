@@ -21,6 +21,7 @@ import collections
 import contextlib
 import datetime
 import json
+import os
 import statistics
 import subprocess
 import time
@@ -60,6 +61,13 @@ def requests_between(path: str, user: str, start: datetime.datetime, end: dateti
     return counts
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--namespaces", type=int, default=0)
@@ -77,6 +85,9 @@ def main() -> None:
     label = {"bench.kopf-operators.dev/copyrator": token}
     source_ns = f"{SOURCE_NS_PREFIX}-{token}"
     made: list[str] = [source_ns]
+    # A previous run's namespaces still terminating would load the cluster during this one.
+    wait_for(lambda: not [ns for ns in core.list_namespace().items if ns.metadata.name.startswith("bench-copyr")],
+             timeout=900, interval=5, what="earlier bench-copyr namespaces to be gone")
     proc = OperatorProcess(files=["operators/copyrator.py"], kubeconfig=kubeconfig, log_name="bench-copyrator")
     try:
         core.create_namespace({"metadata": {"name": source_ns}})
@@ -91,12 +102,16 @@ def main() -> None:
             core.create_namespace({"metadata": {"name": name, "labels": label}})
             made.append(name)
         proc.start()
+        started = time.perf_counter()
         if args.namespaces:
             last = made[-1]
             wait_for(lambda: core.list_namespaced_config_map(last, field_selector="metadata.name=shared").items,
                      timeout=600, what="the background copies")
+        converged = time.perf_counter() - started
         time.sleep(3)  # let the status flush and start-up settle
         latencies = []
+        assert proc.proc is not None
+        cpu_before = cpu_seconds(proc.proc.pid)
         start = datetime.datetime.now(datetime.UTC)
         for i in range(args.probes):
             name = f"bench-copyr-{token}-probe-{i:03d}"
@@ -109,6 +124,7 @@ def main() -> None:
             time.sleep(0.6)  # past the status window: each probe's status patch is its own
         time.sleep(1.5)
         end = datetime.datetime.now(datetime.UTC)
+        cpu = cpu_seconds(proc.proc.pid) - cpu_before
         counts = requests_between(audit_log_path(), user, start, end)
         total = sum(counts.values())
         latencies.sort()
@@ -118,10 +134,20 @@ def main() -> None:
                            "max": round(latencies[-1] * 1000, 1),
                            "p90": round(latencies[int(len(latencies) * 0.9) - 1] * 1000, 1)},
             "requests_per_namespace_event": round(total / args.probes, 2),
+            # Includes the idle baseline over the probes' ~0.65 s each (watch keep-alives, Kopf).
+            "operator_cpu_ms_per_namespace_event": round(cpu / args.probes * 1000, 1),
+            "startup_convergence_s": round(converged, 1) if args.namespaces else None,
             "by_verb": {k: round(v / args.probes, 2) for k, v in sorted(counts.items())},
         }
         print(json.dumps(result, indent=2))
     finally:
+        # The rule first, while the operator runs (it prunes the copies and releases the finalizer).
+        with contextlib.suppress(kubernetes.client.ApiException):
+            custom.delete_namespaced_custom_object("flant.com", "v1", source_ns, "copyrators", "bench")
+        with contextlib.suppress(Exception):
+            wait_for(lambda: not custom.list_namespaced_custom_object("flant.com", "v1", source_ns,
+                                                                      "copyrators")["items"],
+                     timeout=300, what="the rule's deletion")
         proc.stop()
         for name in made:
             with contextlib.suppress(kubernetes.client.ApiException):
