@@ -11,7 +11,12 @@ every request the operator made between the first probe and the copy of the last
 resource: divided by the number of probes, the requests per namespace event.
 
 The operator runs as ``kopf run --standalone --all-namespaces operators/copyrator.py`` authenticated
-as the chart's ServiceAccount (so the audit log attributes its requests), log level info.
+as the chart's ServiceAccount (so the audit log attributes its requests).
+
+``--peer replicator`` measures mittwald/kubernetes-replicator instead (built from source, see
+/work/shared/notes/peers.md; ConfigMaps only), pushing the same ConfigMap with
+``replicator.v1.mittwald.de/replicate-to-matching: <the run's label>``, authenticated as the
+ServiceAccount ``kopf-bench-peer/kopf-bench-peer`` (bound to cluster-admin).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import contextlib
 import datetime
 import json
 import os
+import pathlib
 import statistics
 import subprocess
 import time
@@ -30,9 +36,48 @@ from typing import Any
 
 import kubernetes
 
-from tests.kube import E2E_RELEASE, KUBECONFIG, REPO, OperatorProcess, service_account_kubeconfig, wait_for
+from tests.kube import (
+    CLUSTER_DIR,
+    E2E_RELEASE,
+    KUBECONFIG,
+    REPO,
+    OperatorProcess,
+    free_port,
+    kubectl,
+    service_account_kubeconfig,
+    token_kubeconfig,
+    wait_for,
+)
 
 SOURCE_NS_PREFIX = "bench-copyr-src"
+REPLICATOR = (pathlib.Path.home() / ".cache" / "kopf-operators" / "peers"
+              / "mittwald-kubernetes-replicator-f535dd9d8b49" / "bin" / "kubernetes-replicator")
+PEER = "kopf-bench-peer"
+
+
+class Replicator:
+    """The peer as a process, with the same start/stop/pid surface as OperatorProcess."""
+
+    def __init__(self) -> None:
+        kubectl("create", "namespace", PEER, check=False)
+        kubectl("create", "serviceaccount", PEER, "-n", PEER, check=False)
+        kubectl("create", "clusterrolebinding", PEER, "--clusterrole=cluster-admin",
+                f"--serviceaccount={PEER}:{PEER}", check=False)
+        self.kubeconfig = token_kubeconfig(PEER, PEER, CLUSTER_DIR / "peer-kubeconfig")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = (CLUSTER_DIR / "logs" / "bench-replicator.log").open("ab")
+        self.proc = subprocess.Popen([str(REPLICATOR), f"--kubeconfig={self.kubeconfig}",
+                                      f"--status-addr=127.0.0.1:{free_port()}", "--replicate-secrets=false",
+                                      "--replicate-roles=false", "--replicate-role-bindings=false",
+                                      "--replicate-service-accounts=false"], stdout=log, stderr=log)
+        time.sleep(2)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
 
 
 def audit_log_path() -> str:
@@ -72,6 +117,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--namespaces", type=int, default=0)
     parser.add_argument("--probes", type=int, default=20)
+    parser.add_argument("--peer", choices=["replicator"], default=None)
     args = parser.parse_args()
 
     kubernetes.config.load_kube_config(config_file=str(KUBECONFIG))
@@ -79,8 +125,9 @@ def main() -> None:
     custom = kubernetes.client.CustomObjectsApi()
     subprocess.run(["kubectl", "--kubeconfig", str(KUBECONFIG), "apply", "--server-side", "--force-conflicts",
                     "-f", str(REPO / "manifests" / "crds")], check=True, capture_output=True)
+    peer = Replicator() if args.peer else None
     kubeconfig = service_account_kubeconfig()
-    user = f"system:serviceaccount:{E2E_RELEASE}:{E2E_RELEASE}"
+    user = f"system:serviceaccount:{PEER}:{PEER}" if peer else f"system:serviceaccount:{E2E_RELEASE}:{E2E_RELEASE}"
     token = uuid.uuid4().hex[:6]
     label = {"bench.kopf-operators.dev/copyrator": token}
     source_ns = f"{SOURCE_NS_PREFIX}-{token}"
@@ -88,15 +135,19 @@ def main() -> None:
     # A previous run's namespaces still terminating would load the cluster during this one.
     wait_for(lambda: not [ns for ns in core.list_namespace().items if ns.metadata.name.startswith("bench-copyr")],
              timeout=900, interval=5, what="earlier bench-copyr namespaces to be gone")
-    proc = OperatorProcess(files=["operators/copyrator.py"], kubeconfig=kubeconfig, log_name="bench-copyrator")
+    proc: OperatorProcess | Replicator = peer or OperatorProcess(
+        files=["operators/copyrator.py"], kubeconfig=kubeconfig, log_name="bench-copyrator")
+    selector = ",".join(f"{k}={v}" for k, v in label.items())
+    push = {"replicator.v1.mittwald.de/replicate-to-matching": selector} if peer else {}
     try:
         core.create_namespace({"metadata": {"name": source_ns}})
-        core.create_namespaced_config_map(source_ns, {"metadata": {"name": "shared", "labels": {"copyrator": "true"}},
-                                                      "data": {"k": "v"}})
-        custom.create_namespaced_custom_object("flant.com", "v1", source_ns, "copyrators", {
-            "apiVersion": "flant.com/v1", "kind": "CopyratorRule", "metadata": {"name": "bench"},
-            "spec": {"ruleType": "configmap", "selector": {"copyrator": "true"}, "namespace": source_ns,
-                     "namespaceSelector": {"matchLabels": label}}})
+        core.create_namespaced_config_map(source_ns, {"metadata": {
+            "name": "shared", "labels": {"copyrator": "true"}, "annotations": push}, "data": {"k": "v"}})
+        if not peer:
+            custom.create_namespaced_custom_object("flant.com", "v1", source_ns, "copyrators", {
+                "apiVersion": "flant.com/v1", "kind": "CopyratorRule", "metadata": {"name": "bench"},
+                "spec": {"ruleType": "configmap", "selector": {"copyrator": "true"}, "namespace": source_ns,
+                         "namespaceSelector": {"matchLabels": label}}})
         for i in range(args.namespaces):
             name = f"bench-copyr-{token}-{i:05d}"
             core.create_namespace({"metadata": {"name": name, "labels": label}})
@@ -129,6 +180,7 @@ def main() -> None:
         total = sum(counts.values())
         latencies.sort()
         result: dict[str, Any] = {
+            "controller": "mittwald/kubernetes-replicator f535dd9d8b49" if peer else "copyrator",
             "namespaces": args.namespaces, "probes": args.probes,
             "latency_ms": {"p50": round(statistics.median(latencies) * 1000, 1),
                            "max": round(latencies[-1] * 1000, 1),
