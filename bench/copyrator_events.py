@@ -118,6 +118,7 @@ def main() -> None:
     parser.add_argument("--namespaces", type=int, default=0)
     parser.add_argument("--probes", type=int, default=20)
     parser.add_argument("--peer", choices=["replicator"], default=None)
+    parser.add_argument("--edits", type=int, default=0, help="source edits to time after the probes")
     args = parser.parse_args()
 
     kubernetes.config.load_kube_config(config_file=str(KUBECONFIG))
@@ -191,6 +192,27 @@ def main() -> None:
             "startup_convergence_s": round(converged, 1) if args.namespaces else None,
             "by_verb": {k: round(v / args.probes, 2) for k, v in sorted(counts.items())},
         }
+        # Source edits: every copy (namespaces + probes) updated; requests per edit.
+        edits = []
+        start = datetime.datetime.now(datetime.UTC)
+        for i in range(args.edits):
+            value = f"edit-{i}"
+            core.patch_namespaced_config_map("shared", source_ns, {"data": {"k": value}})
+            edited = time.perf_counter()
+            wait_for(lambda value=value: all(  # type: ignore[misc]
+                (cm.data or {}).get("k") == value for cm in core.list_config_map_for_all_namespaces(
+                    field_selector="metadata.name=shared").items), timeout=300, interval=0.05,
+                what="every copy updated")
+            edits.append(time.perf_counter() - edited)
+            time.sleep(1)
+        end = datetime.datetime.now(datetime.UTC)
+        if edits:
+            counts = requests_between(audit_log_path(), user, start, end)
+            result["source_edit"] = {
+                "copies": args.namespaces + args.probes,
+                "all_copies_updated_s": [round(e, 2) for e in edits],
+                "requests_per_edit": {k: round(v / len(edits), 2) for k, v in sorted(counts.items())},
+            }
         print(json.dumps(result, indent=2))
     finally:
         # The rule first, while the operator runs (it prunes the copies and releases the finalizer).
