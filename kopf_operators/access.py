@@ -42,6 +42,8 @@ RETRIES = 3
 BACKOFF_SECONDS = 0.2
 REQUEST_TIMEOUT_SECONDS = 30.0
 MAX_EVENT_MESSAGE = 1000
+# As many pooled connections as runtime.WORKER_THREADS (the threads that make the requests).
+POOL_CONNECTIONS = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +127,11 @@ class Access:
             kubernetes.config.load_incluster_config()
         except kubernetes.config.ConfigException:
             kubernetes.config.load_kube_config()
-        return cls(kubernetes.client.ApiClient())
+        configuration = kubernetes.client.Configuration.get_default_copy()
+        # One pooled connection per worker thread: urllib3's default (5 per CPU) is smaller than the
+        # thread pool, so concurrent writes kept opening and discarding TLS connections.
+        configuration.connection_pool_maxsize = POOL_CONNECTIONS
+        return cls(kubernetes.client.ApiClient(configuration))
 
     # --- the one request path -------------------------------------------------------------------
 

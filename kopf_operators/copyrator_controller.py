@@ -27,6 +27,7 @@ import collections
 import dataclasses
 import logging
 import random
+import time
 from collections.abc import Awaitable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -370,8 +371,11 @@ class CopyratorController:
             if kind != rule.kind:
                 jobs.extend(self.sync_copy(rule, v.namespace, v.name, kind=kind)
                             for v in self.copies_of(rule.uid, kind))
-        with metrics.reaction(OPERATOR, trigger.split()[0]):
-            writes, errors = await self._bounded(jobs)
+        started = time.perf_counter()
+        writes, errors = await self._bounded(jobs)
+        if writes:  # a reaction is an event that caused writes; no-op passes are not timed
+            metrics.REACTION.labels(operator=OPERATOR, trigger=trigger.split()[0]).observe(
+                time.perf_counter() - started)
         logger.debug(f"Copyrator {rule.key}: reconciled (trigger={trigger}): {len(names)} name(s), "
                      f"{len(targets)} target(s), {writes} write(s)")
         if errors:
@@ -481,8 +485,11 @@ class CopyratorController:
         """Event-driven passes: failures are logged once and the rule is retried with backoff."""
         if not work:
             return
-        with metrics.reaction(OPERATOR, trigger.split()[0]):
-            results = await asyncio.gather(*(self._bounded(jobs) for _s, _r, jobs in work))
+        started = time.perf_counter()
+        results = await asyncio.gather(*(self._bounded(jobs) for _s, _r, jobs in work))
+        if any(writes for writes, _errors in results):
+            metrics.REACTION.labels(operator=OPERATOR, trigger=trigger.split()[0]).observe(
+                time.perf_counter() - started)
         for (snapshot, rule, _jobs), (writes, errors) in zip(work, results, strict=True):
             if writes:
                 self._triggers[rule.uid] = trigger
