@@ -241,8 +241,11 @@ class RerollerController:
             return False
         if plan.action == "baseline":
             self._release(key)
+            # A Job's status changes all the time and only we write these keys (serialised per
+            # workload); its rollout is a uid-guarded delete: no resourceVersion, so no 409 and no read.
+            rv = None if view.kind == "Job" else view.rv
             answer = await self.access.patch(KINDS[view.kind], view.namespace, view.name,
-                                             logic.metadata_patch(plan, snap, view.rv))
+                                             logic.metadata_patch(plan, snap, rv))
             self._after_write(view, answer)
             self._first_rv.pop(key, None)
             metrics.action(OPERATOR, "baseline")
