@@ -162,6 +162,12 @@ class RerollerController:
             metrics.error(OPERATOR, "api")
             attempts = self._attempts.get(key, 0)
             self._attempts[key] = attempts + 1
+            if not (exc.transient or exc.status == 409):
+                # Refused (403, 422: say, annotations over the size limit): retrying will not help;
+                # said once, and the next change of the workload or its sources (or the sweep) retries.
+                if not attempts:
+                    logger.warning(f"{key[0]} {key[1]}/{key[2]}: {trigger}: {exc}; not retrying until it changes")
+                return
             first, cap = RETRY_SECONDS
             delay = min(cap, first * 2 ** min(attempts, 16))
             logger.warning(f"{key[0]} {key[1]}/{key[2]}: {trigger}: {exc}; retrying in {delay:.0f}s")
