@@ -23,7 +23,7 @@ def test_values_map_onto_our_options() -> None:
                    "REROLLER_RESOURCES_TO_IGNORE": "secrets", "REROLLER_NAMESPACE_SELECTOR": "env=test"}
     assert scope == ["--namespace=suite-ns"] and unmapped == []
     _, scope, _ = operator_options("suite-ns", {"reloader.watchGlobally": "false", "reloader.namespaces": "{a,b}"})
-    assert scope == ["--namespace=a", "--namespace=b"]
+    assert scope == ["--namespace=a", "--namespace=b", "--namespace=suite-ns"]
     _, scope, unmapped = operator_options("suite-ns", {"reloader.reloadStrategy": "env-vars", "reloader.x": "1"})
     assert scope == ["--all-namespaces"] and unmapped == ["reloader.reloadStrategy=env-vars", "reloader.x=1"]
 
