@@ -227,6 +227,8 @@ def run_suite(suite: str, workdir: Path, against: str = "ours") -> dict[str, Any
            "RELOADER_IMAGE": "ghcr.io/stakater/reloader:test", "SKIP_BUILD": "true"}
     cmd = [str(binary), f"-ginkgo.label-filter={LABEL_FILTER}", "-ginkgo.v", f"-ginkgo.json-report={report}",
            "-ginkgo.timeout=60m", "-test.timeout=70m"]
+    if os.environ.get("RELOADER_E2E_FOCUS"):  # a regular expression over spec names, to re-run a few
+        cmd.append(f"-ginkgo.focus={os.environ['RELOADER_E2E_FOCUS']}")
     started = time.monotonic()
     with (harness.workdir / "ginkgo.log").open("wb") as out:
         proc = subprocess.Popen(cmd, cwd=tree / "test" / "e2e" / suite, env=env, stdout=out, stderr=subprocess.STDOUT)
