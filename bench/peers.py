@@ -60,8 +60,7 @@ def reloader_tree(git_dir: Path = RELOADER_GIT_DIR) -> tuple[Path, str]:
     if not (git_dir / "HEAD").exists():
         raise FileNotFoundError(f"no Reloader source at {git_dir}: fetch github:stakater/Reloader first "
                                 f"(the Go module proxy refuses github.com/stakater/Reloader) or set RELOADER_GIT_DIR")
-    commit = _run(["git", "--git-dir", str(git_dir), "rev-parse", "HEAD"], cwd=CACHE.parent if CACHE.parent.exists()
-                  else Path("/")).strip()
+    commit = _run(["git", "--git-dir", str(git_dir), "rev-parse", "HEAD"], cwd=Path("/")).strip()
     tree = CACHE / f"reloader-{commit[:12]}"
     if not (tree / "go.mod").exists():
         tree.mkdir(parents=True, exist_ok=True)
@@ -178,13 +177,47 @@ async def reloader_latency(kubeconfig: Path, ours_ns: str, reloader_ns: str, n: 
         await kube.close()
 
 
+async def flapping_rollouts(kubeconfig: Path, ns: str, seconds: float = 60.0, per_second: float = 10.0,
+                            tail: float = 15.0) -> dict[str, Any]:
+    """A ConfigMap flapping ``per_second`` times a second for ``seconds``: how many times its workload
+    rolled (distinct values of the pod-template annotation, seen on a watch), counting ``tail``
+    seconds after the flapping stopped (the merged trailing rollout)."""
+    kube = Kube(kubeconfig)
+    try:
+        await kube.create(f"/api/v1/namespaces/{ns}/configmaps", {"metadata": {"name": "flap"}, "data": {"v": "0"}})
+        await kube.create(f"/apis/apps/v1/namespaces/{ns}/deployments", _deployment("flap", "flap"))
+        await asyncio.sleep(2)
+        values: list[str] = []
+        watcher = await Watcher(kube, f"/apis/apps/v1/namespaces/{ns}/deployments").start()
+
+        def seen(_t: str, obj: dict[str, Any], _now: float) -> None:
+            value = (obj["spec"]["template"]["metadata"].get("annotations") or {}).get(LAST_RELOADED_FROM)
+            if obj["metadata"]["name"] == "flap" and value and value not in values:
+                values.append(value)
+        watcher.listeners.append(seen)
+        started = time.monotonic()
+        i = 0
+        while time.monotonic() - started < seconds:
+            i += 1
+            await kube.merge_patch(f"/api/v1/namespaces/{ns}/configmaps/flap", {"data": {"v": str(i)}})
+            await asyncio.sleep(max(0.0, started + i / per_second - time.monotonic()))
+        await asyncio.sleep(tail)
+        await watcher.stop()
+        return {"what": f"ConfigMap edited {per_second:g}/s for {seconds:g} s (+{tail:g} s) -> workload rollouts",
+                "edits": i, "rollouts": len(values)}
+    finally:
+        await kube.close()
+
+
 def _kubectl(kubeconfig: Path, *args: str) -> None:
     subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), *args], check=True, capture_output=True)
 
 
-def measure(n: int = 20, env: dict[str, str] | None = None) -> dict[str, Any]:
+def measure(n: int = 20, env: dict[str, str] | None = None, flap_seconds: float = 60.0) -> dict[str, Any]:
     """The whole comparison on the local cluster: build Reloader, start it and our operator (the
-    re-roller alone, shipped defaults unless ``env`` says otherwise), measure, clean up."""
+    re-roller alone, shipped defaults unless ``env`` says otherwise), measure the isolated-change
+    latency and (``flap_seconds`` > 0) the rollouts of a workload whose source flaps 10 times a
+    second, clean up."""
     cluster_dir = Path(os.environ.get("CLUSTER_DIR", REPO / ".cluster")).resolve()
     subprocess.run([str(REPO / "cluster" / "cluster.sh"), "up"], check=True, capture_output=True)
     kubeconfig = cluster_dir / "kubeconfig"
@@ -206,6 +239,9 @@ def measure(n: int = 20, env: dict[str, str] | None = None) -> dict[str, Any]:
         with reloader_process(binary, kubeconfig, [reloader_ns], logs / f"peers-reloader-{run}.log"):
             time.sleep(5)  # both watching
             result = asyncio.run(reloader_latency(kubeconfig, ours_ns, reloader_ns, n))
+            if flap_seconds:
+                result["flapping_ours"] = asyncio.run(flapping_rollouts(kubeconfig, ours_ns, flap_seconds))
+                result["flapping_reloader"] = asyncio.run(flapping_rollouts(kubeconfig, reloader_ns, flap_seconds))
     finally:
         operator.terminate()
         operator.wait(timeout=30)
@@ -223,12 +259,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["build-reloader", "reloader-latency"])
     parser.add_argument("--n", type=int, default=20)
+    parser.add_argument("--flap-seconds", type=float, default=60.0)
     args = parser.parse_args()
     if args.what == "build-reloader":
         binary, commit = build_reloader()
         print(json.dumps({"binary": str(binary), "commit": commit}))
     else:
-        print(json.dumps(measure(args.n), indent=2))
+        print(json.dumps(measure(args.n, flap_seconds=args.flap_seconds), indent=2))
 
 
 if __name__ == "__main__":

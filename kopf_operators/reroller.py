@@ -613,9 +613,15 @@ def plan(annotations: Mapping[str, str], snap: Snapshot, *, newer: Iterable[str]
 # --- patches ---------------------------------------------------------------------------------------
 
 
+# Per-source hashes beyond this size are not stored (annotations are limited to 256 KiB in total): the
+# combined hash alone still tells a change, only without naming the source.
+MAX_OBSERVED_SOURCES = 32 * 1024
+
+
 def baseline_annotations(plan_: Plan, snap: Snapshot) -> dict[str, str]:
-    return {OBSERVED_HASH: plan_.new_hash,
-            OBSERVED_SOURCES: json.dumps(snap.per_source, sort_keys=True, separators=(",", ":"))}
+    per_source = json.dumps(snap.per_source, sort_keys=True, separators=(",", ":"))
+    return {OBSERVED_HASH: plan_.new_hash, OBSERVED_SOURCES: per_source if len(per_source) <= MAX_OBSERVED_SOURCES
+            else "{}"}
 
 
 def metadata_patch(plan_: Plan, snap: Snapshot, rv: int | None = None) -> dict[str, Any]:

@@ -162,6 +162,12 @@ class RerollerController:
             metrics.error(OPERATOR, "api")
             attempts = self._attempts.get(key, 0)
             self._attempts[key] = attempts + 1
+            if not (exc.transient or exc.status == 409):
+                # Refused (403, 422: say, annotations over the size limit): retrying will not help;
+                # said once, and the next change of the workload or its sources (or the sweep) retries.
+                if not attempts:
+                    logger.warning(f"{key[0]} {key[1]}/{key[2]}: {trigger}: {exc}; not retrying until it changes")
+                return
             first, cap = RETRY_SECONDS
             delay = min(cap, first * 2 ** min(attempts, 16))
             logger.warning(f"{key[0]} {key[1]}/{key[2]}: {trigger}: {exc}; retrying in {delay:.0f}s")
@@ -241,8 +247,11 @@ class RerollerController:
             return False
         if plan.action == "baseline":
             self._release(key)
+            # A Job's status changes all the time and only we write these keys (serialised per
+            # workload); its rollout is a uid-guarded delete: no resourceVersion, so no 409 and no read.
+            rv = None if view.kind == "Job" else view.rv
             answer = await self.access.patch(KINDS[view.kind], view.namespace, view.name,
-                                             logic.metadata_patch(plan, snap, view.rv))
+                                             logic.metadata_patch(plan, snap, rv))
             self._after_write(view, answer)
             self._first_rv.pop(key, None)
             metrics.action(OPERATOR, "baseline")

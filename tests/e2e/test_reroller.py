@@ -411,8 +411,8 @@ def test_cronjob_gets_a_job_and_job_is_recreated(operator: OperatorProcess, name
                      timeout=30, what="the Job recreated")
     assert again.metadata.labels.get("team") == "a"
     assert again.metadata.annotations.get(logic.RELOADER_AUTO) == "true"
-    stays(lambda: len(triggered()) == 1 and batch.read_namespaced_job("once", namespace).metadata.uid
-          == again.metadata.uid, 4, what="one Job per change, recreated once")
+    stays(lambda: len(triggered()) == 1, 4, what="one Job per change")
+    assert batch.read_namespaced_job("once", namespace).metadata.uid == again.metadata.uid, "recreated once"
     assert events(core, namespace, "nightly", "Rerolled") and events(core, namespace, "once", "Rerolled")
     assert not operator.errors(about=namespace)
 

@@ -371,3 +371,10 @@ def test_workload_index_entries() -> None:
     assert entries[(SEC, "ns", "creds")] == ("Deployment", "ns", "w")
     assert isinstance(entries[("view", "Deployment", "ns", "w")], logic.WorkloadView)
     assert logic.workload_index_entries(logic.workload_view("Deployment", workload(pod_spec=POD))) == {}
+
+
+def test_huge_baselines_keep_the_combined_hash_only() -> None:
+    sources = {Source(CM, f"missing-{i:05d}-" + "x" * 80) for i in range(1500)}
+    snap = logic.snapshot(sources, {})
+    annotations = logic.baseline_annotations(logic.plan({}, snap), snap)
+    assert annotations[logic.OBSERVED_SOURCES] == "{}" and annotations[logic.OBSERVED_HASH] == snap.hash
