@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the operator image from the Dockerfile without Docker or a registry (podman + runc).
-#   image.sh build [IMAGE]    build IMAGE (default kopf-operators:<chart appVersion>); prints IMAGE
+#   image.sh build [IMAGE]    build IMAGE (default localhost/kopf-operators:<chart appVersion>); prints it
 #   image.sh base             only make the local base image (debootstrap), print its name
 #   image.sh archive IMAGE F  write IMAGE as an OCI archive to F (for `ctr images import`)
 #
@@ -49,7 +49,7 @@ base() {
 }
 
 build() {
-  local image=${1:-kopf-operators:$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$repo/charts/kopf-operators/Chart.yaml")}
+  local image=${1:-localhost/kopf-operators:$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$repo/charts/kopf-operators/Chart.yaml")}
   local started=$SECONDS
   base >/dev/null
   # pip in the build stage must trust the certificate that TLS to the package index goes through:
