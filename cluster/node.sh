@@ -100,6 +100,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   sandbox_image = "$PAUSE_IMAGE"
   # No CAP_SYS_RESOURCE here: runc cannot lower the sandbox's oom_score_adj to -998.
   restrict_oom_score_adj = true
+  # Pods' network namespaces under the node folder, not /run/netns (tear-down finds them there).
+  netns_mounts_under_state_dir = true
   disable_apparmor = true
   enable_selinux = false
   max_container_log_line_size = 16384
@@ -225,6 +227,7 @@ imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: 100Mi, nodefs.available: "1%", imagefs.available: "1%"}
 maxPods: 30
 volumePluginDir: $nd/volume-plugins
+podLogsDir: $nd/pod-logs
 staticPodPath: ""
 serializeImagePulls: false
 nodeStatusUpdateFrequency: 10s
@@ -357,6 +360,9 @@ teardown() {
   rm -rf /var/lib/kubelet/device-plugins /var/lib/kubelet/pod-resources /var/lib/kubelet/plugins \
     /var/lib/kubelet/plugins_registry /var/lib/kubelet/checkpoints
   rmdir /var/lib/kubelet 2>/dev/null || true
+  # The kubelet links every container's log into /var/log/containers (a fixed path).
+  find /var/log/containers -maxdepth 1 -type l -lname "$nd/*" -delete 2>/dev/null || true
+  rmdir /var/log/containers 2>/dev/null || true
   rm -rf /run/containerd/s /run/containerd/runc/k8s.io /run/containerd/io.containerd.runtime.v2.task/k8s.io
   for m in /run/containerd/runc /run/containerd/io.containerd.runtime.v2.task /run/containerd; do
     rmdir "$m" 2>/dev/null || true
