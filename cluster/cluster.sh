@@ -70,9 +70,8 @@ up() {
   local started=$SECONDS bin
   # A busy API server may miss one 3 s probe: keep probing for 4 s before treating the cluster as stopped.
   if [ -s "$kubeconfig" ] && wait_until 4 "/readyz" ready 2>/dev/null && node_ready; then
-    if real_node_wanted && ! "$here/node.sh" status 2>/dev/null && [ -z "$("$here/node.sh" owner)" ]; then
-      "$here/node.sh" up
-    fi
+    # The real node may be missing (crashed, or taken by another cluster that has since gone).
+    if real_node_wanted && ! "$here/node.sh" status 2>/dev/null; then "$here/node.sh" up; fi
     log "already up, checked in $((SECONDS - started))s ($kubeconfig)"; return 0
   fi
   bin=$("$here/build.sh")

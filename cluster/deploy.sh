@@ -12,7 +12,6 @@ release=${RELEASE:-kopf-operators}
 ns=${DEPLOY_NAMESPACE:-kopf-operators}
 chart="$repo/charts/kopf-operators"
 helm="$("$here/build.sh")/helm"
-kube_version=$(sed -n 's/^KUBERNETES_VERSION=v//p' "$here/versions.env")
 kubeconfig=$("$here/target-kubeconfig.sh")
 export KUBECONFIG=$kubeconfig
 local_kubeconfig="${CLUSTER_DIR:-$repo/.cluster}/kubeconfig"
@@ -39,5 +38,5 @@ fi
 if [ -n "$image" ]; then
   sets+=(--set "image.repository=${image%:*}" --set "image.tag=${image##*:}")
 fi
-exec "$helm" upgrade --install "$release" "$chart" --namespace "$ns" --kube-version "$kube_version" \
+exec "$helm" upgrade --install "$release" "$chart" --namespace "$ns" \
   "${extra[@]}" "${sets[@]}"

@@ -243,7 +243,7 @@ pause_archive() {
     local t; t=$(mktemp -d)
     cp "$bin/pause" "$t/pause"
     tar --numeric-owner --owner=0 --group=0 -C "$t" -c pause \
-      | podman --cgroup-manager=cgroupfs --events-backend=file import --change 'ENTRYPOINT ["/pause"]' - "$PAUSE_IMAGE" >/dev/null
+      | podman --cgroup-manager=cgroupfs --events-backend=file import --change 'ENTRYPOINT ["/pause"]' - "$PAUSE_IMAGE" >/dev/null 2>&1
     podman --cgroup-manager=cgroupfs --events-backend=file save --format docker-archive -o "$archive.tmp" "$PAUSE_IMAGE" >/dev/null 2>&1
     mv "$archive.tmp" "$archive"; rm -rf "$t"
   fi
@@ -384,8 +384,16 @@ down() {
 }
 
 load() { # IMAGE: podman image → the node's containerd (k8s.io namespace), under the same name
-  local image=$1 archive
+  local image=$1 archive id refs
   [ "$(owner)" = "$dir" ] || { log "this cluster has no real node"; return 1; }
+  id=$(podman --cgroup-manager=cgroupfs --events-backend=file image inspect --format '{{.Id}}' "$image")
+  # containerd's CRI names every image also by its config digest, which is podman's image ID: when
+  # that is there, the image is loaded already (perhaps under another tag), and a tag is enough.
+  refs=$(ctr_ images ls -q)
+  if grep -qx "sha256:$id" <<<"$refs"; then
+    grep -qx "$image" <<<"$refs" || ctr_ images tag --force "sha256:$id" "$image" >/dev/null
+    log "$image is on the real node"; return 0
+  fi
   archive=$(mktemp --suffix=.tar)
   podman --cgroup-manager=cgroupfs --events-backend=file save --format docker-archive -o "$archive" "$image" >/dev/null 2>&1
   ctr_ images import "$archive" >/dev/null
