@@ -30,7 +30,6 @@ from tests.kube import (
     OperatorProcess,
     apply_yaml,
     helm_binary,
-    kube_version,
     kubectl,
     stays,
     wait_for,
@@ -38,6 +37,7 @@ from tests.kube import (
 
 NODE = "kopf-real-node"
 RELEASE = "kopf-real"
+DEPLOYMENT = f"{RELEASE}-kopf-operators"  # the chart's fullname
 NAMESPACE = "kopf-real"
 IMAGE_REPO = "localhost/kopf-operators"
 TAG, NEXT_TAG = "e2e", "e2e-next"
@@ -60,7 +60,7 @@ def podman(*args: str) -> None:
 
 
 def helm(*args: str) -> str:
-    result = subprocess.run([str(helm_binary()), *args, "--kube-version", kube_version()],
+    result = subprocess.run([str(helm_binary()), *args],
                             capture_output=True, text=True, timeout=300,
                             env={**os.environ, "KUBECONFIG": str(CLUSTER_DIR / "kubeconfig")})
     assert result.returncode == 0, result.stderr
@@ -293,6 +293,7 @@ metadata: {{name: to-b}}
 spec:
   ruleType: configmap
   selector: {{copy-me: "yes"}}
+  namespace: [{ns_a}]
   namespaceSelector: {{matchLabels: {{{TEST_LABEL}: "{run}"}}}}
 """, namespace=ns_a)
     wait_for(lambda: core.read_namespaced_config_map("shared", ns_b).data == {"greeting": "hello"},
@@ -363,15 +364,23 @@ class PodEvents:
         self._thread.start()
 
     def _run(self, core: kubernetes.client.CoreV1Api, version: str) -> None:
-        for event in self._watch.stream(core.list_namespaced_pod, NAMESPACE, label_selector=SELECTOR,
-                                        resource_version=version, timeout_seconds=300):
-            self.events.append((time.monotonic(), event["type"], event["object"]))
+        try:
+            for event in self._watch.stream(core.list_namespaced_pod, NAMESPACE, label_selector=SELECTOR,
+                                            resource_version=version, timeout_seconds=300):
+                self.events.append((time.monotonic(), event["type"], event["object"]))
+        except Exception:  # stop() closes the stream under the reader
+            pass
 
     def stop(self) -> None:
         self._watch.stop()
 
     def deleted_at(self, uid: str) -> float | None:
         return next((t for t, kind, pod in self.events if kind == "DELETED" and pod.metadata.uid == uid), None)
+
+    def stopped_at(self, uid: str) -> float | None:
+        """When the pod's containers had all ended (terminal phase, as the kubelet reports it) or it was gone."""
+        return next((t for t, kind, pod in self.events if pod.metadata.uid == uid
+                     and (kind == "DELETED" or pod.status.phase in ("Succeeded", "Failed"))), None)
 
     def added_at(self, uid: str) -> float | None:
         return next((t for t, kind, pod in self.events if kind == "ADDED" and pod.metadata.uid == uid), None)
@@ -408,6 +417,7 @@ def test_deleted_pod_exits_on_sigterm_and_its_replacement_resumes_without_duplic
     finally:
         events.stop()
     output = logs.communicate(timeout=30)[0]
+    print(f"SIGTERM to pod gone: {took:.1f}s; exit code {events.exit_code(old.metadata.uid)}")
     assert took < GRACE, f"the operator took {took:.1f}s to stop after SIGTERM (grace {GRACE}s)"
     exit_code = events.exit_code(old.metadata.uid)
     assert exit_code in (0, None), f"exit code {exit_code} after SIGTERM:\n{output[-3000:]}"
@@ -429,7 +439,7 @@ def test_deleted_pod_exits_on_sigterm_and_its_replacement_resumes_without_duplic
 def test_helm_upgrade_to_a_new_tag_recreates_the_pod(release: str, core: kubernetes.client.CoreV1Api,
                                                       apps: kubernetes.client.AppsV1Api) -> None:
     old = ready_pod(core)
-    assert apps.read_namespaced_deployment(RELEASE, NAMESPACE).spec.strategy.type == "Recreate"
+    assert apps.read_namespaced_deployment(DEPLOYMENT, NAMESPACE).spec.strategy.type == "Recreate"
     events = PodEvents(core)
     try:
         helm("upgrade", RELEASE, str(REPO / "charts" / "kopf-operators"), "--namespace", NAMESPACE,
@@ -439,8 +449,10 @@ def test_helm_upgrade_to_a_new_tag_recreates_the_pod(release: str, core: kuberne
     finally:
         events.stop()
     assert new.spec.containers[0].image == f"{IMAGE_REPO}:{NEXT_TAG}" and new.spec.node_name == NODE
-    gone, added = events.deleted_at(old.metadata.uid), events.added_at(new.metadata.uid)
-    assert gone is not None and added is not None and gone <= added, "Recreate: the old pod goes first"
+    # Recreate: the new pod is created only once the old one has stopped (the deployment controller
+    # waits for a terminal phase; the API object itself may go a moment later, after volume clean-up).
+    stopped, added = events.stopped_at(old.metadata.uid), events.added_at(new.metadata.uid)
+    assert stopped is not None and added is not None and stopped <= added, "Recreate: the old pod stops first"
 
 
 def test_unleashed_chaos_agent_never_kills_the_operator_pod(
