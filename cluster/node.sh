@@ -161,7 +161,11 @@ firewall_down() {
     iptables -w -t "${table%%:*}" -F "${table#*:}" 2>/dev/null || true
     iptables -w -t "${table%%:*}" -X "${table#*:}" 2>/dev/null || true
   done
-  # The kubelet's canary chains (it watches them for firewall flushes).
+  # The kubelet's chains: KUBE-FIREWALL (jumped to from INPUT and OUTPUT) and its canaries.
+  for chain in INPUT OUTPUT; do
+    while iptables -w -t filter -D "$chain" -j KUBE-FIREWALL 2>/dev/null; do :; done
+    while ip6tables -w -t filter -D "$chain" -j KUBE-FIREWALL 2>/dev/null; do :; done
+  done
   for table in mangle nat filter; do
     for chain in KUBE-KUBELET-CANARY KUBE-IPTABLES-HINT KUBE-FIREWALL; do
       iptables -w -t "$table" -F "$chain" 2>/dev/null && iptables -w -t "$table" -X "$chain" 2>/dev/null || true
@@ -260,7 +264,7 @@ up() {
   [ -s "$kubeconfig" ] || { log "the control plane is not up ($kubeconfig)"; return 1; }
   "$here/host-deps.sh" node
   mkdir -p "$(dirname "$LOCK")"
-  exec 7>"$LOCK"; flock 7
+  exec 7>"$LOCK"; flock -w 120 7 || { log "could not take $LOCK"; return 1; }
   other=$(owner)
   if [ -n "$other" ] && [ "$other" != "$dir" ]; then
     if [ "${REAL_NODE:-auto}" = auto ]; then
@@ -275,6 +279,9 @@ up() {
   if [ -s "$OWNER" ]; then CLUSTER_DIR=$(cat "$OWNER") teardown; fi
   teardown
   echo "$dir" > "$OWNER"
+  # The bridge plugin turns on IPv4 forwarding (the FORWARD chain above confines it): put the value
+  # back at tear-down.
+  cat /proc/sys/net/ipv4/ip_forward > "$OWNER.ip_forward"
   bin=$("$here/build.sh")
   ip=$(node_ip); port=$(api_port)
   write_containerd_config "$ip"
@@ -282,7 +289,8 @@ up() {
   # The service DNAT needs a certificate for 10.0.0.1 (kwok.yaml adds it) and bridge traffic to see
   # iptables (br_netfilter).
   sysctl -qw net.bridge.bridge-nf-call-iptables=1 2>/dev/null || true
-  setsid containerd --config "$nd/containerd/config.toml" >"$nd/logs/containerd.log" 2>&1 < /dev/null &
+  # 7>&-: the daemons must not inherit (and so hold) the machine-wide lock.
+  setsid containerd --config "$nd/containerd/config.toml" >"$nd/logs/containerd.log" 2>&1 < /dev/null 7>&- &
   echo $! > "$nd/containerd.pid"
   kubelet_credentials
   write_kubelet_config "$ip"
@@ -292,7 +300,7 @@ up() {
   kc delete node "$NODE_NAME" --ignore-not-found --wait=false >/dev/null 2>&1 || true
   setsid "$bin/kubelet" --config "$nd/kubelet.yaml" --kubeconfig "$nd/kubelet.kubeconfig" \
     --root-dir "$nd/kubelet" --cert-dir "$nd/kubelet/pki" --hostname-override "$NODE_NAME" --node-ip "$ip" \
-    --node-labels "$TAINT_KEY=true" --v=1 >"$nd/logs/kubelet.log" 2>&1 < /dev/null &
+    --node-labels "$TAINT_KEY=true" --v=1 >"$nd/logs/kubelet.log" 2>&1 < /dev/null 7>&- &
   echo $! > "$nd/kubelet.pid"
   wait_until 60 "the real node to be Ready (log: $nd/logs/kubelet.log)" node_ready
   log "real node $NODE_NAME Ready in $((SECONDS - started))s (pods: $POD_CIDR, node address $ip)"
@@ -356,6 +364,10 @@ teardown() {
   rm -rf /var/lib/cni/results/kopf-node-* /var/lib/cni/networks/kopf-node
   for m in /var/lib/cni/results /var/lib/cni/networks /var/lib/cni; do rmdir "$m" 2>/dev/null || true; done
   firewall_down
+  if [ -s "$OWNER.ip_forward" ]; then
+    cat "$OWNER.ip_forward" > /proc/sys/net/ipv4/ip_forward 2>/dev/null || true
+    rm -f "$OWNER.ip_forward"
+  fi
   # 7. fixed host paths the kubelet and shims use whatever their root (only one real node per machine).
   rm -rf /var/lib/kubelet/device-plugins /var/lib/kubelet/pod-resources /var/lib/kubelet/plugins \
     /var/lib/kubelet/plugins_registry /var/lib/kubelet/checkpoints
@@ -376,7 +388,7 @@ down() {
   if [ ! -d "$nd" ] && { [ ! -s "$OWNER" ] || [ "$(cat "$OWNER")" != "$dir" ]; }; then return 0; fi
   [ "$(id -u)" = 0 ] || { log "not root: nothing to tear down"; return 0; }
   mkdir -p "$(dirname "$LOCK")"
-  exec 7>"$LOCK"; flock 7
+  exec 7>"$LOCK"; flock -w 120 7 || { log "could not take $LOCK"; return 1; }
   kc delete node "$NODE_NAME" --ignore-not-found --wait=false >/dev/null 2>&1 &
   teardown
   wait || true

@@ -113,6 +113,8 @@ def spaces(core: kubernetes.client.CoreV1Api, crds: None) -> Iterator[tuple[str,
         wait_for(lambda n=name: core.read_namespaced_service_account("default", n), timeout=30,  # type: ignore[misc]
                  what=f"the default ServiceAccount in {name}")
     yield names
+    for name in names:  # normally gone already (the release's teardown); this covers a failed set-up
+        kubectl("delete", "namespace", name, "--ignore-not-found", "--wait=false", check=False)
 
 
 @pytest.fixture(scope="module")
@@ -138,16 +140,25 @@ metadata:
          "--set", "operators.reroller.debounceSeconds=0")
     wait_for(lambda: ready_pod(core), timeout=120, what="the operator pod to be Ready on the real node")
     yield RELEASE
-    # Teardown while the operator still runs, so it removes its own finalizers.
-    for agent in custom.list_cluster_custom_object("blackadder.io", "v1beta1", "chaosagents")["items"]:
-        if agent["metadata"].get("labels", {}).get(TEST_LABEL):
-            kubectl("delete", "chaosagent", agent["metadata"]["name"], "--wait=true", "--timeout=60s", check=False)
+    # Teardown while the operator still runs, so that it releases its own finalizers: the custom
+    # resources first (their deletion handlers still have their sources and targets), then the rest.
+    kubectl("delete", "chaosagents.blackadder.io", "-l", TEST_LABEL, "--timeout=60s", check=False, timeout=70)
+    for name in spaces:
+        kubectl("delete", "-n", name, "copyrators.flant.com,immortalcontainers.immortalcontainer.flugel.it",
+                "--all", "--timeout=60s", check=False, timeout=70)
     for name in spaces:
         kubectl("delete", "namespace", name, "--wait=false", check=False)
     for name in spaces:
-        kubectl("wait", "--for=delete", f"namespace/{name}", "--timeout=120s", check=False, timeout=130)
+        kubectl("wait", "--for=delete", f"namespace/{name}", "--timeout=60s", check=False, timeout=70)
     helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "90s")
     kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=90s", check=False, timeout=100)
+    # Whatever still waits for a finalizer now has no operator to remove it: release it, loudly.
+    for name in spaces:
+        for kind in ("copyrators.flant.com", "immortalcontainers.immortalcontainer.flugel.it"):
+            for obj in kubectl("get", kind, "-n", name, "-o", "name", check=False).stdout.split():
+                print(f"teardown: releasing the finalizers of {name}/{obj}")
+                kubectl("patch", obj, "-n", name, "--type=merge", "-p", '{"metadata":{"finalizers":null}}',
+                        check=False)
 
 
 def operator_pods(core: kubernetes.client.CoreV1Api) -> list[Any]:
