@@ -89,6 +89,9 @@ up() {
     log "discarding the stopped cluster $name"
     "$bin/kwokctl" delete cluster --name "$name" >&2 || rm -rf "$KWOK_WORKDIR/clusters/$name"
   fi
+  # The real node's containerd starts while the control plane does.
+  local prepare=""
+  if real_node_wanted; then "$here/node.sh" prepare & prepare=$!; fi
   log "creating cluster $name (Kubernetes $KUBERNETES_VERSION)"
   "$bin/kwokctl" --config "$dir/kwok.yaml" create cluster "${flags[@]}" >&2
   "$bin/kwokctl" get kubeconfig --name "$name" > "$kubeconfig.tmp" && mv "$kubeconfig.tmp" "$kubeconfig"
@@ -99,7 +102,7 @@ up() {
   wait_until 60 "a Ready node" node_ready
   wait_until 60 "the default ServiceAccount" kc -n default get serviceaccount default
   log "control plane ready in $((SECONDS - started))s"
-  if real_node_wanted; then "$here/node.sh" up; fi
+  if [ -n "$prepare" ]; then wait "$prepare" || true; "$here/node.sh" up; fi
   log "ready in $((SECONDS - started))s; export KUBECONFIG=$kubeconfig"
 }
 

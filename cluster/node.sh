@@ -4,7 +4,8 @@
 # exec, logs, SIGTERM. It carries the taint kopf-operators.dev/real-node=true:NoSchedule, so only pods
 # that tolerate it (the deployed operator) land there; everything else stays on the KWOK node.
 #
-#   node.sh up          start containerd and the kubelet for $CLUSTER_DIR's cluster (no-op when up)
+#   node.sh prepare     claim the machine's real node, start containerd (no control plane needed)
+#   node.sh up          prepare if needed, then start the kubelet for $CLUSTER_DIR's cluster (no-op when up)
 #   node.sh down        remove every piece of host state, in order (pods, kubelet, containerd,
 #                       mounts, network namespaces, cgroups, CNI state, bridge, iptables chains)
 #   node.sh status      exit 0 when this cluster's node is Ready
@@ -254,48 +255,74 @@ pause_archive() {
   echo "$archive"
 }
 
-up() {
-  local started=$SECONDS bin ip port other
-  case "${REAL_NODE:-auto}" in 0|no|false|off) log "REAL_NODE=${REAL_NODE}: no real node"; return 0 ;; esac
+# checks() prints nothing and succeeds when this cluster may have the real node; else it says why
+# and returns 3 (fine: stay KWOK-only) or 1 (an error).
+checks() {
+  case "${REAL_NODE:-auto}" in 0|no|false|off) log "REAL_NODE=${REAL_NODE}: no real node"; return 3 ;; esac
   if [ "$(id -u)" != 0 ]; then
-    [ "${REAL_NODE:-auto}" = auto ] && { log "not root: no real node (KWOK only)"; return 0; }
+    [ "${REAL_NODE:-auto}" = auto ] && { log "not root: no real node (KWOK only)"; return 3; }
     log "the real node needs root"; return 1
   fi
-  [ -s "$kubeconfig" ] || { log "the control plane is not up ($kubeconfig)"; return 1; }
-  "$here/host-deps.sh" node
-  mkdir -p "$(dirname "$LOCK")"
-  exec 7>"$LOCK"; flock -w 120 7 || { log "could not take $LOCK"; return 1; }
+  local other
   other=$(owner)
   if [ -n "$other" ] && [ "$other" != "$dir" ]; then
     if [ "${REAL_NODE:-auto}" = auto ]; then
-      log "this machine's real node belongs to $other: this cluster stays KWOK-only"; return 0
+      log "this machine's real node belongs to $other: this cluster stays KWOK-only"; return 3
     fi
     log "this machine's real node belongs to $other (REAL_NODE=1)"; return 1
   fi
-  if [ "$other" = "$dir" ] && alive "$nd/kubelet.pid" && alive "$nd/containerd.pid" && node_ready; then
-    log "already up"; return 0
-  fi
+}
+
+# Phase 1, which needs no control plane (cluster.sh runs it while the control plane starts): clear
+# leftovers, claim the machine's real node, start containerd, load the sandbox image.
+prepare() {
+  local started=$SECONDS bin ip rc=0
+  checks || { rc=$?; [ $rc = 3 ] && return 0; return $rc; }
+  "$here/host-deps.sh" node
+  mkdir -p "$(dirname "$LOCK")"
+  exec 7>"$LOCK"; flock -w 120 7 || { log "could not take $LOCK"; return 1; }
+  checks || { rc=$?; [ $rc = 3 ] && return 0; return $rc; }
+  if [ "$(owner)" = "$dir" ] && alive "$nd/containerd.pid"; then return 0; fi
   # Leftovers of a crashed run (this or another cluster folder): clear the host first.
   if [ -s "$OWNER" ]; then CLUSTER_DIR=$(cat "$OWNER") teardown; fi
   teardown
   echo "$dir" > "$OWNER"
-  # The bridge plugin turns on IPv4 forwarding (the FORWARD chain above confines it): put the value
-  # back at tear-down.
+  # The bridge plugin turns on IPv4 forwarding (the FORWARD chain confines it): put the value back
+  # at tear-down.
   cat /proc/sys/net/ipv4/ip_forward > "$OWNER.ip_forward"
   bin=$("$here/build.sh")
-  ip=$(node_ip); port=$(api_port)
+  ip=$(node_ip)
   write_containerd_config "$ip"
-  firewall_up "$ip" "$port"
-  # The service DNAT needs a certificate for 10.0.0.1 (kwok.yaml adds it) and bridge traffic to see
-  # iptables (br_netfilter).
+  # Bridged pod traffic must traverse iptables (br_netfilter) for the rules of firewall_up.
   sysctl -qw net.bridge.bridge-nf-call-iptables=1 2>/dev/null || true
   # 7>&-: the daemons must not inherit (and so hold) the machine-wide lock.
   setsid containerd --config "$nd/containerd/config.toml" >"$nd/logs/containerd.log" 2>&1 < /dev/null 7>&- &
   echo $! > "$nd/containerd.pid"
+  wait_until 30 "containerd" ctr_ version
+  ctr_ images import "$(pause_archive "$bin")" >/dev/null
+  log "containerd ready in $((SECONDS - started))s"
+}
+
+# Phase 2, once the control plane answers: the firewall, the kubelet's identity, the kubelet.
+up() {
+  local started=$SECONDS bin ip port rc=0
+  checks || { rc=$?; [ $rc = 3 ] && return 0; return $rc; }
+  [ -s "$kubeconfig" ] || { log "the control plane is not up ($kubeconfig)"; return 1; }
+  if alive "$nd/kubelet.pid" && alive "$nd/containerd.pid" && [ "$(owner)" = "$dir" ] && node_ready; then
+    log "already up"; return 0
+  fi
+  if alive "$nd/kubelet.pid"; then stop_pid "$nd/kubelet.pid" 15; fi
+  prepare
+  checks || { rc=$?; [ $rc = 3 ] && return 0; return $rc; }
+  mkdir -p "$(dirname "$LOCK")"
+  exec 7>"$LOCK"; flock -w 120 7 || { log "could not take $LOCK"; return 1; }
+  bin=$("$here/build.sh")
+  ip=$(node_ip); port=$(api_port)
+  # Before any pod runs: the Service DNAT (the certificate covers 10.0.0.1, see kwok.yaml) and the
+  # FORWARD confinement.
+  firewall_up "$ip" "$port"
   kubelet_credentials
   write_kubelet_config "$ip"
-  wait_until 30 "containerd" ctr_ version
-  ctr_ images import --no-unpack=false "$(pause_archive "$bin")" >/dev/null
   # A node object left from an earlier run would keep stale state (taints, addresses): start afresh.
   kc delete node "$NODE_NAME" --ignore-not-found --wait=false >/dev/null 2>&1 || true
   setsid "$bin/kubelet" --config "$nd/kubelet.yaml" --kubeconfig "$nd/kubelet.kubeconfig" \
@@ -414,10 +441,11 @@ load() { # IMAGE: podman image → the node's containerd (k8s.io namespace), und
 }
 
 case "${1:-}" in
+  prepare) prepare ;;
   up) up ;;
   down) down ;;
   status) [ "$(owner)" = "$dir" ] && node_ready ;;
   owner) owner ;;
   load) load "$2" ;;
-  *) echo "usage: $0 up|down|status|owner|load IMAGE" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare|up|down|status|owner|load IMAGE" >&2; exit 2 ;;
 esac
