@@ -416,6 +416,12 @@ down() {
   [ "$(id -u)" = 0 ] || { log "not root: nothing to tear down"; return 0; }
   mkdir -p "$(dirname "$LOCK")"
   exec 7>"$LOCK"; flock -w 120 7 || { log "could not take $LOCK"; return 1; }
+  local other
+  other=$(owner)
+  if [ -n "$other" ] && [ "$other" != "$dir" ]; then
+    # The machine's node is another cluster's now: leave the host alone, drop only our folder.
+    rm -rf "$nd"; return 0
+  fi
   kc delete node "$NODE_NAME" --ignore-not-found --wait=false >/dev/null 2>&1 &
   teardown
   wait || true
