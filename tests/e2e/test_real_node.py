@@ -250,6 +250,11 @@ def test_pod_network_reaches_only_this_machine(release: str, core: kubernetes.cl
     routes = exec_in(pod, "cat", "/proc/net/route").stdout.splitlines()[1:]
     destinations = {int(line.split()[1], 16) for line in routes}
     assert 0 not in destinations, f"a default route in the pod:\n{routes}"  # 0 = 0.0.0.0
+    # So a connection anywhere else fails at the pod's own route lookup, before any packet exists
+    # (203.0.113.1 is a documentation address; were a route there, the host's FORWARD chain drops it).
+    probe = exec_in(pod, "python", "-c", "import socket\ntry:\n socket.create_connection(('203.0.113.1', 80), 3)"
+                    "\nexcept OSError as e:\n print(e.errno)", check=False)
+    assert probe.stdout.strip() == "101", probe  # ENETUNREACH
     nat = subprocess.run(["iptables", "-w", "-t", "nat", "-S"], capture_output=True, text=True, check=True).stdout
     assert not [r for r in nat.splitlines() if "10.245.0.0/24" in r and "MASQUERADE" in r], nat
     assert re.search(r"-A KOPF-NODE-SVC -s 10.245.0.0/24 -d 10.0.0.1/32 -p tcp -m tcp --dport 443 -j DNAT", nat)
