@@ -428,22 +428,31 @@ down() {
   log "real node removed in $((SECONDS - started))s"
 }
 
-load() { # IMAGE: podman image → the node's containerd (k8s.io namespace), under the same name
-  local image=$1 archive id refs
+# The name a pod's `image:` resolves to in containerd (docker.io/library/ for a bare name).
+normalized() {
+  local first=${1%%/*}
+  if [[ $1 != */* ]]; then echo "docker.io/library/$1"
+  elif [[ $first == *.* || $first == *:* || $first == localhost ]]; then echo "$1"
+  else echo "docker.io/$1"; fi
+}
+
+load() { # IMAGE: podman image → the node's containerd (k8s.io namespace), under the name pods use
+  local image=$1 ref archive id
   [ "$(owner)" = "$dir" ] || { log "this cluster has no real node"; return 1; }
+  ref=$(normalized "$image")
   id=$(podman --cgroup-manager=cgroupfs --events-backend=file image inspect --format '{{.Id}}' "$image")
   # containerd's CRI names every image also by its config digest, which is podman's image ID: when
   # that is there, the image is loaded already (perhaps under another tag), and a tag is enough.
-  refs=$(ctr_ images ls -q)
-  if grep -qx "sha256:$id" <<<"$refs"; then
-    grep -qx "$image" <<<"$refs" || ctr_ images tag --force "sha256:$id" "$image" >/dev/null
-    log "$image is on the real node"; return 0
+  if ctr_ images ls -q | grep -qx "sha256:$id"; then
+    log "$image is on the real node already"
+  else
+    archive=$(mktemp --suffix=.tar)
+    podman --cgroup-manager=cgroupfs --events-backend=file save --format docker-archive -o "$archive" "$image" >/dev/null 2>&1
+    ctr_ images import "$archive" >/dev/null
+    rm -f "$archive"
+    log "loaded $image into the real node"
   fi
-  archive=$(mktemp --suffix=.tar)
-  podman --cgroup-manager=cgroupfs --events-backend=file save --format docker-archive -o "$archive" "$image" >/dev/null 2>&1
-  ctr_ images import "$archive" >/dev/null
-  rm -f "$archive"
-  log "loaded $image into the real node"
+  ctr_ images ls -q | grep -qx "$ref" || ctr_ images tag --force "sha256:$id" "$ref" >/dev/null
 }
 
 case "${1:-}" in
