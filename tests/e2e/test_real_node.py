@@ -277,6 +277,16 @@ def agent_status(custom: kubernetes.client.CustomObjectsApi, name: str) -> dict[
     return dict(custom.get_cluster_custom_object("blackadder.io", "v1beta1", "chaosagents", name).get("status") or {})
 
 
+def agent_reported(custom: kubernetes.client.CustomObjectsApi, name: str) -> dict[str, Any]:
+    """The agent's status once a cycle and its conditions are in it (else empty: not yet)."""
+    status = agent_status(custom, name)
+    return status if status.get("cycle", 0) >= 1 and dry_run_condition(status) else {}
+
+
+def dry_run_condition(status: dict[str, Any]) -> str:
+    return next((c["status"] for c in status.get("conditions", []) if c["type"] == "DryRun"), "")
+
+
 def config_hash(apps: kubernetes.client.AppsV1Api, ns: str, name: str) -> str | None:
     annotations = apps.read_namespaced_deployment(name, ns).spec.template.metadata.annotations or {}
     return annotations.get("reroller.kopf-operators.dev/config-hash")
@@ -352,10 +362,8 @@ metadata: {{name: {name}, labels: {{{TEST_LABEL}: "{run}"}}}}
 spec: {{tantrumMode: true, eagerness: 100, podTolerance: 0, pauseDuration: 5, dryRun: true,
         targetNamespaces: [{ns_a}]}}
 """)
-    status = wait_for(lambda: (s := agent_status(custom, name)).get("cycle", 0) >= 1 and s, timeout=60,
-                      what="a dry-run cycle in the agent's status")
-    dry = next(c for c in status["conditions"] if c["type"] == "DryRun")
-    assert dry["status"] == "True"
+    status = wait_for(lambda: agent_reported(custom, name), timeout=60, what="a dry-run cycle in the agent's status")
+    assert dry_run_condition(status) == "True"
     assert status["lastCycle"]["candidates"]["pods"] >= 1
     assert core.read_namespaced_pod("sleeper-immortalpod", ns_a)  # dry-run: nothing deleted
     kubectl("delete", "chaosagent", name, "--timeout=60s")
@@ -493,8 +501,8 @@ spec: {{tantrumMode: true, eagerness: 100, podTolerance: 0, pauseDuration: 5}}
         return not pods or pods[0].metadata.uid != victim
 
     wait_for(victim_gone, timeout=60, what="the agent to kill a pod (it really acts)")
-    status = agent_status(custom, name)
-    assert next(c for c in status["conditions"] if c["type"] == "DryRun")["status"] == "False"
+    status = wait_for(lambda: agent_reported(custom, name), timeout=30, what="the agent's status")
+    assert dry_run_condition(status) == "False"
     cycle = status["cycle"]
 
     def operator_untouched() -> bool:
