@@ -10,8 +10,8 @@ LOCAL_KUBECONFIG := $(CLUSTER_DIR)/kubeconfig
 # Arguments for `kopf run` in `make run` (the operator files are always operators/*.py).
 RUN_ARGS ?= --all-namespaces --verbose
 
-.PHONY: help setup cluster cluster-down install uninstall run test unit lint bench manifests deploy undeploy peers-test \
-	reloader-e2e reloader-bench
+.PHONY: help setup cluster cluster-down image install uninstall run test unit lint bench manifests deploy undeploy \
+	peers-test reloader-e2e reloader-bench
 
 help: ## list the verbs
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -24,11 +24,14 @@ $(BIN)/.installed: pyproject.toml
 
 setup: $(BIN)/.installed ## create .venv with the package and its dev tools
 
-cluster: ## start the local control plane (built on first use); no-op when up
+cluster: ## start the local control plane and its real node (built on first use); no-op when up
 	@cluster/cluster.sh up
 
-cluster-down: ## stop the local control plane and free its ports
+cluster-down: ## stop the local cluster; remove the real node's host state; free its ports
 	@cluster/cluster.sh down
+
+image: ## build the operator image with podman, no Docker, no registry (IMAGE=name:tag)
+	@cluster/image.sh build $(IMAGE)
 
 # The cluster `install`, `uninstall`, `run` and `deploy` act on: $KUBECONFIG or the current
 # context when one answers, else the local control plane (started if needed).
@@ -88,9 +91,8 @@ manifests: ## regenerate manifests/operator.yaml from the Helm chart (the one so
 	$(HELM) template $(RELEASE) $(CHART) --namespace $(DEPLOY_NAMESPACE) --kube-version $(KUBE_VERSION) \
 	  --skip-crds 2>/dev/null | cluster/manifest-header.sh > manifests/operator.yaml
 
-deploy: ## install the Helm chart into the target cluster (image: set IMAGE=repo:tag)
-	KUBECONFIG=$(TARGET_KUBECONFIG) $(HELM) upgrade --install $(RELEASE) $(CHART) \
-	  --namespace $(DEPLOY_NAMESPACE) --create-namespace $(if $(IMAGE),--set image.repository=$(firstword $(subst :, ,$(IMAGE))) --set image.tag=$(lastword $(subst :, ,$(IMAGE))))
+deploy: ## install the Helm chart into the target cluster (IMAGE=repo:tag; local: the real node, `make image deploy`)
+	@RELEASE=$(RELEASE) DEPLOY_NAMESPACE=$(DEPLOY_NAMESPACE) IMAGE=$(IMAGE) cluster/deploy.sh
 
 undeploy: ## uninstall the Helm release (CRDs stay: `make uninstall` removes them and every CR)
 	KUBECONFIG=$(TARGET_KUBECONFIG) $(HELM) uninstall $(RELEASE) --namespace $(DEPLOY_NAMESPACE)

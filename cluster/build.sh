@@ -3,6 +3,7 @@
 #   etcd, kube-apiserver, kube-controller-manager, kube-scheduler  (one pinned release)
 #   kwok, kwokctl                                                   (fake nodes, launcher)
 #   helm                                                            (chart tests)
+#   kubelet (same Kubernetes release), pause                        (the real node, node.sh)
 # Prints the folder holding the binaries. Rebuilds only when versions.env changes.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -13,7 +14,7 @@ export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 cache_root=${KOPF_OPERATORS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kopf-operators}
 key="k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}"
 bin="$cache_root/$key/bin"
-binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok kwokctl helm)
+binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok kwokctl helm kubelet pause)
 
 have_all() { for b in "${binaries[@]}"; do [ -x "$bin/$b" ] || return 1; done; }
 if have_all; then echo "$bin"; exit 0; fi
@@ -93,10 +94,66 @@ build_helm() {
     "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >&2
 }
 
+# The real node's kubelet: same wrapper module and version stamp as the control plane.
+build_kubelet() {
+  local k8s="$work/kubernetes" minor ld pkg
+  [ -x "$bin/kubelet" ] && return
+  [ -f "$k8s/go.mod" ] || { log "kubelet needs the kubernetes wrapper module"; return 1; }
+  minor=$(echo "$KUBERNETES_VERSION" | cut -d. -f2)
+  ld="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  log "kubelet $KUBERNETES_VERSION: building"
+  (cd "$k8s" && go get "k8s.io/kubernetes/cmd/kubelet@$KUBERNETES_VERSION" >&2 \
+      && go build -trimpath -ldflags "$ld" -o "$bin/" k8s.io/kubernetes/cmd/kubelet >&2)
+}
+
+# The pod sandbox's pause process (no registry for registry.k8s.io/pause): a static Go program that
+# reaps orphans and exits on SIGINT/SIGTERM, packed into a local image by node.sh.
+build_pause() {
+  local p="$work/pause"
+  [ -x "$bin/pause" ] && return
+  mkdir -p "$p"
+  printf 'module localcluster/pause\n\ngo 1.26.0\n' > "$p/go.mod"
+  cat > "$p/main.go" <<'GO'
+package main
+
+import (
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGINT, syscall.SIGTERM)
+	children := make(chan os.Signal, 16)
+	signal.Notify(children, syscall.SIGCHLD)
+	go func() {
+		for range children {
+			for {
+				pid, err := syscall.Wait4(-1, nil, syscall.WNOHANG, nil)
+				if pid <= 0 || err != nil {
+					break
+				}
+			}
+		}
+	}()
+	<-stop
+	os.Exit(0)
+}
+GO
+  (cd "$p" && go build -trimpath -ldflags "-s -w" -o "$bin/pause" . >&2)
+}
+
 build_etcd
 build_kwok
 build_helm
 build_kubernetes
+build_kubelet
+build_pause
 have_all
 log "built in $(( $(date +%s) - start ))s into $bin"
 echo "$bin"

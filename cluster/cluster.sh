@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The local control plane: real etcd, kube-apiserver, kube-controller-manager and kube-scheduler
 # built from Go modules (build.sh), started by `kwokctl --runtime binary` on 127.0.0.1, with one
-# fake KWOK node so pods are scheduled, become Running, and are really deleted.
+# fake KWOK node so pods are scheduled, become Running, and are really deleted, plus (node.sh) one
+# real kubelet node with containerd, tainted so that only pods tolerating it run there.
 #
 #   cluster.sh up       start (building on first use); a no-op when already up
 #   cluster.sh down     stop and delete it, freeing its ports
@@ -9,7 +10,8 @@
 #   cluster.sh audit-log  print the path of the API server's audit log (see audit-policy.yaml)
 #
 # State lives in $CLUSTER_DIR (default: <repo>/.cluster); the admin kubeconfig is
-# $CLUSTER_DIR/kubeconfig. Several clusters can run side by side with different CLUSTER_DIRs.
+# $CLUSTER_DIR/kubeconfig. Several clusters can run side by side with different CLUSTER_DIRs; the
+# machine has one real node, taken by the first of them (REAL_NODE=0 opts out, see node.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
@@ -38,10 +40,38 @@ wait_until() { # wait_until SECONDS DESCRIPTION COMMAND...
 
 node_ready() { kc get nodes -o jsonpath='{.items[*].status.conditions[?(@.type=="Ready")].status}' | grep -q True; }
 
+# kwokctl's configuration for this cluster: KWOK's controller manages only nodes annotated as fake
+# (by default it takes every node, the real kubelet's too); the API server reaches kubelets by
+# address with the admin client certificate; its serving certificate also covers the `kubernetes`
+# Service address, which the real node's pods reach through a DNAT to the API server (node.sh).
+write_kwok_config() {
+  local pki="$KWOK_WORKDIR/clusters/$name/pki"
+  cat > "$dir/kwok.yaml" <<EOF
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokctlConfiguration
+options:
+  kubeApiserverCertSANs: ["10.0.0.1"]
+componentsPatches:
+  - name: kwok-controller
+    extraArgs:
+      - {key: manage-all-nodes, value: "false", override: true}
+      - {key: manage-nodes-with-annotation-selector, value: kwok.x-k8s.io/node=fake}
+  - name: kube-apiserver
+    extraArgs:
+      - {key: kubelet-preferred-address-types, value: "InternalIP,Hostname"}
+      - {key: kubelet-client-certificate, value: "$pki/admin.crt"}
+      - {key: kubelet-client-key, value: "$pki/admin.key"}
+EOF
+}
+
+real_node_wanted() { case "${REAL_NODE:-auto}" in 0|no|false|off) return 1 ;; esac; [ "$(id -u)" = 0 ]; }
+
 up() {
   local started=$SECONDS bin
   # A busy API server may miss one 3 s probe: keep probing for 4 s before treating the cluster as stopped.
   if [ -s "$kubeconfig" ] && wait_until 4 "/readyz" ready 2>/dev/null && node_ready; then
+    # The real node may be missing (crashed, or taken by another cluster that has since gone).
+    if real_node_wanted && ! "$here/node.sh" status 2>/dev/null; then "$here/node.sh" up; fi
     log "already up, checked in $((SECONDS - started))s ($kubeconfig)"; return 0
   fi
   bin=$("$here/build.sh")
@@ -52,18 +82,24 @@ up() {
     --kube-audit-policy "$here/audit-policy.yaml" --disable-qps-limits --wait 120s
     # Server-side sharded list/watch (alpha in 1.36): the operator's hash shards use it (docs/sharding.md).
     --kube-feature-gates "ShardedListAndWatch=true")
+  write_kwok_config
+  # A real node left from a crashed run of this cluster goes first (its pods, mounts, cgroups).
+  "$here/node.sh" down
   if [ -d "$KWOK_WORKDIR/clusters/$name" ]; then
     # Left over from a stopped or crashed run (a reboot, a killed session). `kwokctl start` does not
     # reliably revive processes that were killed, and a scratch cluster's state is not worth keeping.
     log "discarding the stopped cluster $name"
     "$bin/kwokctl" delete cluster --name "$name" >&2 || rm -rf "$KWOK_WORKDIR/clusters/$name"
   fi
+  # The real node's containerd starts while the control plane does.
+  local prepare=""
+  if real_node_wanted; then "$here/node.sh" prepare & prepare=$!; fi
   log "creating cluster $name (Kubernetes $KUBERNETES_VERSION)"
   # kwokctl picks free ports when it creates a cluster, but binds them only when the components
   # start: two clusters created at once pick the same ports. One creation at a time per machine.
   exec 8>"${TMPDIR:-/tmp}/kopf-operators-cluster-create.lock"
   flock 8
-  "$bin/kwokctl" create cluster "${flags[@]}" >&2
+  "$bin/kwokctl" --config "$dir/kwok.yaml" create cluster "${flags[@]}" >&2
   flock -u 8
   "$bin/kwokctl" get kubeconfig --name "$name" > "$kubeconfig.tmp" && mv "$kubeconfig.tmp" "$kubeconfig"
   wait_until 60 "/readyz" ready
@@ -72,12 +108,16 @@ up() {
   fi
   wait_until 60 "a Ready node" node_ready
   wait_until 60 "the default ServiceAccount" kc -n default get serviceaccount default
+  log "control plane ready in $((SECONDS - started))s"
+  if [ -n "$prepare" ]; then wait "$prepare" || true; "$here/node.sh" up; fi
   log "ready in $((SECONDS - started))s; export KUBECONFIG=$kubeconfig"
 }
 
 down() {
   local bin
   bin=$("$here/build.sh")
+  # The real node first, while the API server can still tell its kubelet to stop the pods.
+  "$here/node.sh" down
   if [ -d "$KWOK_WORKDIR/clusters/$name" ]; then
     "$bin/kwokctl" delete cluster --name "$name" >&2
   fi
