@@ -99,7 +99,7 @@ up() {
   # start: two clusters created at once pick the same ports. One creation at a time per machine.
   exec 8>"${TMPDIR:-/tmp}/kopf-operators-cluster-create.lock"
   flock 8
-  "$bin/kwokctl" --config "$dir/kwok.yaml" create cluster "${flags[@]}" >&2
+  "$bin/kwokctl" --config "$dir/kwok.yaml" create cluster "${flags[@]}" >&2 8>&-  # its processes must not hold the lock
   flock -u 8
   "$bin/kwokctl" get kubeconfig --name "$name" > "$kubeconfig.tmp" && mv "$kubeconfig.tmp" "$kubeconfig"
   wait_until 60 "/readyz" ready
