@@ -77,7 +77,7 @@ def real_node(cluster: str) -> str:
                             env={**os.environ, "CLUSTER_DIR": str(CLUSTER_DIR)})
     if status.returncode != 0:
         owner = script("node.sh", "owner")
-        if owner and owner != str(CLUSTER_DIR):
+        if owner and owner != str(CLUSTER_DIR) and os.environ.get("REAL_NODE", "auto").lower() != "1":
             pytest.skip(f"this machine's real node belongs to another cluster ({owner})")
         pytest.fail(f"the local cluster has no Ready real node:\n{status.stderr}")
     return NODE
