@@ -460,7 +460,9 @@ class Bench:
 
     def start_operator(self, env: dict[str, str] | None = None) -> None:
         if env is None:  # {} means the shipped defaults
-            env = {"REROLLER_DEBOUNCE_SECONDS": "0", "REROLLER_MIN_INTERVAL_SECONDS": "0"}
+            # Unthrottled, as the floor is: no merge window, no per-workload or cluster-wide rate limit.
+            env = {"REROLLER_DEBOUNCE_SECONDS": "0", "REROLLER_MIN_INTERVAL_SECONDS": "0",
+                   "REROLLER_CLUSTER_ROLLOUTS_PER_SECOND": "0"}
         self.operator_env = env
         self.operator = Operator(self.sa_kubeconfig, env, CLUSTER_DIR / "logs" / f"bench-operator-{self.run}.log",
                                  self.files, self.root)

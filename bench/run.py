@@ -70,7 +70,7 @@ async def main_async(b: Bench, quick: bool) -> dict[str, Any]:
         "operator_root": str(b.root),
         "operator": f"kopf run --peering=kopf-operators --all-namespaces {' '.join(b.files)} (log level info) as a "
                     "cluster-admin ServiceAccount; latency and convergence run with REROLLER_DEBOUNCE_SECONDS=0 "
-                    "REROLLER_MIN_INTERVAL_SECONDS=0",
+                    "REROLLER_MIN_INTERVAL_SECONDS=0 REROLLER_CLUSTER_ROLLOUTS_PER_SECOND=0",
     }
     return b.results
 

@@ -71,5 +71,6 @@ async def run(b: Bench) -> dict[str, Any]:
     await b.cleanup([ns], wait=300)
     return {**convergence(timings["op"], timings["floor"], {},
                           f"one ConfigMap used by {m} Deployments edited -> all {m} pod templates patched "
-                          "(operator: REROLLER_DEBOUNCE_SECONDS=0, REROLLER_MIN_INTERVAL_SECONDS=0)"),
+                          "(operator: REROLLER_DEBOUNCE_SECONDS=0, REROLLER_MIN_INTERVAL_SECONDS=0, "
+                          "REROLLER_CLUSTER_ROLLOUTS_PER_SECOND=0)"),
             **results}
