@@ -66,6 +66,7 @@ class RerollerController:
         self.bucket = logic.TokenBucket(settings.cluster_rate, settings.cluster_burst, time.monotonic())
         self._written: dict[Key, logic.WorkloadView] = {}  # answers to our writes, until the watch catches up
         self._first_rv: dict[Key, int] = {}                # resourceVersion at the first sighting
+        self._pending: dict[Key, dict[str, str]] = {}      # first-sighting baselines not yet written
         self._last_roll: dict[Key, float] = {}             # monotonic time of each workload's last rollout
         self._reserved: set[Key] = set()                   # holding a token-bucket slot
         self._timers: dict[Key, tuple[float, asyncio.TimerHandle]] = {}
@@ -120,6 +121,7 @@ class RerollerController:
     def forget(self, key: Key) -> None:
         self._written.pop(key, None)
         self._first_rv.pop(key, None)
+        self._pending.pop(key, None)
         self._last_roll.pop(key, None)
         self._warned.pop(key, None)
         self._attempts.pop(key, None)
@@ -234,12 +236,25 @@ class RerollerController:
         lookup = self.lookup(view)
         sources = logic.effective_sources(view, lookup, self.settings)
         snap = logic.snapshot(sources, lookup)
-        newer: list[str] = []
-        if view.observed_hash is None:
+        on_create, on_delete = self.settings.reload_on_create, self.settings.reload_on_delete
+        pending = self._pending.get(key) if view.observed_hash is None else None
+        if view.observed_hash is not None:
+            plan = logic.plan(view.baseline, snap, reload_on_create=on_create, reload_on_delete=on_delete)
+        elif pending is None:
+            # The first sighting: the baseline is the data now, in memory at once (a change from
+            # here on rolls, even while the write of the baseline is retried after a 409).
             first_rv = self._first_rv.setdefault(key, view.rv)
             newer = [s.ref for s in sources if (found := lookup.get((s.kind, s.name))) and found.rv > first_rv]
-        plan = logic.plan(view.baseline, snap, newer=newer, reload_on_create=self.settings.reload_on_create,
-                          reload_on_delete=self.settings.reload_on_delete)
+            plan = logic.plan({}, snap, newer=newer, reload_on_create=on_create,
+                              reload_on_delete=on_delete)
+            if plan.action == "baseline":
+                self._pending[key] = logic.baseline_annotations(plan, snap)
+        else:
+            plan = logic.plan(pending, snap, reload_on_create=on_create, reload_on_delete=on_delete)
+            if plan.action in ("none", "wait-missing"):  # unchanged since the first sighting: persist it
+                plan = logic.Plan("baseline", new_hash=pending[logic.OBSERVED_HASH], missing=plan.missing)
+                snap = logic.Snapshot(per_source=dict(logic.parse_observed(pending)[1]) or snap.per_source,
+                                      missing=snap.missing, optional=snap.optional)
         self._warn_missing(view, plan)
 
         if plan.action in ("none", "wait-missing"):
@@ -254,6 +269,7 @@ class RerollerController:
                                              logic.metadata_patch(plan, snap, rv))
             self._after_write(view, answer)
             self._first_rv.pop(key, None)
+            self._pending.pop(key, None)
             metrics.action(OPERATOR, "baseline")
             logger.debug(f"{view.kind} {view.namespace}/{view.name}: baseline {plan.new_hash} recorded")
             return True
@@ -273,6 +289,7 @@ class RerollerController:
         await self._roll(view, plan, snap, wall)
         self._reserved.discard(key)
         self._first_rv.pop(key, None)
+        self._pending.pop(key, None)
         return True
 
     # --- the writes ----------------------------------------------------------------------------------
