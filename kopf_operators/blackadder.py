@@ -612,7 +612,9 @@ def copyrator_sources(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     if str(fields.get("ruleType", "")).lower() != "configmap" or not isinstance(fields.get("selector"), Mapping):
         return []
     namespaces = fields.get("namespace")
-    namespaces = [namespaces] if isinstance(namespaces, str) else list(namespaces or ())
+    # Malformed rules (Copyrator reports them) must not break this index: anything but a name or a
+    # list of names names nothing.
+    namespaces = [namespaces] if isinstance(namespaces, str) else namespaces if isinstance(namespaces, list) else []
     return [{"namespace": ns, "selector": dict(fields["selector"])} for ns in namespaces if isinstance(ns, str)]
 
 

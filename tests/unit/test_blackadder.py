@@ -337,3 +337,10 @@ def test_webhook_payload_carries_names_never_values() -> None:
              "outcome": "ipsumed", "dryRun": False, "before": "hash", "after": "hash2"}
     payload = logic.webhook_payload("edmund", entry)
     assert payload["agent"] == "edmund" and "before" not in payload and "after" not in payload
+
+
+@pytest.mark.parametrize("namespace", [7, True, None, {"a": "b"}, [1, "ok"]])
+def test_malformed_copyrator_rules_name_no_sources_and_never_raise(namespace: object) -> None:
+    rule = {"spec": {"ruleType": "configmap", "selector": {"copy": "yes"}, "namespace": namespace}}
+    sources = logic.copyrator_sources(rule)
+    assert sources == ([{"namespace": "ok", "selector": {"copy": "yes"}}] if namespace == [1, "ok"] else [])
