@@ -4,9 +4,24 @@ nothing (issue #11: 'Quiet by default'), so that in a busy cluster the log shows
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 from tests.kube import OperatorProcess, apply_yaml, stays, wait_for
+
+
+def settled(proc: OperatorProcess, quiet_for: float = 2.0, timeout: float = 60) -> int:
+    """Wait until the log has not grown for ``quiet_for`` seconds; the number of lines then."""
+    last = [len(proc.output().splitlines()), time.monotonic()]
+
+    def probe() -> bool:
+        lines = len(proc.output().splitlines())
+        if lines != last[0]:
+            last[:] = [lines, time.monotonic()]
+        return time.monotonic() - last[1] >= quiet_for
+
+    wait_for(probe, timeout=timeout, interval=0.2, what="the start-up log lines to settle")
+    return int(last[0])
 
 
 def new_lines(proc: OperatorProcess, since: int) -> list[str]:
@@ -19,10 +34,9 @@ def test_unrelated_changes_write_no_log_line_and_an_action_writes_its_line(
     quiet = OperatorProcess(log_name="quiet", verbose=False)
     quiet.start()
     try:
-        # Start-up lines settle once the initial listings are done: nothing more for 2 s (the liveness
-        # probe's requests are not logged either).
-        baseline = len(quiet.output().splitlines())
-        stays(lambda: len(quiet.output().splitlines()) == baseline, seconds=2, what="start-up logging")
+        # Start-up lines settle once the initial listings are done (the liveness probe's requests are
+        # not logged either).
+        baseline = settled(quiet)
 
         # 45 changes no operator cares about.
         for i in range(10):
@@ -49,8 +63,8 @@ spec: {image: nginx:latest}
 """, namespace)
         wait_for(lambda: any("Counted start #1" in line for line in new_lines(quiet, baseline)),
                  timeout=30, what="the action's log lines")
-        settled = len(quiet.output().splitlines())
-        stays(lambda: len(quiet.output().splitlines()) == settled, seconds=3, what="no further log lines")
+        after = len(quiet.output().splitlines())
+        stays(lambda: len(quiet.output().splitlines()) == after, seconds=3, what="no further log lines")
         lines = new_lines(quiet, baseline)
         unrelated = [line for line in lines if not re.search(r"\bloud\b|loud-immortalpod", line)]
         assert not unrelated, "lines not about an action:\n" + "\n".join(unrelated)
