@@ -109,7 +109,10 @@ up() {
   wait_until 60 "a Ready node" node_ready
   wait_until 60 "the default ServiceAccount" kc -n default get serviceaccount default
   log "control plane ready in $((SECONDS - started))s"
-  if [ -n "$prepare" ]; then wait "$prepare" || true; "$here/node.sh" up; fi
+  if [ -n "$prepare" ]; then
+    wait "$prepare" || { log "the real node's preparation failed (see above)"; return 1; }
+    "$here/node.sh" up
+  fi
   log "ready in $((SECONDS - started))s; export KUBECONFIG=$kubeconfig"
 }
 

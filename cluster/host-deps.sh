@@ -3,11 +3,13 @@
 #   podman + buildah (build the image without Docker), runc (crun refuses hybrid cgroups),
 #   containerd (Debian's 1.6.20: the node's CRI runtime), containernetworking-plugins (bridge,
 #   host-local, loopback), debootstrap (the local base image), iptables (keep pod traffic local).
+# Each step lists everything it uses: the node needs podman too (it packs the pod-sandbox image).
+# A failure stops the caller with apt's own message: nothing here is allowed to fail quietly.
 # Usage: host-deps.sh image|node
 set -euo pipefail
 case "${1:-}" in
   image) pkgs=(podman buildah runc debootstrap uidmap fuse-overlayfs) ;;
-  node) pkgs=(containerd runc containernetworking-plugins iptables conntrack) ;;
+  node) pkgs=(containerd runc containernetworking-plugins iptables conntrack podman) ;;
   *) echo "usage: $0 image|node" >&2; exit 2 ;;
 esac
 missing=()
@@ -24,5 +26,13 @@ export DEBIAN_FRONTEND=noninteractive
 policy=/usr/sbin/policy-rc.d own_policy=no
 if [ ! -e "$policy" ]; then printf '#!/bin/sh\nexit 101\n' > "$policy"; chmod +x "$policy"; own_policy=yes; fi
 trap '[ "$own_policy" = yes ] && rm -f "$policy"' EXIT
-apt-get update -qq >&2 || true
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+if ! apt-get update -qq >&2; then
+  echo "[deps] apt-get update failed (see above): cannot install ${missing[*]}" >&2; exit 1
+fi
+if ! apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2; then
+  echo "[deps] apt-get install failed (see above) for: ${missing[*]}" >&2; exit 1
+fi
+for p in "${missing[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \
+    || { echo "[deps] $p is still not installed after apt-get install" >&2; exit 1; }
+done

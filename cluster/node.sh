@@ -241,16 +241,23 @@ EOF
 }
 
 pause_archive() {
-  local bin=$1 cache_root archive
+  local bin=$1 cache_root archive pod=(podman --cgroup-manager=cgroupfs --events-backend=file)
   cache_root=${KOPF_OPERATORS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kopf-operators}
   archive="$cache_root/pause-$KUBERNETES_VERSION.tar"
   if [ ! -s "$archive" ]; then
+    command -v podman >/dev/null || { log "podman is missing (cluster/host-deps.sh node installs it)"; return 1; }
     local t; t=$(mktemp -d)
     cp "$bin/pause" "$t/pause"
-    tar --numeric-owner --owner=0 --group=0 -C "$t" -c pause \
-      | podman --cgroup-manager=cgroupfs --events-backend=file import --change 'ENTRYPOINT ["/pause"]' - "$PAUSE_IMAGE" >/dev/null 2>&1
-    podman --cgroup-manager=cgroupfs --events-backend=file save --format docker-archive -o "$archive.tmp" "$PAUSE_IMAGE" >/dev/null 2>&1
-    mv "$archive.tmp" "$archive"; rm -rf "$t"
+    # podman's own messages go to stderr; only its image id (stdout) is dropped.
+    if ! tar --numeric-owner --owner=0 --group=0 -C "$t" -c pause \
+        | "${pod[@]}" import --change 'ENTRYPOINT ["/pause"]' - "$PAUSE_IMAGE" >/dev/null; then
+      log "could not import the pause binary as $PAUSE_IMAGE with podman"; rm -rf "$t"; return 1
+    fi
+    rm -rf "$t"
+    if ! "${pod[@]}" save --format docker-archive -o "$archive.tmp" "$PAUSE_IMAGE" >&2; then
+      log "could not save $PAUSE_IMAGE to $archive.tmp with podman"; rm -f "$archive.tmp"; return 1
+    fi
+    mv "$archive.tmp" "$archive"
   fi
   echo "$archive"
 }
@@ -299,7 +306,9 @@ prepare() {
   setsid containerd --config "$nd/containerd/config.toml" >"$nd/logs/containerd.log" 2>&1 < /dev/null 7>&- &
   echo $! > "$nd/containerd.pid"
   wait_until 30 "containerd" ctr_ version
-  ctr_ images import "$(pause_archive "$bin")" >/dev/null
+  local archive
+  archive=$(pause_archive "$bin") || { log "no pod-sandbox (pause) image: the real node cannot run pods"; return 1; }
+  ctr_ images import "$archive" >/dev/null || { log "containerd refused the pause image $archive"; return 1; }
   log "containerd ready in $((SECONDS - started))s"
 }
 
@@ -330,7 +339,35 @@ up() {
     --node-labels "$TAINT_KEY=true" --v=1 >"$nd/logs/kubelet.log" 2>&1 < /dev/null 7>&- &
   echo $! > "$nd/kubelet.pid"
   wait_until 60 "the real node to be Ready (log: $nd/logs/kubelet.log)" node_ready
-  log "real node $NODE_NAME Ready in $((SECONDS - started))s (pods: $POD_CIDR, node address $ip)"
+  # A Ready node may still be unable to run pods (no sandbox image, CNI, cgroups): prove it can.
+  smoke_pod || return 1
+  log "real node $NODE_NAME Ready and running pods in $((SECONDS - started))s (pods: $POD_CIDR, node address $ip)"
+}
+
+SMOKE_POD=kopf-real-node-smoke
+smoke_running() { [ "$(kc -n kube-system get pod "$SMOKE_POD" -o jsonpath='{.status.phase}')" = Running ]; }
+
+# A pod on the real node must reach Running before the node is reported usable.
+smoke_pod() {
+  kc -n kube-system delete pod "$SMOKE_POD" --ignore-not-found --grace-period=0 >/dev/null
+  kc apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: $SMOKE_POD, namespace: kube-system}
+spec:
+  nodeName: $NODE_NAME
+  tolerations: [{key: $TAINT_KEY, operator: Exists, effect: NoSchedule}]
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 0
+  containers: [{name: pause, image: $PAUSE_IMAGE, imagePullPolicy: Never}]
+EOF
+  if ! wait_until 90 "the smoke pod to run on the real node" smoke_running; then
+    log "the real node is Ready but cannot run a pod; the smoke pod says:"
+    kc -n kube-system describe pod "$SMOKE_POD" | tail -15 >&2 || true
+    log "kubelet log: $nd/logs/kubelet.log, containerd log: $nd/logs/containerd.log"
+    return 1
+  fi
+  kc -n kube-system delete pod "$SMOKE_POD" --grace-period=0 --wait=true --timeout=60s >/dev/null
 }
 
 stop_pid() { # PIDFILE SECONDS
