@@ -604,7 +604,7 @@ def readiness(tally: Tally, status: Mapping[str, Any]) -> tuple[bool, bool, str,
     Stalled when a person must act (a source's owner must consent, an object in the way must go);
     else work is under way (copies being made, failed writes retried)."""
     if tally.refusals:
-        return False, True, "ConsentMissing", (f"{len(tally.refusals)} source(s) not copied without their owner's "
+        return False, True, "Refused", (f"{len(tally.refusals)} source(s) not copied without their owner's "
                                                f"consent: " + "; ".join(status["refused"]))
     if tally.conflicts:
         return False, True, "ForeignObject", (f"{len(tally.conflicts)} target(s) hold an object this rule does not "

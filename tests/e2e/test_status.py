@@ -226,7 +226,7 @@ def test_copyrator_rule_states(operator: OperatorProcess, namespace: str, kstatu
     config_map(core, elsewhere, "private", {"copy": "private"})
     rule(namespace, "unconsented", {"ruleType": "configmap", "selector": {"copy": "private"},
                                     "namespace": elsewhere, "targetNamespaces": [target]})
-    judged(kstatus_checker, observed("copyr", "unconsented", namespace, "ConsentMissing"), "Failed")
+    judged(kstatus_checker, observed("copyr", "unconsented", namespace, "Refused"), "Failed")
     # InProgress: the target's quota refuses the copy; the operator retries (it may be freed).
     core.create_namespaced_resource_quota(quota, {"metadata": {"name": "no-more"},
                                                   "spec": {"hard": {"configmaps": "1"}}})

@@ -354,7 +354,7 @@ def test_missing_consent_and_invalid_status() -> None:
     status = logic.build_status(rule, None, logic.Tally(sources=1, targets=1, refusals=[problem]))
     conds = {c["type"]: c for c in status["conditions"]}
     assert conds["Refused"]["status"] == "True" and conds["Ready"]["status"] == "False"
-    assert (conds["Stalled"]["status"], conds["Stalled"]["reason"]) == ("True", "ConsentMissing")
+    assert (conds["Stalled"]["status"], conds["Stalled"]["reason"]) == ("True", "Refused")
     assert "elsewhere/settings" in conds["Refused"]["message"] and status["refused"] == [problem]
     invalid = logic.build_status(rule, None, problem=logic.RuleError("bad"))
     conds = {c["type"]: c for c in invalid["conditions"]}
@@ -380,7 +380,7 @@ def test_settings_from_env() -> None:
     (logic.Tally(sources=1, desired=2, copied=1, targets=2, failed=1), ("False", "True", "False", "SyncFailed")),
     (logic.Tally(sources=1, desired=2, copied=1, targets=2, conflicts=["b/x"]),
      ("False", "False", "True", "ForeignObject")),
-    (logic.Tally(sources=1, targets=1, refusals=["no consent"]), ("False", "False", "True", "ConsentMissing")),
+    (logic.Tally(sources=1, targets=1, refusals=["no consent"]), ("False", "False", "True", "Refused")),
 ])
 def test_ready_only_when_every_wanted_copy_is_in_sync(tally: logic.Tally, expected: tuple[str, ...]) -> None:
     conds = {c["type"]: c for c in logic.build_status(make_rule(), None, tally)["conditions"]}
