@@ -38,6 +38,12 @@ REAL_NODE_TAINT = "kopf-operators.dev/real-node"
 # --- the judges -------------------------------------------------------------------------------------
 
 
+def apply(obj: dict[str, Any], namespace: str | None = None) -> None:
+    where = ["-n", namespace] if namespace else []
+    result = kubectl("apply", *where, "-f", "-", input=json.dumps(obj), check=False)
+    assert result.returncode == 0, result.stderr
+
+
 def cache_root() -> Path:
     """The project's cache, as cluster/build.sh computes it."""
     if os.environ.get("KOPF_OPERATORS_CACHE"):
@@ -151,8 +157,8 @@ def make_namespace(core: kubernetes.client.CoreV1Api) -> Iterator[Callable[[], s
 
 
 def immortal_container(namespace: str, name: str, spec: dict[str, Any]) -> None:
-    kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps({
-        "apiVersion": immortal.API_VERSION, "kind": immortal.KIND, "metadata": {"name": name}, "spec": spec}))
+    apply({"apiVersion": immortal.API_VERSION, "kind": immortal.KIND, "metadata": {"name": name}, "spec": spec},
+          namespace)
 
 
 def test_immortal_container_states(operator: OperatorProcess, namespace: str, kstatus_checker: Path,
@@ -193,8 +199,8 @@ def test_immortal_container_states(operator: OperatorProcess, namespace: str, ks
 
 
 def rule(namespace: str, name: str, spec: dict[str, Any]) -> None:
-    kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps({
-        "apiVersion": copyrator.API_VERSION, "kind": copyrator.KIND, "metadata": {"name": name}, "spec": spec}))
+    apply({"apiVersion": copyrator.API_VERSION, "kind": copyrator.KIND, "metadata": {"name": name}, "spec": spec},
+          namespace)
 
 
 def config_map(core: kubernetes.client.CoreV1Api, namespace: str, name: str, labels: dict[str, str]) -> None:
@@ -254,15 +260,15 @@ def agent_names(operator: OperatorProcess) -> Iterator[list[str]]:
 def chaos_agent(names: list[str], spec: dict[str, Any]) -> str:
     name = f"status-{uuid.uuid4().hex[:6]}"
     names.append(name)
-    kubectl("apply", "-f", "-", input=json.dumps({
-        "apiVersion": f"{blackadder.GROUP}/{blackadder.VERSION}", "kind": blackadder.KIND,
-        "metadata": {"name": name}, "spec": spec}))
+    apply({"apiVersion": f"{blackadder.GROUP}/{blackadder.VERSION}", "kind": blackadder.KIND,
+           "metadata": {"name": name}, "spec": spec})
     return name
 
 
 def test_chaos_agent_states(operator: OperatorProcess, namespace: str, kstatus_checker: Path,
                             agent_names: list[str], core: kubernetes.client.CoreV1Api) -> None:
-    confined = {"tantrumMode": True, "dryRun": True, "targetNamespaces": [namespace], "pauseDuration": 3600}
+    confined = {"tantrumMode": True, "eagerness": 100, "podTolerance": 0, "dryRun": True,
+                "targetNamespaces": [namespace], "pauseDuration": 3600}
     # Current: the last cycle succeeded.
     working = chaos_agent(agent_names, confined)
     judged(kstatus_checker, observed("chaosagent", working, None, "CycleDone"), "Current")
