@@ -129,6 +129,12 @@ def kubectl_wait_ready(resource: str, name: str, namespace: str | None, seconds:
                    check=False, timeout=seconds + 30)
 
 
+def columns(resource: str, name: str, namespace: str | None) -> list[str]:
+    """``kubectl get`` as a person reads it: the printer columns of one object."""
+    where = ["-n", namespace] if namespace else []
+    return kubectl("get", resource, name, *where, "--no-headers").stdout.split()
+
+
 def assert_times_out(resource: str, name: str, namespace: str | None) -> None:
     waited = kubectl_wait_ready(resource, name, namespace, 3)
     assert waited.returncode != 0 and "timed out" in waited.stderr, waited
@@ -181,6 +187,7 @@ def test_immortal_container_states(operator: OperatorProcess, namespace: str, ks
     assert "Bad_Name" in conditions(refused)["Stalled"]["message"]
     assert kstatus(kstatus_checker, refused)["message"] == conditions(refused)["Stalled"]["message"]
     assert_times_out("ic", "refused", namespace)
+    assert columns("ic", "refused", namespace)[-3:-1] == ["False", "InvalidTemplate"]  # READY, REASON, AGE
     # Failed: someone else's pod holds the name; it is never touched. Then it goes: Ready again.
     core.create_namespaced_pod(namespace, {"metadata": {"name": immortal.pod_name("blocked")},
                                            "spec": {"containers": [{"name": "c", "image": "busybox:1.36"}]}})
@@ -226,6 +233,7 @@ def test_copyrator_rule_states(operator: OperatorProcess, namespace: str, kstatu
     assert f"{crowded}/taken" in conditions(blocked)["Stalled"]["message"]
     assert (blocked["status"]["copied"], blocked["status"]["desired"]) == (1, 2)
     assert_times_out("copyr", "blocked", namespace)
+    assert columns("copyr", "blocked", namespace)[-3:-1] == ["False", "ForeignObject"]  # READY, REASON, AGE
     wait_for(lambda: ("Warning", "Stalled") in events(core, namespace, "blocked"), timeout=10,
              what="a Warning Event Stalled")
     # Failed: a source in another namespace whose owner has not consented.
@@ -287,6 +295,7 @@ def test_chaos_agent_states(operator: OperatorProcess, namespace: str, kstatus_c
     stalled = judged(kstatus_checker, observed("chaosagent", lost, None, "InvalidSpec"), "Failed")
     assert "Mars/Olympus_Mons" in conditions(stalled)["Stalled"]["message"]
     assert_times_out("chaosagent", lost, None)
+    assert columns("chaosagent", lost, None)[-3:-1] == ["False", "Failed"]  # READY, STATE, AGE
     wait_for(lambda: ("Warning", "Stalled") in events(core, "default", lost), timeout=10,
              what="a Warning Event Stalled")
 
