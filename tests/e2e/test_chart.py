@@ -267,3 +267,59 @@ def test_alerts_and_dashboard_select_the_series_the_monitors_label() -> None:
         assert selector in query, query
     custom = 'job="elsewhere"'
     assert all(custom in r["expr"] for g in alert_groups(f"prometheusRule.selector={custom}") for r in g["rules"])
+
+
+def test_alerts_fire_on_the_series_they_watch_and_only_then(monitoring: Path, tmp_path: Path) -> None:
+    """Prometheus' own rule engine (`promtool test rules`) on synthetic series with the operator's metric
+    names and labels: each alert fires when its condition holds long enough, and not otherwise."""
+    groups = alert_groups("sharding.enabled=true")
+    for group in groups:  # annotation templates are checked by `promtool check rules`; compare the rest
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
+    this = 'job="kopf-operators",namespace="kopf-operators"'
+    release = {"job": "kopf-operators", "namespace": "kopf-operators"}
+
+    def fires(alert: str, at: str, *labels: dict[str, str]) -> dict[str, Any]:
+        return {"eval_time": at, "alertname": alert, "exp_alerts": [{"exp_labels": dict(lbl)} for lbl in labels]}
+
+    bucket = "kopf_operators_reaction_seconds_bucket"
+    series = [
+        # Shard 0 answers, then fails from minute 10; shard 1 is never scraped at all.
+        (f'up{{{this},shard="0",pod="p0"}}', "1x10 0x30"),
+        # copyrator's write errors: 1/s (above 0.05/s); immortal's: 1/min (below).
+        (f'kopf_operators_errors_total{{{this},operator="copyrator",kind="write"}}', "0+60x40"),
+        (f'kopf_operators_errors_total{{{this},operator="immortal",kind="api"}}', "0+1x40"),
+        # 403s at 1/s (above 0.1/s); 409s, expected conflicts, at 10/s.
+        (f'kopf_operators_api_errors_total{{{this},status="403"}}', "0+60x40"),
+        (f'kopf_operators_api_errors_total{{{this},status="409"}}', "0+600x40"),
+        # immortal's reactions all take 10-30 s; reroller's all under 0.1 s.
+        *[(f'{bucket}{{{this},operator="immortal",trigger="pod deleted",le="{le}"}}',
+           "0+60x40" if le in ("30.0", "+Inf") else "0x40") for le in ("0.1", "10.0", "30.0", "+Inf")],
+        *[(f'{bucket}{{{this},operator="reroller",trigger="configmap",le="{le}"}}', "0+60x40")
+          for le in ("0.1", "10.0", "30.0", "+Inf")],
+        # One real pod kill from minute 20; webhooks are no chaos.
+        (f'kopf_operators_actions_total{{{this},operator="blackadder",action="pod-killed",pod="p0"}}', "_x20 1x20"),
+        (f'kopf_operators_actions_total{{{this},operator="blackadder",action="webhook",pod="p0"}}', "0+5x40"),
+    ]
+    tests = [
+        fires("KopfOperatorsDown", "4m"),  # shard 1 missing, but not yet for 5 minutes
+        fires("KopfOperatorsDown", "6m", {**release, "shard": "1", "severity": "critical"}),
+        fires("KopfOperatorsDown", "17m", {**release, "shard": "0", "severity": "critical"},
+              {**release, "shard": "1", "severity": "critical"}),
+        fires("KopfOperatorsErrorRateHigh", "10m"),
+        fires("KopfOperatorsErrorRateHigh", "30m", {"operator": "copyrator", "kind": "write", "severity": "warning"}),
+        fires("KopfOperatorsApiErrorRateHigh", "30m", {"status": "403", "severity": "warning"}),
+        fires("KopfOperatorsReactionSlow", "30m", {"operator": "immortal", "severity": "warning"}),
+        fires("KopfOperatorsChaosWhileDryRun", "19m"),
+        fires("KopfOperatorsChaosWhileDryRun", "21m", {"namespace": "kopf-operators", "pod": "p0",
+                                                       "action": "pod-killed", "severity": "critical"}),
+    ]
+    spec = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in series],
+                       "alert_rule_test": tests}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(spec))
+    result = subprocess.run([str(monitoring / "promtool"), "test", "rules", "test.yaml"], cwd=tmp_path,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
