@@ -36,7 +36,8 @@ ALL_ON = (
     "metrics.service.annotations.note=scraped",
 )
 ALL_OFF = (
-    "metrics.enabled=false", "metrics.service.enabled=false", "rbac.create=false", "serviceAccount.create=false",
+    "replicaCount=1", "metrics.enabled=false", "metrics.service.enabled=false", "rbac.create=false",
+    "serviceAccount.create=false",
     "peering.enabled=false", "serviceMonitor.enabled=false", "podMonitor.enabled=false",
     "prometheusRule.enabled=false", "grafanaDashboard.enabled=false", "networkPolicy.enabled=false",
     "sharding.enabled=false", "operators.blackadder.dryRun=false",
