@@ -88,7 +88,7 @@ def release(monitoring: Path, core: kubernetes.client.CoreV1Api) -> Iterator[tup
 def test_helm_install_is_accepted_by_the_api_server(
         release: tuple[str, str], values: tuple[str, ...], core: kubernetes.client.CoreV1Api) -> None:
     name, namespace = release
-    helm("install", name, str(CHART), "--namespace", namespace, *sets(*values))
+    notes = helm("install", name, str(CHART), "--namespace", namespace, *sets(*values)).stdout
     manifest = [doc for doc in yaml.safe_load_all(helm("get", "manifest", name, "--namespace", namespace).stdout)
                 if doc]
     kinds = sorted({doc["kind"] for doc in manifest})
@@ -101,6 +101,10 @@ def test_helm_install_is_accepted_by_the_api_server(
     optional = {"Service", "ServiceMonitor", "PodMonitor", "PrometheusRule", "NetworkPolicy", "ConfigMap"}
     if values is ALL_ON:
         assert optional <= set(kinds), kinds
+        # NOTES.txt tells what runs and what to watch out for.
+        assert "dry-run is FORCED for every ChaosAgent" in notes
+        assert "WARNING: both a ServiceMonitor and a PodMonitor are enabled" in notes
+        assert f"Alerts: PrometheusRule {name}-kopf-operators" in notes
         # The NetworkPolicy's API server egress is what the `kubernetes` Service really leads to.
         policy = next(doc for doc in manifest if doc["kind"] == "NetworkPolicy")
         endpoints = kubectl("get", "endpointslices", "-n", "default", "-l", "kubernetes.io/service-name=kubernetes",
@@ -111,16 +115,42 @@ def test_helm_install_is_accepted_by_the_api_server(
             f"{address}/32" for ep in slice_["endpoints"] for address in ep["addresses"]]
         assert [p["port"] for p in api_egress["ports"]] == [p["port"] for p in slice_["ports"]]
         # The pods were admitted with the extras (the PriorityClass resolved to its value).
-        pods = wait_for(lambda: core.list_namespaced_pod(
-            namespace, label_selector=f"app.kubernetes.io/instance={name}").items, timeout=60,
-            what="the release's pods")
+        replicas = sum(doc["spec"]["replicas"] for doc in manifest if doc["kind"] == "Deployment")
+
+        def running_pods() -> list[Any]:
+            found = core.list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/instance={name}").items
+            return found if len(found) == replicas and all(pod.status.pod_ip for pod in found) else []
+
+        pods = wait_for(running_pods, timeout=60, what=f"the release's {replicas} pods with their IPs")
         for pod in pods:
             assert pod.spec.priority == 1000 and pod.spec.priority_class_name == PRIORITY_CLASS
             assert pod.metadata.labels["tier"] == "operators" and pod.metadata.annotations["team"] == "platform"
             assert [s.name for s in pod.spec.image_pull_secrets] == ["registry"]
             assert "HTTPS_PROXY" in [e.name for e in pod.spec.containers[0].env]
+        # What the monitors scrape: the metrics Service's endpoints are every pod's metrics port (the
+        # ServiceMonitor's way), and every pod matches the PodMonitor's selector with a `metrics` port.
+        monitors = {doc["kind"]: doc for doc in manifest if doc["kind"] in ("ServiceMonitor", "PodMonitor")}
+        service = next(doc for doc in manifest if doc["kind"] == "Service")
+        assert monitors["ServiceMonitor"]["spec"]["selector"]["matchLabels"].items() <= service["metadata"][
+            "labels"].items()
+
+        def scraped_endpoints() -> set[tuple[str, int]]:
+            slices = json.loads(kubectl("get", "endpointslices", "-n", namespace, "-o", "json", "-l",
+                                        f"kubernetes.io/service-name={service['metadata']['name']}").stdout)
+            return {(address, port["port"]) for item in slices["items"] for ep in item.get("endpoints") or ()
+                    if (ep.get("conditions") or {}).get("ready") for address in ep["addresses"]
+                    for port in item.get("ports") or () if port["name"] == "metrics"}
+
+        expected = {(pod.status.pod_ip, 9090) for pod in pods}
+        wait_for(lambda: scraped_endpoints() == expected, timeout=60,
+                 what=f"the metrics Service's endpoints to be {expected}")
+        selector = monitors["PodMonitor"]["spec"]["selector"]["matchLabels"]
+        for pod in pods:
+            assert selector.items() <= pod.metadata.labels.items()
+            assert 9090 in [p.container_port for p in pod.spec.containers[0].ports if p.name == "metrics"]
     else:
         assert not optional & set(kinds), kinds
+        assert "dry-run is OFF: ChaosAgents act for real" in notes and "Metrics are off" in notes
         assert kinds == ["Deployment"]
 
 
