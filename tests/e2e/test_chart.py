@@ -154,6 +154,13 @@ def test_helm_install_is_accepted_by_the_api_server(
         assert kinds == ["Deployment"]
 
 
+def test_chart_lints_strictly_with_every_option_on() -> None:
+    # `helm lint` reads no cluster: the NetworkPolicy's API server is given, as `helm template` users must.
+    result = helm("lint", "--strict", str(CHART), "--kube-version", kube_version(), *sets(
+        *ALL_ON, "networkPolicy.apiServer.cidrs={10.0.0.1/32}", "networkPolicy.apiServer.ports={6443}"))
+    assert "0 chart(s) failed" in result.stdout
+
+
 @pytest.mark.parametrize(("value", "message"), [
     ("logLevel=loud", "at '/logLevel': value must be one of 'quiet', 'info', 'verbose', 'debug'"),
     ("serviceMonitr.enabled=true", "at '': additional properties 'serviceMonitr' not allowed"),
