@@ -432,8 +432,8 @@ class BlackadderController:
                     metrics.error(OPERATOR, "webhook")
                     host = urllib.parse.urlsplit(url).hostname
                     self.announce(body, None, "Warning", "WebhookFailed",
-                                  f"webhook to {host} failed: {type(exc).__name__}; the rest of this cycle's "
-                                  "notifications are dropped", log)
+                                  f"webhook to {host} (Secret {where}) failed: {type(exc).__name__}; the rest of "
+                                  "this cycle's notifications are dropped", log)
                     return
             metrics.action(OPERATOR, "webhook", len(payloads))
 

@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (the fixtures imported from test_blackadder are parameters here)
 """Blackadder, issues #18 and #20: no secret in a ChaosAgent, the way out of its finalizer, a revert
 that keeps being refused lets go, and emergency stops (paused, revert, the global kill switch) that act
 within seconds. Real local API server, KWOK-backed pods; every agent is confined to its test's namespace.
@@ -21,14 +22,16 @@ import kubernetes
 import pytest
 
 from kopf_operators import blackadder as logic
-from tests.e2e.test_blackadder import (
+from tests.e2e.test_blackadder import (  # noqa: F401 (fixtures)
     PAUSE,
     Agents,
     _gone,
+    agents,
     events,
     ledger_location,
     make_cm,
     make_deployment,
+    other_namespace,
     replicas,
 )
 from tests.kube import (
