@@ -308,7 +308,9 @@ def test_a_revert_refused_again_and_again_lets_go_and_keeps_the_ledger(
     finally:
         kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", policy,
                 "--ignore-not-found", check=False)
-    assert not operator.errors(namespace), operator.errors(namespace)
+    # Kopf logs each retry of the delete handler at ERROR ("failed temporarily"): expected here; nothing else.
+    unexpected = [e for e in operator.errors(namespace) if "failed temporarily" not in e]
+    assert not unexpected, unexpected
 
 
 # --- #20: emergency stops act within seconds ----------------------------------------------------------------
