@@ -327,7 +327,7 @@ def test_paused_and_revert_act_within_seconds_not_at_the_next_cycle(
              what="paused within seconds (the next cycle is 10 minutes away)")
     agents.patch_spec(name, {"revert": True})
     wait_for(lambda: replicas(apps, namespace, "grow") == 1, timeout=STOP_SECONDS, what="reverted within seconds")
-    assert agents.status(name).get("state") == "Reverted"
+    wait_for(lambda: agents.status(name).get("state") == "Reverted", timeout=5, what="status Reverted")
 
 
 def test_global_kill_switch_stops_every_agent_within_seconds(
