@@ -567,6 +567,15 @@ def must_halt(settings: AgentSettings, kill_switch: bool) -> bool:
     return kill_switch or settings.paused or settings.revert
 
 
+def still_wanted(live: AgentSettings, planned: AgentSettings, mode: str, namespace: str,
+                 operator_namespace: str) -> bool:
+    """Whether a planned action still matches the agent's live spec (an edit in the middle of a cycle):
+    its mode still on, its namespace still allowed, and no dry-run switched on since the plan."""
+    enabled = {TANTRUM: live.tantrum, CANCER: live.cancer, IPSUM: live.ipsum}[mode]
+    return (enabled and namespace_allowed(namespace, live, operator_namespace)
+            and (planned.dry_run or not live.dry_run))
+
+
 def halt_state(settings: AgentSettings, kill_switch: bool) -> tuple[bool, bool, bool]:
     """What wakes a sleeping agent when it changes: the kill switch, paused, revert."""
     return (kill_switch, settings.paused, settings.revert)

@@ -350,23 +350,33 @@ class BlackadderController:
                                    "name": ref.name, "outcome": outcome_text, "dryRun": settings.dry_run,
                                    "before": before, "after": after})
 
-        steps: list[tuple[str, str, Callable[[], Awaitable[bool]]]] = []
+        # (mode, namespace, ledger key or "", the action)
+        steps: list[tuple[str, str, str, Callable[[], Awaitable[bool]]]] = []
         for pod in plan.kills:
-            steps.append((logic.TANTRUM, "", functools.partial(self._kill, body, pod, settings, note, log)))
+            steps.append((logic.TANTRUM, pod.namespace, "",
+                          functools.partial(self._kill, body, pod, settings, note, log)))
         for dep, replicas in plan.scales:
-            steps.append((logic.CANCER, logic.target_key("Deployment", dep.namespace, dep.name),
+            steps.append((logic.CANCER, dep.namespace, logic.target_key("Deployment", dep.namespace, dep.name),
                           functools.partial(self._scale, body, ledger, previous_undo, dep, replicas, settings, note,
                                             log)))
         for cm, new_data in writes:
-            steps.append((logic.IPSUM, logic.target_key("ConfigMap", cm.namespace, cm.name),
+            steps.append((logic.IPSUM, cm.namespace, logic.target_key("ConfigMap", cm.namespace, cm.name),
                           functools.partial(self._ipsum, body, ledger, previous_undo, cm, new_data, settings, note,
                                             log)))
-        for index, (mode, _key, step) in enumerate(steps):
+        for index, (mode, namespace, key, step) in enumerate(steps):
             if stopped():  # deleting the agent, pausing it or the kill switch stop it at once, mid-cycle
-                for _mode, key, _step in steps[index:]:
-                    if key and not settings.dry_run:  # never done: no write-ahead entry may stay behind
-                        logic.forget_undo(ledger, previous_undo, key)
+                for _mode, _ns, left, _step in steps[index:]:
+                    if left and not settings.dry_run:  # never done: no write-ahead entry may stay behind
+                        logic.forget_undo(ledger, previous_undo, left)
                 break
+            # An edit in the middle of the cycle (mode off, namespace no longer a target, dry-run on):
+            # the rest of the plan follows the live spec, not the one it was made with.
+            if not logic.still_wanted(self.agent_settings(body), settings, mode, namespace,
+                                      self.config.operator_namespace):
+                if key and not settings.dry_run:
+                    logic.forget_undo(ledger, previous_undo, key)
+                outcome.skipped += 1
+                continue
             if await step():
                 outcome.done[mode] += 1
             else:

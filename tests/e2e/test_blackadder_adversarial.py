@@ -6,6 +6,8 @@ Real local API server, KWOK-backed pods; every agent is confined to its test's n
 
 from __future__ import annotations
 
+from typing import Any
+
 import kubernetes
 import pytest
 
@@ -171,3 +173,54 @@ spec: {{cancerMode: true, eagerness: 100, pauseDuration: 600, targetNamespaces: 
     wait_for(lambda: _gone(lambda: agents.get(name)), timeout=30, what="deleted")
     agents.names.remove(name)
     assert replicas(apps, namespace, "grow") == 1
+
+
+def test_a_target_removed_mid_cycle_is_not_touched_by_the_rest_of_that_cycle(
+        agents: Agents, namespace: str, other_namespace: str, core: kubernetes.client.CoreV1Api) -> None:
+    """An edit mid-cycle: the plan covers two namespaces (the test's first, in name order); the second
+    is removed from targetNamespaces while the first is being written. Nothing in it is written."""
+    for ns in (namespace, other_namespace):
+        for i in range(30):
+            make_cm(core, ns, f"cm-{i:02d}", {"k": "v"})
+
+    def written(ns: str) -> int:
+        return sum(1 for cm in core.list_namespaced_config_map(ns).items
+                   if cm.metadata.name.startswith("cm-") and cm.data != {"k": "v"})
+
+    name = agents.create({"ipsumMode": True, "eagerness": 100, "pauseDuration": 600,
+                          "targetNamespaces": [namespace, other_namespace]})
+    wait_for(lambda: written(namespace) >= 1, timeout=30, what="the cycle under way")
+    agents.patch_spec(name, {"targetNamespaces": [namespace]})
+    wait_for(lambda: written(namespace) == 30, timeout=30, what="the rest of the first namespace")
+    stays(lambda: written(other_namespace) == 0, seconds=3, what="the removed namespace untouched")
+    wait_for(lambda: agents.status(name).get("lastCycle", {}).get("skipped") == 30, timeout=10,
+             what="the 30 dropped actions counted as skipped")
+    assert set(ledger(core, name)["undo"]) == {f"ConfigMap/{namespace}/cm-{i:02d}" for i in range(30)}
+
+
+def test_operator_killed_mid_cycle_then_revert_restores_exactly_what_was_written(
+        operator: OperatorProcess, agents: Agents, namespace: str, core: kubernetes.client.CoreV1Api) -> None:
+    """SIGKILL between a write-ahead and its action: the ledger may hold entries for writes that never
+    happened; the revert must restore what was written and leave the rest alone, reporting nothing as
+    changed by someone else."""
+    originals = {f"cm-{i:02d}": {"k": f"v{i}"} for i in range(60)}
+    for cm, data in originals.items():
+        make_cm(core, namespace, cm, data)
+    name = agents.create({"ipsumMode": True, "eagerness": 100, "pauseDuration": 600,
+                          "targetNamespaces": [namespace]})
+
+    def written() -> set[str]:
+        return {cm.metadata.name for cm in core.list_namespaced_config_map(namespace).items
+                if cm.metadata.name in originals and cm.data != originals[cm.metadata.name]}
+
+    wait_for(lambda: len(written()) >= 1, timeout=30, what="the cycle under way")
+    operator.kill()
+    assert 0 < len(written()) < len(originals)  # killed mid-cycle
+    assert len(ledger(core, name)["undo"]) == len(originals)  # every write was recorded ahead
+    operator.start()
+    agents.patch_spec(name, {"revert": True})
+    wait_for(lambda: not written(), timeout=STOP_SECONDS + 5, what="every written ConfigMap restored")
+    revert: dict[str, Any] = dict(wait_for(lambda: agents.status(name).get("revert") or {}, timeout=10,
+                                           what="the revert reported"))
+    assert revert["changed"] == [] and revert["gone"] == [] and revert["failed"] == [], revert
+    assert not ledger(core, name)["undo"]

@@ -388,3 +388,14 @@ def test_webhook_comes_from_a_secret_reference_never_an_inline_url() -> None:
     inline = {"eagerness": 1, "webhook": {"url": "https://example.invalid/x?token=secret"}}
     assert logic.settings_from_spec(inline).webhook_secret == ""
     assert "token=" not in repr(logic.settings_from_spec(inline))
+
+
+def test_an_edit_mid_cycle_keeps_only_actions_the_live_spec_still_wants() -> None:
+    planned = logic.AgentSettings(ipsum=True, cancer=True, eagerness=100, targets=("a", "b"))
+    assert logic.still_wanted(planned, planned, logic.IPSUM, "b", "")
+    assert not logic.still_wanted(dataclasses.replace(planned, targets=("a",)), planned, logic.IPSUM, "b", "")
+    assert not logic.still_wanted(dataclasses.replace(planned, excluded=("b",)), planned, logic.IPSUM, "b", "")
+    assert not logic.still_wanted(dataclasses.replace(planned, ipsum=False), planned, logic.IPSUM, "a", "")
+    assert logic.still_wanted(dataclasses.replace(planned, ipsum=False), planned, logic.CANCER, "a", "")
+    assert not logic.still_wanted(dataclasses.replace(planned, dry_run=True), planned, logic.CANCER, "a", "")
+    assert not logic.still_wanted(planned, planned, logic.IPSUM, "kube-system", "")  # the deny-list, always
