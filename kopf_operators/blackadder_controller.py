@@ -655,6 +655,8 @@ class BlackadderController:
                 if failed:
                     incomplete = RevertIncomplete(failed)
                     if attempt + 1 < logic.REVERT_ATTEMPTS or not incomplete.refused:
+                        # While it is retried, the Terminating agent says what is still left.
+                        await self._patch_status(meta["name"], {"revert": summary, "state": "RevertFailed"})
                         raise incomplete
                     await self._abandon(body, handle, summary, attempt + 1, log)
                     self._ledgers.pop(meta["uid"], None)

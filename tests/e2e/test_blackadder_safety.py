@@ -274,6 +274,10 @@ def test_a_revert_refused_again_and_again_lets_go_and_keeps_the_ledger(
         wait_for(refused, timeout=30, what="the policy in force")
         ledger_ns, ledger_name = ledger_location(name)
         kubectl("delete", "chaosagent", name, "--wait=false")
+        retrying: dict[str, Any] = wait_for(
+            lambda: agents.status(name) if agents.status(name).get("state") == "RevertFailed" else {},
+            timeout=30, what="the Terminating agent saying what is left")
+        assert [f["key"] for f in retrying["revert"]["failed"]] == [f"Deployment/{namespace}/frozen"], retrying
         wait_for(lambda: _gone(lambda: agents.get(name)), timeout=90, what="the agent let go")
         agents.names.remove(name)
         assert replicas(apps, namespace, "frozen") == grown  # could not be reverted
