@@ -3,7 +3,8 @@
 A CopyratorRule carries no finalizer: a namespace holding one is deleted while the operator is
 stopped, and the copies that rule left elsewhere are pruned when the operator comes back (the orphan
 sweep at start). A rule left by the previous version with Kopf's finalizer, caught in a namespace
-deletion while the operator was down, is released by the new version at start.
+deletion while the operator was down, is released by the new version at start. A ChaosAgent keeps its
+finalizer (its revert needs the operator): its deletion waits, and docs/deploy.md's way out releases it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import kubernetes
 import pytest
 
 from kopf_operators import copyrator as logic
-from tests.kube import OperatorProcess, delete_namespaces, wait_for
+from tests.kube import OperatorProcess, delete_namespaces, kubectl, operator_namespace, stays, wait_for
 
 G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL
 OLD_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"  # what the previous version put on every rule
@@ -105,3 +106,34 @@ def test_namespaces_holding_rules_are_deleted_while_the_operator_is_down_and_cop
         assert uids[ns] not in [c.metadata.labels.get(logic.RULE_UID_LABEL)
                                 for c in core.list_namespaced_config_map(target).items if c.metadata.labels]
     assert not [e for e in operator.errors() if "copyrator" in e.lower()]
+
+
+def test_a_chaos_agent_deleted_while_the_operator_is_down_waits_until_released_by_hand(
+        operator: OperatorProcess, custom: kubernetes.client.CustomObjectsApi, namespace: str) -> None:
+    group, version, plural = "blackadder.io", "v1beta1", "chaosagents"
+    name = f"outage-{uuid.uuid4().hex[:6]}"
+    custom.create_cluster_custom_object(group, version, plural, {
+        "apiVersion": f"{group}/{version}", "kind": "ChaosAgent", "metadata": {"name": name},
+        "spec": {"tantrumMode": True, "eagerness": 0, "podTolerance": 0, "pauseDuration": 60, "dryRun": True,
+                 "targetNamespaces": [namespace]}})
+
+    def agent() -> dict[str, Any] | None:
+        try:
+            return dict(custom.get_cluster_custom_object(group, version, plural, name))
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    wait_for(lambda: (agent() or {}).get("metadata", {}).get("finalizers"), timeout=30,
+             what="the agent's finalizer (Kopf adds it for the revert on delete)")
+    operator.stop()
+    custom.delete_cluster_custom_object(group, version, plural, name)
+    stays(lambda: (agent() or {}).get("metadata", {}).get("deletionTimestamp"), seconds=3,
+          what="the agent waiting for the operator")
+    # The way out when the operator will not come back (docs/deploy.md): release it by hand; what it
+    # changed stays changed (its ledger Secret says what that was).
+    kubectl("patch", f"chaosagent/{name}", "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
+    wait_for(lambda: agent() is None, timeout=30, what="the agent gone once released")
+    kubectl("delete", "secret", f"blackadder-ledger-{name}", "-n", operator_namespace() or "blackadder-system",
+            "--ignore-not-found")
