@@ -440,7 +440,10 @@ class CopyratorController:
         """Copies whose rule is gone (deleted while the operator was down, or a prune that failed).
         Suspects come from the indexes (no request when there are none); each suspect rule is confirmed
         gone by one listing of its name in its namespace before its copies are deleted. A copy that does
-        not say where its rule is, or a listing that fails, is left alone."""
+        not say where its rule is, or a listing that fails, is left alone. Nothing while Kopf has paused
+        this process (a standby: the ``ha`` branch's ``Access.paused``)."""
+        if getattr(self.access, "paused", False):
+            return 0
         live = set()
         for key in list(self.rules):
             snapshot = _first(self.rules, key)

@@ -91,3 +91,11 @@ def test_a_deletion_seen_by_the_operator_needs_no_confirmation() -> None:
     sweep._deleting.add("u-gone")  # its DELETED event was handled, but that prune failed
     assert asyncio.run(sweep.prune_orphans()) == 1
     assert [c[0] for c in access.calls] == ["delete"]
+
+
+def test_a_paused_standby_sweeps_nothing() -> None:
+    access = FakeAccess({})
+    access.paused = True  # type: ignore[attr-defined]  # Kopf paused this replica in favour of a peer
+    sweep = controller(access, {}, [copy_view("t", "gone", "u-gone", "a/gone")])
+    assert asyncio.run(sweep.prune_orphans()) == 0
+    assert access.calls == []
