@@ -19,6 +19,7 @@ class FakeAccess:
     def __init__(self, rules: dict[tuple[str, str], str], failing: bool = False) -> None:
         self.rules = rules
         self.failing = failing
+        self.paused = False  # Kopf's peering pause (Access.paused)
         self.calls: list[tuple[str, ...]] = []
 
     async def list(self, kind: Any, namespace: str | None = None, *, labels: str = "",
@@ -95,7 +96,7 @@ def test_a_deletion_seen_by_the_operator_needs_no_confirmation() -> None:
 
 def test_a_paused_standby_sweeps_nothing() -> None:
     access = FakeAccess({})
-    access.paused = True  # type: ignore[attr-defined]  # Kopf paused this replica in favour of a peer
+    access.paused = True  # Kopf paused this replica in favour of a peer
     sweep = controller(access, {}, [copy_view("t", "gone", "u-gone", "a/gone")])
     assert asyncio.run(sweep.prune_orphans()) == 0
     assert access.calls == []
