@@ -73,7 +73,8 @@ def test_undeploy_then_uninstall_completes_with_live_objects_of_every_kind(
     run = ns_a.rsplit("-", 1)[1]
     kubectl("create", "namespace", NAMESPACE, check=False)
     deployed, took = make("deploy", IMAGE=images[0],
-                          HELM_ARGS=f"--set watchNamespaces={{{ns_a},{ns_b}}} --set peering.enabled=false")
+                          HELM_ARGS=f"--set watchNamespaces={{{ns_a},{ns_b}}} --set peering.enabled=false "
+                                    "--set replicaCount=1")  # one standalone replica: nothing acts twice
     assert deployed.returncode == 0, deployed.stderr
     wait_for(lambda: [p for p in core.list_namespaced_pod(NAMESPACE).items
                       if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])],
