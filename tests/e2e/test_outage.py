@@ -17,7 +17,7 @@ import kubernetes
 import pytest
 
 from kopf_operators import copyrator as logic
-from tests.kube import OperatorProcess, delete_namespaces, kubectl, operator_namespace, stays, wait_for
+from tests.kube import OperatorProcess, delete_namespaces, kubectl, stays, wait_for
 
 G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL
 OLD_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"  # what the previous version put on every rule
@@ -131,9 +131,7 @@ def test_a_chaos_agent_deleted_while_the_operator_is_down_waits_until_released_b
     custom.delete_cluster_custom_object(group, version, plural, name)
     stays(lambda: (agent() or {}).get("metadata", {}).get("deletionTimestamp"), seconds=3,
           what="the agent waiting for the operator")
-    # The way out when the operator will not come back (docs/deploy.md): release it by hand; what it
-    # changed stays changed (its ledger Secret says what that was).
+    # The way out when the operator will not come back (docs/deploy.md): release it by hand (what it
+    # changed then stays changed).
     kubectl("patch", f"chaosagent/{name}", "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
     wait_for(lambda: agent() is None, timeout=30, what="the agent gone once released")
-    kubectl("delete", "secret", f"blackadder-ledger-{name}", "-n", operator_namespace() or "blackadder-system",
-            "--ignore-not-found")
