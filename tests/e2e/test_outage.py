@@ -4,11 +4,14 @@ A CopyratorRule carries no finalizer: a namespace holding one is deleted while t
 stopped, and the copies that rule left elsewhere are pruned when the operator comes back (the orphan
 sweep at start). A rule left by the previous version with Kopf's finalizer, caught in a namespace
 deletion while the operator was down, is released by the new version at start. A ChaosAgent keeps its
-finalizer (its revert needs the operator): its deletion waits, and docs/deploy.md's way out releases it.
+finalizer (its revert needs the operator): its deletion waits (`make undeploy` then stops and says
+so), and docs/deploy.md's way out releases it.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,7 +20,7 @@ import kubernetes
 import pytest
 
 from kopf_operators import copyrator as logic
-from tests.kube import OperatorProcess, delete_namespaces, kubectl, stays, wait_for
+from tests.kube import CLUSTER_DIR, KUBECONFIG, REPO, OperatorProcess, delete_namespaces, kubectl, stays, wait_for
 
 G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL
 OLD_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"  # what the previous version put on every rule
@@ -128,7 +131,14 @@ def test_a_chaos_agent_deleted_while_the_operator_is_down_waits_until_released_b
     wait_for(lambda: (agent() or {}).get("metadata", {}).get("finalizers"), timeout=30,
              what="the agent's finalizer (Kopf adds it for the revert on delete)")
     operator.stop()
-    custom.delete_cluster_custom_object(group, version, plural, name)
+    # `make undeploy` deletes the agents first; with no operator to revert them it gives up, says so
+    # and leaves the release alone (this one does not even exist: helm is never reached).
+    undeploy = subprocess.run(["make", "-s", "undeploy"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "KUBECONFIG": str(KUBECONFIG), "CLUSTER_DIR": str(CLUSTER_DIR),
+                                   "RELEASE": "no-such-release", "UNDEPLOY_TIMEOUT": "5s"})
+    assert undeploy.returncode != 0
+    assert "ChaosAgents still wait for the operator" in undeploy.stderr, undeploy.stderr
+    assert "release is left installed" in undeploy.stderr
     stays(lambda: (agent() or {}).get("metadata", {}).get("deletionTimestamp"), seconds=3,
           what="the agent waiting for the operator")
     # The way out when the operator will not come back (docs/deploy.md): release it by hand (what it
