@@ -43,7 +43,7 @@ install: ## apply the CRDs to the target cluster
 	KUBECONFIG=$(TARGET_KUBECONFIG) kubectl wait --for=condition=Established --timeout=60s -f manifests/crds/
 
 uninstall: ## remove the CRDs (and so every custom resource) from the target cluster
-	KUBECONFIG=$(TARGET_KUBECONFIG) kubectl delete --ignore-not-found -f manifests/crds/
+	@cluster/uninstall.sh
 
 run: setup ## install the CRDs and run all four operators against the target cluster
 	@export KUBECONFIG=$(TARGET_KUBECONFIG) && \
@@ -106,5 +106,5 @@ revert-agents: ## delete every ChaosAgent while the operator runs (each reverts 
 	  kubectl delete chaosagents.blackadder.io --all --wait=true --timeout=$(REVERT_TIMEOUT); \
 	else echo "no ChaosAgent CRD: nothing to revert"; fi
 
-undeploy: ## uninstall the Helm release (CRDs stay: `make uninstall` removes them and every CR)
-	KUBECONFIG=$(TARGET_KUBECONFIG) $(HELM) uninstall $(RELEASE) --namespace $(DEPLOY_NAMESPACE)
+undeploy: ## delete the ChaosAgents (the operator reverts them), then uninstall the Helm release (CRDs stay)
+	@RELEASE=$(RELEASE) DEPLOY_NAMESPACE=$(DEPLOY_NAMESPACE) cluster/undeploy.sh
