@@ -543,6 +543,7 @@ class Tally:
     conflicts: list[str] = dataclasses.field(default_factory=list)
     refusals: list[str] = dataclasses.field(default_factory=list)  # consent problems, per source
     failed: int = 0
+    rejected: list[str] = dataclasses.field(default_factory=list)  # copies the API server refuses (why)
 
 
 def build_status(rule: Rule, previous: Mapping[str, Any] | None, tally: Tally | None = None,
@@ -593,6 +594,10 @@ def build_status(rule: Rule, previous: Mapping[str, Any] | None, tally: Tally | 
     if tally.refusals:
         conds = set_condition(conds, "Ready", False, "Refused",
                               f"{len(tally.refusals)} source(s) without consent for this rule", gen, now)
+    elif tally.rejected:
+        conds = set_condition(conds, "Ready", False, "CopyRefused",
+                              f"the API server refuses {len(tally.rejected)} copy(ies), not retried until "
+                              f"the source changes: {'; '.join(sorted(tally.rejected)[:10])}", gen, now)
     elif tally.failed:
         conds = set_condition(conds, "Ready", False, "SyncFailed",
                               f"{tally.failed} copy operation(s) failed; retrying", gen, now)

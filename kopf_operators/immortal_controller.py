@@ -97,6 +97,11 @@ class ImmortalController:
 
     # --- triggers ----------------------------------------------------------------------------------
 
+    async def deleted(self, key: Key) -> None:
+        """The ImmortalContainer is gone (its pod goes by garbage collection): drop what we kept."""
+        async with self.access.serialised(key):
+            self.forget(key)
+
     async def converge(self, key: Key, body: Mapping[str, Any] | None = None, *, trigger: str = "object",
                        pod_event: tuple[str, Mapping[str, Any]] | None = None) -> logic.Decision | None:
         """One level-triggered pass for one ImmortalContainer. ``body``: the object as its event
@@ -320,12 +325,12 @@ class ImmortalController:
 
         self._backoffs[key] = asyncio.get_running_loop().call_later(max(0.05, delay), fire)
 
-    async def guarded(self, key: Key, trigger: str,
-                      pod_event: tuple[str, Mapping[str, Any]] | None = None) -> None:
-        """A pass outside Kopf's retrying handlers (pod events, retries, resync): a failure is logged
+    async def guarded(self, key: Key, trigger: str, pod_event: tuple[str, Mapping[str, Any]] | None = None,
+                      body: Mapping[str, Any] | None = None) -> None:
+        """A pass from an event, a retry or the resync (Kopf retries none of them): a failure is logged
         and retried later with backoff."""
         try:
-            await self.converge(key, trigger=trigger, pod_event=pod_event)
+            await self.converge(key, body, trigger=trigger, pod_event=pod_event)
         except ApiError as exc:
             metrics.error(OPERATOR, "api")
             logger.warning(f"[{key[0]}/{key[1]}] {trigger}: {exc}; retrying with backoff")

@@ -405,7 +405,7 @@ def test_the_same_change_applied_twice_changes_nothing(core: Any, custom: Any, n
     new = wait_pod(core, namespace, "twice-immortalpod", not_uid=pod.metadata.uid)
     wait_counted(custom, namespace, "twice", 2, new.metadata.uid)
     stays(same_pod(core, namespace, "twice-immortalpod", new.metadata.uid), 3, what="one replacement only")
-    assert count_events(core, namespace, "twice", "TemplateChanged") == 1
+    assert count_events(core, namespace, "twice", "ImageChanged") == 1
     assert count_events(core, namespace, "twice", "PodCreated") == 2
 
 
