@@ -306,3 +306,73 @@ def test_a_late_event_of_a_replaced_pod_never_counts_as_a_new_start() -> None:
     assert late is not None and late.uid == "new"
     assert controller._pod(key, ic, ("ADDED", pod("new", 13))).uid == "new"  # type: ignore[union-attr]
     assert controller._pod(key, ic, ("DELETED", pod("old", 12))).uid == "new"  # type: ignore[union-attr]
+
+
+class FakeAccess:
+    """The access layer's surface the immortal controller uses, recording writes (controller logic
+    only; behaviour against the API server is in tests/e2e)."""
+
+    def __init__(self, refuse: bool, ic: dict[str, Any]) -> None:
+        self.refuse = refuse
+        self.ic = ic
+        self.calls: list[tuple[str, bool]] = []
+
+    def serialised(self, key: Any) -> Any:
+        import contextlib
+
+        @contextlib.asynccontextmanager
+        async def hold() -> Any:
+            yield
+
+        return hold()
+
+    async def create(self, kind: Any, body: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any] | None:
+        from kopf_operators.access import ApiError
+
+        self.calls.append(("create", dry_run))
+        if self.refuse:
+            raise ApiError(422, "Unprocessable Entity", 'Pod "x" is invalid: Bad_Name')
+        return None if dry_run else body
+
+    async def delete(self, *args: Any, **kwargs: Any) -> bool:
+        self.calls.append(("delete", False))
+        return True
+
+    async def patch_status(self, kind: Any, namespace: str, name: str, status: dict[str, Any],
+                           resource_version: str | None = None) -> dict[str, Any]:
+        self.calls.append(("patch-status", False))
+        return {**self.ic, "metadata": {**self.ic["metadata"], "resourceVersion": "99"}, "status": status}
+
+    def event(self, *args: Any) -> None:
+        self.calls.append(("event", False))
+
+
+@pytest.mark.parametrize("refuse", [True, False])
+def test_a_running_pod_is_deleted_only_after_the_dry_run_accepts_its_replacement(refuse: bool) -> None:
+    """Issue #20: the dry run comes before the delete; a refused spec is asked about once per spec
+    (pod events do not repeat it), the periodic sweep asks again."""
+    import asyncio
+
+    from kopf_operators.immortal_controller import ImmortalController
+
+    key = ("ns1", "example-immortalcontainer")
+    ic = {**IC, "metadata": {**IC["metadata"], "resourceVersion": "5"}, "spec": {"image": "nginx:2"}}
+    running = logic.pod_summary({"metadata": {"name": "example-immortalcontainer-immortalpod", "uid": "pod-1",
+                                              "resourceVersion": "4",
+                                              "ownerReferences": [{"controller": True, "uid": "ic-uid"}]},
+                                 "spec": {"containers": [{"name": "acontainer", "image": "nginx:1"}]},
+                                 "status": {"phase": "Running"}})
+    access = FakeAccess(refuse, ic)
+    controller = ImmortalController(access, objects={key: [logic.snapshot(ic)]}, pods={key: [running]})  # type: ignore[arg-type]
+
+    async def passes() -> list[logic.Decision | None]:
+        return [await controller.converge(key, trigger=trigger) for trigger in ("object", "pod modified", "resync")]
+
+    decisions = asyncio.run(passes())
+    if refuse:
+        assert [d.reason for d in decisions if d] == ["TemplateRefused"] * 3
+        assert [c for c in access.calls if c[0] in ("create", "delete")] == [("create", True), ("create", True)]
+        assert access.calls.count(("event", False)) == 1  # one Warning per episode
+    else:
+        assert decisions[0] is not None and decisions[0].reason == "ImageChanged"
+        assert access.calls[:2] == [("create", True), ("delete", False)]
