@@ -57,6 +57,7 @@ test: setup ## everything: set-up, local cluster, lint, unit and end-to-end test
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	@cluster/cluster.sh up
+	@cluster/monitoring.sh >/dev/null  # tests/e2e/test_chart.py's CRDs and promtool, built once (cached)
 	$(BIN)/pytest
 
 # BENCH_ARGS e.g. "--quick", "--only scale peers", "--operators operators/immortal.py" (or OPERATOR_FILES=...).

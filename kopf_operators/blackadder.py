@@ -24,6 +24,7 @@ from kopf_operators.common import (
     env_float,
     env_list,
     iso_to_epoch,
+    kstatus_conditions,
     matches_label_selector,
     set_condition,
     stable_hash,
@@ -729,9 +730,17 @@ def scale_patch(expected: int, replicas: int) -> list[dict[str, Any]]:
 # --- Status -----------------------------------------------------------------------------------------
 
 
+# Reasons that need a person: the agent cannot act until its spec is fixed (kstatus: Failed).
+STALLED_REASONS = frozenset({"InvalidSpec"})
+
+
 def conditions_for(previous: Any, settings: AgentSettings, generation: int | None,
-                   ready: bool, reason: str, message: str) -> list[dict[str, Any]]:
-    conds = set_condition(previous, "Ready", ready, reason, message, generation)
+                   ready: bool, reason: str, message: str, stalled: bool = False) -> list[dict[str, Any]]:
+    """Ready (the last cycle succeeded, or the agent idles by design: paused, outside its windows,
+    reverted), Stalled (``stalled``: it cannot work until a person acts), else Reconciling (a failed
+    cycle that the next one retries); plus Paused and DryRun."""
+    conds = kstatus_conditions(previous, ready=ready, stalled=stalled, reason=reason, message=message,
+                               observed_generation=generation)
     conds = set_condition(conds, "Paused", settings.paused, "Spec" if settings.paused else "Running",
                           "paused: true in the spec" if settings.paused else "acting every pauseDuration",
                           generation)
@@ -745,9 +754,11 @@ STATES = {"Reverted": "Reverted", "Paused": "Paused", "OutsideWindow": "Idle", "
 
 
 def simple_status(previous: Any, settings: AgentSettings, generation: int | None, ready: bool, reason: str,
-                  message: str) -> dict[str, Any]:
-    """The status of a cycle that did no chaos (revert, paused, idle outside its windows, failed)."""
-    conditions = conditions_for(previous, settings, generation, ready, reason, message)
+                  message: str, stalled: bool | None = None) -> dict[str, Any]:
+    """The status of a cycle that did no chaos (revert, paused, idle outside its windows, failed).
+    ``stalled`` None: by the reason (STALLED_REASONS)."""
+    stalled = reason in STALLED_REASONS if stalled is None else stalled
+    conditions = conditions_for(previous, settings, generation, ready, reason, message, stalled)
     conditions = set_condition(conditions, "Active", False, reason, message, generation)
     status: dict[str, Any] = {"observedGeneration": generation, "state": STATES.get(reason, reason),
                               "conditions": conditions}

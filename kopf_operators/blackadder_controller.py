@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -39,7 +40,7 @@ from kopf_operators import access as k8s
 from kopf_operators import blackadder as logic
 from kopf_operators import metrics
 from kopf_operators.access import Access, ApiError
-from kopf_operators.common import DOMAIN, Config, now_iso
+from kopf_operators.common import DOMAIN, Config, now_iso, stall_event
 
 OPERATOR = "blackadder"
 NAMESPACES_INDEX = "blackadder-namespaces"
@@ -208,12 +209,16 @@ class BlackadderController:
             except ApiError as exc:
                 metrics.error(OPERATOR, "cycle")
                 self.announce(body, None, "Warning", "CycleFailed", f"cycle failed: {exc}", log)
+                # Retried by the next cycle (Reconciling), unless the API refuses it (403, 422...): then
+                # only a person can help (Stalled).
+                retried = exc.transient or exc.status in (404, 409)
                 await self._patch_status(name, logic.simple_status(previous, settings, generation, False,
-                                                                   "CycleFailed", str(exc)[:300]))
+                                                                   "CycleFailed", str(exc)[:300],
+                                                                   stalled=not retried), body)
                 return
             await self._patch_status(name, logic.cycle_status(
                 previous, settings, generation, handle.data, outcome.done, outcome.skipped, inventory.counts(),
-                f"{handle.namespace}/{handle.name}"))
+                f"{handle.namespace}/{handle.name}"), body)
 
     async def inventory(self, settings: logic.AgentSettings, now: float) -> logic.Inventory:
         """The cycle's candidates, listed with pykube-ng and scoped server-side: only the allowed
@@ -650,3 +655,8 @@ class BlackadderController:
         except ApiError as exc:
             metrics.error(OPERATOR, "status")
             logger.warning(f"[{agent}] status not written: {exc}")
+            return
+        stalled = stall_event(((body or {}).get("status") or {}).get("conditions"), status.get("conditions"))
+        if body is not None and stalled:  # one uniform Event per Stalled transition (docs/observability.md)
+            with contextlib.suppress(LookupError):  # outside a running operator (no event queue)
+                self.access.event(body, *stalled)

@@ -25,6 +25,7 @@ from kopf_operators.common import (
     DOMAIN,
     env_bool,
     env_float,
+    kstatus_conditions,
     matches_label_selector,
     matches_labels,
     set_condition,
@@ -561,7 +562,9 @@ def build_status(rule: Rule, previous: Mapping[str, Any] | None, tally: Tally | 
     if problem is not None:
         if problem.reason == "Refused":
             conds = set_condition(conds, "Refused", True, "Refused", str(problem), gen, now)
-        conds = set_condition(conds, "Ready", False, problem.reason, str(problem), gen, now)
+        # The rule cannot work as written: only an edit helps (kstatus: Failed).
+        conds = kstatus_conditions(conds, ready=False, stalled=True, reason=problem.reason, message=str(problem),
+                                   observed_generation=gen, now=now)
         status["conditions"] = conds
         for key in ("sources", "desired", "copied", "conflicted", "skipped", "conflicts", "withheld", "refused"):
             if key in previous:
@@ -591,22 +594,33 @@ def build_status(rule: Rule, previous: Mapping[str, Any] | None, tally: Tally | 
                               f"(left untouched): {', '.join(status['conflicts'])}", gen, now)
     else:
         conds = set_condition(conds, "Conflict", False, "NoConflict", "", gen, now)
-    if tally.refusals:
-        conds = set_condition(conds, "Ready", False, "Refused",
-                              f"{len(tally.refusals)} source(s) without consent for this rule", gen, now)
-    elif tally.rejected:
-        conds = set_condition(conds, "Ready", False, "CopyRefused",
-                              f"the API server refuses {len(tally.rejected)} copy(ies), not retried until "
-                              f"the source changes: {'; '.join(sorted(tally.rejected)[:10])}", gen, now)
-    elif tally.failed:
-        conds = set_condition(conds, "Ready", False, "SyncFailed",
-                              f"{tally.failed} copy operation(s) failed; retrying", gen, now)
-    else:
-        conds = set_condition(conds, "Ready", True, "Synced",
-                              f"{tally.copied} of {tally.desired} copies in sync across "
-                              f"{tally.targets} namespace(s)", gen, now)
-    status["conditions"] = conds
+    ready, stalled, reason, message = readiness(tally, status)
+    status["conditions"] = kstatus_conditions(conds, ready=ready, stalled=stalled, reason=reason, message=message,
+                                              observed_generation=gen, now=now)
     return status
+
+
+def readiness(tally: Tally, status: Mapping[str, Any]) -> tuple[bool, bool, str, str]:
+    """(ready, stalled, reason, message) of a rule: Ready only when every wanted copy is in sync;
+    Stalled when a person must act (a source's owner must consent, an object in the way must go, the
+    API server refuses a copy of a source);
+    else work is under way (copies being made, failed writes retried)."""
+    if tally.refusals:
+        return False, True, "Refused", (f"{len(tally.refusals)} source(s) not copied without their owner's "
+                                               f"consent: " + "; ".join(status["refused"]))
+    if tally.conflicts:
+        return False, True, "ForeignObject", (f"{len(tally.conflicts)} target(s) hold an object this rule does not "
+                                              f"own (left untouched; delete or rename it): "
+                                              f"{', '.join(status['conflicts'])}")
+    if tally.rejected:
+        return False, True, "CopyRefused", (f"the API server refuses {len(tally.rejected)} copy(ies), not retried "
+                                            f"until the source changes: {'; '.join(sorted(tally.rejected)[:10])}")
+    if tally.failed:
+        return False, False, "SyncFailed", f"{tally.failed} copy operation(s) failed; retrying"
+    if tally.copied < tally.desired:
+        return False, False, "Syncing", f"{tally.copied} of {tally.desired} copies in sync; copying the rest"
+    withheld = f"; {tally.withheld} withheld by their sources' consent" if tally.withheld else ""
+    return True, False, "Synced", f"all {tally.copied} copies in sync across {tally.targets} namespace(s){withheld}"
 
 
 def status_changed(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:

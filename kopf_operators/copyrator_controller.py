@@ -35,6 +35,7 @@ from kopf_operators import access as k8s
 from kopf_operators import copyrator as logic
 from kopf_operators import metrics
 from kopf_operators.access import Access, ApiError
+from kopf_operators.common import stall_event
 
 OPERATOR = "copyrator"
 RULES_INDEX = "copyrator-rules"
@@ -688,6 +689,9 @@ class CopyratorController:
         answer = await self.access.patch_status(RULE, meta["namespace"], meta["name"], status)
         if answer is not None:
             self._status[str(meta.get("uid"))] = {**previous, **status}
+            stalled = stall_event(previous.get("conditions"), status.get("conditions"))
+            if stalled:  # one uniform Event per Stalled transition, for every kind (docs/observability.md)
+                self.access.event(snapshot, *stalled)
 
     async def _report_problem(self, snapshot: Mapping[str, Any], problem: logic.RuleError) -> None:
         meta = snapshot["metadata"]

@@ -102,7 +102,7 @@ def test_an_edit_the_api_server_refuses_keeps_the_working_pod(
     new = wait_pod(core, namespace, "keep-immortalpod", not_uid=pod.metadata.uid)
     assert new.spec.containers[0].image == "nginx:1.28"
     wait_counted(custom, namespace, "keep", 2, new.metadata.uid)
-    wait_for(reason_is(custom, namespace, "keep", "PodRunning"), what="Ready again")
+    wait_for(reason_is(custom, namespace, "keep", "PodReady"), what="Ready again")
     assert not operator.errors(about=namespace)
 
 
@@ -140,7 +140,7 @@ def test_a_refused_edit_reverted_changes_nothing(core: Any, custom: Any, namespa
     patch_spec(custom, namespace, "revert", {"template": BAD})
     wait_for(reason_is(custom, namespace, "revert", "TemplateRefused"), what="TemplateRefused")
     patch_spec(custom, namespace, "revert", {"template": GOOD})  # back to what the pod runs
-    wait_for(reason_is(custom, namespace, "revert", "PodRunning"), what="Ready again")
+    wait_for(reason_is(custom, namespace, "revert", "PodReady"), what="Ready again")
     stays(same_pod(core, namespace, "revert-immortalpod", pod.metadata.uid), 3, what="the same pod, never replaced")
     assert status(custom, namespace, "revert")["startTimes"] == 1
 

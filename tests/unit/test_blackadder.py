@@ -344,3 +344,29 @@ def test_malformed_copyrator_rules_name_no_sources_and_never_raise(namespace: ob
     rule = {"spec": {"ruleType": "configmap", "selector": {"copy": "yes"}, "namespace": namespace}}
     sources = logic.copyrator_sources(rule)
     assert sources == ([{"namespace": "ok", "selector": {"copy": "yes"}}] if namespace == [1, "ok"] else [])
+
+
+def kstatus_triad(status: dict[str, Any]) -> tuple[str, str, str]:
+    conds = {c["type"]: c["status"] for c in status["conditions"]}
+    return conds["Ready"], conds["Reconciling"], conds["Stalled"]
+
+
+@pytest.mark.parametrize(("ready", "reason", "stalled", "expected"), [
+    (True, "Paused", None, ("True", "False", "False")),  # idle by design
+    (True, "OutsideWindow", None, ("True", "False", "False")),
+    (True, "Reverted", None, ("True", "False", "False")),
+    (False, "InvalidSpec", None, ("False", "False", "True")),  # an unknown timeZone: a person must fix it
+    (False, "CycleFailed", False, ("False", "True", "False")),  # the next cycle retries
+    (False, "CycleFailed", True, ("False", "False", "True")),  # refused by the API server (403...)
+])
+def test_agent_conditions_follow_kstatus(ready: bool, reason: str, stalled: bool | None,
+                                         expected: tuple[str, str, str]) -> None:
+    status = logic.simple_status([], AgentSettings(), 4, ready, reason, "why", stalled=stalled)
+    assert kstatus_triad(status) == expected
+    assert status["observedGeneration"] == 4
+
+
+def test_a_cycle_that_succeeded_is_ready() -> None:
+    ledger = {"cycle": 3, "lastCycleAt": "T", "counts": {}, "wouldBe": {}}
+    status = logic.cycle_status([], AgentSettings(dry_run=True), 2, ledger, {"pods": 1}, 0, {"pods": 2}, "ns/l")
+    assert kstatus_triad(status) == ("True", "False", "False")
