@@ -2,7 +2,7 @@
 
 What it gives a controller, and nothing more:
 - ``read`` (None when absent), ``list`` (start-up and periodic resync only, never per event),
-- ``create`` (None on a 409: someone else's object, or ours already there),
+- ``create`` (None on a 409: someone else's object, or ours already there; ``dry_run`` validates only),
 - ``patch`` / ``patch_status`` with optimistic concurrency (``Conflict`` on a 409),
 - ``delete`` with a uid precondition (never removes a same-named successor),
 - ``event`` (a Kubernetes Event through Kopf's poster),
@@ -215,11 +215,13 @@ class Access:
 
     # --- writes ---------------------------------------------------------------------------------
 
-    async def create(self, kind: Kind, body: Mapping[str, Any]) -> dict[str, Any] | None:
-        """The created object, or None when an object with that name exists (409)."""
+    async def create(self, kind: Kind, body: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any] | None:
+        """The created object, or None when an object with that name exists (409). ``dry_run``: the
+        server validates and admits it as it would a real create (``dryRun=All``) and stores nothing."""
         namespace = (body.get("metadata") or {}).get("namespace")
+        query = {"dryRun": "All"} if dry_run else None
         try:
-            return await self._request("POST", kind.path(namespace), body=body)
+            return await self._request("POST", kind.path(namespace), body=body, query=query)
         except ApiError as exc:
             if exc.status == 409:
                 return None

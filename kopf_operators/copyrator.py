@@ -546,6 +546,7 @@ class Tally:
     conflicts: list[str] = dataclasses.field(default_factory=list)
     refusals: list[str] = dataclasses.field(default_factory=list)  # consent problems, per source
     failed: int = 0
+    rejected: list[str] = dataclasses.field(default_factory=list)  # copies the API server refuses (why)
 
 
 def build_status(rule: Rule, previous: Mapping[str, Any] | None, tally: Tally | None = None,
@@ -603,7 +604,8 @@ def build_status(rule: Rule, previous: Mapping[str, Any] | None, tally: Tally | 
 
 def readiness(tally: Tally, status: Mapping[str, Any]) -> tuple[bool, bool, str, str]:
     """(ready, stalled, reason, message) of a rule: Ready only when every wanted copy is in sync;
-    Stalled when a person must act (a source's owner must consent, an object in the way must go);
+    Stalled when a person must act (a source's owner must consent, an object in the way must go, the
+    API server refuses a copy of a source);
     else work is under way (copies being made, failed writes retried)."""
     if tally.refusals:
         return False, True, "Refused", (f"{len(tally.refusals)} source(s) not copied without their owner's "
@@ -612,6 +614,9 @@ def readiness(tally: Tally, status: Mapping[str, Any]) -> tuple[bool, bool, str,
         return False, True, "ForeignObject", (f"{len(tally.conflicts)} target(s) hold an object this rule does not "
                                               f"own (left untouched; delete or rename it): "
                                               f"{', '.join(status['conflicts'])}")
+    if tally.rejected:
+        return False, True, "CopyRefused", (f"the API server refuses {len(tally.rejected)} copy(ies), not retried "
+                                            f"until the source changes: {'; '.join(sorted(tally.rejected)[:10])}")
     if tally.failed:
         return False, False, "SyncFailed", f"{tally.failed} copy operation(s) failed; retrying"
     if tally.copied < tally.desired:
