@@ -208,3 +208,27 @@ def test_examples_of_issue_23_are_accepted(crds: Any) -> None:
     path = REPO / "manifests" / "examples" / "blackadder-filtered.yaml"
     result = kubectl("apply", "--dry-run=server", "-f", str(path), check=False)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(("field", "needle"), [
+    ("ownerKinds: {exclude: [daemonset]}", "spec.ownerKinds.exclude[0]: Invalid value"),
+    ("podNames: {include: 42}", "spec.podNames.include: Invalid value: \"integer\""),
+    ('excludedDates: ["24.12."]', "spec.excludedDates[0]: Invalid value"),
+    ('excludedDates: ["2026-13-01"]', "spec.excludedDates[0]: Invalid value"),
+    ("gracePeriodSeconds: -1", "should be greater than or equal to 0"),
+    ("gracePeriodSeconds: 86400", "should be less than or equal to 3600"),
+    ("targetFrequency: Sometimes", 'supported values: "Honour", "Ignore"'),
+])
+def test_bad_filter_fields_are_rejected_with_a_readable_message(crds: Any, field: str, needle: str) -> None:
+    result = kubectl("apply", "-f", "-", check=False, input=f"""
+apiVersion: blackadder.io/v1beta1
+kind: ChaosAgent
+metadata: {{name: bad-filter}}
+spec:
+  eagerness: 0
+  paused: true
+  dryRun: true
+  targetNamespaces: [nowhere]
+  {field}
+""")
+    assert result.returncode != 0 and needle in result.stderr, result.stderr
