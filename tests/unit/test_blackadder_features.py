@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import random
 import zoneinfo
@@ -11,6 +12,8 @@ import pytest
 
 from kopf_operators import blackadder as logic
 from kopf_operators.blackadder import AgentSettings, Inventory, PodRef
+from kopf_operators.blackadder_controller import BlackadderController
+from kopf_operators.common import Config
 
 
 def epoch(text: str, zone: str = "UTC") -> float:
@@ -224,3 +227,34 @@ def test_pod_ref_reads_the_frequency_labels() -> None:
     ref = logic.pod_ref(pod_obj("web-1", "ReplicaSet", {logic.MTBF_LABEL: "2h", logic.KILL_MODE_LABEL: "fixed",
                                                          logic.KILL_VALUE_LABEL: "2"}))
     assert (ref.mtbf, ref.kill_mode, ref.kill_value, ref.owner_kind) == ("2h", "fixed", "2", "ReplicaSet")
+
+
+# --- the hot path: the new filters cost no request ------------------------------------------------------
+
+
+def test_new_filters_add_no_listing_and_filter_the_listed_pods() -> None:
+    """The controller's inventory with every new filter set lists exactly what it listed before (one
+    Pod listing for the target namespace) and filters the listed objects client-side."""
+    listed = [pod_obj("web-1", "ReplicaSet"), pod_obj("web-canary-1", "ReplicaSet"), pod_obj("web-ds", "DaemonSet"),
+              pod_obj("web-bare"), pod_obj("api-1", "ReplicaSet")]
+    calls: list[tuple[Any, ...]] = []
+
+    def inventory(spec: dict[str, Any]) -> list[str]:
+        controller = BlackadderController(None, Config(), logic.Settings(), {})  # type: ignore[arg-type]
+
+        async def fake_list(*args: Any) -> list[dict[str, Any]]:
+            calls.append(args)
+            return listed
+
+        controller._list = fake_list  # type: ignore[method-assign, assignment]
+        settings = logic.settings_from_spec({"tantrumMode": True, "eagerness": 1, "targetNamespaces": ["ns"], **spec})
+        result = asyncio.run(controller.inventory(settings, epoch("2026-06-01T12:00:00")))
+        return sorted(p.name for p in result.pods)
+
+    assert inventory({}) == ["api-1", "web-1", "web-bare", "web-canary-1", "web-ds"]
+    before = list(calls)
+    calls.clear()
+    assert inventory({"ownerKinds": {"exclude": ["DaemonSet", "None"]}, "podNames": {"include": "^web",
+                                                                                     "exclude": "canary"},
+                      "excludedDates": ["01-01"], "gracePeriodSeconds": 5}) == ["web-1"]
+    assert calls == before and len(calls) == 1
