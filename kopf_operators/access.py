@@ -265,10 +265,19 @@ class Access:
             raise
         return True
 
-    async def evict(self, namespace: str, name: str) -> bool:
+    async def evict(self, namespace: str, name: str, *, grace_seconds: int | None = None,
+                    uid: str | None = None) -> bool:
         """Delete a pod through the Eviction API (PodDisruptionBudgets apply): False when a budget
-        refuses it (429) or the pod is gone."""
-        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        refuses it (429) or the pod is gone (or ``uid`` no longer matches)."""
+        body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
+                                "metadata": {"name": name, "namespace": namespace}}
+        options: dict[str, Any] = {}
+        if grace_seconds is not None:
+            options["gracePeriodSeconds"] = grace_seconds
+        if uid:
+            options["preconditions"] = {"uid": uid}
+        if options:
+            body["deleteOptions"] = options
         try:
             await self._request("POST", POD.path(namespace, name, "eviction"), body=body)
         except ApiError as exc:
