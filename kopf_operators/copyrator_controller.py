@@ -522,7 +522,10 @@ class CopyratorController:
         self._retry[key] = asyncio.get_running_loop().call_later(delay, fire)
 
     async def _guarded(self, key: tuple[str, str], trigger: str) -> None:
-        """One rule's sweep outside Kopf's handlers (retries, resync): failures retry with backoff."""
+        """One rule's sweep outside Kopf's handlers (retries, resync): failures retry with backoff.
+        Nothing while Kopf has paused this process (a standby)."""
+        if self.access.paused:
+            return
         snapshot = _first(self.rules, key)
         if snapshot is None or snapshot["metadata"].get("deletionTimestamp"):
             return
@@ -612,6 +615,8 @@ class CopyratorController:
         self._flush[key] = asyncio.get_running_loop().call_later(self.settings.status_delay_seconds, fire)
 
     async def _flush_guarded(self, snapshot: Mapping[str, Any]) -> None:
+        if self.access.paused:
+            return
         try:
             await self.flush_status(snapshot)
         except ApiError as exc:

@@ -40,7 +40,7 @@ def render(helm: Path, *sets: str) -> str:
 
 VARIANTS = [pytest.param((), id="defaults")] + [
     pytest.param((f"operators.{name}.enabled=false",), id=f"without-{name}") for name in OPERATORS
-] + [pytest.param(("watchNamespaces={a,b}", "peering.enabled=false", "rbac.create=false",
+] + [pytest.param(("watchNamespaces={a,b}", "peering.enabled=false", "replicaCount=1", "rbac.create=false",
                    "metrics.enabled=false", "logLevel=debug"), id="namespaced-minimal")]
 
 

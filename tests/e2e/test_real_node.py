@@ -134,7 +134,7 @@ metadata:
          "--set", f"image.repository={IMAGE_REPO}", "--set", f"image.tag={TAG}",
          "--set", f"watchNamespaces={{{spaces[0]},{spaces[1]}}}",
          # Not peered with anything: the session's operators are standalone, and this one is alone.
-         "--set", "peering.enabled=false",
+         "--set", "peering.enabled=false", "--set", "replicaCount=1",
          # The chart forces dry-run for every agent; the self-protection test needs real chaos.
          "--set", "operators.blackadder.dryRun=false",
          "--set", "operators.reroller.debounceSeconds=0")
