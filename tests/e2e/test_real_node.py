@@ -27,7 +27,6 @@ import pytest
 from tests.kube import (
     CLUSTER_DIR,
     REPO,
-    OperatorProcess,
     apply_yaml,
     helm_binary,
     kubectl,
@@ -68,37 +67,12 @@ def helm(*args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def real_node(cluster: str) -> str:
-    if os.environ.get("REAL_NODE", "auto").lower() in {"0", "no", "false", "off"}:
-        pytest.skip("REAL_NODE=0: this cluster has no real node")
-    if os.geteuid() != 0:
-        pytest.skip("the real node needs root")
-    status = subprocess.run([str(REPO / "cluster" / "node.sh"), "status"], capture_output=True, text=True,
-                            env={**os.environ, "CLUSTER_DIR": str(CLUSTER_DIR)})
-    if status.returncode != 0:
-        owner = script("node.sh", "owner")
-        if owner and owner != str(CLUSTER_DIR) and os.environ.get("REAL_NODE", "auto").lower() != "1":
-            pytest.skip(f"this machine's real node belongs to another cluster ({owner})")
-        pytest.fail(f"the local cluster has no Ready real node:\n{status.stderr}")
-    return NODE
-
-
-@pytest.fixture(scope="module")
-def images(real_node: str) -> tuple[str, str]:
-    """The image built from the Dockerfile here, under two tags, both loaded into the node."""
-    first, second = f"{IMAGE_REPO}:{TAG}", f"{IMAGE_REPO}:{NEXT_TAG}"
-    script("image.sh", "build", first)
-    podman("tag", first, second)
-    for image in (first, second):
-        script("node.sh", "load", image)
-    return first, second
-
-
-@pytest.fixture(scope="module")
-def host_operator_paused(operator_process: OperatorProcess) -> Iterator[None]:
-    operator_process.stop()
-    yield
-    operator_process.start()
+def images(operator_image: str) -> tuple[str, str]:
+    """The image built from the Dockerfile here (once per session), under a second tag too."""
+    second = f"{IMAGE_REPO}:{NEXT_TAG}"
+    podman("tag", operator_image, second)
+    script("node.sh", "load", second)
+    return operator_image, second
 
 
 @pytest.fixture(scope="module")
