@@ -11,7 +11,6 @@ cluster-scoped, it sees all of, which is why nothing else may run meanwhile.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import threading
@@ -24,11 +23,11 @@ from typing import Any
 import kubernetes
 import pytest
 
+from tests.e2e.realnode import helm, script
 from tests.kube import (
     CLUSTER_DIR,
     REPO,
     apply_yaml,
-    helm_binary,
     kubectl,
     stays,
     wait_for,
@@ -46,24 +45,9 @@ POD_CIDR_PREFIX = "10.245.0."
 GRACE = 30  # the pod's terminationGracePeriodSeconds (Kubernetes' default; the chart keeps it)
 
 
-def script(name: str, *args: str, timeout: float = 900) -> str:
-    result = subprocess.run([str(REPO / "cluster" / name), *args], capture_output=True, text=True,
-                            timeout=timeout, env={**os.environ, "CLUSTER_DIR": str(CLUSTER_DIR)})
-    assert result.returncode == 0, f"cluster/{name} {' '.join(args)} failed:\n{result.stderr[-3000:]}"
-    return result.stdout.strip()
-
-
 def podman(*args: str) -> None:
     subprocess.run(["podman", "--cgroup-manager=cgroupfs", "--events-backend=file", *args],
                    check=True, capture_output=True, timeout=300)
-
-
-def helm(*args: str) -> str:
-    result = subprocess.run([str(helm_binary()), *args],
-                            capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "KUBECONFIG": str(CLUSTER_DIR / "kubeconfig")})
-    assert result.returncode == 0, result.stderr
-    return result.stdout
 
 
 @pytest.fixture(scope="module")
