@@ -46,7 +46,7 @@ class PeeringState(logging.Filter):
     and watches, but not the operators' own resync loops and timers, nor its Event poster.
 
     Kopf keeps the pause in a private toggle; its peering logger reports every change of it (the
-    messages below, tested against the installed Kopf in tests/unit/test_runtime.py). A filter sees
+    messages below, tested against the installed Kopf in tests/unit/test_peering.py). A filter sees
     each record first; the INFO ones are created even under --quiet, and shown only at the level the
     user asked for."""
 
