@@ -17,7 +17,7 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
-from kopf_operators.common import DOMAIN, epoch_to_iso, iso_to_epoch, set_condition, stable_hash
+from kopf_operators.common import DOMAIN, epoch_to_iso, iso_to_epoch, kstatus_conditions, stable_hash
 
 GROUP = "immortalcontainer.flugel.it"
 VERSION = "v1alpha1"
@@ -87,11 +87,20 @@ def pod_summary(pod: Mapping[str, Any]) -> dict[str, Any]:
                 if (t := (c.get("state") or {}).get("terminated") or {}).get("finishedAt")]
     if finished:
         summary_status["finishedAt"] = max(finished)
+    summary_status["ready"] = pod_ready(pod)
     return {
         "metadata": summary_meta,
         "spec": {"containers": [{"name": c.get("name"), "image": c.get("image")} for c in containers]},
         "status": summary_status,
     }
+
+
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    """The pod's own Ready condition (its readiness probes pass), or the summary's copy of it."""
+    status = pod.get("status") or {}
+    if "ready" in status:
+        return bool(status["ready"])
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ())
 
 
 def pod_template(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -167,6 +176,7 @@ class PodView:
     restarts: int = 0  # the containers' own restarts (restartCount, summed)
     started_at: str | None = None
     finished_at: str | None = None
+    ready: bool = False  # the pod's Ready condition: its containers are ready (readiness probes pass)
 
     @property
     def ended(self) -> bool:
@@ -205,6 +215,7 @@ def observe_pod(pod: Mapping[str, Any] | None, owner_uid: str) -> PodView | None
                                                        for c in status.get("containerStatuses") or ())),
         started_at=status.get("startTime"),
         finished_at=status.get("finishedAt"),
+        ready=pod_ready(pod),
     )
 
 
@@ -256,8 +267,12 @@ def decide(image: str, pod: PodView | None, wanted_hash: str | None = None,
     if wanted_hash and pod.template_hash and pod.template_hash != wanted_hash:
         return Decision(Action.DELETE, "TemplateChanged",
                         f"pod {pod.name} was made from another template; replacing it")
+    if pod.phase == "Running" and pod.ready:
+        return Decision(Action.NONE, "PodReady", f"pod {pod.name} is running {image} and Ready")
     if pod.phase == "Running":
-        return Decision(Action.NONE, "PodRunning", f"pod {pod.name} is running {image}")
+        return Decision(Action.NONE, "PodNotReady",
+                        f"pod {pod.name} is running {image} but not Ready (its readiness probe fails "
+                        "or a container is not ready yet)")
     return Decision(Action.NONE, "PodStarting", f"pod {pod.name} is {pod.phase or 'Pending'}")
 
 
@@ -321,10 +336,21 @@ def next_status(
         new["currentPod"] = status["currentPod"]
     if generation is not None:
         new["observedGeneration"] = generation
-    ready = decision.action is Action.NONE and decision.reason == "PodRunning"
-    new["conditions"] = set_condition(status.get("conditions"), "Ready", ready, decision.reason,
-                                      decision.message, observed_generation=generation, now=now)
+    new["conditions"] = conditions(status.get("conditions"), decision, generation, now)
     return new
+
+
+# Decisions that cannot succeed until a person changes something (kstatus: Failed).
+STALLED_ACTIONS = frozenset({Action.BLOCKED, Action.INVALID})
+
+
+def conditions(previous: Any, decision: Decision, generation: int | None, now: str | None = None
+               ) -> list[dict[str, Any]]:
+    """Ready (the pod is Ready), Stalled (a foreign pod in the way, a template the API server
+    refuses) or else Reconciling, with the decision's reason and message."""
+    return kstatus_conditions(previous, ready=decision.action is Action.NONE and decision.reason == "PodReady",
+                              stalled=decision.action in STALLED_ACTIONS, reason=decision.reason,
+                              message=decision.message, observed_generation=generation, now=now)
 
 
 def _comparable(status: Mapping[str, Any]) -> dict[str, Any]:

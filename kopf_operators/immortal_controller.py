@@ -24,6 +24,7 @@ from kopf_operators import access as k8s
 from kopf_operators import immortal as logic
 from kopf_operators import metrics
 from kopf_operators.access import Access, ApiError
+from kopf_operators.common import stall_event
 
 OPERATOR = "immortal"
 OBJECTS_INDEX = "immortal-objects"
@@ -222,6 +223,9 @@ class ImmortalController:
             if new["startTimes"] != old.get("startTimes"):
                 logger.info(f"[{key[0]}/{key[1]}] Counted start #{new['startTimes']} "
                             f"(pod uid {new.get('currentPodUID')})")
+            stalled = stall_event(old.get("conditions"), new["conditions"])
+            if stalled:  # one uniform Event per Stalled transition, for every kind (docs/observability.md)
+                self.access.event(ic, *stalled)
             blocked = decision.action in (logic.Action.BLOCKED, logic.Action.INVALID)
             if blocked and logic.ready_reason(old) != decision.reason:
                 kind = "foreign-pod" if decision.action is logic.Action.BLOCKED else "invalid-template"

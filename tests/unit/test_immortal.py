@@ -20,7 +20,7 @@ IC: dict[str, Any] = {
 
 def view(**kw: Any) -> logic.PodView:
     base: dict[str, Any] = dict(name="example-immortalcontainer-immortalpod", uid="pod-1", owned=True,
-                                image="nginx:latest", phase="Running", terminating=False)
+                                image="nginx:latest", phase="Running", terminating=False, ready=True)
     base.update(kw)
     return logic.PodView(**base)
 
@@ -72,7 +72,8 @@ def test_observe_pod_ownership_by_controller_uid() -> None:
     (view(phase="Failed", reason="Evicted"), logic.Action.DELETE, "PodEnded"),
     (view(image="nginx:1.0"), logic.Action.DELETE, "ImageChanged"),
     (view(phase="Pending"), logic.Action.NONE, "PodStarting"),
-    (view(), logic.Action.NONE, "PodRunning"),
+    (view(phase="Running", ready=False), logic.Action.NONE, "PodNotReady"),  # Running is not enough
+    (view(), logic.Action.NONE, "PodReady"),
 ])
 def test_decide(pod: logic.PodView | None, action: logic.Action, reason: str) -> None:
     d = logic.decide("nginx:latest", pod)
@@ -106,9 +107,11 @@ def test_next_status_ready_and_generation() -> None:
     assert st["currentPod"] == "example-immortalcontainer-immortalpod"
     assert st["startTimes"] == 1 and st["currentPodUID"] == "pod-1"
     assert st["observedGeneration"] == 3
-    [ready] = st["conditions"]
-    assert ready["type"] == "Ready" and ready["status"] == "True" and ready["reason"] == "PodRunning"
+    conds = {c["type"]: c for c in st["conditions"]}
+    ready = conds["Ready"]
+    assert ready["status"] == "True" and ready["reason"] == "PodReady"
     assert ready["lastTransitionTime"] == "T1" and ready["observedGeneration"] == 3
+    assert conds["Reconciling"]["status"] == conds["Stalled"]["status"] == "False"
     # Converged: a second pass changes nothing, so nothing is written.
     again = logic.next_status(st, 3, view(), logic.decide("nginx:latest", view()), now="T2")
     assert not logic.status_changed(st, again)
@@ -116,8 +119,10 @@ def test_next_status_ready_and_generation() -> None:
     foreign = view(uid="f", owned=False)
     blocked = logic.next_status(st, 3, foreign, logic.decide("nginx:latest", foreign), now="T3")
     assert blocked["startTimes"] == 1 and blocked["currentPod"] == st["currentPod"]
-    [cond] = blocked["conditions"]
-    assert cond["status"] == "False" and cond["reason"] == "ForeignPod"
+    conds = {c["type"]: c for c in blocked["conditions"]}
+    assert conds["Ready"]["status"] == "False" and conds["Ready"]["reason"] == "ForeignPod"
+    # A foreign pod is never touched: only a person can clear the way (kstatus: Failed).
+    assert conds["Stalled"]["status"] == "True" and conds["Reconciling"]["status"] == "False"
     assert logic.status_changed(st, blocked)
     assert logic.ready_reason(blocked) == "ForeignPod"
 
@@ -257,3 +262,45 @@ def test_a_late_event_of_a_replaced_pod_never_counts_as_a_new_start() -> None:
     assert late is not None and late.uid == "new"
     assert controller._pod(key, ic, ("ADDED", pod("new", 13))).uid == "new"  # type: ignore[union-attr]
     assert controller._pod(key, ic, ("DELETED", pod("old", 12))).uid == "new"  # type: ignore[union-attr]
+
+
+def kstatus(conditions: list[dict[str, Any]]) -> tuple[str, str, str]:
+    by_type = {c["type"]: c["status"] for c in conditions}
+    return by_type["Ready"], by_type["Reconciling"], by_type["Stalled"]
+
+
+@pytest.mark.parametrize(("pod", "expected"), [
+    (view(), ("True", "False", "False")),  # the pod is Ready: the object does its job
+    (view(ready=False), ("False", "True", "False")),  # Running, readiness probe failing: not yet
+    (view(phase="Pending", ready=False), ("False", "True", "False")),
+    (None, ("False", "True", "False")),  # creating
+    (view(phase="Failed"), ("False", "True", "False")),  # replaced by the operator, no person needed
+    (view(terminating=True), ("False", "True", "False")),
+    (view(owned=False), ("False", "False", "True")),  # someone else's pod in the way
+])
+def test_conditions_follow_kstatus(pod: logic.PodView | None, expected: tuple[str, str, str]) -> None:
+    status = logic.next_status({}, 2, pod, logic.decide("nginx:latest", pod))
+    assert kstatus(status["conditions"]) == expected
+    assert all(c["observedGeneration"] == 2 for c in status["conditions"])
+
+
+def test_refused_template_stalls_with_the_api_servers_words() -> None:
+    refused = logic.Decision(logic.Action.INVALID, "InvalidTemplate", "the API server refuses the pod: bad name")
+    status = logic.next_status({}, 1, None, refused)
+    assert kstatus(status["conditions"]) == ("False", "False", "True")
+    stalled = next(c for c in status["conditions"] if c["type"] == "Stalled")
+    assert (stalled["reason"], stalled["message"]) == ("InvalidTemplate", "the API server refuses the pod: bad name")
+
+
+def test_pod_readiness_survives_the_index_summary() -> None:
+    pod: dict[str, Any] = {
+        "metadata": {"name": "x-immortalpod", "uid": "u", "ownerReferences": [{"uid": "ic-uid", "controller": True}]},
+        "spec": {"containers": [{"name": "acontainer", "image": "img"}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]}}
+    for body in (pod, logic.pod_summary(pod)):
+        observed = logic.observe_pod(body, "ic-uid")
+        assert observed is not None and not observed.ready
+    ready = {**pod, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+    for body in (ready, logic.pod_summary(ready)):
+        observed = logic.observe_pod(body, "ic-uid")
+        assert observed is not None and observed.ready
