@@ -159,6 +159,11 @@ rules:
   - apiGroups: ["*"]
     resources: ["*"]
     verbs: ["get", "list", "watch"]
+  # Kopf's peering keep-alive (auto-detected: the CRD exists). Refused, Kopf retries it for half a
+  # minute at exit; allowed, a peering object left by another test only gets this younger, paused peer.
+  - apiGroups: ["kopf.dev"]
+    resources: ["clusterkopfpeerings"]
+    verbs: ["patch"]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
