@@ -7,7 +7,9 @@ What it gives a controller, and nothing more:
 - ``delete`` with a uid precondition (never removes a same-named successor),
 - ``event`` (a Kubernetes Event through Kopf's poster),
 - one error model (``ApiError``) with its mapping onto Kopf's TemporaryError/PermanentError,
-- ``serialised(key)``: per-object serialisation inside the process, in one place.
+- ``serialised(key)``: per-object serialisation inside the process, in one place,
+- ``paused``: while Kopf has paused this process (a standby replica), every write and Event is refused
+  here (``Paused``), whichever loop or timer asks for it: a standby writes nothing.
 
 Requests are plain JSON dicts in and out (no generated models). Transient failures (connection
 errors, 429, 5xx) are retried here with a capped exponential backoff plus jitter; what still fails
@@ -111,11 +113,21 @@ class Conflict(ApiError):
     """A 409 on a write with a resourceVersion or uid precondition: the object changed meanwhile."""
 
 
+class Paused(ApiError):
+    """A write asked for while Kopf has paused this process in favour of a peer: not sent."""
+
+    def __init__(self) -> None:
+        super().__init__(None, "paused")
+        self.args = ("not written: this replica is paused (a standby)",)
+
+
 class Access:
     """The API client of all four operators (one per process, kept in Kopf's ``memo``)."""
 
     def __init__(self, client: kubernetes.client.ApiClient) -> None:
         self._client = client
+        # Kopf's peering pause, followed by runtime.PeeringState: True while another replica acts.
+        self.paused = False
         self._locks: dict[Hashable, asyncio.Lock] = {}
         self._lock_users: collections.Counter[Hashable] = collections.Counter()
         self._client_guard = threading.Lock()
@@ -172,6 +184,8 @@ class Access:
         return cast(dict[str, Any], json.loads(response.data)) if response.data else {}
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any] | None:
+        if self.paused and method != "GET":
+            raise Paused()
         return await asyncio.to_thread(self.request_sync, method, path, **kwargs)
 
     # --- reads ----------------------------------------------------------------------------------
@@ -299,10 +313,11 @@ class Access:
 
     # --- events ---------------------------------------------------------------------------------
 
-    @staticmethod
-    def event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    def event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         """A Kubernetes Event on ``body``, posted by Kopf in the background (never blocks, never
-        fails the caller). Messages must never carry data values."""
+        fails the caller; dropped while paused). Messages must never carry data values."""
+        if self.paused:
+            return
         kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message[:MAX_EVENT_MESSAGE])
 
     # --- per-object serialisation ---------------------------------------------------------------

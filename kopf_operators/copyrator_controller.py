@@ -466,8 +466,8 @@ class CopyratorController:
         Suspects come from the indexes (no request when there are none); each suspect rule is confirmed
         gone by one listing of its name in its namespace before its copies are deleted. A copy that does
         not say where its rule is, or a listing that fails, is left alone. Nothing while Kopf has paused
-        this process (a standby: the ``ha`` branch's ``Access.paused``)."""
-        if getattr(self.access, "paused", False):
+        this process (a standby: ``Access.paused``)."""
+        if self.access.paused:
             return 0
         live = set()
         for key in list(self.rules):
@@ -614,7 +614,10 @@ class CopyratorController:
         self._retry[key] = asyncio.get_running_loop().call_later(delay, fire)
 
     async def _guarded(self, key: tuple[str, str], trigger: str) -> None:
-        """One rule's sweep outside Kopf's handlers (retries, resync): failures retry with backoff."""
+        """One rule's sweep outside Kopf's handlers (retries, resync): failures retry with backoff.
+        Nothing while Kopf has paused this process (a standby)."""
+        if self.access.paused:
+            return
         snapshot = _first(self.rules, key)
         if snapshot is None or snapshot["metadata"].get("deletionTimestamp"):
             return
@@ -711,6 +714,8 @@ class CopyratorController:
         self._flush[key] = asyncio.get_running_loop().call_later(self.settings.status_delay_seconds, fire)
 
     async def _flush_guarded(self, snapshot: Mapping[str, Any]) -> None:
+        if self.access.paused:
+            return
         try:
             await self.flush_status(snapshot)
         except ApiError as exc:

@@ -332,7 +332,9 @@ class ImmortalController:
     async def guarded(self, key: Key, trigger: str, pod_event: tuple[str, Mapping[str, Any]] | None = None,
                       body: Mapping[str, Any] | None = None) -> None:
         """A pass from an event, a retry or the resync (Kopf retries none of them): a failure is logged
-        and retried later with backoff."""
+        and retried later with backoff. Nothing while Kopf has paused this process (a standby)."""
+        if self.access.paused:
+            return
         try:
             await self.converge(key, body, trigger=trigger, pod_event=pod_event)
         except ApiError as exc:
