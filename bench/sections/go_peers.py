@@ -1,5 +1,6 @@
-"""peers: Go controllers doing the same job, built from source in the same run (bench/gopeers.py), side by
-side with ours, each in namespaces of its own (never two controllers on the same objects).
+"""The section "peers": Go controllers doing the same job, built from source in the run
+(testsupport/peer_build.py), side by side with ours, each in namespaces of its own (never two controllers on
+the same objects).
 
 - reloader: stakater Reloader (``--reload-strategy=annotations --namespaces=<its namespace>``) next to our
   re-roller (at debounce 0, then at the shipped defaults): an isolated ConfigMap's data edited -> the
@@ -25,7 +26,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from bench import gopeers
 from bench.harness import (
     BENCH_LABEL,
     CLUSTER_DIR,
@@ -36,14 +36,15 @@ from bench.harness import (
     Proc,
     api_per_change,
     deployment,
-    free_port,
     log,
     origin,
-    summary,
     within,
 )
 from bench.kube import Watcher
 from bench.sections.reroller_latency import baseline, template_annotations, template_changed
+from testsupport import peer_build
+from testsupport.launcher import free_port
+from testsupport.stats import percentile, summary_ms
 
 
 async def run(b: Bench) -> dict[str, Any]:
@@ -63,7 +64,7 @@ async def run(b: Bench) -> dict[str, Any]:
 class GoPeer:
     """A peer's binary as a subprocess, healthy once ``health_url`` answers 200."""
 
-    def __init__(self, built: gopeers.Built, args: list[str], env: dict[str, str], health_url: str,
+    def __init__(self, built: peer_build.Built, args: list[str], env: dict[str, str], health_url: str,
                  log_path: Path) -> None:
         self.built, self.args, self.env, self.health_url, self.log_path = built, args, env, health_url, log_path
         self.proc: subprocess.Popen[bytes] | None = None
@@ -129,18 +130,18 @@ class Side:
 
     def result(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         n = len(self.lat)
-        return {"latency": summary(self.lat),
+        return {"latency": summary_ms(self.lat),
                 "cpu_per_event": {"mean_ms": round(statistics.fmean(self.cpu) * 1000, 2),
-                                  "median_ms": round(statistics.median(self.cpu) * 1000, 2)},
+                                  "median_ms": round(percentile(self.cpu, 0.5) * 1000, 2)},
                 "api_per_event": api_per_change(self.audit, n), "rss_mb": self.rss_mb, **(extra or {})}
 
 
-def unavailable(peer: str) -> tuple[gopeers.Built | None, str | None]:
+def unavailable(peer: str) -> tuple[peer_build.Built | None, str | None]:
     try:
-        built = gopeers.build(peer)
+        built = peer_build.build(peer)
         log(f"  {peer}: {built.describe()}")
         return built, None
-    except gopeers.PeerUnavailable as exc:
+    except peer_build.PeerUnavailable as exc:
         log(f"  {peer}: peer not available: {exc}")
         return None, f"peer not available: {exc}"
 

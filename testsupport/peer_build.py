@@ -1,6 +1,7 @@
-"""Go peers built from source for the side-by-side benchmarks: stakater Reloader, mittwald replicator.
+"""Go peers built from source, for the side-by-side benchmarks (bench/sections/go_peers.py, bench/reloader_bench.py)
+and Reloader's own e2e suites (tests/reloader_e2e.py): stakater Reloader, mittwald kubernetes-replicator.
 
-    .venv/bin/python -m bench.gopeers            # build (or find cached) every peer; print commit and binary
+    .venv/bin/python -m testsupport.peer_build         # build (or find cached) every peer; print commit and binary
 
 Where the source comes from, first found wins:
   1. $BENCH_PEER_SOURCE_<NAME> (a git directory, bare or not), e.g. BENCH_PEER_SOURCE_RELOADER;
@@ -155,7 +156,7 @@ def _build_tree(peer: Peer, d: Path, commit: str, git_dir: Path | None, where: s
         env = {**os.environ, "GOTOOLCHAIN": "local", "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"}
         started = time.monotonic()
         if log:
-            print(f"[gopeers] building {peer.repo}@{commit[:12]} in {d} (go mod download + go build; "
+            print(f"[peer_build] building {peer.repo}@{commit[:12]} in {d} (go mod download + go build; "
                   "a few minutes the first time)", file=sys.stderr, flush=True)
         with open(d / "build.log", "ab") as out:
             def go(*args: str) -> None:
@@ -173,12 +174,33 @@ def _build_tree(peer: Peer, d: Path, commit: str, git_dir: Path | None, where: s
                     go("mod", "download", f"{module}@{instead}")
             go("build", "-trimpath", "-ldflags=-s -w", "-o", str(binary), ".")
         if log:
-            print(f"[gopeers] built {binary} in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+            print(f"[peer_build] built {binary} in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
         return Built(peer.name, peer.repo, commit, binary, True, where)
 
 
+def build_test(name: str, package: str, output: str) -> tuple[Path, Path, str]:
+    """``go test -c`` of one package of a peer's source (e.g. Reloader's e2e suite ``./test/e2e/core/``),
+    cached next to its binary: (test binary, source tree, commit). The tree comes from :func:`build`."""
+    built = build(name)
+    d = built.binary.parent.parent
+    src, binary = d / "src", d / "bin" / output
+    if not (src / "go.mod").is_file():
+        raise PeerUnavailable(f"no source tree for {built.describe()} (only a cached binary)")
+    with open(d / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not binary.is_file():
+            print(f"[peer_build] go test -c {package} ({built.repo}@{built.commit[:12]})", file=sys.stderr, flush=True)
+            env = {**os.environ, "GOTOOLCHAIN": "local", "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"}
+            with open(d / "build.log", "ab") as out:
+                res = subprocess.run(["go", "test", "-c", "-o", str(binary), package], cwd=src, env=env, stdout=out,
+                                     stderr=subprocess.STDOUT)
+            if res.returncode:
+                raise PeerUnavailable(f"`go test -c {package}` failed for {built.repo}; see {d / 'build.log'}")
+    return binary, src, built.commit
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.gopeers", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m testsupport.peer_build", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("peers", nargs="*", help=f"some of {', '.join(PEERS)} (default: all)")
     args = parser.parse_args()
