@@ -29,7 +29,7 @@ from typing import Any
 from bench.kube import Kube, Watcher
 from testsupport import peer_build
 from testsupport.kubectl import kubectl
-from testsupport.launcher import KopfProcess
+from testsupport.launcher import KopfProcess, port_free
 from testsupport.paths import KUBECONFIG, LOGS, REPO, cluster_script
 from testsupport.stats import summary_ms
 
@@ -150,6 +150,12 @@ def measure(n: int = 20, env: dict[str, str] | None = None, flap_seconds: float 
     second, clean up."""
     cluster_script("up")
     built = peer_build.build("reloader")
+    for _ in range(60):  # Reloader's metrics port is hard-coded; it exits at once when another process holds it
+        if port_free(9090):
+            break
+        time.sleep(1)
+    else:
+        raise RuntimeError("port 9090 (hard-coded in Reloader) stayed busy for 60 s: is another Reloader running?")
     run = uuid.uuid4().hex[:5]
     ours_ns, reloader_ns = f"peer-ours-{run}", f"peer-reloader-{run}"
     for ns in (ours_ns, reloader_ns):

@@ -31,6 +31,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def port_free(port: int) -> bool:
+    """Whether ``port`` can be bound on all interfaces now (e.g. Reloader's hard-coded metrics port 9090)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("0.0.0.0", port))
+            return True
+        except OSError:
+            return False
+
+
 def all_operator_files(root: Path = REPO) -> list[str]:
     """operators/*.py of a checkout, sorted, absolute."""
     return sorted(str(p) for p in (root / "operators").glob("*.py"))

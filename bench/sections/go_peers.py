@@ -43,7 +43,7 @@ from bench.harness import (
 from bench.kube import Watcher
 from bench.sections.reroller_latency import baseline, template_annotations, template_changed
 from testsupport import peer_build
-from testsupport.launcher import free_port
+from testsupport.launcher import free_port, port_free
 from testsupport.stats import percentile, summary_ms
 
 
@@ -144,16 +144,6 @@ def unavailable(peer: str) -> tuple[peer_build.Built | None, str | None]:
     except peer_build.PeerUnavailable as exc:
         log(f"  {peer}: peer not available: {exc}")
         return None, f"peer not available: {exc}"
-
-
-def port_free(port: int) -> bool:
-    import socket
-    with socket.socket() as sock:
-        try:
-            sock.bind(("0.0.0.0", port))
-            return True
-        except OSError:
-            return False
 
 
 # --- Reloader vs the re-roller ----------------------------------------------------------------------
