@@ -16,13 +16,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
-import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,27 +30,6 @@ from testsupport.paths import KUBECONFIG, LOGS, REPO, cluster_script
 from testsupport.stats import summary_ms
 
 LAST_RELOADED_FROM = "reloader.stakater.com/last-reloaded-from"
-
-
-@contextlib.contextmanager
-def reloader_process(binary: Path, kubeconfig: Path, namespaces: list[str], log_path: Path,
-                     *flags: str) -> Iterator[subprocess.Popen[bytes]]:
-    """Reloader running against the cluster with the annotations strategy, scoped to ``namespaces``
-    (it reads KUBECONFIG; its metrics port 9090 is fixed)."""
-    cmd = [str(binary), "--reload-strategy=annotations", f"--namespaces={','.join(namespaces)}", *flags]
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as out:
-        proc = subprocess.Popen(cmd, env={**os.environ, "KUBECONFIG": str(kubeconfig)}, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _deployment(name: str, cm: str) -> dict[str, Any]:
@@ -166,8 +141,10 @@ def measure(n: int = 20, env: dict[str, str] | None = None, flap_seconds: float 
                            metrics_port=False, log_env=True)
     try:
         operator.start()
-        with reloader_process(built.binary, KUBECONFIG, [reloader_ns], LOGS / f"reloader-bench-reloader-{run}.log"):
-            time.sleep(5)  # Reloader has no readiness endpoint here: give its informers their initial listing
+        with peer_build.PeerProcess(built.binary, ["--reload-strategy=annotations", f"--namespaces={reloader_ns}"],
+                                    {"KUBECONFIG": str(KUBECONFIG)}, peer_build.RELOADER_HEALTH_URL,
+                                    LOGS / f"reloader-bench-reloader-{run}.log"):
+            time.sleep(5)  # Reloader is live before its informers listed: give them their initial listing
             result = asyncio.run(reloader_latency(KUBECONFIG, ours_ns, reloader_ns, n))
             if flap_seconds:
                 result["flapping_ours"] = asyncio.run(flapping_rollouts(KUBECONFIG, ours_ns, flap_seconds))

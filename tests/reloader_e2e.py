@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -142,7 +141,7 @@ class Harness:
         self.workdir = workdir
         self.control = workdir / "control"
         self.control.mkdir(parents=True, exist_ok=True)
-        self.reloader: subprocess.Popen[bytes] | None = None
+        self.reloader: peer_build.PeerProcess | None = None
         self.operator: KopfProcess | None = None
         self.log_path = workdir / "operator.log"
         self.unmapped: set[str] = set()
@@ -150,14 +149,11 @@ class Harness:
 
     def start_reloader(self, flags: list[str]) -> None:
         self.stop_operator()
-        binary = peer_build.build("reloader").binary
-        with self.log_path.open("ab") as out:
-            out.write(f"\n===== {binary} {' '.join(flags)}\n".encode())
-            out.flush()
-            self.reloader = subprocess.Popen([str(binary), *flags], stdout=out, stderr=subprocess.STDOUT,
-                                             start_new_session=True,
-                                             env={**os.environ, "KUBECONFIG": str(self.kubeconfig)})
-        time.sleep(3)  # its informers' initial listing (it has no readiness endpoint we could poll here)
+        self.reloader = peer_build.PeerProcess(peer_build.build("reloader").binary, flags,
+                                               {"KUBECONFIG": str(self.kubeconfig)}, peer_build.RELOADER_HEALTH_URL,
+                                               self.log_path)
+        self.reloader.start()
+        time.sleep(3)  # its informers' initial listing (live before they listed)
 
     def start_operator(self, env: dict[str, str], scope: list[str]) -> None:
         self.stop_operator()
@@ -174,14 +170,9 @@ class Harness:
         if self.operator is not None:
             self.operator.stop()
             self.operator = None
-        if self.reloader is not None and self.reloader.poll() is None:
-            os.killpg(self.reloader.pid, signal.SIGTERM)
-            try:
-                self.reloader.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.reloader.pid, signal.SIGKILL)
-                self.reloader.wait()
-        self.reloader = None
+        if self.reloader is not None:
+            self.reloader.stop(timeout=30)
+            self.reloader = None
 
     def serve(self) -> None:
         """Answer the shim's requests (called in a loop while the suite runs)."""

@@ -25,9 +25,11 @@ import dataclasses
 import fcntl
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 CACHE = Path(os.environ.get("KOPF_OPERATORS_CACHE", Path.home() / ".cache" / "kopf-operators")) / "peers"
@@ -197,6 +199,58 @@ def build_test(name: str, package: str, output: str) -> tuple[Path, Path, str]:
             if res.returncode:
                 raise PeerUnavailable(f"`go test -c {package}` failed for {built.repo}; see {d / 'build.log'}")
     return binary, src, built.commit
+
+
+# Reloader serves liveness on its metrics port, hard-coded to 9090 (it exits when that is taken).
+RELOADER_HEALTH_URL = "http://127.0.0.1:9090/live"
+
+
+class PeerProcess:
+    """A peer's binary as a subprocess in its own process group, started once ``health_url`` answers 200;
+    also a context manager (``with PeerProcess(...) as peer:``)."""
+
+    def __init__(self, binary: Path, args: list[str], env: dict[str, str], health_url: str, log_path: Path) -> None:
+        self.binary, self.args, self.env, self.health_url, self.log_path = binary, args, env, health_url, log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as out:
+            out.write(f"\n===== {self.binary} {' '.join(self.args)}\n".encode())
+            out.flush()
+            self.proc = subprocess.Popen([str(self.binary), *self.args], env={**os.environ, **self.env},
+                                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.binary.name} exited with {self.proc.returncode}; log: {self.log_path}")
+            try:
+                with urllib.request.urlopen(self.health_url, timeout=1) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.binary.name} not healthy at {self.health_url} after {timeout} s; "
+                           f"log: {self.log_path}")
+
+    def stop(self, timeout: float = 20) -> None:
+        """SIGTERM to its process group, then SIGKILL after ``timeout`` s."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None
+
+    def __enter__(self) -> PeerProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
 
 
 def main() -> None:

@@ -16,11 +16,8 @@ A peer that cannot be built is recorded as "peer not available: <why>", never as
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
-import subprocess
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -61,33 +58,18 @@ async def run(b: Bench) -> dict[str, Any]:
     return results
 
 
-class GoPeer:
-    """A peer's binary as a subprocess, healthy once ``health_url`` answers 200."""
+class GoPeer(peer_build.PeerProcess):
+    """A peer's binary as a subprocess, healthy once ``health_url`` answers 200 (started and stopped in a
+    thread, so that the run's watches keep reading meanwhile)."""
 
     def __init__(self, built: peer_build.Built, args: list[str], env: dict[str, str], health_url: str,
                  log_path: Path) -> None:
-        self.built, self.args, self.env, self.health_url, self.log_path = built, args, env, health_url, log_path
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__(built.binary, args, env, health_url, log_path)
+        self.built = built
 
     async def __aenter__(self) -> GoPeer:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        out = self.log_path.open("ab")
-        out.write(f"\n===== {self.built.binary} {' '.join(self.args)}\n".encode())
-        out.flush()
-        self.proc = subprocess.Popen([str(self.built.binary), *self.args], env={**os.environ, **self.env},
-                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.built.peer} exited with {self.proc.returncode}; log: {self.log_path}")
-            try:
-                with urllib.request.urlopen(self.health_url, timeout=1) as resp:
-                    if resp.status == 200:
-                        return self
-            except OSError:
-                pass
-            await asyncio.sleep(0.2)
-        raise RuntimeError(f"{self.built.peer} not healthy at {self.health_url} after 60 s; log: {self.log_path}")
+        await asyncio.to_thread(self.start)
+        return self
 
     @property
     def p(self) -> Proc:
@@ -95,13 +77,7 @@ class GoPeer:
         return Proc(self.proc.pid)
 
     async def __aexit__(self, *_: Any) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                await asyncio.to_thread(self.proc.wait, 20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        await asyncio.to_thread(self.stop)
 
 
 class Side:
