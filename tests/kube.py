@@ -23,9 +23,15 @@ from testsupport.launcher import TRANSIENT_API_RETRY, KopfProcess, all_operator_
 from testsupport.paths import CLUSTER_DIR, KUBECONFIG, LOGS, REPO, helm_binary, kube_version
 from testsupport.tokens import token_kubeconfig
 
-__all__ = [  # the shared helpers test modules import from here
-    "CLUSTER_DIR", "KUBECONFIG", "REPO", "TRANSIENT_API_RETRY", "apply_yaml", "audit_now", "free_port",
-    "helm_binary", "kube_version", "kubectl", "kubectl_json", "operator_requests", "token_kubeconfig",
+# Public: the tests' own helpers and, re-exported while test modules still import them from here,
+# testsupport's (CLUSTER_DIR, KUBECONFIG, REPO, TRANSIENT_API_RETRY, apply_yaml, audit_now, free_port,
+# helm_binary, kube_version, kubectl, kubectl_json, operator_requests, token_kubeconfig).
+__all__ = [
+    "CLUSTER_DIR", "E2E_RELEASE", "KUBECONFIG", "OPERATOR_KUBECONFIG", "REPO", "TRANSIENT_API_RETRY",
+    "OperatorProcess", "PodCreations", "Timeout",
+    "apply_yaml", "as_service_account", "audit_now", "chart_objects", "delete_namespaces", "free_port",
+    "helm_binary", "kube_version", "kubectl", "kubectl_json", "operator_namespace", "operator_requests",
+    "service_account_kubeconfig", "stays", "token_kubeconfig", "wait_for",
 ]
 
 # The operator's own identity in tests: the chart's ServiceAccount, RBAC and all (see conftest).
