@@ -603,6 +603,13 @@ class CopyratorController:
         """An object left a place: every rule that wants a copy there gets it (or keeps it absent)."""
         wanted = [(s, r) for s, r in self.active_rules(kind) if self.source_for(r, name)[0] is not None]
         await self._run(trigger, [(s, r, [self.sync_copy(r, namespace, name)]) for s, r in wanted])
+        for snapshot, rule in wanted:
+            # A renamed copy may have waited for this place: it goes now that its replacement is made
+            # (from the indexes: deletes only, no reads).
+            stale = [v for v in self.copies_of(rule.uid, kind, namespace=namespace)
+                     if v.name not in self.copy_names(rule)]
+            if stale:
+                await self._run(trigger, [(snapshot, rule, [self.sync_copy(rule, namespace, v.name) for v in stale])])
 
     async def _run(self, trigger: str, work: list[tuple[dict[str, Any], logic.Rule, list[Awaitable[int]]]]) -> None:
         """Event-driven passes: failures are logged once and the rule is retried with backoff."""
