@@ -44,6 +44,16 @@ DEFAULT_LEDGER_NAMESPACE = "blackadder-system"
 LEDGER_PREFIX = "blackadder-ledger-"
 LEDGER_KEY = "ledger.json"
 LEDGER_LABEL = f"{DOMAIN}/blackadder-ledger"
+# The agent's full name on its ledger (a label value stops at 63 characters, an agent name at 253).
+LEDGER_AGENT_ANNOTATION = f"{DOMAIN}/blackadder-agent"
+# Set on a ledger the operator let go of (a revert that kept failing): it stays for an administrator.
+LEDGER_ABANDONED_ANNOTATION = f"{DOMAIN}/blackadder-abandoned"
+# The global kill switch: this label on the operator's namespace stops every agent within seconds.
+KILL_SWITCH_LABEL = "blackadder.io/stop"
+# Where a webhook's URL (with its token) lives: this key of a Secret in the operator's namespace.
+WEBHOOK_SECRET_KEY = "address"
+# A revert refused this many times (403, 422 on our own write, ...) is given up on delete.
+REVERT_ATTEMPTS = 5
 MAX_REPLICAS = 128
 MIN_PAUSE_SECONDS = 5
 JOURNAL_LIMIT = 100
@@ -75,12 +85,15 @@ class Settings:
     max_added_replicas: int = DEFAULT_MAX_ADDED_REPLICAS
     # CHAOS_WEBHOOK_HOSTS: the only hosts webhook notifications may go to (empty: any host).
     webhook_hosts: tuple[str, ...] = ()
+    # CHAOS_STOP_ALL: the kill switch from the chart (operators.blackadder.stopAll): no agent acts.
+    stop_all: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
         return cls(dry_run=env_bool(env, "CHAOS_DRY_RUN", False),
                    max_added_replicas=int(env_float(env, "CHAOS_MAX_ADDED_REPLICAS", DEFAULT_MAX_ADDED_REPLICAS)),
-                   webhook_hosts=tuple(h.lower() for h in env_list(env, "CHAOS_WEBHOOK_HOSTS")))
+                   webhook_hosts=tuple(h.lower() for h in env_list(env, "CHAOS_WEBHOOK_HOSTS")),
+                   stop_all=env_bool(env, "CHAOS_STOP_ALL", False))
 
 
 
@@ -113,7 +126,7 @@ class AgentSettings:
     time_zone: str = "UTC"
     allow_single_replica: bool = False
     evict: bool = False
-    webhook_url: str = ""
+    webhook_secret: str = ""  # the Secret (operator's namespace) whose key "address" is the URL
     shared_configmaps: str = "Skip"
 
 
@@ -148,7 +161,7 @@ def settings_from_spec(spec: Mapping[str, Any], forced_dry_run: bool = False) ->
         time_zone=str(spec.get("timeZone") or "UTC"),
         allow_single_replica=bool(spec.get("allowSingleReplica", False)),
         evict=bool(spec.get("evictPods", False)),
-        webhook_url=str((spec.get("webhook") or {}).get("url") or ""),
+        webhook_secret=str(((spec.get("webhook") or {}).get("secretRef") or {}).get("name") or ""),
         shared_configmaps=str(spec.get("sharedConfigMaps") or "Skip"),
     )
 
@@ -165,8 +178,24 @@ def ledger_namespace(operator_namespace: str) -> str:
     return operator_namespace or DEFAULT_LEDGER_NAMESPACE
 
 
+def _bounded(text: str, limit: int) -> str:
+    """``text`` when it fits ``limit``; else a prefix and a hash of the whole, still a valid DNS
+    subdomain / label value (no separator at the cut), unique per full text."""
+    if len(text) <= limit:
+        return text
+    digest = stable_hash(text)[:10]
+    return f"{text[:limit - len(digest) - 1].rstrip('.-_')}-{digest}"
+
+
 def ledger_name(agent: str) -> str:
-    return f"{LEDGER_PREFIX}{agent}"
+    """The ledger Secret's name: ``blackadder-ledger-<agent>`` while that fits 253 characters (every
+    agent name up to 235), else hashed (the full name is in an annotation)."""
+    return _bounded(f"{LEDGER_PREFIX}{agent}", 253)
+
+
+def ledger_label(agent: str) -> str:
+    """The agent's name as a label value: a label value stops at 63 characters, a name at 253."""
+    return _bounded(agent, 63)
 
 
 def denied_namespaces(operator_namespace: str) -> frozenset[str]:
@@ -530,13 +559,47 @@ def seconds_until_next_cycle(last_cycle_epoch: float | None, now_epoch: float, p
 # --- A cycle, step by step (the controller applies what these return) ------------------------------
 
 REVERT_STEP, PAUSED_STEP, INVALID_STEP, IDLE_STEP, CHAOS_STEP = "revert", "paused", "invalid", "idle", "chaos"
+STOPPED_STEP = "stopped"  # the global kill switch
 
 
-def cycle_step(settings: AgentSettings, now: float | None = None) -> str:
-    """What this cycle does: revert wins over pause, pause over a closed time window, then chaos.
-    Windows in an unknown time zone: the agent idles and reports it (revert and pause still work)."""
+def must_halt(settings: AgentSettings, kill_switch: bool) -> bool:
+    """Whether a running cycle must stop before its next action (checked before every one): an
+    emergency stop acts at once, not at the next cycle."""
+    return kill_switch or settings.paused or settings.revert
+
+
+def still_wanted(live: AgentSettings, planned: AgentSettings, mode: str, namespace: str,
+                 operator_namespace: str) -> bool:
+    """Whether a planned action still matches the agent's live spec (an edit in the middle of a cycle):
+    its mode still on, its namespace still allowed, and no dry-run switched on since the plan."""
+    enabled = {TANTRUM: live.tantrum, CANCER: live.cancer, IPSUM: live.ipsum}[mode]
+    return (enabled and namespace_allowed(namespace, live, operator_namespace)
+            and (planned.dry_run or not live.dry_run))
+
+
+def halt_state(settings: AgentSettings, kill_switch: bool) -> tuple[bool, bool, bool]:
+    """What wakes a sleeping agent when it changes: the kill switch, paused, revert."""
+    return (kill_switch, settings.paused, settings.revert)
+
+
+def kill_switch_on(operator_namespace_labels: Mapping[str, str] | None, stop_all: bool) -> bool:
+    """The global kill switch: the chart's stopAll, or the label on the operator's namespace."""
+    return stop_all or str((operator_namespace_labels or {}).get(KILL_SWITCH_LABEL, "")).lower() == "true"
+
+
+def revert_failures(summary: Mapping[str, Any]) -> list[str]:
+    """The ledger entries a revert could not restore (kept in the ledger for the next try)."""
+    return list(summary.get("failed") or ())
+
+
+def cycle_step(settings: AgentSettings, now: float | None = None, kill_switch: bool = False) -> str:
+    """What this cycle does: revert wins over pause (and over the kill switch: undoing is stopping),
+    pause over a closed time window, then chaos. Windows in an unknown time zone: the agent idles and
+    reports it (revert and pause still work)."""
     if settings.revert:
         return REVERT_STEP
+    if kill_switch:
+        return STOPPED_STEP
     if settings.paused:
         return PAUSED_STEP
     if now is not None and settings.windows:
@@ -633,7 +696,7 @@ def webhook_refusal(url: str, allowed_hosts: Sequence[str]) -> str | None:
     allowed hosts when CHAOS_WEBHOOK_HOSTS is set."""
     parsed = urllib.parse.urlsplit(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        return "webhook.url must be an http:// or https:// URL"
+        return "the webhook address must be an http:// or https:// URL"
     if allowed_hosts and parsed.hostname.lower() not in allowed_hosts:
         return f"webhook host {parsed.hostname} is not in the operator's CHAOS_WEBHOOK_HOSTS"
     return None
@@ -749,8 +812,8 @@ def conditions_for(previous: Any, settings: AgentSettings, generation: int | Non
     return set_condition(conds, "DryRun", settings.dry_run, settings.dry_run_reason or "Off", dry_msg, generation)
 
 
-STATES = {"Reverted": "Reverted", "Paused": "Paused", "OutsideWindow": "Idle", "CycleFailed": "Failed",
-          "InvalidSpec": "Failed"}
+STATES = {"Reverted": "Reverted", "Paused": "Paused", "KillSwitch": "Paused", "OutsideWindow": "Idle",
+          "CycleFailed": "Failed", "InvalidSpec": "Failed"}
 
 
 def simple_status(previous: Any, settings: AgentSettings, generation: int | None, ready: bool, reason: str,

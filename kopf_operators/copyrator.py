@@ -18,7 +18,7 @@ import dataclasses
 import enum
 import fnmatch
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from kopf_operators.common import (
@@ -837,3 +837,35 @@ def rule_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
         if key in body:
             snap[key] = body[key]
     return snap
+
+
+# --- Orphans: copies whose rule is gone ----------------------------------------------------------
+
+
+def orphan_suspects(copies: Mapping[str, Iterable[CopyView]], live_rule_uids: Collection[str]) -> dict[str, str]:
+    """Rule uid -> the rule's "ns/name" (from its copies' annotation; "" when none says), for every
+    rule uid that copies carry but no live rule has. Suspects only: a rule outside this process's view
+    (another shard's namespace, an unwatched one) is alive, so a read must confirm it gone."""
+    suspects: dict[str, str] = {}
+    for rule_uid, views in copies.items():
+        if rule_uid and rule_uid not in live_rule_uids:
+            suspects[rule_uid] = next((v.rule for v in views if split_rule_key(v.rule)), "")
+    return suspects
+
+
+def split_rule_key(key: str) -> tuple[str, str] | None:
+    """ "ns/name" -> (ns, name); None when it is not one."""
+    namespace, sep, name = key.partition("/")
+    if not sep or not _DNS_LABEL.match(namespace) or not name or "/" in name:
+        return None
+    return namespace, name
+
+
+def rule_gone(rule_uid: str, listed: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether the rule with this uid is gone, from a listing of its namespace by its name: absent
+    (a successor of the same name has another uid), or being deleted."""
+    for obj in listed:
+        meta = obj.get("metadata") or {}
+        if meta.get("uid") == rule_uid:
+            return bool(meta.get("deletionTimestamp"))
+    return True

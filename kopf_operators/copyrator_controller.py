@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import logging
 import random
@@ -105,6 +106,8 @@ class CopyratorController:
         self._attempts: dict[tuple[str, str], int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._resync: asyncio.Task[None] | None = None
+        # Set by the first handled event: Kopf calls handlers only once every index is filled.
+        self._indexed = asyncio.Event()
         self._limit = asyncio.Semaphore(settings.write_concurrency)
         # Push sources (a push annotation, no rule): kind -> (namespace, name) -> their implicit rule.
         self.pushes: dict[str, dict[tuple[str, str], logic.Rule]] = {"ConfigMap": {}, "Secret": {}}
@@ -465,7 +468,8 @@ class CopyratorController:
         return errors
 
     async def rule_deleted(self, body: Mapping[str, Any]) -> int:
-        """Prune every copy of a rule being deleted (from the copies index). Raises ApiError."""
+        """Prune every copy of a rule deleted or being deleted (from the copies index). Raises ApiError.
+        Idempotent: copies already pruned are not in the index any more (or are remembered as Gone)."""
         meta = body["metadata"]
         uid = str(meta.get("uid"))
         self._deleting.add(uid)
@@ -479,6 +483,13 @@ class CopyratorController:
             handle = handles.pop(key, None)
             if handle:
                 handle.cancel()
+        count = await self._prune(uid, f"{key[0]}/{key[1]}", "rule deleted")
+        for store in (self._failed, self._done, self._status, self._parsed, self._triggers):
+            store.pop(uid, None)
+        return count
+
+    async def _prune(self, uid: str, rule_key: str, why: str) -> int:
+        """Delete the copies carrying this rule uid (each with its uid as a precondition)."""
         count = 0
         for kind, api_kind in KINDS.items():
             for view in self.copies_of(uid, kind):
@@ -486,11 +497,62 @@ class CopyratorController:
                     await self.access.delete(api_kind, view.namespace, view.name, uid=view.uid)
                     self._written[(kind, view.namespace, view.name)] = Gone(view.uid)
                 count += 1
-                logger.info(f"Copyrator {key[0]}/{key[1]}: pruned {kind} {view.namespace}/{view.name} (rule deleted)")
+                logger.info(f"Copyrator {rule_key}: pruned {kind} {view.namespace}/{view.name} ({why})")
         if count:
             metrics.action(OPERATOR, "deleted", count)
-        for store in (self._failed, self._done, self._status, self._parsed, self._triggers):
-            store.pop(uid, None)
+        return count
+
+    async def rule_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """Any rule event. Rules carry no finalizer (deleting one never waits for this operator): a
+        rule deleted, or held in deletion by someone else's finalizer, has its copies pruned here; if
+        that fails, or the operator was down, the orphan sweep prunes them."""
+        self._indexed.set()
+        meta = body.get("metadata") or {}
+        if event_type != "DELETED" and not meta.get("deletionTimestamp"):
+            return
+        try:
+            await self.rule_deleted(body)
+        except ApiError as exc:
+            metrics.error(OPERATOR, "prune")
+            logger.warning(f"Copyrator {meta.get('namespace')}/{meta.get('name')}: pruning the copies of the "
+                           f"deleted rule failed ({exc}); the periodic sweep retries")
+
+    async def prune_orphans(self) -> int:
+        """Copies whose rule is gone (deleted while the operator was down, or a prune that failed).
+        Suspects come from the indexes (no request when there are none); each suspect rule is confirmed
+        gone by one listing of its name in its namespace before its copies are deleted. A copy that does
+        not say where its rule is, or a listing that fails, is left alone. Nothing while Kopf has paused
+        this process (a standby: the ``ha`` branch's ``Access.paused``)."""
+        if getattr(self.access, "paused", False):
+            return 0
+        live = set()
+        for key in list(self.rules):
+            snapshot = _first(self.rules, key)
+            if snapshot is not None and not snapshot["metadata"].get("deletionTimestamp"):
+                live.add(str(snapshot["metadata"].get("uid")))
+        by_rule: dict[str, list[logic.CopyView]] = collections.defaultdict(list)
+        for kind in KINDS:
+            for key in list(self.copies[kind]):
+                if key[0] == "rule" and key[1] not in live:  # pushed copies: _resync_pushes prunes them
+                    by_rule[key[1]].extend(v for v in _values(self.copies[kind], key) if not v.pushed)
+        by_rule = {uid: views for uid, views in by_rule.items() if views}
+        count = 0
+        for uid, rule_key in logic.orphan_suspects(by_rule, live).items():
+            place = logic.split_rule_key(rule_key)
+            try:
+                if uid not in self._deleting:  # a deletion seen here needs no confirmation
+                    if place is None:
+                        logger.debug(f"Copyrator: copies of rule uid {uid} do not name their rule; left alone")
+                        continue
+                    listed = await self.access.list(RULE, place[0], fields=f"metadata.name={place[1]}")
+                    if not logic.rule_gone(uid, listed):
+                        continue  # alive outside this process's view (another shard, an unwatched namespace)
+                    self._deleting.add(uid)
+                count += await self._prune(uid, rule_key or uid, "rule gone")
+            except ApiError as exc:
+                metrics.error(OPERATOR, "prune")
+                logger.warning(f"Copyrator {rule_key or uid}: pruning the copies of a gone rule failed ({exc}); "
+                               f"the next sweep retries")
         return count
 
     async def namespace_event(self, event_type: str, body: Mapping[str, Any]) -> None:
@@ -508,6 +570,7 @@ class CopyratorController:
     async def object_event(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A ConfigMap/Secret event: a copy (deleted or edited by hand), a source, or an object that
         was in a copy's way."""
+        self._indexed.set()
         meta = body.get("metadata") or {}
         namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
         key: CopyKey = (kind, namespace, name)
@@ -677,16 +740,26 @@ class CopyratorController:
         self._resync = asyncio.create_task(self._resync_loop(), name="copyrator resync")
 
     async def _resync_loop(self) -> None:
-        """Level-triggered: a sweep over the indexes, no request unless something must change."""
+        """Level-triggered: a sweep over the indexes, no request unless something must change. The
+        orphan sweep runs at start (once the indexes are filled) and after every pass."""
+        # No event within a period: the indexes may be partial, which only makes the sweep find less.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._indexed.wait(), timeout=self.settings.resync_seconds)
+        await self._resync_pushes()
+        await self.prune_orphans()
         while True:
             await asyncio.sleep(self.settings.resync_seconds * random.uniform(0.8, 1.2))
             for key in list(self.rules):
                 await self._guarded(key, "resync")
             await self._resync_pushes()
+            await self.prune_orphans()
 
     async def _resync_pushes(self) -> None:
         """Push sources' copies, like a rule's; and copies made by a push whose source is gone or
-        pushes no more (deleted while the operator was down): they are ours (marker and push mark)."""
+        pushes no more (deleted while the operator was down): they are ours (marker and push mark).
+        Nothing while Kopf has paused this process (a standby writes nothing)."""
+        if getattr(self.access, "paused", False):
+            return
         live = set()
         for kind in KINDS:
             for place, rule in list(self.pushes[kind].items()):

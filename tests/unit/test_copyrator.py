@@ -535,3 +535,45 @@ def test_claimed_names_and_uncopyable_sources_stall_the_rule(tally: logic.Tally,
     listed = status["contested"] or status["invalid"]
     assert listed and listed[0] in conds["Stalled"]["message"]
     assert not logic.status_changed(status, logic.build_status(make_rule(), status, tally))
+
+
+# --- orphans: copies of a rule that is gone (no finalizer on rules) ------------------------------------
+
+
+def test_a_copy_names_its_rule() -> None:
+    rule = make_rule()
+    view = view_of(rule, cm("settings"), "a")
+    assert (view.rule_uid, view.rule) == (UID, "default/main-rule")
+    assert logic.split_rule_key(view.rule) == ("default", "main-rule")
+
+
+@pytest.mark.parametrize("key", ["", "default", "default/", "/main-rule", "Default/x", "a/b/c"])
+def test_a_malformed_rule_key_names_no_rule(key: str) -> None:
+    assert logic.split_rule_key(key) is None
+
+
+def test_orphan_suspects_are_the_copies_of_rules_not_alive_here() -> None:
+    live, gone = make_rule(), logic.parse_rule({**rule_body(), "metadata": {
+        "name": "old", "namespace": "team", "uid": "gone-uid", "generation": 1}})
+    hand_made = logic.copy_view({**copy_of(gone, cm("x"), "b"), "metadata": {
+        **copy_of(gone, cm("x"), "b")["metadata"], "annotations": {}}})
+    copies = {UID: [view_of(live, cm("settings"), "a")],
+              "gone-uid": [hand_made, view_of(gone, cm("x"), "a")],
+              "no-key-uid": [hand_made]}
+    suspects = logic.orphan_suspects(copies, {UID})
+    # A live rule's copies are never suspects; a gone rule is named by any of its copies that says.
+    assert suspects == {"gone-uid": "team/old", "no-key-uid": ""}
+    assert logic.orphan_suspects(copies, {UID, "gone-uid", "no-key-uid"}) == {}
+
+
+def test_a_rule_is_gone_only_when_no_object_with_its_uid_lives() -> None:
+    def listed(uid: str, deleting: bool = False) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": "old", "namespace": "team", "uid": uid}
+        if deleting:
+            meta["deletionTimestamp"] = "2026-11-24T00:00:00Z"
+        return {"metadata": meta}
+
+    assert logic.rule_gone("u1", [])  # deleted
+    assert logic.rule_gone("u1", [listed("u2")])  # deleted and re-created: a successor, not our rule
+    assert logic.rule_gone("u1", [listed("u1", deleting=True)])  # held by someone else's finalizer
+    assert not logic.rule_gone("u1", [listed("u1")])  # alive (another shard serves it)
