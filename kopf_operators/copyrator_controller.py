@@ -240,10 +240,12 @@ class CopyratorController:
         return logic.desired_copy(rule, source, ns.name), False
 
     def wants(self, rule: logic.Rule, kind: str, namespace: str, name: str) -> bool:
-        if rule.kind != kind:
+        """Whether ``rule`` would copy something to this place (as ``desired``, without building it)."""
+        ns = self.namespace(namespace)
+        if rule.kind != kind or ns is None or not logic.is_target(rule, ns):
             return False
-        desired, _blocked = self.desired(rule, name, self.namespace(namespace))
-        return desired is not None
+        source, problem = self.source_for(rule, name)
+        return source is not None and not problem and logic.allowed_into(rule, source, namespace, self.settings)
 
     def claimed(self, rule: logic.Rule, kind: str, namespace: str, name: str) -> logic.Rule | None:
         """Another rule that gets this free target name before ``rule`` (the older one), if any."""
@@ -779,6 +781,8 @@ class CopyratorController:
                     if not view.pushed:
                         continue
                     try:
+                        if not await self._push_gone(kind, view):
+                            continue
                         async with self.access.serialised(("copyrator", kind, view.namespace, view.name)):
                             await self.access.delete(api_kind, view.namespace, view.name, uid=view.uid)
                             self._written[(kind, view.namespace, view.name)] = Gone(view.uid)
@@ -789,6 +793,16 @@ class CopyratorController:
                     metrics.action(OPERATOR, "deleted")
                     logger.info(f"Copyrator push {view.source}: pruned {kind} {view.namespace}/{view.name} "
                                 f"(the source pushes no more)")
+
+    async def _push_gone(self, kind: str, view: logic.CopyView) -> bool:
+        """Whether the source that pushed ``view`` pushes no more: a source outside this process's view
+        (another shard's namespace) is read once to confirm it (a suspect only; no read when idle)."""
+        source_ns, _, source_name = view.source.partition("/")
+        if (source_ns, source_name) in self.sources[kind] or self.namespace(source_ns) is None:
+            return True  # in view and not pushing (or its namespace is gone)
+        source = await self.access.read(KINDS[kind], source_ns, source_name)
+        return (source is None or source["metadata"].get("uid") != view.rule_uid
+                or not isinstance(logic.push_rule(source), logic.Rule))
 
     async def stop(self) -> None:
         if self._resync:
