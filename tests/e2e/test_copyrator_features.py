@@ -96,6 +96,8 @@ def test_a_copy_under_another_name_and_renaming_it(
 
         # The rule is edited to another name: the new copy exists, in sync, before the old one goes.
         rec = recorder(target)
+        # The watch lists what exists first (ADDED): once it shows the old copy, it sees what follows.
+        wait_for(lambda: ("ADDED", "shared-settings") in rec.seen, timeout=10, what="the watch to start")
         patch_rule(custom, namespace, "r", {"target": {"namePrefix": None, "nameSuffix": "-copy"}})
         wait_for(lambda: get(core, "ConfigMap", target, "shared-settings") is None, timeout=30,
                  what="the old copy to go")
