@@ -686,8 +686,11 @@ class CopyratorController:
             metrics.REACTION.labels(operator=OPERATOR, trigger=trigger.split()[0]).observe(
                 time.perf_counter() - started)
         for (snapshot, rule, _jobs), (writes, errors) in zip(work, results, strict=True):
-            if rule.push:
+            if rule.push:  # no status object: problems go to the source; the resync retries failures
                 self._check_push(snapshot, rule)
+                if errors:
+                    logger.warning(f"Copyrator {rule.key}: {trigger}: {len(errors)} copy operation(s) failed "
+                                   f"({errors[0]}); the next resync retries")
                 continue
             if writes:
                 self._triggers[rule.uid] = trigger
