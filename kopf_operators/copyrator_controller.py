@@ -639,6 +639,9 @@ class CopyratorController:
         tally = self.tally(rule)
         status = logic.build_status(rule, {}, tally)
         _ready, stalled, reason, message = logic.readiness(tally, status)
+        if tally.skipped and not stalled:  # a token or a Helm release: never copied, and the owner is told
+            source = self.sources[rule.kind].get((rule.namespace, rule.name)) or {}
+            reason, message, stalled = "Skipped", str(logic.skip_reason(rule, source)), True
         self._report_push(entry, reason, message if stalled else "")
 
     def _source_jobs(self, rule: logic.Rule, source_name: str) -> list[Awaitable[int]]:

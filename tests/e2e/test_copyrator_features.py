@@ -273,6 +273,26 @@ def test_a_malformed_push_annotation_is_reported_on_the_source(
              timeout=30, what="a Warning event on the source")
 
 
+def test_a_pushed_secret_keeps_its_type_and_tokens_are_never_pushed(
+        operator: OperatorProcess, core: kubernetes.client.CoreV1Api, namespace: str,
+        make_namespace: Callable[..., str]) -> None:  # noqa: F811
+    target = make_namespace()
+    push = {logic.PUSH_TO_ANNOTATION: target}
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "tls", "annotations": push},
+                                              "type": "kubernetes.io/tls",
+                                              "stringData": {"tls.crt": "C", "tls.key": "K"}})
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "token", "annotations": {
+        **push, "kubernetes.io/service-account.name": "default"}}, "type": "kubernetes.io/service-account-token"})
+    copy = wait_for(lambda: get(core, "Secret", target, "tls"), timeout=30, what="the pushed Secret")
+    assert copy is not None and copy["type"] == "kubernetes.io/tls"
+    wait_for(lambda: [e for e in events(core, namespace, "token") if e.type == "Warning" and e.reason == "Skipped"
+                      and "never copied" in e.message], timeout=30, what="a Warning event on the token")
+    assert get(core, "Secret", target, "token") is None
+    core.delete_namespaced_secret("tls", namespace)
+    wait_for(lambda: get(core, "Secret", target, "tls") is None, timeout=30, what="the prune")
+    assert not own_errors(operator)
+
+
 def test_the_push_example_works(operator: OperatorProcess, core: kubernetes.client.CoreV1Api) -> None:
     """manifests/examples/copyrator-push-source.yaml, applied as it is, into the namespaces it names."""
     example = (EXAMPLES / "copyrator-push-source.yaml").read_text()
