@@ -62,7 +62,7 @@ test: setup ## everything: set-up, local cluster, lint, unit and end-to-end test
 	$(BIN)/pytest
 
 # BENCH_ARGS e.g. "--quick", "--only scale peers", "--operators operators/immortal.py" (or OPERATOR_FILES=...).
-# The Go peers are built from source by the run itself (bench/gopeers.py; see bench/README.md).
+# The Go peers are built from source by the run itself (testsupport/peer_build.py; see bench/README.md).
 bench: setup ## benchmarks (ours, floor, Go peers) on the local cluster -> bench/results.{json,md}
 	@cluster/cluster.sh up
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
@@ -73,7 +73,7 @@ reloader-e2e: setup ## stakater Reloader's own e2e suites against our re-roller 
 
 reloader-bench: setup ## re-roller vs stakater Reloader (built from source): isolated ConfigMap edit -> rollout
 	@cluster/cluster.sh up
-	$(BIN)/python -m bench.peers reloader-latency
+	$(BIN)/python -m bench.reloader_bench
 
 peers-test: setup ## tests side by side with Go peers built from source (their sources: docs/blackadder.md)
 	@cluster/cluster.sh up

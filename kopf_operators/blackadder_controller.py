@@ -95,6 +95,7 @@ class RevertIncomplete(Exception):
 class CycleOutcome:
     done: dict[str, int]
     skipped: int = 0
+    frequency_problems: list[str] = dataclasses.field(default_factory=list)
 
 
 def _ref(kind: str, api_version: str, namespace: str, name: str, uid: str) -> dict[str, Any]:
@@ -253,11 +254,19 @@ class BlackadderController:
                                                                        "Paused", "paused: true — no chaos"), body)
                     return
                 if step == logic.INVALID_STEP:
-                    problem = logic.window_problem(settings) or "invalid spec"
+                    problem = logic.spec_problem(settings) or "invalid spec"
                     if _ready_reason(previous) != "InvalidSpec":
                         self.announce(body, None, "Warning", "InvalidSpec", problem, log)
                     await self._patch_status(name, logic.simple_status(previous, settings, generation, False,
                                                                        "InvalidSpec", problem), body)
+                    return
+                if step == logic.EXCLUDED_DATE_STEP:
+                    date = logic.excluded_date(settings.excluded_dates, settings.time_zone, now)
+                    message = f"today is an excluded date ({date} in {settings.time_zone}): no chaos"
+                    if _ready_reason(previous) != "ExcludedDate":
+                        log.info(message)
+                    await self._patch_status(name, logic.simple_status(previous, settings, generation, True,
+                                                                       "ExcludedDate", message), body)
                     return
                 if step == logic.IDLE_STEP:
                     opens = logic.next_window_start(settings.windows, settings.time_zone, now)
@@ -285,7 +294,7 @@ class BlackadderController:
                 return
             await self._patch_status(name, logic.cycle_status(
                 previous, settings, generation, handle.data, outcome.done, outcome.skipped, inventory.counts(),
-                f"{handle.namespace}/{handle.name}"), body)
+                f"{handle.namespace}/{handle.name}", outcome.frequency_problems), body)
 
     async def inventory(self, settings: logic.AgentSettings, now: float) -> logic.Inventory:
         """The cycle's candidates, listed with pykube-ng and scoped server-side: only the allowed
@@ -332,11 +341,13 @@ class BlackadderController:
         cycle = int(ledger.get("cycle", 0)) + 1
         # The cluster-wide cap on replicas cancer adds: what all agents added and did not revert.
         budget = self.settings.max_added_replicas - logic.added_replicas(h.data for h in self._ledgers.values())
-        plan = logic.plan_cycle(inventory, settings, cycle, replica_budget=budget)
+        clock = time.time()
+        elapsed = logic.frequency_elapsed(ledger.get("lastCycleEpoch"), clock, settings.pause)
+        plan = logic.plan_cycle(inventory, settings, cycle, replica_budget=budget, elapsed=elapsed)
         now = now_iso()
-        outcome = CycleOutcome({m: 0 for m in logic.MODES})
+        outcome = CycleOutcome({m: 0 for m in logic.MODES}, frequency_problems=list(plan.frequency_problems))
         # The cycle counts as started from here: a crash mid-cycle never makes a restart repeat its number.
-        ledger["cycle"], ledger["lastCycleAt"], ledger["lastCycleEpoch"] = cycle, now, time.time()
+        ledger["cycle"], ledger["lastCycleAt"], ledger["lastCycleEpoch"] = cycle, now, clock
         previous_undo: dict[str, Any] = {}
         if not settings.dry_run and (plan.scales or plan.writes):
             previous_undo = copy.deepcopy(ledger.get("undo", {}))
@@ -468,9 +479,11 @@ class BlackadderController:
             return True
         try:
             if settings.evict:  # the Eviction API: PodDisruptionBudgets apply
-                done = await self.access.evict(pod.namespace, pod.name)
+                done = await self.access.evict(pod.namespace, pod.name, grace_seconds=settings.grace_period,
+                                               uid=pod.uid)
             else:  # the uid precondition: never a same-named successor
-                done = await self.access.delete(k8s.POD, pod.namespace, pod.name, uid=pod.uid)
+                done = await self.access.delete(k8s.POD, pod.namespace, pod.name, uid=pod.uid,
+                                                grace_seconds=settings.grace_period)
         except ApiError as exc:
             note(logic.TANTRUM, "Pod", pod, f"skipped: HTTP {exc.status}")
             return False
@@ -485,9 +498,10 @@ class BlackadderController:
             return False
         metrics.action(OPERATOR, "pod-killed")
         how = "evicted" if settings.evict else "deleted"
+        grace = "" if settings.grace_period is None else f", grace period {settings.grace_period}s"
         note(logic.TANTRUM, "Pod", pod, how)
-        self.announce(body, target, "Normal", "PodKilled", f"{how} Pod {pod.namespace}/{pod.name} (not revertible)",
-                      log)
+        self.announce(body, target, "Normal", "PodKilled",
+                      f"{how} Pod {pod.namespace}/{pod.name}{grace} (not revertible)", log)
         return True
 
     async def _scale(self, body: Mapping[str, Any], ledger: dict[str, Any], previous_undo: Mapping[str, Any],

@@ -727,6 +727,7 @@ class Tally:
     failed: int = 0
     contested: list[str] = dataclasses.field(default_factory=list)  # "ns/name (rule ...)": another rule's
     invalid: list[str] = dataclasses.field(default_factory=list)  # sources not copyable as configured (why)
+    rejected: list[str] = dataclasses.field(default_factory=list)  # copies the API server refuses (why)
 
 
 def build_status(rule: Rule, previous: Mapping[str, Any] | None, tally: Tally | None = None,
@@ -791,7 +792,8 @@ def build_status(rule: Rule, previous: Mapping[str, Any] | None, tally: Tally | 
 
 def readiness(tally: Tally, status: Mapping[str, Any]) -> tuple[bool, bool, str, str]:
     """(ready, stalled, reason, message) of a rule: Ready only when every wanted copy is in sync;
-    Stalled when a person must act (a source's owner must consent, an object in the way must go);
+    Stalled when a person must act (a source's owner must consent, an object in the way must go, the
+    API server refuses a copy of a source);
     else work is under way (copies being made, failed writes retried)."""
     if tally.refusals:
         return False, True, "Refused", (f"{len(tally.refusals)} source(s) not copied without their owner's "
@@ -808,6 +810,9 @@ def readiness(tally: Tally, status: Mapping[str, Any]) -> tuple[bool, bool, str,
         return False, True, "ForeignObject", (f"{len(tally.conflicts)} target(s) hold an object this rule does not "
                                               f"own (left untouched; delete or rename it): "
                                               f"{', '.join(status['conflicts'])}")
+    if tally.rejected:
+        return False, True, "CopyRefused", (f"the API server refuses {len(tally.rejected)} copy(ies), not retried "
+                                            f"until the source changes: {'; '.join(sorted(tally.rejected)[:10])}")
     if tally.failed:
         return False, False, "SyncFailed", f"{tally.failed} copy operation(s) failed; retrying"
     if tally.copied < tally.desired:

@@ -95,6 +95,9 @@ class CopyratorController:
         self._written: dict[CopyKey, logic.CopyView | Gone] = {}  # our writes, until the watch catches up
         self._foreign: dict[CopyKey, str] = {}  # objects in the way that are nobody's copy: uid (from a 409)
         self._failed: dict[str, set[CopyKey]] = collections.defaultdict(set)  # rule uid -> failing copies
+        # rule uid -> copies the API server refuses (400/422: the source's content, e.g. annotations
+        # over 256 KiB with copyAnnotations) -> why. Not retried with backoff: the source must change.
+        self._rejected: dict[str, dict[CopyKey, str]] = collections.defaultdict(dict)
         self._done: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
         self._triggers: dict[str, str] = {}
         self._status: dict[str, dict[str, Any]] = {}  # rule uid -> the status we wrote last
@@ -300,11 +303,32 @@ class CopyratorController:
         except ApiError as exc:
             if exc.namespace_terminating:
                 return 0
+            if exc.status in (400, 422):
+                self._reject(rule, key, exc)
+                return 0
             self._failed[rule.uid].add(key)
             metrics.error(OPERATOR, "write")
             raise
         self._failed[rule.uid].discard(key)
+        self._rejected[rule.uid].pop(key, None)
         return writes
+
+    def _reject(self, rule: logic.Rule, key: CopyKey, exc: ApiError) -> None:
+        """A copy the API server refuses: reported (status, one log line and Event when it starts),
+        not retried with backoff. The message is the server's field-level reason (never values)."""
+        kind, namespace, name = key
+        # The server's reason names fields, not values; still, for a Secret only the status is kept.
+        detail = f" ({exc.message})" if exc.message and kind == "ConfigMap" else ""
+        why = f"{kind} {namespace}/{name}: {exc}{detail}"
+        if self._rejected[rule.uid].get(key) == why:
+            return
+        self._rejected[rule.uid][key] = why
+        self._failed[rule.uid].discard(key)
+        metrics.error(OPERATOR, "copy-refused")
+        logger.warning(f"Copyrator {rule.key}: the API server refuses the copy {why}")
+        snapshot = None if rule.push else _first(self.rules, (rule.namespace, rule.name))  # a push: on its source
+        if snapshot is not None:
+            self.access.event(snapshot, "Warning", "CopyRefused", f"the API server refuses the copy {why}")
 
     async def _apply(self, rule: logic.Rule, key: CopyKey, desired: dict[str, Any] | None) -> int:
         kind, namespace, name = key
@@ -486,7 +510,7 @@ class CopyratorController:
             if handle:
                 handle.cancel()
         count = await self._prune(uid, f"{key[0]}/{key[1]}", "rule deleted")
-        for store in (self._failed, self._done, self._status, self._parsed, self._triggers):
+        for store in (self._failed, self._rejected, self._done, self._status, self._parsed, self._triggers):
             store.pop(uid, None)
         return count
 
@@ -524,8 +548,8 @@ class CopyratorController:
         Suspects come from the indexes (no request when there are none); each suspect rule is confirmed
         gone by one listing of its name in its namespace before its copies are deleted. A copy that does
         not say where its rule is, or a listing that fails, is left alone. Nothing while Kopf has paused
-        this process (a standby: the ``ha`` branch's ``Access.paused``)."""
-        if getattr(self.access, "paused", False):
+        this process (a standby: ``Access.paused``)."""
+        if self.access.paused:
             return 0
         live = set()
         for key in list(self.rules):
@@ -584,6 +608,11 @@ class CopyratorController:
             await self._place_freed(kind, namespace, name, "conflict cleared")
         store = self.sources[kind]
         old = store.get((namespace, name))
+        if old is not None and old["metadata"].get("uid") != meta.get("uid") and \
+                _rv(old["metadata"].get("resourceVersion")) > _rv(meta.get("resourceVersion")):
+            # Kopf handles each uid on its own: a late event of a deleted predecessor with the same
+            # name must not overwrite (or, deleted, remove) its successor's newer entry.
+            return
         rules = self.active_rules(kind)
         now = [(s, r) for s, r in rules
                if event_type != "DELETED" and not r.push and logic.selects(r, kind, body)]
@@ -726,7 +755,10 @@ class CopyratorController:
         self._retry[key] = asyncio.get_running_loop().call_later(delay, fire)
 
     async def _guarded(self, key: tuple[str, str], trigger: str) -> None:
-        """One rule's sweep outside Kopf's handlers (retries, resync): failures retry with backoff."""
+        """One rule's sweep outside Kopf's handlers (retries, resync): failures retry with backoff.
+        Nothing while Kopf has paused this process (a standby)."""
+        if self.access.paused:
+            return
         snapshot = _first(self.rules, key)
         if snapshot is None or snapshot["metadata"].get("deletionTimestamp"):
             return
@@ -823,7 +855,8 @@ class CopyratorController:
 
     def tally(self, rule: logic.Rule) -> logic.Tally:
         """The rule's copies as the indexes see them."""
-        tally = logic.Tally(failed=len(self._failed.get(rule.uid, ())))
+        tally = logic.Tally(failed=len(self._failed.get(rule.uid, ())),
+                            rejected=list((self._rejected.get(rule.uid) or {}).values()))
         targets = [ns.name for ns in self.all_namespaces() if logic.is_target(rule, ns)]
         tally.targets = len(targets)
         for ns_name in rule.source_namespaces:
@@ -881,6 +914,8 @@ class CopyratorController:
         self._flush[key] = asyncio.get_running_loop().call_later(self.settings.status_delay_seconds, fire)
 
     async def _flush_guarded(self, snapshot: Mapping[str, Any]) -> None:
+        if self.access.paused:
+            return
         try:
             await self.flush_status(snapshot)
         except ApiError as exc:

@@ -25,7 +25,7 @@ import pytest
 from lupa import lua51
 
 from kopf_operators import blackadder, copyrator, immortal
-from tests.e2e.test_real_node import NODE, real_node, script  # noqa: F401  (the real node's fixture and scripts)
+from tests.e2e.realnode import NODE, script
 from tests.kube import REPO, OperatorProcess, delete_namespaces, kubectl, kubectl_json, wait_for
 
 CHECKER_SOURCE = REPO / "tests" / "kstatus"

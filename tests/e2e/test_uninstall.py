@@ -19,7 +19,6 @@ from typing import Any
 import kubernetes
 import pytest
 
-from tests.e2e.test_real_node import host_operator_paused, images, real_node  # noqa: F401 (fixtures)
 from tests.kube import CLUSTER_DIR, KUBECONFIG, REPO, apply_yaml, kubectl, wait_for
 
 RELEASE = NAMESPACE = "kopf-uninstall"
@@ -66,13 +65,13 @@ def agent_cycled(custom: kubernetes.client.CustomObjectsApi, name: str) -> bool:
 
 
 def test_undeploy_then_uninstall_completes_with_live_objects_of_every_kind(
-        images: tuple[str, str], host_operator_paused: None, spaces: tuple[str, str],  # noqa: F811
+        operator_image: str, host_operator_paused: None, spaces: tuple[str, str],
         core: kubernetes.client.CoreV1Api, apps: kubernetes.client.AppsV1Api,
         custom: kubernetes.client.CustomObjectsApi) -> None:
     ns_a, ns_b = spaces
     run = ns_a.rsplit("-", 1)[1]
     kubectl("create", "namespace", NAMESPACE, check=False)
-    deployed, took = make("deploy", IMAGE=images[0],
+    deployed, took = make("deploy", IMAGE=operator_image,
                           HELM_ARGS=f"--set watchNamespaces={{{ns_a},{ns_b}}} --set peering.enabled=false "
                                     "--set replicaCount=1")  # one standalone replica: nothing acts twice
     assert deployed.returncode == 0, deployed.stderr

@@ -363,6 +363,18 @@ def test_missing_consent_and_invalid_status() -> None:
     assert "copied" not in invalid
 
 
+def test_a_copy_the_api_server_refuses_is_reported_not_called_a_retry() -> None:
+    """Issue #20: a copy over the API's limits (say, copied annotations over 256 KiB) is not retried
+    with backoff; status says which copy and why."""
+    rule = make_rule()
+    why = "ConfigMap a/full: HTTP 422 Unprocessable Entity (metadata.annotations: Too long)"
+    status = logic.build_status(rule, None, logic.Tally(sources=2, desired=2, copied=1, targets=1,
+                                                        rejected=[why], failed=0))
+    ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "CopyRefused")
+    assert why in ready["message"] and "retrying" not in ready["message"]
+
+
 def test_settings_from_env() -> None:
     assert logic.Settings.from_env({}) == logic.Settings()
     settings = logic.Settings.from_env({"COPYRATOR_ALLOW_CROSS_NAMESPACE": "true", "COPYRATOR_RESYNC_SECONDS": "2"})

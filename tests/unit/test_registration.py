@@ -34,7 +34,7 @@ def test_each_handler_registers_exactly_once() -> None:
     duplicates = [hid for hid, n in Counter(all_ids).items() if n > 1]
     assert not duplicates, f"registered more than once: {duplicates}"
     assert handlers["_activities"].count("shared-settings") == 1
-    assert len(all_ids) == len(EXPECTED_HANDLER_IDS) == 45
+    assert len(all_ids) == len(EXPECTED_HANDLER_IDS) == 43
     assert sorted(all_ids) == sorted(EXPECTED_HANDLER_IDS)
 
 
@@ -54,7 +54,7 @@ EXPECTED_HANDLER_IDS: list[str] = [
     "shared-settings",
     # operators/immortal.py
     "immortal-startup", "immortal-cleanup", "immortal-objects", "immortal-pods",
-    "immortal-create", "immortal-update/spec", "immortal-resume", "immortal-pod-event",
+    "immortal-event", "immortal-pod-event",
     # operators/copyrator.py
     "copyrator-startup", "copyrator-cleanup", "copyrator-rules", "copyrator-namespaces",
     "copyrator-configmap-copies", "copyrator-secret-copies", "copyrator-resume", "copyrator-create",
