@@ -774,14 +774,17 @@ def build_status(rule: Rule, previous: Mapping[str, Any] | None, tally: Tally | 
                               gen, now)
     else:
         conds = set_condition(conds, "Refused", False, "Allowed", "", gen, now)
-    if conflicts:
-        conds = set_condition(conds, "Conflict", True, "ForeignObject",
-                              f"{len(conflicts)} target(s) hold an object this rule does not own "
-                              f"(left untouched): {', '.join(status['conflicts'])}", gen, now)
-    elif tally.contested:
-        conds = set_condition(conds, "Conflict", True, "TargetClaimed",
-                              f"{len(tally.contested)} target name(s) belong to another rule: "
-                              f"{', '.join(status['contested'])}", gen, now)
+    if conflicts or tally.contested:
+        # Every object in the way, whoever's: someone else's (ForeignObject) or another rule's (TargetClaimed).
+        parts = []
+        if conflicts:
+            parts.append(f"{len(conflicts)} target(s) hold an object this rule does not own "
+                         f"(left untouched): {', '.join(status['conflicts'])}")
+        if tally.contested:
+            parts.append(f"{len(tally.contested)} target name(s) belong to another rule: "
+                         f"{', '.join(status['contested'])}")
+        conds = set_condition(conds, "Conflict", True, "ForeignObject" if conflicts else "TargetClaimed",
+                              "; ".join(parts), gen, now)
     else:
         conds = set_condition(conds, "Conflict", False, "NoConflict", "", gen, now)
     ready, stalled, reason, message = readiness(tally, status)

@@ -549,6 +549,16 @@ def test_claimed_names_and_uncopyable_sources_stall_the_rule(tally: logic.Tally,
     assert not logic.status_changed(status, logic.build_status(make_rule(), status, tally))
 
 
+def test_the_conflict_condition_names_every_object_in_the_way_whoever_owns_it() -> None:
+    tally = logic.Tally(sources=2, desired=2, targets=1, conflicts=["a/plain"], contested=["a/marked (held by x/y)"])
+    conds = {c["type"]: c for c in logic.build_status(make_rule(), None, tally)["conditions"]}
+    assert conds["Conflict"]["reason"] == "ForeignObject"
+    assert "a/plain" in conds["Conflict"]["message"] and "a/marked (held by x/y)" in conds["Conflict"]["message"]
+    only = logic.Tally(sources=1, desired=1, targets=1, contested=["a/marked (held by x/y)"])
+    conds = {c["type"]: c for c in logic.build_status(make_rule(), None, only)["conditions"]}
+    assert (conds["Conflict"]["status"], conds["Conflict"]["reason"]) == ("True", "TargetClaimed")
+
+
 # --- orphans: copies of a rule that is gone (no finalizer on rules) ------------------------------------
 
 
