@@ -50,6 +50,12 @@ HASH_ANNOTATION = PREFIX + "content-hash"
 ANNOTATIONS_COPIED = PREFIX + "annotations-copied"
 # On a source: the consent for rules in other namespaces ("team-a,team-*"): where it may be copied.
 ALLOWED_NAMESPACES_ANNOTATION = PREFIX + "allowed-namespaces"
+# On a source: push it, with no rule, into these namespaces (names and globs, comma-separated) and/or
+# into the namespaces matching this label selector ("team=payments,tier=web").
+PUSH_TO_ANNOTATION = PREFIX + "push-to"
+PUSH_TO_MATCHING_ANNOTATION = PREFIX + "push-to-matching"
+# On a copy made by a push annotation (no rule): its rule-uid label is then the source's uid.
+PUSHED_ANNOTATION = PREFIX + "pushed"
 OUR_ANNOTATIONS = (RULE_ANNOTATION, SOURCE_ANNOTATION, SOURCE_UID_ANNOTATION, HASH_ANNOTATION)
 
 RULE_TYPES = {"configmap": "ConfigMap", "secret": "Secret"}
@@ -79,8 +85,14 @@ DEFAULT_STRIP_ANNOTATIONS = (
 )
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# ConfigMap and Secret names: DNS subdomains (RFC 1123), at most 253 characters.
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+MAX_NAME = 253
+# ConfigMap/Secret data keys.
+_DATA_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 RULE_FIELDS = ("ruleType", "selector", "namespace", "targetNamespaces", "namespaceSelector",
-               "excludedNamespaces", "stripLabels", "stripAnnotations", "copyAnnotations")
+               "excludedNamespaces", "stripLabels", "stripAnnotations", "copyAnnotations", "target",
+               "keys", "renameKeys")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,10 +142,24 @@ class Rule:
     strip_labels: tuple[str, ...] = ()
     strip_annotations: tuple[str, ...] = ()
     copy_annotations: bool = False
+    created: str = ""  # creationTimestamp: of two rules that want one target name, the older gets it
+    target_name: str | None = None  # every copy under this name (one source)
+    name_prefix: str = ""
+    name_suffix: str = ""
+    keys: tuple[str, ...] | None = None  # copy only these source keys (None: all)
+    rename_keys: Mapping[str, str] = dataclasses.field(default_factory=dict)  # source key -> copy key
+    # A push: the source's own annotations, no CopyratorRule (name and namespace are the source's,
+    # uid the source's uid); target_namespaces may hold globs then.
+    push: bool = False
 
     @property
     def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
+        return f"push {self.namespace}/{self.name}" if self.push else f"{self.namespace}/{self.name}"
+
+    @property
+    def claim(self) -> tuple[str, str, str, str]:
+        """Order of two claims on one target name: the older rule first (then by name)."""
+        return (self.created, self.namespace, self.name, self.uid)
 
     @property
     def kind(self) -> str:
@@ -181,6 +207,40 @@ def _patterns(value: Any, field: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _target(value: Any) -> tuple[str | None, str, str]:
+    """(name, prefix, suffix) of ``target`` (the schema checks the characters; this the rest)."""
+    if value is None:
+        return None, "", ""
+    if not isinstance(value, Mapping):
+        raise RuleError("target must be a mapping with name, or namePrefix and/or nameSuffix")
+    name, prefix, suffix = value.get("name"), value.get("namePrefix") or "", value.get("nameSuffix") or ""
+    if not all(isinstance(v, str) for v in (prefix, suffix)) or not (name is None or isinstance(name, str)):
+        raise RuleError("target.name, target.namePrefix and target.nameSuffix must be strings")
+    if name is not None and (prefix or suffix):
+        raise RuleError("target.name renames the copy outright: it cannot be combined with namePrefix/nameSuffix")
+    if name is not None and (len(name) > MAX_NAME or not _DNS_SUBDOMAIN.match(name)):
+        raise RuleError(f"target.name {name!r} is not a valid object name (lower-case RFC 1123 subdomain)")
+    if (prefix or suffix) and not _DNS_SUBDOMAIN.match(f"{prefix}x{suffix}"):
+        raise RuleError(f"target.namePrefix {prefix!r} / nameSuffix {suffix!r} cannot make a valid object name")
+    return name, prefix, suffix
+
+
+def _keys(value: Any, renames: Any) -> tuple[tuple[str, ...] | None, dict[str, str]]:
+    if value is not None and (not isinstance(value, list) or not all(isinstance(k, str) for k in value)):
+        raise RuleError("keys must be a list of data keys")
+    if renames is not None and (not isinstance(renames, Mapping)
+                                or not all(isinstance(v, str) for v in renames.values())):
+        raise RuleError("renameKeys must map a source key to the key the copy holds it under")
+    renames = dict(renames or {})
+    for key in [*(value or ()), *renames, *renames.values()]:
+        if not _DATA_KEY.match(key) or len(key) > MAX_NAME:
+            raise RuleError(f"{key!r} is not a valid data key (letters, digits, '-', '_', '.')")
+    problem = key_collision(tuple(value) if value is not None else None, renames, None)
+    if problem:
+        raise RuleError(problem)
+    return (None if value is None else tuple(dict.fromkeys(value))), renames
+
+
 def rule_fields(body: Mapping[str, Any]) -> Mapping[str, Any]:
     """The rule's settings: under ``spec`` (conventional) or at the top level (the article's form)."""
     spec = body.get("spec")
@@ -213,6 +273,8 @@ def parse_rule(body: Mapping[str, Any]) -> Rule:
     copy_annotations = fields.get("copyAnnotations", False)
     if not isinstance(copy_annotations, bool):
         raise RuleError("copyAnnotations must be true or false")
+    target_name, prefix, suffix = _target(fields.get("target"))
+    keys, renames = _keys(fields.get("keys"), fields.get("renameKeys"))
     return Rule(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
@@ -228,7 +290,105 @@ def parse_rule(body: Mapping[str, Any]) -> Rule:
         strip_labels=_patterns(fields.get("stripLabels"), "stripLabels"),
         strip_annotations=_patterns(fields.get("stripAnnotations"), "stripAnnotations"),
         copy_annotations=copy_annotations,
+        created=str(meta.get("creationTimestamp") or ""),
+        target_name=target_name,
+        name_prefix=prefix,
+        name_suffix=suffix,
+        keys=keys,
+        rename_keys=renames,
     )
+
+
+# --- Renaming: copy names and keys ----------------------------------------------------------------
+
+
+def copy_name(rule: Rule, source_name: str) -> str:
+    """The name a copy of ``source_name`` gets from this rule."""
+    if rule.target_name is not None:
+        return rule.target_name
+    return f"{rule.name_prefix}{source_name}{rule.name_suffix}"
+
+
+def source_names_for(rule: Rule, name: str, selected: Iterable[str]) -> list[str]:
+    """The selected source names whose copy would be called ``name`` (sorted)."""
+    return sorted({source for source in selected if copy_name(rule, source) == name})
+
+
+def key_collision(keys: tuple[str, ...] | None, renames: Mapping[str, str],
+                  present: Iterable[str] | None) -> str | None:
+    """Why two source keys would land on one copy key (None: they do not). ``present``: the source's
+    keys (None: only the rule's own lists are checked)."""
+    if present is None:
+        kept = set(keys) if keys is not None else set(renames)
+    else:
+        kept = set(present) if keys is None else set(keys) & set(present)
+    landing: dict[str, str] = {}
+    for key in sorted(kept):
+        to = renames.get(key, key)
+        if to in landing:
+            return (f"keys {landing[to]!r} and {key!r} would both be copied as {to!r} "
+                    f"(renameKeys); rename one of them elsewhere or leave one out of keys")
+        landing[to] = key
+    return None
+
+
+def copy_problem(rule: Rule, source: Mapping[str, Any]) -> str | None:
+    """Why this rule cannot copy ``source`` as configured (None: it can): the resulting name is not
+    a valid object name, or two keys would land on one."""
+    meta = source.get("metadata") or {}
+    where = f"{meta.get('namespace')}/{meta.get('name')}"
+    name = copy_name(rule, str(meta.get("name", "")))
+    if len(name) > MAX_NAME:
+        return f"source {where}: the copy's name would be {len(name)} characters long (at most {MAX_NAME})"
+    present = [*(source.get("data") or {}), *(source.get("binaryData") or {})]
+    collision = key_collision(rule.keys, rule.rename_keys, present)
+    return f"source {where}: {collision}" if collision else None
+
+
+def copied_data(rule: Rule, data: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The source's data map as the copy holds it: only ``keys`` (when set), renamed per ``renameKeys``."""
+    return {rule.rename_keys.get(key, key): value for key, value in (data or {}).items()
+            if rule.keys is None or key in rule.keys}
+
+
+# --- Push: a source's own annotations, no rule --------------------------------------------------
+
+_GLOB = re.compile(r"^[-a-z0-9*?]+$")
+
+
+def push_rule(source: Mapping[str, Any]) -> Rule | RuleError | None:
+    """The implicit rule of a source that carries a push annotation (None: it carries none). It acts as
+    a rule in the source's own namespace: it needs no consent, and its targets are the namespaces
+    ``push-to`` names (names and globs; kube-system & co. only by name) and/or those matching
+    ``push-to-matching`` (``key=value`` pairs, all of them)."""
+    meta = source.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    to, matching = annotations.get(PUSH_TO_ANNOTATION), annotations.get(PUSH_TO_MATCHING_ANNOTATION)
+    if to is None and matching is None:
+        return None
+    kind = str(source.get("kind") or "")
+    rule_type = next((t for t, k in RULE_TYPES.items() if k == kind), "configmap")
+    targets = None
+    if to is not None:
+        targets = tuple(dict.fromkeys(item.strip() for item in str(to).split(",") if item.strip()))
+        bad = [item for item in targets if not _GLOB.match(item)]
+        if bad or not targets:
+            return RuleError(f"{PUSH_TO_ANNOTATION}: {', '.join(bad) or 'empty'}: expected namespace names or "
+                             f"globs, comma-separated (\"team-a,team-*\")")
+    selector = None
+    if matching is not None:
+        labels: dict[str, str] = {}
+        for pair in (item.strip() for item in str(matching).split(",")):
+            key, sep, value = pair.partition("=")
+            if not sep or not key.strip():
+                return RuleError(f"{PUSH_TO_MATCHING_ANNOTATION}: {pair!r}: expected key=value pairs, "
+                                 f"comma-separated (\"team=payments,tier=web\")")
+            labels[key.strip()] = value.strip()
+        selector = {"matchLabels": labels}
+    return Rule(namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")),
+                uid=str(meta.get("uid", "")), generation=0, rule_type=rule_type, selector={},
+                source_namespaces=(str(meta.get("namespace", "")),), target_namespaces=targets,
+                namespace_selector=selector, created=str(meta.get("creationTimestamp") or ""), push=True)
 
 
 # --- Consent ----------------------------------------------------------------------------------
@@ -289,7 +449,10 @@ def is_target(rule: Rule, ns: NamespaceInfo) -> bool:
     if rule.pull:
         return ns.name == rule.namespace
     if rule.target_namespaces is not None:
-        if ns.name not in rule.target_namespaces:
+        listed = ns.name in rule.target_namespaces
+        if rule.push and not listed:  # globs, but system namespaces only by name
+            listed = ns.name not in SYSTEM_NAMESPACES and consent_allows(rule.target_namespaces, ns.name)
+        if not listed:
             return False
     elif ns.name in SYSTEM_NAMESPACES:
         return False
@@ -312,6 +475,8 @@ def is_copy(obj: Mapping[str, Any]) -> bool:
 def selects(rule: Rule, kind: str, obj: Mapping[str, Any]) -> bool:
     """The object matches the rule's type, source namespaces and selector (copies never do)."""
     meta = obj.get("metadata") or {}
+    if rule.push and (meta.get("uid") != rule.uid or not isinstance(push_rule(obj), Rule)):
+        return False
     return (kind == rule.kind and meta.get("namespace") in rule.source_namespaces
             and not meta.get("deletionTimestamp") and not is_copy(obj)
             and matches_labels(meta.get("labels"), rule.selector))
@@ -330,12 +495,19 @@ def source_entry(obj: Mapping[str, Any]) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "kind": obj.get("kind"),
         "metadata": {key: meta[key] for key in ("name", "namespace", "uid", "resourceVersion", "labels",
-                                                "annotations") if meta.get(key) is not None},
+                                                "annotations", "creationTimestamp") if meta.get(key) is not None},
     }
     for key in ("data", "binaryData", "type", "immutable"):
         if obj.get(key) is not None:
             entry[key] = obj[key]
     return entry
+
+
+def first_claim(claimants: Iterable[Rule]) -> Rule | None:
+    """Of the rules that want one target name and none of which holds it, the one that gets it: the
+    oldest (creationTimestamp, then namespace/name). The holder of an existing copy always keeps it,
+    so two rules never take a name from each other (no flapping)."""
+    return min(claimants, key=lambda rule: rule.claim, default=None)
 
 
 def winner(rule: Rule, candidates: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Any] | None:
@@ -397,20 +569,23 @@ def desired_copy(rule: Rule, source: Mapping[str, Any], target_namespace: str) -
     annotations = copied_annotations(rule, meta.get("annotations"))
     if rule.copy_annotations:
         annotations[ANNOTATIONS_COPIED] = "true"
+    if rule.push:
+        annotations[PUSHED_ANNOTATION] = "true"
+    else:
+        annotations[RULE_ANNOTATION] = rule.key
     annotations.update({
-        RULE_ANNOTATION: rule.key,
         SOURCE_ANNOTATION: f"{meta['namespace']}/{meta['name']}",
         SOURCE_UID_ANNOTATION: meta.get("uid", ""),
     })
     body: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": rule.kind,
-        "metadata": {"name": meta["name"], "namespace": target_namespace, "labels": labels,
+        "metadata": {"name": copy_name(rule, meta["name"]), "namespace": target_namespace, "labels": labels,
                      "annotations": annotations},
     }
     for field in ("data", "binaryData"):
-        if source.get(field):
-            body[field] = dict(source[field])
+        if copied := copied_data(rule, source.get(field)):
+            body[field] = copied
     if rule.rule_type == "secret":
         body["type"] = source.get("type") or "Opaque"
     if source.get("immutable"):
@@ -436,6 +611,7 @@ class CopyView:
     type: str | None
     annotations_copied: bool
     rule: str = ""  # "ns/name" of its rule (the annotation): where to confirm that the rule is gone
+    pushed: bool = False  # made by a push annotation on its source (its rule uid is the source's uid)
 
     @property
     def drifted(self) -> bool:
@@ -465,6 +641,7 @@ def copy_view(obj: Mapping[str, Any], kind: str | None = None) -> CopyView:
         type=(obj.get("type") or "Opaque") if kind == "Secret" else None,
         annotations_copied=annotations.get(ANNOTATIONS_COPIED) == "true",
         rule=str(annotations.get(RULE_ANNOTATION, "")),
+        pushed=annotations.get(PUSHED_ANNOTATION) == "true",
     )
 
 
@@ -485,16 +662,18 @@ class Action(enum.Enum):
 
 
 def decide(rule_uid: str, desired: Mapping[str, Any] | None, view: CopyView | None,
-           foreign: bool = False) -> Action:
+           foreign: bool = False, claimed: bool = False, keep: bool = False) -> Action:
     """The one write (if any) that makes a target namespace hold what it should.
     ``view``: the copy the indexes know at that name (any rule's), None when none; ``foreign``:
-    a 409 showed an object that is nobody's copy in the way."""
+    a 409 showed an object that is nobody's copy in the way; ``claimed``: an older rule wants this
+    name too (it gets it); ``keep``: an unwanted copy whose replacement (the same source under the
+    rule's new name) is not in sync yet stays until it is."""
     if view is not None and view.rule_uid != rule_uid:
         return Action.CONFLICT if desired is not None else Action.NONE
     if desired is None:
-        return Action.DELETE if view is not None else Action.NONE
+        return Action.DELETE if view is not None and not keep else Action.NONE
     if view is None:
-        return Action.CONFLICT if foreign else Action.CREATE
+        return Action.CONFLICT if foreign or claimed else Action.CREATE
     if in_sync(view, desired):
         return Action.NONE
     if view.immutable or (desired.get("kind") == "Secret" and view.type != desired.get("type")):
@@ -546,6 +725,8 @@ class Tally:
     conflicts: list[str] = dataclasses.field(default_factory=list)
     refusals: list[str] = dataclasses.field(default_factory=list)  # consent problems, per source
     failed: int = 0
+    contested: list[str] = dataclasses.field(default_factory=list)  # "ns/name (rule ...)": another rule's
+    invalid: list[str] = dataclasses.field(default_factory=list)  # sources not copyable as configured (why)
     rejected: list[str] = dataclasses.field(default_factory=list)  # copies the API server refuses (why)
 
 
@@ -568,7 +749,8 @@ def build_status(rule: Rule, previous: Mapping[str, Any] | None, tally: Tally | 
         conds = kstatus_conditions(conds, ready=False, stalled=True, reason=problem.reason, message=str(problem),
                                    observed_generation=gen, now=now)
         status["conditions"] = conds
-        for key in ("sources", "desired", "copied", "conflicted", "skipped", "conflicts", "withheld", "refused"):
+        for key in ("sources", "desired", "copied", "conflicted", "skipped", "conflicts", "withheld", "refused",
+                    "contested", "invalid"):
             if key in previous:
                 status[key] = previous[key]
         return status
@@ -583,6 +765,8 @@ def build_status(rule: Rule, previous: Mapping[str, Any] | None, tally: Tally | 
         "withheld": tally.withheld,
         "conflicts": conflicts[:MAX_LISTED],
         "refused": sorted(tally.refusals)[:MAX_LISTED],
+        "contested": sorted(tally.contested)[:MAX_LISTED],
+        "invalid": sorted(tally.invalid)[:MAX_LISTED],
     })
     if tally.refusals:
         conds = set_condition(conds, "Refused", True, "ConsentMissing",
@@ -590,10 +774,17 @@ def build_status(rule: Rule, previous: Mapping[str, Any] | None, tally: Tally | 
                               gen, now)
     else:
         conds = set_condition(conds, "Refused", False, "Allowed", "", gen, now)
-    if conflicts:
-        conds = set_condition(conds, "Conflict", True, "ForeignObject",
-                              f"{len(conflicts)} target(s) hold an object this rule does not own "
-                              f"(left untouched): {', '.join(status['conflicts'])}", gen, now)
+    if conflicts or tally.contested:
+        # Every object in the way, whoever's: someone else's (ForeignObject) or another rule's (TargetClaimed).
+        parts = []
+        if conflicts:
+            parts.append(f"{len(conflicts)} target(s) hold an object this rule does not own "
+                         f"(left untouched): {', '.join(status['conflicts'])}")
+        if tally.contested:
+            parts.append(f"{len(tally.contested)} target name(s) belong to another rule: "
+                         f"{', '.join(status['contested'])}")
+        conds = set_condition(conds, "Conflict", True, "ForeignObject" if conflicts else "TargetClaimed",
+                              "; ".join(parts), gen, now)
     else:
         conds = set_condition(conds, "Conflict", False, "NoConflict", "", gen, now)
     ready, stalled, reason, message = readiness(tally, status)
@@ -610,6 +801,14 @@ def readiness(tally: Tally, status: Mapping[str, Any]) -> tuple[bool, bool, str,
     if tally.refusals:
         return False, True, "Refused", (f"{len(tally.refusals)} source(s) not copied without their owner's "
                                                f"consent: " + "; ".join(status["refused"]))
+    if tally.invalid:
+        return False, True, "InvalidCopy", (f"{len(tally.invalid)} source(s) cannot be copied as this rule "
+                                            f"says: " + "; ".join(status["invalid"]))
+    if tally.contested:
+        return False, True, "TargetClaimed", (f"{len(tally.contested)} target name(s) are another rule's "
+                                              f"(the rule holding a copy keeps it; else the older rule gets "
+                                              f"it); change target/namePrefix/nameSuffix or the other rule: "
+                                              f"{', '.join(status['contested'])}")
     if tally.conflicts:
         return False, True, "ForeignObject", (f"{len(tally.conflicts)} target(s) hold an object this rule does not "
                                               f"own (left untouched; delete or rename it): "
@@ -636,7 +835,8 @@ def rule_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
     snap: dict[str, Any] = {
         "apiVersion": body.get("apiVersion", API_VERSION), "kind": body.get("kind", KIND),
         "metadata": {key: meta[key] for key in ("name", "namespace", "uid", "generation", "resourceVersion",
-                                                "deletionTimestamp") if meta.get(key) is not None},
+                                                "deletionTimestamp", "creationTimestamp")
+                     if meta.get(key) is not None},
         "status": {k: v for k, v in (body.get("status") or {}).items() if k != "kopf"},
     }
     if "spec" in body:

@@ -112,6 +112,9 @@ class CopyratorController:
         # Set by the first handled event: Kopf calls handlers only once every index is filled.
         self._indexed = asyncio.Event()
         self._limit = asyncio.Semaphore(settings.write_concurrency)
+        # Push sources (a push annotation, no rule): kind -> (namespace, name) -> their implicit rule.
+        self.pushes: dict[str, dict[tuple[str, str], logic.Rule]] = {"ConfigMap": {}, "Secret": {}}
+        self._push_reports: dict[str, str] = {}  # source uid -> the problems last reported on it
 
     # --- state from the indexes ----------------------------------------------------------------
 
@@ -129,8 +132,10 @@ class CopyratorController:
         return parsed
 
     def active_rules(self, kind: str | None = None) -> list[tuple[dict[str, Any], logic.Rule]]:
-        """Valid rules not being deleted (of one kind when given)."""
-        result = []
+        """Valid rules not being deleted (of one kind when given), push sources' rules included (their
+        "snapshot" is the source entry)."""
+        result = [(self.sources[k].get((r.namespace, r.name)) or {}, r)
+                  for k in (KINDS if kind is None else (kind,)) for r in self.pushes[k].values()]
         for key in list(self.rules):
             snapshot = _first(self.rules, key)
             if snapshot is None or snapshot["metadata"].get("deletionTimestamp"):
@@ -197,15 +202,77 @@ class CopyratorController:
     def source_names(self, rule: logic.Rule) -> set[str]:
         return {entry["metadata"]["name"] for entry in self.selected(rule)}
 
+    def copy_names(self, rule: logic.Rule) -> set[str]:
+        """The names the rule's copies get (its sources' names, renamed)."""
+        return {logic.copy_name(rule, name) for name in self.source_names(rule)}
+
+    def source_for(self, rule: logic.Rule, name: str) -> tuple[dict[str, Any] | None, str | None]:
+        """The source this rule copies under ``name``, and why it copies none there although some
+        source maps to it (several sources renamed to one target.name, or a copy it cannot make)."""
+        if rule.target_name is None:
+            prefix, suffix = rule.name_prefix, rule.name_suffix
+            if not (name.startswith(prefix) and name.endswith(suffix) and len(name) > len(prefix) + len(suffix)):
+                return None, None
+            source = self.winner(rule, name[len(prefix):len(name) - len(suffix)])
+        elif name != rule.target_name:
+            return None, None
+        else:
+            names = logic.source_names_for(rule, name, self.source_names(rule))
+            found = [(n, w) for n in names if (w := self.winner(rule, n)) is not None]
+            if len(found) > 1:
+                return None, (f"target.name {name}: {len(found)} sources match ({', '.join(n for n, _ in found)}); "
+                              f"one name holds one source (narrow the selector or use namePrefix/nameSuffix)")
+            source = found[0][1] if found else None
+        if source is None:
+            return None, None
+        return source, logic.copy_problem(rule, source)
+
     # --- one copy ---------------------------------------------------------------------------------
 
-    def desired(self, rule: logic.Rule, name: str, ns: logic.NamespaceInfo | None) -> dict[str, Any] | None:
+    def desired(self, rule: logic.Rule, name: str,
+                ns: logic.NamespaceInfo | None) -> tuple[dict[str, Any] | None, bool]:
+        """What the rule wants at ``ns``/``name``, and whether it is blocked from writing there (a
+        source it cannot copy as configured: whatever is there stays)."""
         if ns is None or not logic.is_target(rule, ns):
-            return None
-        source = self.winner(rule, name)
+            return None, False
+        source, problem = self.source_for(rule, name)
+        if problem:
+            return None, True
         if source is None or not logic.allowed_into(rule, source, ns.name, self.settings):
-            return None
-        return logic.desired_copy(rule, source, ns.name)
+            return None, False
+        return logic.desired_copy(rule, source, ns.name), False
+
+    def wants(self, rule: logic.Rule, kind: str, namespace: str, name: str) -> bool:
+        """Whether ``rule`` would copy something to this place (as ``desired``, without building it)."""
+        ns = self.namespace(namespace)
+        if rule.kind != kind or ns is None or not logic.is_target(rule, ns):
+            return False
+        source, problem = self.source_for(rule, name)
+        return source is not None and not problem and logic.allowed_into(rule, source, namespace, self.settings)
+
+    def claimed(self, rule: logic.Rule, kind: str, namespace: str, name: str) -> logic.Rule | None:
+        """Another rule that gets this free target name before ``rule`` (the older one), if any."""
+        others = [r for _s, r in self.active_rules(kind) if r.uid != rule.uid and self.wants(r, kind, namespace, name)]
+        first = logic.first_claim([rule, *others])
+        return first if first is not None and first.uid != rule.uid else None
+
+    def superseded_pending(self, rule: logic.Rule, view: logic.CopyView) -> bool:
+        """An unwanted copy of ``rule`` whose source the rule now copies under another name into the
+        same namespace, and that new copy is not in sync yet: the old one stays until it is."""
+        source_ns, _, source_name = view.source.partition("/")
+        source = self.winner(rule, source_name)
+        ns = self.namespace(view.namespace)
+        if source is None or source["metadata"].get("namespace") != source_ns or ns is None:
+            return False
+        new_name = logic.copy_name(rule, source_name)
+        if new_name == view.name:
+            return False
+        desired, _blocked = self.desired(rule, new_name, ns)
+        if desired is None:
+            return False
+        replacement = self.copy(rule.kind, view.namespace, new_name)
+        return not (replacement is not None and replacement.rule_uid == rule.uid
+                    and logic.in_sync(replacement, desired))
 
     async def sync_copy(self, rule: logic.Rule, namespace: str, name: str, kind: str | None = None) -> int:
         """Make one place hold what ``rule`` wants there; returns the number of writes made."""
@@ -228,7 +295,9 @@ class CopyratorController:
         ns = self.namespace(namespace)
         if ns is None or not ns.active:
             return 0  # gone or terminating: its copies go with it
-        desired = self.desired(rule, name, ns) if kind == rule.kind else None
+        desired, blocked = self.desired(rule, name, ns) if kind == rule.kind else (None, False)
+        if blocked:
+            return 0  # reported in status; what is there stays
         try:
             writes = await self._apply(rule, key, desired)
         except ApiError as exc:
@@ -257,7 +326,7 @@ class CopyratorController:
         self._failed[rule.uid].discard(key)
         metrics.error(OPERATOR, "copy-refused")
         logger.warning(f"Copyrator {rule.key}: the API server refuses the copy {why}")
-        snapshot = _first(self.rules, (rule.namespace, rule.name))
+        snapshot = None if rule.push else _first(self.rules, (rule.namespace, rule.name))  # a push: on its source
         if snapshot is not None:
             self.access.event(snapshot, "Warning", "CopyRefused", f"the API server refuses the copy {why}")
 
@@ -265,7 +334,10 @@ class CopyratorController:
         kind, namespace, name = key
         api_kind = KINDS[kind]
         view = self.copy(kind, namespace, name)
-        action = logic.decide(rule.uid, desired, view, foreign=key in self._foreign)
+        claimed = view is None and desired is not None and self.claimed(rule, kind, namespace, name) is not None
+        keep = desired is None and view is not None and view.rule_uid == rule.uid and kind == rule.kind \
+            and self.superseded_pending(rule, view)
+        action = logic.decide(rule.uid, desired, view, foreign=key in self._foreign, claimed=claimed, keep=keep)
         where = f"Copyrator {rule.key}:"
         if action is logic.Action.NONE or action is logic.Action.CONFLICT:
             return 0
@@ -390,17 +462,27 @@ class CopyratorController:
         """Every copy of one rule, from the indexes: writes only what differs."""
         namespaces = self.all_namespaces()
         targets = [ns.name for ns in namespaces if logic.is_target(rule, ns)]
-        jobs: list[Awaitable[int]] = []
-        names = self.source_names(rule) | {v.name for v in self.copies_of(rule.uid, rule.kind)}
-        for name in sorted(names):
-            places = set(targets) | {v.namespace for v in self.copies_of(rule.uid, rule.kind, name=name)}
-            jobs.extend(self.sync_copy(rule, ns, name) for ns in sorted(places))
+        wanted = self.copy_names(rule)
+        names = wanted | {v.name for v in self.copies_of(rule.uid, rule.kind)}
+
+        def jobs_for(selected: Iterable[str]) -> list[Awaitable[int]]:
+            jobs: list[Awaitable[int]] = []
+            for name in sorted(selected):
+                places = set(targets) | {v.namespace for v in self.copies_of(rule.uid, rule.kind, name=name)}
+                jobs.extend(self.sync_copy(rule, ns, name) for ns in sorted(places))
+            return jobs
+
+        started = time.perf_counter()
+        # First the names the rule wants, then the copies under names it no longer uses (a renamed
+        # target): each of those goes only once its replacement is in sync.
+        writes, errors = await self._bounded(jobs_for(wanted))
+        later: list[Awaitable[int]] = jobs_for(names - wanted)
         for kind in KINDS:  # the rule's type changed: its copies of the other kind go
             if kind != rule.kind:
-                jobs.extend(self.sync_copy(rule, v.namespace, v.name, kind=kind)
-                            for v in self.copies_of(rule.uid, kind))
-        started = time.perf_counter()
-        writes, errors = await self._bounded(jobs)
+                later.extend(self.sync_copy(rule, v.namespace, v.name, kind=kind)
+                             for v in self.copies_of(rule.uid, kind))
+        more, more_errors = await self._bounded(later)
+        writes, errors = writes + more, errors + more_errors
         if writes:  # a reaction is an event that caused writes; no-op passes are not timed
             metrics.REACTION.labels(operator=OPERATOR, trigger=trigger.split()[0]).observe(
                 time.perf_counter() - started)
@@ -477,8 +559,9 @@ class CopyratorController:
         by_rule: dict[str, list[logic.CopyView]] = collections.defaultdict(list)
         for kind in KINDS:
             for key in list(self.copies[kind]):
-                if key[0] == "rule" and key[1] not in live:
-                    by_rule[key[1]].extend(_values(self.copies[kind], key))
+                if key[0] == "rule" and key[1] not in live:  # pushed copies: _resync_pushes prunes them
+                    by_rule[key[1]].extend(v for v in _values(self.copies[kind], key) if not v.pushed)
+        by_rule = {uid: views for uid, views in by_rule.items() if views}
         count = 0
         for uid, rule_key in logic.orphan_suspects(by_rule, live).items():
             place = logic.split_rule_key(rule_key)
@@ -506,7 +589,7 @@ class CopyratorController:
         trigger = f"namespace {event_type.lower()}"
         await self._run(trigger, [
             (snapshot, rule, [self.sync_copy(rule, info.name, name) for name in sorted(
-                self.source_names(rule) | {v.name for v in self.copies_of(rule.uid, rule.kind, namespace=info.name)})])
+                self.copy_names(rule) | {v.name for v in self.copies_of(rule.uid, rule.kind, namespace=info.name)})])
             for snapshot, rule in self.active_rules() if info.name not in rule.source_namespaces]
             + [(snapshot, rule, []) for snapshot, rule in self.active_rules() if info.name in rule.source_namespaces])
 
@@ -531,22 +614,67 @@ class CopyratorController:
             # name must not overwrite (or, deleted, remove) its successor's newer entry.
             return
         rules = self.active_rules(kind)
-        now = [(s, r) for s, r in rules if event_type != "DELETED" and logic.selects(r, kind, body)]
+        now = [(s, r) for s, r in rules
+               if event_type != "DELETED" and not r.push and logic.selects(r, kind, body)]
+        push = self._push_changed(kind, event_type, body)
+        entry = logic.source_entry(body)
+        if push is not None:
+            now.append((entry, push))
         if now:
-            store[(namespace, name)] = logic.source_entry(body)
+            store[(namespace, name)] = entry
         elif old is not None:
             store.pop((namespace, name), None)
-        if event_type is None:
+        if event_type is None and push is None:
             return  # the initial listing: the rules' resume converges
-        selecting = {r.uid for _s, r in now}
-        affected = [(s, r) for s, r in rules
-                    if r.uid in selecting or (old is not None and logic.selects(r, kind, old))]
+        # Each rule once: the rules selecting it now, and those that selected it before (to prune).
+        affected = {r.uid: (s, r) for s, r in rules if old is not None and logic.selects(r, kind, old)}
+        affected.update({r.uid: (s, r) for s, r in now})
         if not affected:
             return
-        trigger = f"source {event_type.lower()}"
-        await self._run(trigger, [(s, r, self._source_jobs(r, name)) for s, r in affected])
+        trigger = f"source {(event_type or 'listed').lower()}"
+        await self._run(trigger, [(s, r, self._source_jobs(r, name)) for s, r in affected.values()])
 
-    def _source_jobs(self, rule: logic.Rule, name: str) -> list[Awaitable[int]]:
+    def _push_changed(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> logic.Rule | None:
+        """Keep the push sources current; the source's push rule now (None: it pushes nowhere). A
+        malformed push annotation is reported on the source (a Warning event, once per change)."""
+        meta = body.get("metadata") or {}
+        place = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        push = None if event_type == "DELETED" or meta.get("deletionTimestamp") else logic.push_rule(body)
+        if isinstance(push, logic.RuleError):
+            self._report_push(body, push.reason, str(push))
+            push = None
+        if push is None:
+            self.pushes[kind].pop(place, None)
+        else:
+            self.pushes[kind][place] = push
+        return push
+
+    def _report_push(self, body: Mapping[str, Any], reason: str, message: str) -> None:
+        """A push source's problems, as a Warning event on the source when they change (a push has no
+        status of its own)."""
+        meta = body.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
+        if self._push_reports.get(uid, "") == message:
+            return
+        self._push_reports[uid] = message
+        if not message:
+            return
+        logger.warning(f"Copyrator push {meta.get('namespace')}/{meta.get('name')}: {reason}: {message}")
+        involved = {"apiVersion": "v1", "kind": body.get("kind"),
+                    "metadata": {k: meta.get(k) for k in ("name", "namespace", "uid")}}
+        self.access.event(involved, "Warning", reason, message)
+
+    def _check_push(self, entry: Mapping[str, Any], rule: logic.Rule) -> None:
+        tally = self.tally(rule)
+        status = logic.build_status(rule, {}, tally)
+        _ready, stalled, reason, message = logic.readiness(tally, status)
+        if tally.skipped and not stalled:  # a token or a Helm release: never copied, and the owner is told
+            source = self.sources[rule.kind].get((rule.namespace, rule.name)) or {}
+            reason, message, stalled = "Skipped", str(logic.skip_reason(rule, source)), True
+        self._report_push(entry, reason, message if stalled else "")
+
+    def _source_jobs(self, rule: logic.Rule, source_name: str) -> list[Awaitable[int]]:
+        name = logic.copy_name(rule, source_name)
         places = {ns.name for ns in self.all_namespaces() if logic.is_target(rule, ns)}
         places |= {v.namespace for v in self.copies_of(rule.uid, rule.kind, name=name)}
         return [self.sync_copy(rule, ns, name) for ns in sorted(places)]
@@ -570,8 +698,15 @@ class CopyratorController:
 
     async def _place_freed(self, kind: str, namespace: str, name: str, trigger: str) -> None:
         """An object left a place: every rule that wants a copy there gets it (or keeps it absent)."""
-        wanted = [(s, r) for s, r in self.active_rules(kind) if self.winner(r, name) is not None]
+        wanted = [(s, r) for s, r in self.active_rules(kind) if self.source_for(r, name)[0] is not None]
         await self._run(trigger, [(s, r, [self.sync_copy(r, namespace, name)]) for s, r in wanted])
+        for snapshot, rule in wanted:
+            # A renamed copy may have waited for this place: it goes now that its replacement is made
+            # (from the indexes: deletes only, no reads).
+            stale = [v for v in self.copies_of(rule.uid, kind, namespace=namespace)
+                     if v.name not in self.copy_names(rule)]
+            if stale:
+                await self._run(trigger, [(snapshot, rule, [self.sync_copy(rule, namespace, v.name) for v in stale])])
 
     async def _run(self, trigger: str, work: list[tuple[dict[str, Any], logic.Rule, list[Awaitable[int]]]]) -> None:
         """Event-driven passes: failures are logged once and the rule is retried with backoff."""
@@ -583,6 +718,12 @@ class CopyratorController:
             metrics.REACTION.labels(operator=OPERATOR, trigger=trigger.split()[0]).observe(
                 time.perf_counter() - started)
         for (snapshot, rule, _jobs), (writes, errors) in zip(work, results, strict=True):
+            if rule.push:  # no status object: problems go to the source; the resync retries failures
+                self._check_push(snapshot, rule)
+                if errors:
+                    logger.warning(f"Copyrator {rule.key}: {trigger}: {len(errors)} copy operation(s) failed "
+                                   f"({errors[0]}); the next resync retries")
+                continue
             if writes:
                 self._triggers[rule.uid] = trigger
             self.schedule_status(snapshot)  # once per burst; written only when it changed
@@ -644,12 +785,62 @@ class CopyratorController:
         # No event within a period: the indexes may be partial, which only makes the sweep find less.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._indexed.wait(), timeout=self.settings.resync_seconds)
+        await self._resync_pushes()
         await self.prune_orphans()
         while True:
             await asyncio.sleep(self.settings.resync_seconds * random.uniform(0.8, 1.2))
             for key in list(self.rules):
                 await self._guarded(key, "resync")
+            await self._resync_pushes()
             await self.prune_orphans()
+
+    async def _resync_pushes(self) -> None:
+        """Push sources' copies, like a rule's; and copies made by a push whose source is gone or
+        pushes no more (deleted while the operator was down): they are ours (marker and push mark).
+        Nothing while Kopf has paused this process (a standby writes nothing)."""
+        if getattr(self.access, "paused", False):
+            return
+        live = set()
+        for kind in KINDS:
+            for place, rule in list(self.pushes[kind].items()):
+                live.add(rule.uid)
+                try:
+                    errors = await self._sweep(rule, "resync")
+                except ApiError as exc:
+                    errors = [exc]
+                if errors:
+                    logger.warning(f"Copyrator {rule.key}: resync: {errors[0]}; the next resync retries")
+                self._check_push(self.sources[kind].get(place) or {}, rule)
+        for kind, api_kind in KINDS.items():
+            for key in list(self.copies[kind]):
+                if key[0] != "rule" or key[1] in live:
+                    continue
+                for view in self.copies_of(key[1], kind):
+                    if not view.pushed:
+                        continue
+                    try:
+                        if not await self._push_gone(kind, view):
+                            continue
+                        async with self.access.serialised(("copyrator", kind, view.namespace, view.name)):
+                            await self.access.delete(api_kind, view.namespace, view.name, uid=view.uid)
+                            self._written[(kind, view.namespace, view.name)] = Gone(view.uid)
+                    except ApiError as exc:
+                        logger.warning(f"Copyrator: pruning the pushed copy {view.namespace}/{view.name} failed "
+                                       f"({exc}); the next resync retries")
+                        continue
+                    metrics.action(OPERATOR, "deleted")
+                    logger.info(f"Copyrator push {view.source}: pruned {kind} {view.namespace}/{view.name} "
+                                f"(the source pushes no more)")
+
+    async def _push_gone(self, kind: str, view: logic.CopyView) -> bool:
+        """Whether the source that pushed ``view`` pushes no more: a source outside this process's view
+        (another shard's namespace) is read once to confirm it (a suspect only; no read when idle)."""
+        source_ns, _, source_name = view.source.partition("/")
+        if (source_ns, source_name) in self.sources[kind] or self.namespace(source_ns) is None:
+            return True  # in view and not pushing (or its namespace is gone)
+        source = await self.access.read(KINDS[kind], source_ns, source_name)
+        return (source is None or source["metadata"].get("uid") != view.rule_uid
+                or not isinstance(logic.push_rule(source), logic.Rule))
 
     async def stop(self) -> None:
         if self._resync:
@@ -672,16 +863,21 @@ class CopyratorController:
             if self.namespace(ns_name) is None and logic.needs_consent(rule, ns_name, self.settings):
                 tally.refusals.append(f"source namespace {ns_name} does not exist: nothing there consents "
                                       f"to this rule ({logic.ALLOWED_NAMESPACES_ANNOTATION})")
-        names = sorted(self.source_names(rule))
         tally.skipped = sum(1 for e in self.selected(rule) if logic.skip_reason(rule, e) is not None)
-        for name in names:
-            source = self.winner(rule, name)
+        invalid: set[str] = set()
+        for source_name in sorted(self.source_names(rule)):
+            name = logic.copy_name(rule, source_name)
+            source = self.winner(rule, source_name)
             if source is None:
                 continue
             tally.sources += 1
             problem = logic.consent_problem(rule, source, targets, self.settings)
             if problem:
                 tally.refusals.append(problem)
+                continue
+            _found, blocked = self.source_for(rule, name)
+            if blocked:
+                invalid.add(blocked)
                 continue
             wanted = logic.desired_copy(rule, source, "")
             for ns in targets:
@@ -693,10 +889,14 @@ class CopyratorController:
                 if view is None:
                     if (rule.kind, ns, name) in self._foreign:
                         tally.conflicts.append(f"{ns}/{name}")
+                    elif (other := self.claimed(rule, rule.kind, ns, name)) is not None:
+                        tally.contested.append(f"{ns}/{name} (wanted by the older rule {other.key})")
                 elif view.rule_uid != rule.uid:
-                    tally.conflicts.append(f"{ns}/{name}")
+                    holder = view.rule or ("a push annotation on " + view.source if view.pushed else "")
+                    tally.contested.append(f"{ns}/{name} (held by {holder or 'another rule'})")
                 elif logic.in_sync(view, wanted):
                     tally.copied += 1
+        tally.invalid = sorted(invalid)
         return tally
 
     def schedule_status(self, snapshot: Mapping[str, Any]) -> None:

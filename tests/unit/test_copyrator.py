@@ -401,6 +401,164 @@ def test_ready_only_when_every_wanted_copy_is_in_sync(tally: logic.Tally, expect
     assert ready["reason"] == reconciling["reason"] == stalled["reason"]
 
 
+# --- issue #23: target names, keys, push annotations, two rules for one name -------------------
+
+
+def test_target_name_prefix_and_suffix_name_the_copy() -> None:
+    source = cm("settings")
+    assert logic.desired_copy(make_rule(), source, "a")["metadata"]["name"] == "settings"
+    renamed = make_rule(target={"name": "app-config"})
+    assert logic.desired_copy(renamed, source, "a")["metadata"]["name"] == "app-config"
+    wrapped = make_rule(target={"namePrefix": "shared-", "nameSuffix": ".v2"})
+    copy = logic.desired_copy(wrapped, source, "a")
+    assert copy["metadata"]["name"] == "shared-settings.v2"
+    # The copy still says which source it holds (the old name is found from it on a rename).
+    assert copy["metadata"]["annotations"][logic.SOURCE_ANNOTATION] == "default/settings"
+    assert logic.source_names_for(wrapped, "shared-settings.v2", ["settings", "other"]) == ["settings"]
+    assert logic.source_names_for(renamed, "app-config", ["b", "a"]) == ["a", "b"]
+
+
+@pytest.mark.parametrize(("target", "message"), [
+    ({"name": "x", "namePrefix": "p-"}, "cannot be combined"),
+    ({"name": "Bad_Name"}, "not a valid object name"),
+    ({"namePrefix": "app-."}, "cannot make a valid object name"),
+    ({"nameSuffix": "-"}, "cannot make a valid object name"),
+    ("app", "must be a mapping"),
+])
+def test_bad_target_names_are_reported_readably(target: Any, message: str) -> None:
+    with pytest.raises(logic.RuleError, match=message):
+        make_rule(target=target)
+
+
+def test_a_name_too_long_is_a_problem_of_that_source_only() -> None:
+    rule = make_rule(target={"namePrefix": "p" * 100 + "-", "nameSuffix": "-" + "s" * 99})
+    assert logic.copy_problem(rule, cm("short")) is None
+    problem = logic.copy_problem(rule, cm("n" * 60))
+    assert problem and "default/" + "n" * 60 in problem and "at most 253" in problem
+
+
+def test_keys_are_selected_and_renamed() -> None:
+    source = cm("tls", data={"tls.crt": "C", "tls.key": "K", "ca.crt": "A"})
+    only = make_rule(keys=["tls.crt", "ca.crt", "absent"])
+    assert logic.desired_copy(only, source, "a")["data"] == {"tls.crt": "C", "ca.crt": "A"}
+    renamed = make_rule(renameKeys={"ca.crt": "ca.pem"})
+    assert logic.desired_copy(renamed, source, "a")["data"] == {"tls.crt": "C", "tls.key": "K", "ca.pem": "A"}
+    both = make_rule(keys=["ca.crt"], renameKeys={"ca.crt": "ca.pem"})
+    assert logic.desired_copy(both, source, "a")["data"] == {"ca.pem": "A"}
+    swapped = make_rule(keys=["tls.crt", "tls.key"], renameKeys={"tls.crt": "tls.key", "tls.key": "tls.crt"})
+    assert logic.desired_copy(swapped, source, "a")["data"] == {"tls.key": "C", "tls.crt": "K"}
+    binary = cm("bin", data={}, binaryData={"blob": "AA==", "other": "AA=="})
+    assert logic.desired_copy(make_rule(keys=["blob"]), binary, "a")["binaryData"] == {"blob": "AA=="}
+    # A rename changes the content hash: the copy is patched when the rule's keys change.
+    plain = logic.desired_copy(make_rule(), source, "a")
+    assert logic.decide(UID, logic.desired_copy(renamed, source, "a"), logic.copy_view(
+        {**plain, "metadata": {**plain["metadata"], "uid": "u", "resourceVersion": "2"}})) is logic.Action.PATCH
+
+
+def test_keys_that_would_land_on_one_key_are_refused() -> None:
+    with pytest.raises(logic.RuleError, match="would both be copied as 'b'"):
+        make_rule(keys=["a", "b"], renameKeys={"a": "b"})
+    with pytest.raises(logic.RuleError, match="would both be copied"):
+        make_rule(renameKeys={"a": "c", "b": "c"})
+    with pytest.raises(logic.RuleError, match="not a valid data key"):
+        make_rule(keys=["a/b"])
+    # Only the source can tell: it holds both `a` and `b`, and the rule renames `a` to `b`.
+    rule = make_rule(renameKeys={"a": "b"})
+    assert logic.copy_problem(rule, cm("one", data={"a": "1"})) is None
+    problem = logic.copy_problem(rule, cm("two", data={"a": "1", "b": "2"}))
+    assert problem and "default/two" in problem and "'b'" in problem
+
+
+def annotated_source(annotations: dict[str, str], name: str = "pushed", namespace: str = "src") -> dict[str, Any]:
+    source = cm(name, namespace=namespace, labels={})
+    source["metadata"].update(annotations=annotations, creationTimestamp="2026-11-24T00:00:00Z")
+    return source
+
+
+def test_a_push_annotation_is_a_rule_in_the_sources_namespace() -> None:
+    assert logic.push_rule(cm("plain")) is None
+    source = annotated_source({logic.PUSH_TO_ANNOTATION: "a, team-*, kube-system"})
+    rule = logic.push_rule(source)
+    assert isinstance(rule, logic.Rule) and rule.push and rule.uid == "uid-src-pushed"
+    assert rule.key == "push src/pushed" and not rule.pull
+    namespaces = [ns("src"), ns("a"), ns("b"), ns("team-x"), ns("kube-system"), ns("kube-public"), ns("team-y", False)]
+    # Globs reach team-x; kube-system only because it is named; never the source's own namespace.
+    assert logic.target_namespaces(rule, namespaces) == ["a", "kube-system", "team-x"]
+    assert logic.selects(rule, "ConfigMap", source) and not logic.selects(rule, "ConfigMap", cm("pushed", "src"))
+    assert not logic.needs_consent(rule, "src", SETTINGS)  # the source's owner asks for it: no consent needed
+    copy = logic.desired_copy(rule, source, "a")
+    annotations = copy["metadata"]["annotations"]
+    assert annotations[logic.PUSHED_ANNOTATION] == "true" and logic.RULE_ANNOTATION not in annotations
+    assert copy["metadata"]["labels"] == {logic.RULE_UID_LABEL: "uid-src-pushed"}
+    assert logic.copy_view({**copy, "metadata": {**copy["metadata"], "uid": "c"}}).pushed
+
+
+def test_push_to_matching_selects_namespaces_by_label() -> None:
+    rule = logic.push_rule(annotated_source({logic.PUSH_TO_MATCHING_ANNOTATION: "team=x, tier=web"}))
+    assert isinstance(rule, logic.Rule)
+    namespaces = [ns("a", team="x", tier="web"), ns("b", team="x"), ns("kube-system", team="x", tier="web")]
+    assert logic.target_namespaces(rule, namespaces) == ["a"]
+    both = logic.push_rule(annotated_source({logic.PUSH_TO_ANNOTATION: "a,b",
+                                             logic.PUSH_TO_MATCHING_ANNOTATION: "team=x"}))
+    assert isinstance(both, logic.Rule)
+    assert logic.target_namespaces(both, [*namespaces, ns("c", team="x")]) == ["a", "b"]  # AND-ed
+
+
+@pytest.mark.parametrize(("annotations", "message"), [
+    ({logic.PUSH_TO_ANNOTATION: "Bad_NS"}, "namespace names or globs"),
+    ({logic.PUSH_TO_ANNOTATION: " , "}, "empty"),
+    ({logic.PUSH_TO_MATCHING_ANNOTATION: "team"}, "key=value"),
+])
+def test_malformed_push_annotations_are_reported(annotations: dict[str, str], message: str) -> None:
+    problem = logic.push_rule(annotated_source(annotations))
+    assert isinstance(problem, logic.RuleError) and message in str(problem)
+
+
+def test_of_two_rules_for_one_free_name_the_older_gets_it() -> None:
+    older = logic.parse_rule(rule_body(metadata={"name": "z", "namespace": "default", "uid": "u1",
+                                                 "creationTimestamp": "2026-11-01T00:00:00Z"}))
+    newer = logic.parse_rule(rule_body(metadata={"name": "a", "namespace": "default", "uid": "u2",
+                                                 "creationTimestamp": "2026-11-02T00:00:00Z"}))
+    assert logic.first_claim([newer, older]) is older and logic.first_claim([older, newer]) is older
+    desired = logic.desired_copy(newer, cm("settings"), "a")
+    assert logic.decide("u2", desired, None, claimed=True) is logic.Action.CONFLICT
+    # Whoever holds the copy keeps it: the older rule does not take it (no flapping).
+    held = view_of(newer, cm("settings"), "a")
+    assert logic.decide("u1", logic.desired_copy(older, cm("settings"), "a"), held) is logic.Action.CONFLICT
+    assert logic.decide("u2", desired, held) is logic.Action.NONE
+
+
+def test_a_renamed_copy_stays_until_its_replacement_is_in_sync() -> None:
+    rule = make_rule()
+    old = view_of(rule, cm("settings"), "a")
+    assert logic.decide(UID, None, old, keep=True) is logic.Action.NONE
+    assert logic.decide(UID, None, old, keep=False) is logic.Action.DELETE
+
+
+@pytest.mark.parametrize(("tally", "reason"), [
+    (logic.Tally(sources=1, desired=1, targets=1, contested=["a/x (held by default/other)"]), "TargetClaimed"),
+    (logic.Tally(sources=1, targets=1, invalid=["source default/s: keys 'a' and 'b' ..."]), "InvalidCopy"),
+])
+def test_claimed_names_and_uncopyable_sources_stall_the_rule(tally: logic.Tally, reason: str) -> None:
+    status = logic.build_status(make_rule(), None, tally)
+    conds = {c["type"]: c for c in status["conditions"]}
+    stalled = conds["Stalled"]
+    assert (conds["Ready"]["status"], stalled["status"], stalled["reason"]) == ("False", "True", reason)
+    listed = status["contested"] or status["invalid"]
+    assert listed and listed[0] in conds["Stalled"]["message"]
+    assert not logic.status_changed(status, logic.build_status(make_rule(), status, tally))
+
+
+def test_the_conflict_condition_names_every_object_in_the_way_whoever_owns_it() -> None:
+    tally = logic.Tally(sources=2, desired=2, targets=1, conflicts=["a/plain"], contested=["a/marked (held by x/y)"])
+    conds = {c["type"]: c for c in logic.build_status(make_rule(), None, tally)["conditions"]}
+    assert conds["Conflict"]["reason"] == "ForeignObject"
+    assert "a/plain" in conds["Conflict"]["message"] and "a/marked (held by x/y)" in conds["Conflict"]["message"]
+    only = logic.Tally(sources=1, desired=1, targets=1, contested=["a/marked (held by x/y)"])
+    conds = {c["type"]: c for c in logic.build_status(make_rule(), None, only)["conditions"]}
+    assert (conds["Conflict"]["status"], conds["Conflict"]["reason"]) == ("True", "TargetClaimed")
+
+
 # --- orphans: copies of a rule that is gone (no finalizer on rules) ------------------------------------
 
 
