@@ -837,7 +837,8 @@ class Receiver:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.secret_path = f"/services/T0/B0/token-{os.urandom(6).hex()}"
+        self.token = os.urandom(8).hex()  # the credential part of the URL
+        self.secret_path = f"/services/T0/B0/{self.token}"
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}{self.secret_path}"
 
     def close(self) -> None:
@@ -876,7 +877,7 @@ def test_alert_on_reload(reroller_with: Callable[..., OperatorProcess], receiver
                             "sources": ["configmap/nginx-conf"], "action": "rolled", "message": text,
                             "additionalInfo": "e2e-cluster"}}[sink]
     assert body == expected
-    assert receiver.secret_path not in proc.output() and "token-" not in proc.output()
+    assert receiver.token not in proc.output()
 
 
 def test_failing_sink_never_blocks_or_repeats_a_rollout(reroller_with: Callable[..., OperatorProcess],
@@ -903,7 +904,7 @@ def test_failing_sink_never_blocks_or_repeats_a_rollout(reroller_with: Callable[
         wait_for(lambda: proc.output().count("alert failed") == 3, timeout=15, what="each failure said once")
         stays(lambda: all(len(events(core, namespace, n, "Rerolled")) == 1 for n in names) and len(slow.received) == 3,
               4, what="no rollout or alert repeated")
-        assert slow.secret_path not in proc.output() and not proc.errors()
+        assert slow.token not in proc.output() and not proc.errors()
     finally:
         slow.close()
 
@@ -952,3 +953,34 @@ def test_metrics_by_namespace(reroller_with: Callable[..., OperatorProcess], nam
     wait_for(lambda: template_hash(apps, namespace, "second"), timeout=30, what="second rolled")
     series = f'kopf_operators_reroller_reloads_total{{kind="Deployment",namespace="{namespace}",outcome="rolled"}}'
     wait_for(lambda: reload_samples(counted).get(series) == 1.0, timeout=10, what=f"{series} = 1")
+
+
+def test_chart_alert_url_from_a_secret_and_rollouts_rbac_only_when_enabled() -> None:
+    """The chart: the alert URL reaches the operator only through secretKeyRef (never a plain value);
+    a sink without a Secret is refused at render time; RBAC on Argo Rollouts only when enabled."""
+    import subprocess
+
+    from tests.kube import chart_objects
+
+    def container_env(objects: list[dict[str, Any]]) -> dict[str, Any]:
+        deployment_ = next(o for o in objects if o["kind"] == "Deployment")
+        return {e["name"]: e for e in deployment_["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+    def rollout_rules(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        role = next(o for o in objects if o["kind"] == "ClusterRole")
+        return [r for r in role["rules"] if "argoproj.io" in r.get("apiGroups", [])]
+
+    default = chart_objects("r", "ns")
+    assert "REROLLER_ALERT_WEBHOOK_URL" not in container_env(default) and not rollout_rules(default)
+    enabled = chart_objects("r", "ns", "operators.reroller.alerts.sink=teams",
+                            "operators.reroller.alerts.webhookUrlSecret.name=alert-hook",
+                            "operators.reroller.argoRollouts=true")
+    env = container_env(enabled)
+    assert env["REROLLER_ALERT_WEBHOOK_URL"] == {"name": "REROLLER_ALERT_WEBHOOK_URL", "valueFrom": {
+        "secretKeyRef": {"name": "alert-hook", "key": "url"}}}
+    assert env["REROLLER_ARGO_ROLLOUTS"]["value"] == "true"
+    assert rollout_rules(enabled) == [{"apiGroups": ["argoproj.io"], "resources": ["rollouts"],
+                                       "verbs": ["list", "watch", "get", "patch"]}]
+    with pytest.raises(subprocess.CalledProcessError) as refused:
+        chart_objects("r", "ns", "operators.reroller.alerts.sink=slack")
+    assert "webhookUrlSecret" in str(refused.value.stderr)
