@@ -984,3 +984,96 @@ def test_chart_alert_url_from_a_secret_and_rollouts_rbac_only_when_enabled() -> 
     with pytest.raises(subprocess.CalledProcessError) as refused:
         chart_objects("r", "ns", "operators.reroller.alerts.sink=slack")
     assert "webhookUrlSecret" in str(refused.value.stderr)
+
+
+# --- issue #22: Argo Rollouts ------------------------------------------------------------------------
+
+# A stand-in for Argo Rollouts' CRD (its group, version, kind and status subresource; any fields): the
+# real CRDs are data of argoproj/argo-rollouts, not committed here. `make reloader-e2e` installs those.
+ROLLOUT_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "rollouts.argoproj.io"},
+    "spec": {"group": "argoproj.io", "scope": "Namespaced",
+             "names": {"plural": "rollouts", "singular": "rollout", "kind": "Rollout", "listKind": "RolloutList"},
+             "versions": [{"name": "v1alpha1", "served": True, "storage": True, "subresources": {"status": {}},
+                           "schema": {"openAPIV3Schema": {"type": "object",
+                                                          "x-kubernetes-preserve-unknown-fields": True}}}]}}
+
+
+@pytest.fixture
+def rollouts_installed(api: Any) -> Iterator[None]:
+    """The Rollout CRD (the stand-in when none is installed) and, for the chart's ServiceAccount, the
+    chart's own rule for rollouts (rendered with operators.reroller.argoRollouts=true)."""
+    import kubernetes
+    import yaml
+
+    from tests.kube import E2E_RELEASE, as_service_account, chart_objects
+    extensions = kubernetes.client.ApiextensionsV1Api(api)
+    rbac = kubernetes.client.RbacAuthorizationV1Api(api)
+    created_crd = False
+    try:
+        extensions.read_custom_resource_definition("rollouts.argoproj.io")
+    except kubernetes.client.ApiException as exc:
+        assert exc.status == 404
+        kubectl("apply", "-f", "-", input=yaml.safe_dump(ROLLOUT_CRD))
+        created_crd = True
+    kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/rollouts.argoproj.io")
+    name = f"{E2E_RELEASE}-rollouts"
+    if as_service_account():
+        role = next(o for o in chart_objects(E2E_RELEASE, E2E_RELEASE, "operators.reroller.argoRollouts=true")
+                    if o["kind"] == "ClusterRole")
+        rules = [r for r in role["rules"] if "argoproj.io" in r["apiGroups"]]
+        kubectl("apply", "-f", "-", input=yaml.safe_dump_all([
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
+             "rules": rules},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+             "subjects": [{"kind": "ServiceAccount", "name": E2E_RELEASE, "namespace": E2E_RELEASE}]}]))
+    yield
+    if as_service_account():
+        rbac.delete_cluster_role_binding(name)
+        rbac.delete_cluster_role(name)
+    if created_crd:
+        extensions.delete_custom_resource_definition("rollouts.argoproj.io")
+
+
+def rollout(custom: Any, ns: str, name: str, annotations: dict[str, str], cm: str) -> None:
+    labels = {"app": name}
+    custom.create_namespaced_custom_object("argoproj.io", "v1alpha1", ns, "rollouts", {
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout",
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                 "strategy": {"canary": {"steps": [{"setWeight": 50}]}},
+                 "template": {"metadata": {"labels": labels}, "spec": {"containers": [
+                     {"name": "app", "image": "app:1", "envFrom": [{"configMapRef": {"name": cm}}]}]}}}})
+
+
+def test_argo_rollouts(rollouts_installed: None, reroller_with: Callable[..., OperatorProcess], namespace: str,
+                       core: Any, custom: Any) -> None:
+    """REROLLER_ARGO_ROLLOUTS=true: Rollouts are re-rolled as Reloader does it: by default through the
+    pod template (a new revision, Argo's canary or blue-green steps apply); with
+    ``reloader.stakater.com/rollout-strategy: restart``, by setting ``spec.restartAt`` (the Rollout
+    controller restarts the pods; the template is untouched)."""
+    proc = reroller_with(REROLLER_ARGO_ROLLOUTS="true")
+    configmap(core, namespace, "conf", {"k": "1"})
+    rollout(custom, namespace, "canary", {logic.RELOADER_AUTO: "true"}, "conf")
+    rollout(custom, namespace, "restarted", {logic.RELOADER_AUTO: "true", logic.ROLLOUT_STRATEGY: "restart"}, "conf")
+
+    def get(name: str) -> dict[str, Any]:
+        return dict(custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", namespace, "rollouts", name))
+
+    for name in ("canary", "restarted"):
+        wait_for(lambda n=name: logic.OBSERVED_HASH in (get(n)["metadata"].get("annotations") or {}),  # type: ignore[misc]
+                 timeout=30, what=f"{name}'s baseline")
+    set_cm(core, namespace, "conf", {"k": "2"})
+    wait_for(lambda: logic.LAST_RELOADED_FROM in (get("canary")["spec"]["template"]["metadata"].get("annotations")
+                                                  or {}), timeout=30, what="the canary Rollout's template annotated")
+    restart_at = wait_for(lambda: get("restarted")["spec"].get("restartAt"), timeout=30, what="restartAt set")
+    assert not (get("restarted")["spec"]["template"]["metadata"].get("annotations") or {})
+    assert "restartAt" not in get("canary")["spec"]
+    assert events(core, namespace, "restarted", "Rerolled") and events(core, namespace, "canary", "Rerolled")
+
+    time.sleep(10.5)  # past the minimum interval: the next change restarts again, with a later time
+    set_cm(core, namespace, "conf", {"k": "3"})
+    wait_for(lambda: get("restarted")["spec"]["restartAt"] != restart_at, timeout=30, what="a second restart")
+    assert not proc.errors()
