@@ -16,10 +16,10 @@ import asyncio
 import dataclasses
 import json
 import logging
+import urllib.error
+import urllib.request
 from collections.abc import Mapping
 from typing import Any
-
-import aiohttp
 
 from kopf_operators import metrics
 
@@ -27,6 +27,27 @@ OPERATOR = "reroller"
 SINKS = ("slack", "teams", "gchat", "webhook")
 QUEUE_SIZE = 1000
 logger = logging.getLogger("kopf_operators.reroller")
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is refused, as Reloader does (a token URL redirected elsewhere is a misconfiguration)."""
+
+    def redirect_request(self, *_: Any, **__: Any) -> None:
+        return None
+
+
+# No proxy from the environment, no redirects.
+_OPENER = urllib.request.build_opener(_NoRedirects(), urllib.request.ProxyHandler({}))
+
+
+def post(url: str, body: bytes, timeout: float) -> int:
+    """One POST (blocking: run in a thread); the HTTP status."""
+    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with _OPENER.open(request, timeout=timeout) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,27 +137,25 @@ class Alerts:
 
     async def _run(self) -> None:
         assert self._queue is not None
-        timeout = aiohttp.ClientTimeout(total=self.settings.timeout_seconds)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            while True:
-                alert = await self._queue.get()
-                await self._send(session, alert)
+        while True:
+            alert = await self._queue.get()
+            await self._send(alert)
 
-    async def _send(self, session: aiohttp.ClientSession, alert: Alert) -> None:
+    async def _send(self, alert: Alert) -> None:
         sink = self.settings.sink
-        body = json.dumps(payload(sink, alert, self.settings.additional_info))
+        body = json.dumps(payload(sink, alert, self.settings.additional_info)).encode()
         where = f"{alert.kind} {alert.namespace}/{alert.name}"
+        timeout = self.settings.timeout_seconds
         try:
-            async with session.post(self.settings.url, data=body, allow_redirects=False,
-                                    headers={"Content-Type": "application/json"}) as response:
-                if response.status >= 300:
-                    metrics.error(OPERATOR, "alert")
-                    logger.warning(f"{where}: the {sink} alert was refused: HTTP {response.status}")
-                    return
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            status = await asyncio.wait_for(asyncio.to_thread(post, self.settings.url, body, timeout), timeout + 1)
+        except (urllib.error.URLError, TimeoutError, OSError) as exc:
             # The exception's text may carry the URL: only its class is logged.
             metrics.error(OPERATOR, "alert")
             logger.warning(f"{where}: the {sink} alert failed: {type(exc).__name__}")
+            return
+        if status >= 300:
+            metrics.error(OPERATOR, "alert")
+            logger.warning(f"{where}: the {sink} alert was refused: HTTP {status}")
             return
         metrics.action(OPERATOR, "alert")
         logger.debug(f"{where}: {sink} alert sent")
