@@ -1077,3 +1077,22 @@ def test_argo_rollouts(rollouts_installed: None, reroller_with: Callable[..., Op
     set_cm(core, namespace, "conf", {"k": "3"})
     wait_for(lambda: get("restarted")["spec"]["restartAt"] != restart_at, timeout=30, what="a second restart")
     assert not proc.errors()
+
+
+def test_argo_rollouts_enabled_without_argo_installed(reroller_with: Callable[..., OperatorProcess], namespace: str,
+                                                      core: Any, apps: Any, api: Any) -> None:
+    """REROLLER_ARGO_ROLLOUTS=true on a cluster without the Rollout CRD: Deployments still roll."""
+    import kubernetes
+    try:
+        kubernetes.client.ApiextensionsV1Api(api).read_custom_resource_definition("rollouts.argoproj.io")
+        pytest.fail("the Rollout CRD is installed on this cluster (by make reloader-e2e?); this case needs it "
+                    "absent: kubectl delete crd rollouts.argoproj.io, or run it on a fresh cluster")
+    except kubernetes.client.ApiException as exc:
+        assert exc.status == 404
+    proc = reroller_with(REROLLER_ARGO_ROLLOUTS="true")
+    configmap(core, namespace, "nginx-conf", {"nginx.conf": NGINX_CONF})
+    deployment(apps, namespace, "nginx", nginx_pod_spec(), AUTO)
+    baseline(apps, namespace, "nginx")
+    set_cm(core, namespace, "nginx-conf", {"nginx.conf": NGINX_CONF.replace("v1", "v2")})
+    assert_rolled_once(apps, core, namespace, "nginx", "configmap/nginx-conf")
+    assert not proc.errors()
