@@ -166,8 +166,9 @@ def install_argo_rollouts_crds(git_dir: Path = ARGO_ROLLOUTS_GIT_DIR) -> str:
                               text=True, check=True).stdout
         subprocess.run(["kubectl", "apply", "--server-side", "--force-conflicts", "-f", "-"], input=text, text=True,
                        check=True, capture_output=True)
-    subprocess.run(["kubectl", "wait", "--for=condition=Established", "--timeout=60s", "crd/rollouts.argoproj.io"],
-                   check=True, capture_output=True)
+    wait_for(lambda: subprocess.run(["kubectl", "wait", "--for=condition=Established", "--timeout=10s",
+                                     "crd/rollouts.argoproj.io"], capture_output=True).returncode == 0,
+             timeout=60, interval=1, what="the Rollout CRD established")
     return commit
 
 
