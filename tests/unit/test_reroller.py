@@ -572,3 +572,23 @@ def test_key_scope_change_is_no_data_change() -> None:
 def test_key_hashes_never_hold_values() -> None:
     keys = logic.key_hashes(SEC, {"data": {"password": "aHVudGVyMg=="}})
     assert [k for k, _ in keys] == ["password"] and "aHVudGVyMg==" not in str(keys)
+
+
+def test_argo_rollout_restart_strategy_sets_restart_at() -> None:
+    body = workload({logic.RELOADER_AUTO: "true", logic.ROLLOUT_STRATEGY: "restart"}, pod_spec=POD)
+    view = logic.workload_view("Rollout", body)
+    assert view is not None and view.restart
+    snap = logic.Snapshot(per_source={"configmap/nginx-conf": "aa"}, missing=[])
+    patch = logic.roll_patch(view, logic.Plan("roll", new_hash="h", changed=("configmap/nginx-conf",)), snap,
+                             1_700_000_000.0, rv=3)
+    assert patch["spec"] == {"restartAt": "2023-11-14T22:13:20Z"}
+    assert patch["metadata"]["annotations"][logic.OBSERVED_HASH] == "h"
+    # Default ("rollout" or absent): the pod template, as for a Deployment; the key means nothing elsewhere.
+    body["metadata"]["annotations"][logic.ROLLOUT_STRATEGY] = "rollout"
+    default = logic.workload_view("Rollout", body)
+    assert default is not None and not default.restart
+    assert logic.LAST_RELOADED_FROM in logic.roll_patch(default, logic.Plan("roll", new_hash="h"), snap, 0.0)[
+        "spec"]["template"]["metadata"]["annotations"]
+    body["metadata"]["annotations"][logic.ROLLOUT_STRATEGY] = "restart"
+    deployment = logic.workload_view("Deployment", body)
+    assert deployment is not None and not deployment.restart
