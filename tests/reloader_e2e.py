@@ -144,7 +144,9 @@ def reloader_flags(namespace: str, values: dict[str, str]) -> list[str]:
     if types:
         flags.append(f"--ignored-workload-types={','.join(types)}")
     if values.get("reloader.watchGlobally") == "false":
-        flags.append(f"--namespaces={values.get('reloader.namespaces', '').strip('{}') or namespace}")
+        # Reloader's chart adds its own (release) namespace to reloader.namespaces.
+        names = [n for n in values.get("reloader.namespaces", "").strip("{}").split(",") if n]
+        flags.append(f"--namespaces={','.join(dict.fromkeys([*names, namespace]))}")
     if values.get("reloader.isArgoRollouts") == "true":
         flags.append("--is-Argo-Rollouts=true")
     return flags

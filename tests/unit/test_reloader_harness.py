@@ -35,3 +35,5 @@ def test_values_map_onto_reloaders_own_flags() -> None:
                                         "reloader.watchGlobally": "false", "reloader.isArgoRollouts": "true"})
     assert flags == ["--reload-strategy=annotations", "--reload-on-create=true", "--resources-to-ignore=configMaps",
                      "--namespaces=suite-ns", "--is-Argo-Rollouts=true"]
+    scoped = reloader_flags("suite-ns", {"reloader.watchGlobally": "false", "reloader.namespaces": "{a,b}"})
+    assert scoped[-1] == "--namespaces=a,b,suite-ns"  # as Reloader's chart: its own namespace added
