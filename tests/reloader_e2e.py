@@ -46,6 +46,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from bench.peers import build_reloader, build_reloader_e2e
 from tests.kube import KUBECONFIG, REPO, helm_binary, wait_for
 
@@ -152,8 +154,9 @@ def reloader_flags(namespace: str, values: dict[str, str]) -> list[str]:
     return flags
 
 
-def install_argo_rollouts_crds(git_dir: Path = ARGO_ROLLOUTS_GIT_DIR) -> str:
-    """Apply Argo Rollouts' CRDs from the fetched source (its manifests/crds/); the commit applied."""
+def install_argo_rollouts_crds(git_dir: Path = ARGO_ROLLOUTS_GIT_DIR) -> tuple[str, list[str]]:
+    """Apply Argo Rollouts' CRDs from the fetched source (its manifests/crds/): the commit applied and
+    the CRDs this created (those already there, say a real Argo Rollouts install, are left as found)."""
     if not (git_dir / "HEAD").exists():
         raise SystemExit(f"no Argo Rollouts source at {git_dir}: fetch github:argoproj/argo-rollouts first "
                          f"(or set ARGO_ROLLOUTS_GIT_DIR); its manifests/crds/ are what the argo specs need")
@@ -161,17 +164,24 @@ def install_argo_rollouts_crds(git_dir: Path = ARGO_ROLLOUTS_GIT_DIR) -> str:
                             text=True, check=True).stdout.strip()
     files = subprocess.run(["git", "--git-dir", str(git_dir), "ls-tree", "--name-only", "HEAD", "manifests/crds/"],
                            capture_output=True, text=True, check=True).stdout.split()
+    existing = set(subprocess.run(["kubectl", "get", "crd", "-o", "name"], capture_output=True, text=True,
+                                  check=True).stdout.split())
+    created: list[str] = []
     for path in files:
         if not path.endswith("-crd.yaml"):
             continue
         text = subprocess.run(["git", "--git-dir", str(git_dir), "show", f"HEAD:{path}"], capture_output=True,
                               text=True, check=True).stdout
+        name = f"customresourcedefinition.apiextensions.k8s.io/{yaml.safe_load(text)['metadata']['name']}"
+        if name in existing:
+            continue
+        created.append(name)
         subprocess.run(["kubectl", "apply", "--server-side", "--force-conflicts", "-f", "-"], input=text, text=True,
                        check=True, capture_output=True)
     wait_for(lambda: subprocess.run(["kubectl", "wait", "--for=condition=Established", "--timeout=10s",
                                      "crd/rollouts.argoproj.io"], capture_output=True).returncode == 0,
              timeout=60, interval=1, what="the Rollout CRD established")
-    return commit
+    return commit, created
 
 
 class RolloutStatusStandIn:
@@ -362,7 +372,7 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="reloader-e2e-", dir=os.environ.get("TMPDIR")))
     # The Argo Rollouts CRDs for every suite: with them, core and annotations deploy Reloader with
     # isArgoRollouts=true too (their argo-labelled specs stay filtered out), and the argo suite runs.
-    argo_commit = install_argo_rollouts_crds()
+    argo_commit, created = install_argo_rollouts_crds()
     print(f"Argo Rollouts CRDs applied from argoproj/argo-rollouts {argo_commit[:12]}", file=sys.stderr)
     stand_in = RolloutStatusStandIn()
     stand_in.start()
@@ -370,6 +380,9 @@ def main() -> int:
         results = [run_suite(suite, workdir, against) for suite in suites]
     finally:
         stand_in.stop()
+        # The cluster as found: the CRDs this run added go again (and every Rollout with them).
+        for name in created:
+            subprocess.run(["kubectl", "delete", "--ignore-not-found", name], capture_output=True)
     print(json.dumps(results, indent=2))
     print(f"logs: {workdir}", file=sys.stderr)
     return 1 if any(r["failed"] or not r["passed"] for r in results) else 0
