@@ -11,6 +11,7 @@ LOCAL_KUBECONFIG := $(CLUSTER_DIR)/kubeconfig
 RUN_ARGS ?= --all-namespaces --verbose
 
 .PHONY: help setup cluster cluster-down image install uninstall run test unit lint bench manifests deploy undeploy \
+	revert-agents \
 	peers-test reloader-e2e reloader-bench
 
 help: ## list the verbs
@@ -42,7 +43,7 @@ install: ## apply the CRDs to the target cluster
 	KUBECONFIG=$(TARGET_KUBECONFIG) kubectl wait --for=condition=Established --timeout=60s -f manifests/crds/
 
 uninstall: ## remove the CRDs (and so every custom resource) from the target cluster
-	KUBECONFIG=$(TARGET_KUBECONFIG) kubectl delete --ignore-not-found -f manifests/crds/
+	@cluster/uninstall.sh
 
 run: setup ## install the CRDs and run all four operators against the target cluster
 	@export KUBECONFIG=$(TARGET_KUBECONFIG) && \
@@ -57,10 +58,11 @@ test: setup ## everything: set-up, local cluster, lint, unit and end-to-end test
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	@cluster/cluster.sh up
+	@cluster/monitoring.sh >/dev/null  # tests/e2e/test_chart.py's CRDs and promtool, built once (cached)
 	$(BIN)/pytest
 
 # BENCH_ARGS e.g. "--quick", "--only scale peers", "--operators operators/immortal.py" (or OPERATOR_FILES=...).
-# The Go peers are built from source by the run itself (bench/gopeers.py; see bench/README.md).
+# The Go peers are built from source by the run itself (testsupport/peer_build.py; see bench/README.md).
 bench: setup ## benchmarks (ours, floor, Go peers) on the local cluster -> bench/results.{json,md}
 	@cluster/cluster.sh up
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
@@ -71,7 +73,7 @@ reloader-e2e: setup ## stakater Reloader's own e2e suites against our re-roller 
 
 reloader-bench: setup ## re-roller vs stakater Reloader (built from source): isolated ConfigMap edit -> rollout
 	@cluster/cluster.sh up
-	$(BIN)/python -m bench.peers reloader-latency
+	$(BIN)/python -m bench.reloader_bench
 
 peers-test: setup ## tests side by side with Go peers built from source (their sources: docs/blackadder.md)
 	@cluster/cluster.sh up
@@ -94,5 +96,15 @@ manifests: ## regenerate manifests/operator.yaml from the Helm chart (the one so
 deploy: ## install the Helm chart into the target cluster (IMAGE=repo:tag; local: the real node, `make image deploy`)
 	@RELEASE=$(RELEASE) DEPLOY_NAMESPACE=$(DEPLOY_NAMESPACE) IMAGE=$(IMAGE) cluster/deploy.sh
 
-undeploy: ## uninstall the Helm release (CRDs stay: `make uninstall` removes them and every CR)
-	KUBECONFIG=$(TARGET_KUBECONFIG) $(HELM) uninstall $(RELEASE) --namespace $(DEPLOY_NAMESPACE)
+# Before `make undeploy`/`helm uninstall` (and before `make uninstall`): with the operator still running,
+# every ChaosAgent is deleted and first reverts what it changed (revertOnDelete); a revert refused
+# REVERT_ATTEMPTS times lets go and keeps its ledger Secret (docs/blackadder.md, "Uninstalling").
+REVERT_TIMEOUT ?= 180s
+revert-agents: ## delete every ChaosAgent while the operator runs (each reverts first); run before undeploy
+	@export KUBECONFIG=$(TARGET_KUBECONFIG) && \
+	if kubectl get crd chaosagents.blackadder.io >/dev/null 2>&1; then \
+	  kubectl delete chaosagents.blackadder.io --all --wait=true --timeout=$(REVERT_TIMEOUT); \
+	else echo "no ChaosAgent CRD: nothing to revert"; fi
+
+undeploy: ## delete the ChaosAgents (the operator reverts them), then uninstall the Helm release (CRDs stay)
+	@RELEASE=$(RELEASE) DEPLOY_NAMESPACE=$(DEPLOY_NAMESPACE) cluster/undeploy.sh

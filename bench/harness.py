@@ -1,21 +1,18 @@
-"""What every benchmark section shares: paths, the operator and floor processes, the audit log, process
-sampling (RSS, CPU), namespaces of the run and their cleanup, and the figures' arithmetic.
+"""What every benchmark section shares: the operator and floor processes, process sampling (RSS, CPU),
+the audit log's counts, namespaces of the run and their cleanup, and the figures' arithmetic.
 
-Nothing here imports from tests/: the benchmark stands on its own (bench/kube.py is its client).
+Paths, kubectl, tokens, the ``kopf run`` launcher, the audit log reader and percentiles come from
+testsupport/ (shared with tests/); nothing here imports from tests/. bench/kube.py is its client.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
@@ -23,13 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import yaml
 
 from bench.kube import ApiError, Kube, bounded
+from testsupport.audit import AuditLog
+from testsupport.kubectl import kubectl
+from testsupport.launcher import KopfProcess
+from testsupport.paths import CLUSTER_DIR, KUBECONFIG, REPO
+from testsupport.stats import summary_ms
+from testsupport.tokens import token_kubeconfig
 
-REPO = Path(__file__).resolve().parent.parent
-CLUSTER_DIR = Path(os.environ.get("CLUSTER_DIR", REPO / ".cluster")).resolve()
-KUBECONFIG = CLUSTER_DIR / "kubeconfig"
 SA_NAMESPACE = "kopf-bench"
 SA_NAME = "kopf-bench-operator"
 PEER_SA_NAME = "kopf-bench-peer"  # the Go peers' identity, so the audit log attributes their requests too
@@ -60,17 +59,6 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-
-def summary(values: list[float]) -> dict[str, Any]:
-    ms = [v * 1000 for v in values]
-    return {"n": len(ms), "p50_ms": round(pct(ms, 0.50), 1), "p99_ms": round(pct(ms, 0.99), 1),
-            "max_ms": round(max(ms), 1), "min_ms": round(min(ms), 1)}
-
-
 async def origin(responded: float, seen: asyncio.Future[float]) -> float:
     """When the change happened: the write's response, or its event on the harness's own watch if that
     arrived first (both stamps come from one event loop, so a busy loop cannot make latency negative)."""
@@ -89,40 +77,11 @@ def collect(into: set[str], when: Callable[[str, dict[str, Any]], bool],
     return listener
 
 
-def kubectl(*args: str, input: str | None = None, check: bool = True) -> str:
-    out = subprocess.run(["kubectl", "--kubeconfig", str(KUBECONFIG), *args], input=input, text=True,
-                         capture_output=True, check=False, timeout=300)
-    if check and out.returncode:
-        raise RuntimeError(f"kubectl {' '.join(args)}: {out.stderr}")
-    return out.stdout
-
-
 async def within(fut: Awaitable[Any], timeout: float, what: str) -> Any:
     try:
         return await asyncio.wait_for(fut, timeout)
     except TimeoutError:
         raise TimeoutError(f"timed out after {timeout}s waiting for {what}") from None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def token_kubeconfig(service_account: str, namespace: str, path: Path) -> Path:
-    """A kubeconfig for the local cluster that authenticates as the given ServiceAccount."""
-    token = kubectl("create", "token", service_account, "-n", namespace, "--duration=48h").strip()
-    admin = yaml.safe_load(KUBECONFIG.read_text())
-    config = {
-        "apiVersion": "v1", "kind": "Config", "current-context": service_account,
-        "clusters": [{"name": "local", "cluster": admin["clusters"][0]["cluster"]}],
-        "users": [{"name": service_account, "user": {"token": token}}],
-        "contexts": [{"name": service_account, "context": {"cluster": "local", "user": service_account}}],
-    }
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
 
 
 def operator_files(spec: str | None, root: Path = REPO) -> list[str]:
@@ -176,50 +135,18 @@ class Proc:
         return time.monotonic() - started
 
 
-class Operator:
+class Operator(KopfProcess):
     """``kopf run`` as the chart runs it (peering, all namespaces, info logs), as a ServiceAccount;
-    ``files`` are the operator files it loads (all four by default)."""
+    ``files`` are the operator files it loads (all four by default), relative to ``root``."""
 
     def __init__(self, kubeconfig: Path, env: dict[str, str], log_path: Path, files: list[str],
                  root: Path = REPO) -> None:
-        self.kubeconfig, self.env, self.log_path, self.files, self.root = kubeconfig, env, log_path, files, root
-        self.proc: subprocess.Popen[bytes] | None = None
+        # The operator's default METRICS_PORT: the benchmark runs one operator at a time.
+        super().__init__(files, kubeconfig, log_path, env, standalone=False, verbose=False,
+                         extra_args=["--peering=kopf-operators"], metrics_port=False, root=root, log_env=True)
 
     def start(self, timeout: float = 90) -> None:
-        port = free_port()
-        cmd = [str(Path(sys.executable).parent / "kopf"), "run", f"--liveness=http://127.0.0.1:{port}/healthz",
-               "--peering=kopf-operators", "--all-namespaces", *self.files]
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.env}
-        if self.root != REPO:  # another checkout: its own kopf_operators package, ahead of the installed one
-            env["PYTHONPATH"] = os.pathsep.join([str(self.root), *filter(None, [env.get("PYTHONPATH")])])
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        out = self.log_path.open("ab")
-        out.write(f"\n===== {' '.join(cmd)} env={self.env}\n".encode())
-        out.flush()
-        self.proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"operator exited with {self.proc.returncode}; log: {self.log_path}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"operator not healthy after {timeout}s; log: {self.log_path}")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.proc = None
+        super().start(timeout)
 
     @property
     def p(self) -> Proc:
@@ -273,37 +200,11 @@ class Floor:
 # --- the audit log ------------------------------------------------------------------------------
 
 
-class Audit:
-    """The API server's audit log (cluster/cluster.sh audit-log): requests by ServiceAccount."""
-
-    def __init__(self) -> None:
-        out = subprocess.run([str(REPO / "cluster" / "cluster.sh"), "audit-log"], capture_output=True, text=True,
-                             check=True, env={**os.environ, "CLUSTER_DIR": str(CLUSTER_DIR)})
-        self.path = Path(out.stdout.strip())
-
-    def mark(self) -> int:
-        return self.path.stat().st_size if self.path.exists() else 0
+class Audit(AuditLog):
+    """The audit log, counted per ServiceAccount (the benchmark's operator by default)."""
 
     def requests(self, start: int, end: int | None = None, user: str = SA_USER) -> Counter[str]:
-        """``user``'s requests between two marks, as "verb resource[/subresource]" counts.
-        A watch counts when it starts; every other request when it completes."""
-        with self.path.open("rb") as fh:
-            fh.seek(start)
-            data = fh.read() if end is None else fh.read(max(0, end - start))
-        out: Counter[str] = Counter()
-        for raw in data.splitlines():
-            try:
-                ev = json.loads(raw)
-            except ValueError:
-                continue
-            if ev.get("user", {}).get("username") != user:
-                continue
-            verb, stage = ev.get("verb"), ev.get("stage")
-            if (verb == "watch") != (stage == "ResponseStarted") and stage != "Panic":
-                continue
-            ref = ev.get("objectRef") or {}
-            out[f"{verb} {ref.get('resource', '?')}{'/' + ref['subresource'] if ref.get('subresource') else ''}"] += 1
-        return out
+        return super().requests(start, end, user)
 
     async def count(self, start: int, end: int | None = None, user: str = SA_USER) -> dict[str, Any]:
         """The requests between two marks: by verb, and by verb+resource (after the server flushed)."""
@@ -338,7 +239,7 @@ def api_per_change(audit: Counter[str], n: int) -> dict[str, Any]:
 
 
 def latency(op: list[float], floor: list[float], audit: Counter[str], n: int, what: str) -> dict[str, Any]:
-    o, f = summary(op), summary(floor)
+    o, f = summary_ms(op), summary_ms(floor)
     return {"what": what, "operator": o, "floor": f,
             "ratio_p50": round(o["p50_ms"] / f["p50_ms"], 2), "ratio_p99": round(o["p99_ms"] / f["p99_ms"], 2),
             "target_p50_2x_floor": o["p50_ms"] <= 2 * f["p50_ms"], "target_p99_250ms": o["p99_ms"] <= 250,
@@ -480,8 +381,9 @@ class Bench:
         subprocess.run([str(REPO / "cluster" / "cluster.sh"), "up"], check=True, timeout=3600,
                        env={**os.environ, "CLUSTER_DIR": str(CLUSTER_DIR)})
         self.audit = Audit()
-        kubectl("apply", "--server-side", "--force-conflicts", "-f", str(self.root / "manifests" / "crds"))
-        kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(self.root / "manifests" / "crds"))
+        kubectl("apply", "--server-side", "--force-conflicts", "-f", str(self.root / "manifests" / "crds"), timeout=300)
+        kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(self.root / "manifests" / "crds"),
+                timeout=300)
         items: list[dict[str, Any]] = [
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SA_NAMESPACE}},
             {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "kopf-operators"}}]
@@ -491,7 +393,8 @@ class Bench:
                 {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": sa},
                  "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
                  "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": SA_NAMESPACE}]}]
-        kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+        kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
+                timeout=300)
         token_kubeconfig(SA_NAME, SA_NAMESPACE, self.sa_kubeconfig)
         token_kubeconfig(PEER_SA_NAME, SA_NAMESPACE, self.peer_kubeconfig)
 

@@ -57,7 +57,7 @@ def render(results: dict[str, Any]) -> str:
            f"{meta.get('total_seconds')} s{', --quick counts' if meta.get('quick') else ''}). "
            f"Operator: {meta.get('operator')}. Each figure was measured in the same run as its floor (a minimal "
            "asyncio/aiohttp client making the same writes, bench/floor.py) and, where there is one, its Go peer "
-           "(built from source in the run, bench/gopeers.py); per-event figures alternate the sides event by "
+           "(built from source in the run, testsupport/peer_build.py); per-event figures alternate the sides event by "
            "event so they see the same noise.", ""]
     peers = results.get("peers") or {}
     out.append(latency_table(results, peers))

@@ -2,12 +2,14 @@
 
 What it gives a controller, and nothing more:
 - ``read`` (None when absent), ``list`` (start-up and periodic resync only, never per event),
-- ``create`` (None on a 409: someone else's object, or ours already there),
+- ``create`` (None on a 409: someone else's object, or ours already there; ``dry_run`` validates only),
 - ``patch`` / ``patch_status`` with optimistic concurrency (``Conflict`` on a 409),
 - ``delete`` with a uid precondition (never removes a same-named successor),
 - ``event`` (a Kubernetes Event through Kopf's poster),
 - one error model (``ApiError``) with its mapping onto Kopf's TemporaryError/PermanentError,
-- ``serialised(key)``: per-object serialisation inside the process, in one place.
+- ``serialised(key)``: per-object serialisation inside the process, in one place,
+- ``paused``: while Kopf has paused this process (a standby replica), every write and Event is refused
+  here (``Paused``), whichever loop or timer asks for it: a standby writes nothing.
 
 Requests are plain JSON dicts in and out (no generated models). Transient failures (connection
 errors, 429, 5xx) are retried here with a capped exponential backoff plus jitter; what still fails
@@ -111,11 +113,21 @@ class Conflict(ApiError):
     """A 409 on a write with a resourceVersion or uid precondition: the object changed meanwhile."""
 
 
+class Paused(ApiError):
+    """A write asked for while Kopf has paused this process in favour of a peer: not sent."""
+
+    def __init__(self) -> None:
+        super().__init__(None, "paused")
+        self.args = ("not written: this replica is paused (a standby)",)
+
+
 class Access:
     """The API client of all four operators (one per process, kept in Kopf's ``memo``)."""
 
     def __init__(self, client: kubernetes.client.ApiClient) -> None:
         self._client = client
+        # Kopf's peering pause, followed by runtime.PeeringState: True while another replica acts.
+        self.paused = False
         self._locks: dict[Hashable, asyncio.Lock] = {}
         self._lock_users: collections.Counter[Hashable] = collections.Counter()
         self._client_guard = threading.Lock()
@@ -172,6 +184,8 @@ class Access:
         return cast(dict[str, Any], json.loads(response.data)) if response.data else {}
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any] | None:
+        if self.paused and method != "GET":
+            raise Paused()
         return await asyncio.to_thread(self.request_sync, method, path, **kwargs)
 
     # --- reads ----------------------------------------------------------------------------------
@@ -215,11 +229,13 @@ class Access:
 
     # --- writes ---------------------------------------------------------------------------------
 
-    async def create(self, kind: Kind, body: Mapping[str, Any]) -> dict[str, Any] | None:
-        """The created object, or None when an object with that name exists (409)."""
+    async def create(self, kind: Kind, body: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any] | None:
+        """The created object, or None when an object with that name exists (409). ``dry_run``: the
+        server validates and admits it as it would a real create (``dryRun=All``) and stores nothing."""
         namespace = (body.get("metadata") or {}).get("namespace")
+        query = {"dryRun": "All"} if dry_run else None
         try:
-            return await self._request("POST", kind.path(namespace), body=body)
+            return await self._request("POST", kind.path(namespace), body=body, query=query)
         except ApiError as exc:
             if exc.status == 409:
                 return None
@@ -263,10 +279,19 @@ class Access:
             raise
         return True
 
-    async def evict(self, namespace: str, name: str) -> bool:
+    async def evict(self, namespace: str, name: str, *, grace_seconds: int | None = None,
+                    uid: str | None = None) -> bool:
         """Delete a pod through the Eviction API (PodDisruptionBudgets apply): False when a budget
-        refuses it (429) or the pod is gone."""
-        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        refuses it (429) or the pod is gone (or ``uid`` no longer matches)."""
+        body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
+                                "metadata": {"name": name, "namespace": namespace}}
+        options: dict[str, Any] = {}
+        if grace_seconds is not None:
+            options["gracePeriodSeconds"] = grace_seconds
+        if uid:
+            options["preconditions"] = {"uid": uid}
+        if options:
+            body["deleteOptions"] = options
         try:
             await self._request("POST", POD.path(namespace, name, "eviction"), body=body)
         except ApiError as exc:
@@ -288,10 +313,11 @@ class Access:
 
     # --- events ---------------------------------------------------------------------------------
 
-    @staticmethod
-    def event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    def event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         """A Kubernetes Event on ``body``, posted by Kopf in the background (never blocks, never
-        fails the caller). Messages must never carry data values."""
+        fails the caller; dropped while paused). Messages must never carry data values."""
+        if self.paused:
+            return
         kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message[:MAX_EVENT_MESSAGE])
 
     # --- per-object serialisation ---------------------------------------------------------------

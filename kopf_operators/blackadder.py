@@ -10,9 +10,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
+import functools
 import json
 import math
 import random
+import re
 import urllib.parse
 import zoneinfo
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -24,6 +26,7 @@ from kopf_operators.common import (
     env_float,
     env_list,
     iso_to_epoch,
+    kstatus_conditions,
     matches_label_selector,
     set_condition,
     stable_hash,
@@ -43,6 +46,16 @@ DEFAULT_LEDGER_NAMESPACE = "blackadder-system"
 LEDGER_PREFIX = "blackadder-ledger-"
 LEDGER_KEY = "ledger.json"
 LEDGER_LABEL = f"{DOMAIN}/blackadder-ledger"
+# The agent's full name on its ledger (a label value stops at 63 characters, an agent name at 253).
+LEDGER_AGENT_ANNOTATION = f"{DOMAIN}/blackadder-agent"
+# Set on a ledger the operator let go of (a revert that kept failing): it stays for an administrator.
+LEDGER_ABANDONED_ANNOTATION = f"{DOMAIN}/blackadder-abandoned"
+# The global kill switch: this label on the operator's namespace stops every agent within seconds.
+KILL_SWITCH_LABEL = "blackadder.io/stop"
+# Where a webhook's URL (with its token) lives: this key of a Secret in the operator's namespace.
+WEBHOOK_SECRET_KEY = "address"
+# A revert refused this many times (403, 422 on our own write, ...) is given up on delete.
+REVERT_ATTEMPTS = 5
 MAX_REPLICAS = 128
 MIN_PAUSE_SECONDS = 5
 JOURNAL_LIMIT = 100
@@ -55,6 +68,14 @@ MODES = (TANTRUM, CANCER, IPSUM)
 # The opt-in/opt-out label on Pods, Deployments and ConfigMaps: "false" always opts out; with
 # requireOptIn only objects labelled "true" are candidates. Applied server-side.
 OPT_LABEL = "blackadder.io/chaos"
+# Per-target frequency (after kube-monkey's kube-monkey/mtbf, kill-type, kill-value), on Pods (put
+# them in the workload's pod template): the workload's own mean time between failures.
+MTBF_LABEL = "blackadder.io/mtbf"
+KILL_MODE_LABEL = "blackadder.io/kill-mode"
+KILL_VALUE_LABEL = "blackadder.io/kill-value"
+KILL_ONE, KILL_FIXED, KILL_ALL, KILL_RANDOM_MAX_PERCENT, KILL_FIXED_PERCENT = (
+    "", "fixed", "kill-all", "random-max-percent", "fixed-percent")
+KILL_MODES = (KILL_FIXED, KILL_ALL, KILL_RANDOM_MAX_PERCENT, KILL_FIXED_PERCENT)
 # Copyrator's marker on its copies (kopf_operators.copyrator.RULE_UID_LABEL).
 COPYRATOR_COPY_LABEL = f"copyrator.{DOMAIN}/rule-uid"
 DEFAULT_MAX_KILLS = 1  # like chaoskube's --max-kill
@@ -74,12 +95,15 @@ class Settings:
     max_added_replicas: int = DEFAULT_MAX_ADDED_REPLICAS
     # CHAOS_WEBHOOK_HOSTS: the only hosts webhook notifications may go to (empty: any host).
     webhook_hosts: tuple[str, ...] = ()
+    # CHAOS_STOP_ALL: the kill switch from the chart (operators.blackadder.stopAll): no agent acts.
+    stop_all: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
         return cls(dry_run=env_bool(env, "CHAOS_DRY_RUN", False),
                    max_added_replicas=int(env_float(env, "CHAOS_MAX_ADDED_REPLICAS", DEFAULT_MAX_ADDED_REPLICAS)),
-                   webhook_hosts=tuple(h.lower() for h in env_list(env, "CHAOS_WEBHOOK_HOSTS")))
+                   webhook_hosts=tuple(h.lower() for h in env_list(env, "CHAOS_WEBHOOK_HOSTS")),
+                   stop_all=env_bool(env, "CHAOS_STOP_ALL", False))
 
 
 
@@ -112,8 +136,17 @@ class AgentSettings:
     time_zone: str = "UTC"
     allow_single_replica: bool = False
     evict: bool = False
-    webhook_url: str = ""
+    webhook_secret: str = ""  # the Secret (operator's namespace) whose key "address" is the URL
     shared_configmaps: str = "Skip"
+    # chaoskube's remaining filters (issue #23): owner kinds, pod names, excluded dates, grace period.
+    owner_kinds_included: tuple[str, ...] = ()
+    owner_kinds_excluded: tuple[str, ...] = ()
+    pod_names_included: str = ""  # a regular expression (searched in the name, as chaoskube's)
+    pod_names_excluded: str = ""
+    excluded_dates: tuple[str, ...] = ()  # "YYYY-MM-DD" (once) or "MM-DD" (every year), in time_zone
+    grace_period: int | None = None  # gracePeriodSeconds of the deletion (None: the Pod's own)
+    # Per-target frequency (blackadder.io/mtbf on Pods): Honour (default) or Ignore.
+    target_frequency: str = "Honour"
 
 
 def settings_from_spec(spec: Mapping[str, Any], forced_dry_run: bool = False) -> AgentSettings:
@@ -147,8 +180,15 @@ def settings_from_spec(spec: Mapping[str, Any], forced_dry_run: bool = False) ->
         time_zone=str(spec.get("timeZone") or "UTC"),
         allow_single_replica=bool(spec.get("allowSingleReplica", False)),
         evict=bool(spec.get("evictPods", False)),
-        webhook_url=str((spec.get("webhook") or {}).get("url") or ""),
+        webhook_secret=str(((spec.get("webhook") or {}).get("secretRef") or {}).get("name") or ""),
         shared_configmaps=str(spec.get("sharedConfigMaps") or "Skip"),
+        owner_kinds_included=tuple(sorted(set((spec.get("ownerKinds") or {}).get("include") or ()))),
+        owner_kinds_excluded=tuple(sorted(set((spec.get("ownerKinds") or {}).get("exclude") or ()))),
+        pod_names_included=str((spec.get("podNames") or {}).get("include") or ""),
+        pod_names_excluded=str((spec.get("podNames") or {}).get("exclude") or ""),
+        excluded_dates=tuple(sorted(set(spec.get("excludedDates") or ()))),
+        grace_period=None if spec.get("gracePeriodSeconds") is None else max(0, int(spec["gracePeriodSeconds"])),
+        target_frequency=str(spec.get("targetFrequency") or "Honour"),
     )
 
 
@@ -164,8 +204,24 @@ def ledger_namespace(operator_namespace: str) -> str:
     return operator_namespace or DEFAULT_LEDGER_NAMESPACE
 
 
+def _bounded(text: str, limit: int) -> str:
+    """``text`` when it fits ``limit``; else a prefix and a hash of the whole, still a valid DNS
+    subdomain / label value (no separator at the cut), unique per full text."""
+    if len(text) <= limit:
+        return text
+    digest = stable_hash(text)[:10]
+    return f"{text[:limit - len(digest) - 1].rstrip('.-_')}-{digest}"
+
+
 def ledger_name(agent: str) -> str:
-    return f"{LEDGER_PREFIX}{agent}"
+    """The ledger Secret's name: ``blackadder-ledger-<agent>`` while that fits 253 characters (every
+    agent name up to 235), else hashed (the full name is in an annotation)."""
+    return _bounded(f"{LEDGER_PREFIX}{agent}", 253)
+
+
+def ledger_label(agent: str) -> str:
+    """The agent's name as a label value: a label value stops at 63 characters, a name at 253."""
+    return _bounded(agent, 63)
 
 
 def denied_namespaces(operator_namespace: str) -> frozenset[str]:
@@ -252,6 +308,11 @@ class PodRef:
     owner: str = ""  # uid of its controller (ReplicaSet, StatefulSet, ...); "" for a bare pod
     ready: bool = True
     created: float | None = None  # epoch seconds
+    owner_kind: str = ""  # the kind of its controller; "" for a bare pod
+    # Its own frequency (labels blackadder.io/mtbf, kill-mode, kill-value), "" when unlabelled.
+    mtbf: str = ""
+    kill_mode: str = ""
+    kill_value: str = ""
 
     @property
     def workload(self) -> str:
@@ -278,19 +339,69 @@ class ConfigMapRef:
     resource_version: str = ""
 
 
+def _controller(meta: Mapping[str, Any]) -> Mapping[str, Any]:
+    return next((ref for ref in meta.get("ownerReferences") or () if ref.get("controller")), {})
+
+
 def pod_ref(obj: Mapping[str, Any]) -> PodRef:
     meta = obj.get("metadata", {})
-    owner = next((ref.get("uid", "") for ref in meta.get("ownerReferences") or () if ref.get("controller")), "")
+    controller = _controller(meta)
     conditions = (obj.get("status") or {}).get("conditions") or ()
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    labels = meta.get("labels") or {}
     return PodRef(meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", ""),
-                  bool(meta.get("deletionTimestamp")), owner, ready, iso_to_epoch(meta.get("creationTimestamp")))
+                  bool(meta.get("deletionTimestamp")), controller.get("uid", ""), ready,
+                  iso_to_epoch(meta.get("creationTimestamp")), controller.get("kind", ""),
+                  str(labels.get(MTBF_LABEL, "")), str(labels.get(KILL_MODE_LABEL, "")),
+                  str(labels.get(KILL_VALUE_LABEL, "")))
+
+
+# The owner kind of a Pod without a controller, in ownerKinds.include/exclude.
+BARE_POD_KIND = "None"
+
+
+def owner_kind_allowed(owner_kind: str, settings: AgentSettings) -> bool:
+    """chaoskube's --kinds: include (when set) is the only kinds allowed, exclude never; a bare Pod
+    has the kind "None"."""
+    kind = owner_kind or BARE_POD_KIND
+    if settings.owner_kinds_included and kind not in settings.owner_kinds_included:
+        return False
+    return kind not in settings.owner_kinds_excluded
+
+
+@functools.lru_cache(maxsize=64)
+def _pattern(text: str) -> re.Pattern[str]:
+    return re.compile(text)
+
+
+def regex_problem(field: str, text: str) -> str | None:
+    """Why ``text`` is no regular expression (the schema cannot tell; the agent idles and says so)."""
+    if not text:
+        return None
+    try:
+        _pattern(text)
+    except re.error as exc:
+        return f"{field} {text!r} is not a valid regular expression: {exc}"
+    return None
+
+
+def pod_name_allowed(name: str, settings: AgentSettings) -> bool:
+    """chaoskube's --included-pod-names / --excluded-pod-names: the regex is searched in the name
+    (anchor it with ^...$ for a full match). Call only when spec_problem() found nothing."""
+    if settings.pod_names_included and not _pattern(settings.pod_names_included).search(name):
+        return False
+    return not (settings.pod_names_excluded and _pattern(settings.pod_names_excluded).search(name))
 
 
 def pod_selected(obj: Mapping[str, Any], settings: AgentSettings, now: float) -> bool:
-    """What the server-side selectors cannot express: the annotation selector and the minimum age."""
+    """What the server-side selectors cannot express: the annotation selector, the minimum age, the
+    owner kind and the pod-name patterns (all from the listed object: no request)."""
     meta = obj.get("metadata", {})
     if not matches_label_selector(meta.get("annotations") or {}, settings.annotation_selector):
+        return False
+    if not owner_kind_allowed(str(_controller(meta).get("kind", "")), settings):
+        return False
+    if not pod_name_allowed(str(meta.get("name", "")), settings):
         return False
     created = iso_to_epoch(meta.get("creationTimestamp"))
     return settings.min_pod_age <= 0 or (created is not None and now - created >= settings.min_pod_age)
@@ -359,11 +470,114 @@ def max_kills(value: int | str | None, alive: int) -> int | None:
     return max(0, int(value))
 
 
+# --- Per-target frequency (kube-monkey's mtbf, kill-type, kill-value) ------------------------------
+
+_DURATION = re.compile(r"^([1-9][0-9]{0,5})([smhd]?)$")
+_UNIT_SECONDS = {"": 86400, "d": 86400, "h": 3600, "m": 60, "s": 1}  # no unit: days, as kube-monkey
+
+
+@dataclasses.dataclass(frozen=True)
+class Frequency:
+    """A workload's own frequency: its mean time between failures and how many Pods a failure kills."""
+
+    mtbf_seconds: float
+    mode: str = KILL_FIXED
+    value: int = 1
+
+
+def parse_frequency(mtbf: str, mode: str, value: str) -> tuple[Frequency | None, str | None]:
+    """The labels as a Frequency, or why they are not one. ``mtbf``: "3" (days, as kube-monkey),
+    "3d", "12h", "90m", "600s"; ``mode``: fixed (default, ``value`` Pods, default 1), kill-all,
+    fixed-percent or random-max-percent (``value`` 0-100)."""
+    match = _DURATION.match(mtbf.strip())
+    if not match:
+        return None, f"{MTBF_LABEL}={mtbf!r} is not a duration like 3 (days), 3d, 12h, 90m or 600s"
+    seconds = int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    mode = mode.strip() or KILL_FIXED
+    if mode not in KILL_MODES:
+        return None, f"{KILL_MODE_LABEL}={mode!r} is not one of {', '.join(KILL_MODES)}"
+    if mode == KILL_ALL:
+        return Frequency(seconds, mode, 0), None
+    text = value.strip() or ("1" if mode == KILL_FIXED else "")
+    if not text.isdigit():
+        return None, f"{KILL_VALUE_LABEL}={value!r}: {mode} needs a whole number"
+    number = int(text)
+    if mode == KILL_FIXED and number < 1:
+        return None, f"{KILL_VALUE_LABEL}={value!r}: fixed needs at least 1"
+    if mode != KILL_FIXED and number > 100:
+        return None, f"{KILL_VALUE_LABEL}={value!r}: {mode} needs a percentage from 0 to 100"
+    return Frequency(seconds, mode, number), None
+
+
+def failure_probability(mtbf_seconds: float, elapsed: float) -> float:
+    """The chance that a workload with this mean time between failures fails within ``elapsed``
+    seconds (failures as a Poisson process: 1 - e^(-elapsed/mtbf))."""
+    return 1.0 - math.exp(-max(0.0, elapsed) / mtbf_seconds)
+
+
+def frequency_elapsed(last_cycle_epoch: float | None, now: float, pause: int) -> float:
+    """The time this cycle stands for: since the last chaos cycle, at most two pauses (time the agent
+    idled, was paused or the operator was down does not count), one pause for the first cycle."""
+    if last_cycle_epoch is None:
+        return float(pause)
+    return min(max(0.0, now - last_cycle_epoch), 2.0 * pause)
+
+
+def kill_count(frequency: Frequency, alive: int, rng: random.Random) -> int:
+    """How many of a workload's ``alive`` Pods one failure kills (before the agent's caps)."""
+    if frequency.mode == KILL_ALL:
+        return alive
+    if frequency.mode == KILL_FIXED:
+        return min(alive, frequency.value)
+    most = math.floor(alive * frequency.value / 100)
+    if frequency.mode == KILL_FIXED_PERCENT:
+        return min(alive, max(1, most)) if frequency.value > 0 else 0
+    return rng.randint(0, most)  # random-max-percent, as kube-monkey: from none up to the percentage
+
+
+@dataclasses.dataclass(frozen=True)
+class FrequencyPlan:
+    """Which workloads have their own frequency, which of their Pods fail this cycle, and the labels
+    that could not be read (those workloads are left alone: never killed at the agent's eagerness)."""
+
+    workloads: frozenset[str] = frozenset()
+    chosen: frozenset[tuple[str, str]] = frozenset()
+    problems: tuple[str, ...] = ()
+
+
+def frequency_plan(pods: Sequence[PodRef], elapsed: float, rng: random.Random) -> FrequencyPlan:
+    """Each labelled workload (in name order) fails with failure_probability(mtbf, elapsed); a failing
+    one loses kill_count Pods, drawn at random. The labels of its first Pod (by name) count."""
+    groups: dict[str, list[PodRef]] = {}
+    for pod in sorted((p for p in pods if not p.terminating), key=_key):
+        groups.setdefault(pod.workload, []).append(pod)
+    workloads: set[str] = set()
+    chosen: set[tuple[str, str]] = set()
+    problems: list[str] = []
+    for workload in sorted(groups, key=lambda w: _key(groups[w][0])):
+        members = groups[workload]
+        labelled = next((p for p in members if p.mtbf or p.kill_mode or p.kill_value), None)
+        if labelled is None:
+            continue
+        workloads.add(workload)
+        frequency, problem = parse_frequency(labelled.mtbf, labelled.kill_mode, labelled.kill_value)
+        if frequency is None:
+            problems.append(f"{labelled.namespace}/{labelled.name}: {problem}")
+            continue
+        if rng.random() < failure_probability(frequency.mtbf_seconds, elapsed):
+            count = kill_count(frequency, len(members), rng)
+            chosen.update(_key(p) for p in rng.sample(members, count))
+    return FrequencyPlan(frozenset(workloads), frozenset(chosen), tuple(problems))
+
+
 def pick_pods(pods: Sequence[PodRef], tolerance: int, eagerness: int, rng: random.Random,
-              cap: int | None = None, allow_single_replica: bool = True) -> list[PodRef]:
+              cap: int | None = None, allow_single_replica: bool = True,
+              frequency: FrequencyPlan | None = None) -> list[PodRef]:
     """Pods to kill: only when at least ``tolerance`` live pods match, never below ``tolerance``,
     never pods already being deleted, at most ``cap``; without ``allow_single_replica`` never the
-    last ready replica of a workload (a bare pod is a workload of one)."""
+    last ready replica of a workload (a bare pod is a workload of one). The workloads of
+    ``frequency`` follow their own frequency instead of ``eagerness`` and come first (the caps
+    still apply to them)."""
     alive = sorted((p for p in pods if not p.terminating), key=_key)
     if len(alive) < tolerance:
         return []
@@ -372,9 +586,12 @@ def pick_pods(pods: Sequence[PodRef], tolerance: int, eagerness: int, rng: rando
         budget = min(budget, cap)
     ready = collections.Counter(p.workload for p in alive if p.ready)
     left = {w: n - 1 for w, n in ready.items()}  # each workload keeps at least one ready replica
+    own = frequency or FrequencyPlan()
+    ordered = [p for p in alive if p.workload in own.workloads] + [p for p in alive if p.workload not in own.workloads]
     picked: list[PodRef] = []
-    for pod in alive:
-        chosen = eager(rng, eagerness)  # draw for every pod, so decisions do not shift with budget
+    for pod in ordered:
+        # Eagerness draws for every other pod, so decisions do not shift with the budget.
+        chosen = _key(pod) in own.chosen if pod.workload in own.workloads else eager(rng, eagerness)
         if not chosen or len(picked) >= budget:
             continue
         if not allow_single_replica:
@@ -529,21 +746,79 @@ def seconds_until_next_cycle(last_cycle_epoch: float | None, now_epoch: float, p
 # --- A cycle, step by step (the controller applies what these return) ------------------------------
 
 REVERT_STEP, PAUSED_STEP, INVALID_STEP, IDLE_STEP, CHAOS_STEP = "revert", "paused", "invalid", "idle", "chaos"
+STOPPED_STEP = "stopped"  # the global kill switch
+EXCLUDED_DATE_STEP = "excluded-date"  # today is one of excludedDates
 
 
-def cycle_step(settings: AgentSettings, now: float | None = None) -> str:
-    """What this cycle does: revert wins over pause, pause over a closed time window, then chaos.
-    Windows in an unknown time zone: the agent idles and reports it (revert and pause still work)."""
+def must_halt(settings: AgentSettings, kill_switch: bool) -> bool:
+    """Whether a running cycle must stop before its next action (checked before every one): an
+    emergency stop acts at once, not at the next cycle."""
+    return kill_switch or settings.paused or settings.revert
+
+
+def still_wanted(live: AgentSettings, planned: AgentSettings, mode: str, namespace: str,
+                 operator_namespace: str) -> bool:
+    """Whether a planned action still matches the agent's live spec (an edit in the middle of a cycle):
+    its mode still on, its namespace still allowed, and no dry-run switched on since the plan."""
+    enabled = {TANTRUM: live.tantrum, CANCER: live.cancer, IPSUM: live.ipsum}[mode]
+    return (enabled and namespace_allowed(namespace, live, operator_namespace)
+            and (planned.dry_run or not live.dry_run))
+
+
+def halt_state(settings: AgentSettings, kill_switch: bool) -> tuple[bool, bool, bool]:
+    """What wakes a sleeping agent when it changes: the kill switch, paused, revert."""
+    return (kill_switch, settings.paused, settings.revert)
+
+
+def kill_switch_on(operator_namespace_labels: Mapping[str, str] | None, stop_all: bool) -> bool:
+    """The global kill switch: the chart's stopAll, or the label on the operator's namespace."""
+    return stop_all or str((operator_namespace_labels or {}).get(KILL_SWITCH_LABEL, "")).lower() == "true"
+
+
+def revert_failures(summary: Mapping[str, Any]) -> list[str]:
+    """The ledger entries a revert could not restore (kept in the ledger for the next try)."""
+    return list(summary.get("failed") or ())
+
+
+def cycle_step(settings: AgentSettings, now: float | None = None, kill_switch: bool = False) -> str:
+    """What this cycle does: revert wins over pause (and over the kill switch: undoing is stopping),
+    pause over a closed time window, then chaos. Windows in an unknown time zone: the agent idles and
+    reports it (revert and pause still work)."""
     if settings.revert:
         return REVERT_STEP
+    if kill_switch:
+        return STOPPED_STEP
     if settings.paused:
         return PAUSED_STEP
-    if now is not None and settings.windows:
-        if window_problem(settings):
-            return INVALID_STEP
-        if not in_windows(settings.windows, settings.time_zone, now):
-            return IDLE_STEP
+    if spec_problem(settings):
+        return INVALID_STEP
+    if now is not None and settings.excluded_dates and excluded_date(settings.excluded_dates,
+                                                                     settings.time_zone, now):
+        return EXCLUDED_DATE_STEP
+    if now is not None and settings.windows and not in_windows(settings.windows, settings.time_zone, now):
+        return IDLE_STEP
     return CHAOS_STEP
+
+
+def spec_problem(settings: AgentSettings) -> str | None:
+    """What the schema could not check: the time zone (when windows or dates use it) and the
+    pod-name regular expressions. The agent then idles, Stalled with reason InvalidSpec."""
+    if settings.windows or settings.excluded_dates:
+        problem = window_problem(settings)
+        if problem:
+            return problem
+    return (regex_problem("podNames.include", settings.pod_names_included)
+            or regex_problem("podNames.exclude", settings.pod_names_excluded))
+
+
+def excluded_date(dates: Iterable[str], time_zone: str, now: float) -> str | None:
+    """The entry of ``dates`` that today (``now`` in ``time_zone``) is: "YYYY-MM-DD" once, "MM-DD"
+    every year (chaoskube's --excluded-days-of-year); None on any other day."""
+    today = datetime.datetime.fromtimestamp(now, zoneinfo.ZoneInfo(time_zone)).date()
+    for date in dates:
+        if date in (today.isoformat(), today.isoformat()[5:]):
+            return date
+    return None
 
 
 # --- Time windows ---------------------------------------------------------------------------------
@@ -632,7 +907,7 @@ def webhook_refusal(url: str, allowed_hosts: Sequence[str]) -> str | None:
     allowed hosts when CHAOS_WEBHOOK_HOSTS is set."""
     parsed = urllib.parse.urlsplit(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        return "webhook.url must be an http:// or https:// URL"
+        return "the webhook address must be an http:// or https:// URL"
     if allowed_hosts and parsed.hostname.lower() not in allowed_hosts:
         return f"webhook host {parsed.hostname} is not in the operator's CHAOS_WEBHOOK_HOSTS"
     return None
@@ -661,20 +936,30 @@ class Plan:
     kills: tuple[PodRef, ...] = ()
     scales: tuple[tuple[DeploymentRef, int], ...] = ()
     writes: tuple[ConfigMapRef, ...] = ()
+    frequency_problems: tuple[str, ...] = ()  # blackadder.io/mtbf labels that could not be read
+
+
+MTBF = "mtbf"  # the random source of per-target frequencies
 
 
 def plan_cycle(inventory: Inventory, settings: AgentSettings, cycle: int,
-               replica_budget: int | None = None) -> Plan:
-    """Which candidates each enabled mode acts on in this cycle."""
+               replica_budget: int | None = None, elapsed: float | None = None) -> Plan:
+    """Which candidates each enabled mode acts on in this cycle. ``elapsed``: the seconds this
+    cycle stands for (frequency_elapsed), for the workloads' own frequencies (default: pauseDuration)."""
     alive = sum(1 for p in inventory.pods if not p.terminating)
+    frequency = None
+    if settings.tantrum and settings.target_frequency == "Honour":
+        frequency = frequency_plan(inventory.pods, settings.pause if elapsed is None else elapsed,
+                                   rng_for(settings.seed, cycle, MTBF))
     kills = pick_pods(inventory.pods, settings.tolerance, settings.eagerness, rng_for(settings.seed, cycle, TANTRUM),
                       cap=max_kills(settings.max_kills, alive),
-                      allow_single_replica=settings.allow_single_replica) if settings.tantrum else []
+                      allow_single_replica=settings.allow_single_replica,
+                      frequency=frequency) if settings.tantrum else []
     scales = pick_deployments(inventory.deployments, settings.eagerness, rng_for(settings.seed, cycle, CANCER),
                               budget=replica_budget) if settings.cancer else []
     writes = pick_configmaps(inventory.configmaps, settings.eagerness,
                              rng_for(settings.seed, cycle, IPSUM)) if settings.ipsum else []
-    return Plan(tuple(kills), tuple(scales), tuple(writes))
+    return Plan(tuple(kills), tuple(scales), tuple(writes), frequency.problems if frequency else ())
 
 
 def deployment_undo(dep: DeploymentRef, wanted: int, now: str) -> dict[str, Any]:
@@ -729,9 +1014,17 @@ def scale_patch(expected: int, replicas: int) -> list[dict[str, Any]]:
 # --- Status -----------------------------------------------------------------------------------------
 
 
+# Reasons that need a person: the agent cannot act until its spec is fixed (kstatus: Failed).
+STALLED_REASONS = frozenset({"InvalidSpec"})
+
+
 def conditions_for(previous: Any, settings: AgentSettings, generation: int | None,
-                   ready: bool, reason: str, message: str) -> list[dict[str, Any]]:
-    conds = set_condition(previous, "Ready", ready, reason, message, generation)
+                   ready: bool, reason: str, message: str, stalled: bool = False) -> list[dict[str, Any]]:
+    """Ready (the last cycle succeeded, or the agent idles by design: paused, outside its windows,
+    reverted), Stalled (``stalled``: it cannot work until a person acts), else Reconciling (a failed
+    cycle that the next one retries); plus Paused and DryRun."""
+    conds = kstatus_conditions(previous, ready=ready, stalled=stalled, reason=reason, message=message,
+                               observed_generation=generation)
     conds = set_condition(conds, "Paused", settings.paused, "Spec" if settings.paused else "Running",
                           "paused: true in the spec" if settings.paused else "acting every pauseDuration",
                           generation)
@@ -740,14 +1033,17 @@ def conditions_for(previous: Any, settings: AgentSettings, generation: int | Non
     return set_condition(conds, "DryRun", settings.dry_run, settings.dry_run_reason or "Off", dry_msg, generation)
 
 
-STATES = {"Reverted": "Reverted", "Paused": "Paused", "OutsideWindow": "Idle", "CycleFailed": "Failed",
-          "InvalidSpec": "Failed"}
+STATES = {"Reverted": "Reverted", "Paused": "Paused", "KillSwitch": "Paused", "OutsideWindow": "Idle",
+          "ExcludedDate": "Idle",
+          "CycleFailed": "Failed", "InvalidSpec": "Failed"}
 
 
 def simple_status(previous: Any, settings: AgentSettings, generation: int | None, ready: bool, reason: str,
-                  message: str) -> dict[str, Any]:
-    """The status of a cycle that did no chaos (revert, paused, idle outside its windows, failed)."""
-    conditions = conditions_for(previous, settings, generation, ready, reason, message)
+                  message: str, stalled: bool | None = None) -> dict[str, Any]:
+    """The status of a cycle that did no chaos (revert, paused, idle outside its windows, failed).
+    ``stalled`` None: by the reason (STALLED_REASONS)."""
+    stalled = reason in STALLED_REASONS if stalled is None else stalled
+    conditions = conditions_for(previous, settings, generation, ready, reason, message, stalled)
     conditions = set_condition(conditions, "Active", False, reason, message, generation)
     status: dict[str, Any] = {"observedGeneration": generation, "state": STATES.get(reason, reason),
                               "conditions": conditions}
@@ -768,14 +1064,19 @@ def status_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
 
 def cycle_status(previous: Any, settings: AgentSettings, generation: int | None, ledger: Mapping[str, Any],
                  done: Mapping[str, int], skipped: int, candidates: Mapping[str, int],
-                 ledger_ref: str) -> dict[str, Any]:
+                 ledger_ref: str, frequency_problems: Sequence[str] = ()) -> dict[str, Any]:
     cycle = ledger["cycle"]
     done_msg = ", ".join(f"{m} {n}" for m, n in done.items())
+    if frequency_problems:
+        done_msg += (f"; {len(frequency_problems)} workload(s) left alone for unreadable {MTBF_LABEL} labels: "
+                     + "; ".join(frequency_problems[:3]))
     return {
         "observedGeneration": generation, "cycle": cycle, "lastCycleTime": ledger["lastCycleAt"],
         "dryRun": settings.dry_run, "actions": ledger["counts"], "wouldBe": ledger["wouldBe"],
         "lastCycle": {"cycle": cycle, "dryRun": settings.dry_run, "skipped": skipped,
-                      "candidates": dict(candidates), **done},
+                      "candidates": dict(candidates), **done,
+                      # always written, so that a fixed label clears it (a status patch merges)
+                      "invalidFrequencyLabels": list(frequency_problems[:10])},
         "ledger": ledger_ref,
         "state": "Active",
         "conditions": set_condition(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -39,12 +40,15 @@ from kopf_operators import access as k8s
 from kopf_operators import blackadder as logic
 from kopf_operators import metrics
 from kopf_operators.access import Access, ApiError
-from kopf_operators.common import DOMAIN, Config, now_iso
+from kopf_operators.common import DOMAIN, Config, now_iso, stall_event
 
 OPERATOR = "blackadder"
 NAMESPACES_INDEX = "blackadder-namespaces"
 SOURCES_INDEX = "blackadder-copyrator-sources"
 WEBHOOK_TIMEOUT_SECONDS = 3.0
+# A sleeping agent looks at its live spec and the kill switch this often (in memory, no request):
+# an emergency stop acts within about a second instead of at the next cycle.
+WAKE_POLL_SECONDS = 1.0
 CHAOSAGENT = k8s.Kind(f"{logic.GROUP}/{logic.VERSION}", logic.PLURAL, logic.KIND, namespaced=False)
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 Stopped = Callable[[], bool]
@@ -59,12 +63,39 @@ class LedgerHandle:
     data: dict[str, Any]
     exists: bool
     resource_version: str = ""
+    uid: str = ""  # of the Secret: deleted with this precondition only
+
+
+class LedgerTaken(ApiError):
+    """The ledger's Secret exists but is not this agent's to write: someone else's Secret with that
+    name, or the ledger a previous agent of the same name left behind for an administrator."""
+
+    def __init__(self, where: str, why: str) -> None:
+        super().__init__(409, "LedgerTaken", why)
+        self.where, self.why = where, why
+
+    def __str__(self) -> str:
+        return f"the ledger Secret {self.where} {self.why}; the agent does nothing until it is moved away"
+
+
+class RevertIncomplete(Exception):
+    """Some ledger entries could not be restored this time (kept in the ledger for the next try)."""
+
+    def __init__(self, failed: list[dict[str, Any]]) -> None:
+        super().__init__("; ".join(f"{f['key']}: {f['error']}" for f in failed))
+        self.failed = failed
+
+    @property
+    def refused(self) -> bool:
+        """Every failure was a refusal (403, 422 on our write, ...), not the API being unreachable."""
+        return all(f.get("status") and f["status"] < 500 and f["status"] != 429 for f in self.failed)
 
 
 @dataclasses.dataclass
 class CycleOutcome:
     done: dict[str, int]
     skipped: int = 0
+    frequency_problems: list[str] = dataclasses.field(default_factory=list)
 
 
 def _ref(kind: str, api_version: str, namespace: str, name: str, uid: str) -> dict[str, Any]:
@@ -126,6 +157,29 @@ class BlackadderController:
     def _copyrator_sources(self) -> list[Mapping[str, Any]]:
         return [src for entries in self.sources.values() for entry in entries for src in entry]
 
+    def kill_switch(self) -> bool:
+        """The global kill switch: CHAOS_STOP_ALL, or the label blackadder.io/stop=true on the
+        operator's namespace (from the namespaces index: no request)."""
+        entries = self.namespaces.get(self._ledger_namespace()) or ()
+        labels = next((entry.get("labels") for entry in entries), None)
+        return logic.kill_switch_on(labels, self.settings.stop_all)
+
+    def _halt_state(self, body: Mapping[str, Any]) -> tuple[bool, bool, bool]:
+        return logic.halt_state(self.agent_settings(body), self.kill_switch())
+
+    async def _sleep(self, body: Mapping[str, Any], seconds: float, ran_with: tuple[bool, bool, bool],
+                     wait: Callable[[float], Any]) -> bool:
+        """Sleep until the next cycle; True when stopped. Wakes early when an emergency stop
+        (paused, revert, the kill switch) is switched on after the last cycle decided without it."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if await wait(min(WAKE_POLL_SECONDS, left)):
+                return True
+            now = self._halt_state(body)
+            if now != ran_with and any(now):
+                return False
+        return False
+
     # --- the daemon --------------------------------------------------------------------------------
 
     async def agent_loop(self, body: Mapping[str, Any], stopped: Stopped,
@@ -137,15 +191,16 @@ class BlackadderController:
         except ApiError as exc:  # the API is down: start now, the cycle will report it
             log.warning(f"could not read the ledger before the first cycle: {exc}")
             delay = 0.0
-        if delay and await wait(delay):
+        if delay and await self._sleep(body, delay, (False, False, False), wait):
             return
         while not stopped():
+            ran_with = self._halt_state(body)
             try:
                 await self.cycle(body, stopped, log)
             except Exception as exc:  # never let one bad cycle kill the agent's loop
                 metrics.error(OPERATOR, "cycle-crash")
                 log.exception(f"cycle crashed: {exc}")
-            if await wait(self.agent_settings(body).pause):
+            if await self._sleep(body, self.agent_settings(body).pause, ran_with, wait):
                 break
 
     async def initial_delay(self, body: Mapping[str, Any]) -> float:
@@ -175,25 +230,43 @@ class BlackadderController:
             try:
                 handle = await self.ledger(name, uid)
                 now = time.time()
-                step = logic.cycle_step(settings, now)
+                step = logic.cycle_step(settings, now, self.kill_switch())
                 if step == logic.REVERT_STEP:
                     summary = await self.revert_all(body, handle, settings, log)
-                    status = logic.simple_status(previous, settings, generation, True, "Reverted",
-                                                 "revert: true — no chaos; the ledger has been reverted")
+                    failed = summary["failed"]
+                    status = logic.simple_status(
+                        previous, settings, generation, not failed, "Reverted" if not failed else "RevertFailed",
+                        "revert: true — no chaos; the ledger has been reverted" if not failed else
+                        f"revert: true — no chaos; {len(failed)} change(s) could not be restored yet (retried "
+                        "every pauseDuration): see status.revert.failed")
                     if summary["processed"]:
                         status["revert"] = summary
                     await self._patch_status(name, status, body)
+                    return
+                if step == logic.STOPPED_STEP:
+                    await self._patch_status(name, logic.simple_status(
+                        previous, settings, generation, True, "KillSwitch",
+                        f"stopped by the kill switch ({logic.KILL_SWITCH_LABEL}=true on namespace "
+                        f"{self._ledger_namespace()}, or CHAOS_STOP_ALL) — no chaos"), body)
                     return
                 if step == logic.PAUSED_STEP:
                     await self._patch_status(name, logic.simple_status(previous, settings, generation, True,
                                                                        "Paused", "paused: true — no chaos"), body)
                     return
                 if step == logic.INVALID_STEP:
-                    problem = logic.window_problem(settings) or "invalid spec"
+                    problem = logic.spec_problem(settings) or "invalid spec"
                     if _ready_reason(previous) != "InvalidSpec":
                         self.announce(body, None, "Warning", "InvalidSpec", problem, log)
                     await self._patch_status(name, logic.simple_status(previous, settings, generation, False,
                                                                        "InvalidSpec", problem), body)
+                    return
+                if step == logic.EXCLUDED_DATE_STEP:
+                    date = logic.excluded_date(settings.excluded_dates, settings.time_zone, now)
+                    message = f"today is an excluded date ({date} in {settings.time_zone}): no chaos"
+                    if _ready_reason(previous) != "ExcludedDate":
+                        log.info(message)
+                    await self._patch_status(name, logic.simple_status(previous, settings, generation, True,
+                                                                       "ExcludedDate", message), body)
                     return
                 if step == logic.IDLE_STEP:
                     opens = logic.next_window_start(settings.windows, settings.time_zone, now)
@@ -204,16 +277,24 @@ class BlackadderController:
                                                                        "OutsideWindow", message), body)
                     return
                 inventory = await self.inventory(settings, now)
-                outcome = await self.chaos(body, handle, settings, inventory, stopped, log, paragraph)
+
+                def halted() -> bool:  # checked before every action: an emergency stop acts mid-cycle
+                    return stopped() or logic.must_halt(self.agent_settings(body), self.kill_switch())
+
+                outcome = await self.chaos(body, handle, settings, inventory, halted, log, paragraph)
             except ApiError as exc:
                 metrics.error(OPERATOR, "cycle")
                 self.announce(body, None, "Warning", "CycleFailed", f"cycle failed: {exc}", log)
+                # Retried by the next cycle (Reconciling), unless the API refuses it (403, 422...): then
+                # only a person can help (Stalled).
+                retried = exc.transient or exc.status in (404, 409)
                 await self._patch_status(name, logic.simple_status(previous, settings, generation, False,
-                                                                   "CycleFailed", str(exc)[:300]))
+                                                                   "CycleFailed", str(exc)[:300],
+                                                                   stalled=not retried), body)
                 return
             await self._patch_status(name, logic.cycle_status(
                 previous, settings, generation, handle.data, outcome.done, outcome.skipped, inventory.counts(),
-                f"{handle.namespace}/{handle.name}"))
+                f"{handle.namespace}/{handle.name}", outcome.frequency_problems), body)
 
     async def inventory(self, settings: logic.AgentSettings, now: float) -> logic.Inventory:
         """The cycle's candidates, listed with pykube-ng and scoped server-side: only the allowed
@@ -260,11 +341,13 @@ class BlackadderController:
         cycle = int(ledger.get("cycle", 0)) + 1
         # The cluster-wide cap on replicas cancer adds: what all agents added and did not revert.
         budget = self.settings.max_added_replicas - logic.added_replicas(h.data for h in self._ledgers.values())
-        plan = logic.plan_cycle(inventory, settings, cycle, replica_budget=budget)
+        clock = time.time()
+        elapsed = logic.frequency_elapsed(ledger.get("lastCycleEpoch"), clock, settings.pause)
+        plan = logic.plan_cycle(inventory, settings, cycle, replica_budget=budget, elapsed=elapsed)
         now = now_iso()
-        outcome = CycleOutcome({m: 0 for m in logic.MODES})
+        outcome = CycleOutcome({m: 0 for m in logic.MODES}, frequency_problems=list(plan.frequency_problems))
         # The cycle counts as started from here: a crash mid-cycle never makes a restart repeat its number.
-        ledger["cycle"], ledger["lastCycleAt"], ledger["lastCycleEpoch"] = cycle, now, time.time()
+        ledger["cycle"], ledger["lastCycleAt"], ledger["lastCycleEpoch"] = cycle, now, clock
         previous_undo: dict[str, Any] = {}
         if not settings.dry_run and (plan.scales or plan.writes):
             previous_undo = copy.deepcopy(ledger.get("undo", {}))
@@ -283,18 +366,33 @@ class BlackadderController:
                                    "name": ref.name, "outcome": outcome_text, "dryRun": settings.dry_run,
                                    "before": before, "after": after})
 
-        steps: list[tuple[str, Callable[[], Awaitable[bool]]]] = []
+        # (mode, namespace, ledger key or "", the action)
+        steps: list[tuple[str, str, str, Callable[[], Awaitable[bool]]]] = []
         for pod in plan.kills:
-            steps.append((logic.TANTRUM, functools.partial(self._kill, body, pod, settings, note, log)))
+            steps.append((logic.TANTRUM, pod.namespace, "",
+                          functools.partial(self._kill, body, pod, settings, note, log)))
         for dep, replicas in plan.scales:
-            steps.append((logic.CANCER, functools.partial(self._scale, body, ledger, previous_undo, dep, replicas,
-                                                          settings, note, log)))
+            steps.append((logic.CANCER, dep.namespace, logic.target_key("Deployment", dep.namespace, dep.name),
+                          functools.partial(self._scale, body, ledger, previous_undo, dep, replicas, settings, note,
+                                            log)))
         for cm, new_data in writes:
-            steps.append((logic.IPSUM, functools.partial(self._ipsum, body, ledger, previous_undo, cm, new_data,
-                                                         settings, note, log)))
-        for mode, step in steps:
-            if stopped():  # deleting the agent stops it at once, mid-cycle if need be
+            steps.append((logic.IPSUM, cm.namespace, logic.target_key("ConfigMap", cm.namespace, cm.name),
+                          functools.partial(self._ipsum, body, ledger, previous_undo, cm, new_data, settings, note,
+                                            log)))
+        for index, (mode, namespace, key, step) in enumerate(steps):
+            if stopped():  # deleting the agent, pausing it or the kill switch stop it at once, mid-cycle
+                for _mode, _ns, left, _step in steps[index:]:
+                    if left and not settings.dry_run:  # never done: no write-ahead entry may stay behind
+                        logic.forget_undo(ledger, previous_undo, left)
                 break
+            # An edit in the middle of the cycle (mode off, namespace no longer a target, dry-run on):
+            # the rest of the plan follows the live spec, not the one it was made with.
+            if not logic.still_wanted(self.agent_settings(body), settings, mode, namespace,
+                                      self.config.operator_namespace):
+                if key and not settings.dry_run:
+                    logic.forget_undo(ledger, previous_undo, key)
+                outcome.skipped += 1
+                continue
             if await step():
                 outcome.done[mode] += 1
             else:
@@ -303,9 +401,9 @@ class BlackadderController:
         for mode, n in outcome.done.items():
             ledger[counter][mode] = int(ledger[counter].get(mode, 0)) + n
         await self.save_ledger(handle)
-        if settings.webhook_url:
-            self._notify(body, settings.webhook_url, [e for e in ledger["journal"] if e.get("cycle") == cycle
-                                                      and e.get("at") == now], log)
+        if settings.webhook_secret or (body.get("spec") or {}).get("webhook"):
+            self._notify(body, settings.webhook_secret, [e for e in ledger["journal"] if e.get("cycle") == cycle
+                                                         and e.get("at") == now], log)
         return outcome
 
     # --- the webhook -------------------------------------------------------------------------------
@@ -315,19 +413,44 @@ class BlackadderController:
         for task in list(self._webhooks):
             task.cancel()
 
-    def _notify(self, body: Mapping[str, Any], url: str, entries: list[Mapping[str, Any]], log: Logger) -> None:
+    def _notify(self, body: Mapping[str, Any], secret: str, entries: list[Mapping[str, Any]], log: Logger) -> None:
         """One POST per action of the cycle, in the background (a slow receiver never delays chaos).
-        The URL is never logged (it may carry a token); only its host."""
+        The URL comes from the Secret ``secret`` (key ``address``) in the operator's namespace, read
+        when there is something to send (so a rotated token applies at once); it is never logged, put
+        in an Event or in status (it carries a token): only the Secret's name and the URL's host are."""
         if not entries:
             return
-        refusal = logic.webhook_refusal(url, self.settings.webhook_hosts)
         agent = body["metadata"]["name"]
-        if refusal:
-            self.announce(body, None, "Warning", "WebhookRefused", refusal, log)
+        where = f"{self._ledger_namespace()}/{secret}"
+        if not secret:  # an agent stored before webhook.url was refused by the schema
+            self.announce(body, None, "Warning", "WebhookRefused",
+                          "webhook.url is no longer read (a URL in a custom resource leaks its token): put the URL "
+                          f"in a Secret under key {logic.WEBHOOK_SECRET_KEY!r} in namespace {self._ledger_namespace()}"
+                          " and set webhook.secretRef.name", log)
             return
         payloads = [logic.webhook_payload(agent, entry) for entry in entries]
 
         async def post_all() -> None:
+            try:
+                obj = await self.access.read(k8s.SECRET, self._ledger_namespace(), secret)
+            except ApiError as exc:
+                self.announce(body, None, "Warning", "WebhookFailed", f"could not read the webhook Secret {where}: "
+                              f"{exc}", log)
+                return
+            encoded = ((obj or {}).get("data") or {}).get(logic.WEBHOOK_SECRET_KEY)
+            try:
+                url = base64.b64decode(encoded).decode().strip() if encoded else ""
+            except ValueError:
+                url = ""
+            if not url:
+                self.announce(body, None, "Warning", "WebhookSecretMissing",
+                              f"no webhook sent: Secret {where} " + ("has no key " + repr(logic.WEBHOOK_SECRET_KEY)
+                                                                     if obj else "does not exist"), log)
+                return
+            refusal = logic.webhook_refusal(url, self.settings.webhook_hosts)
+            if refusal:
+                self.announce(body, None, "Warning", "WebhookRefused", f"{refusal} (Secret {where})", log)
+                return
             for payload in payloads:
                 try:
                     await asyncio.to_thread(_post_json, url, payload)
@@ -335,8 +458,8 @@ class BlackadderController:
                     metrics.error(OPERATOR, "webhook")
                     host = urllib.parse.urlsplit(url).hostname
                     self.announce(body, None, "Warning", "WebhookFailed",
-                                  f"webhook to {host} failed: {type(exc).__name__}; the rest of this cycle's "
-                                  "notifications are dropped", log)
+                                  f"webhook to {host} (Secret {where}) failed: {type(exc).__name__}; the rest of "
+                                  "this cycle's notifications are dropped", log)
                     return
             metrics.action(OPERATOR, "webhook", len(payloads))
 
@@ -356,9 +479,11 @@ class BlackadderController:
             return True
         try:
             if settings.evict:  # the Eviction API: PodDisruptionBudgets apply
-                done = await self.access.evict(pod.namespace, pod.name)
+                done = await self.access.evict(pod.namespace, pod.name, grace_seconds=settings.grace_period,
+                                               uid=pod.uid)
             else:  # the uid precondition: never a same-named successor
-                done = await self.access.delete(k8s.POD, pod.namespace, pod.name, uid=pod.uid)
+                done = await self.access.delete(k8s.POD, pod.namespace, pod.name, uid=pod.uid,
+                                                grace_seconds=settings.grace_period)
         except ApiError as exc:
             note(logic.TANTRUM, "Pod", pod, f"skipped: HTTP {exc.status}")
             return False
@@ -373,9 +498,10 @@ class BlackadderController:
             return False
         metrics.action(OPERATOR, "pod-killed")
         how = "evicted" if settings.evict else "deleted"
+        grace = "" if settings.grace_period is None else f", grace period {settings.grace_period}s"
         note(logic.TANTRUM, "Pod", pod, how)
-        self.announce(body, target, "Normal", "PodKilled", f"{how} Pod {pod.namespace}/{pod.name} (not revertible)",
-                      log)
+        self.announce(body, target, "Normal", "PodKilled",
+                      f"{how} Pod {pod.namespace}/{pod.name}{grace} (not revertible)", log)
         return True
 
     async def _scale(self, body: Mapping[str, Any], ledger: dict[str, Any], previous_undo: Mapping[str, Any],
@@ -451,46 +577,24 @@ class BlackadderController:
         restored: list[str] = []
         changed: list[str] = []
         gone: list[str] = []
+        failed: list[dict[str, Any]] = []  # refused or unreachable: kept in the ledger, tried again
         now = now_iso()
         for key in sorted(undo):
             entry = undo[key]
             is_dep = entry["kind"] == "Deployment"
             kind = k8s.DEPLOYMENT if is_dep else k8s.CONFIGMAP
             ns, nm = entry["namespace"], entry["name"]
-            current = await self.access.read(kind, ns, nm)
-            verdict = logic.revert_verdict(entry, current)
-            target = _ref(entry["kind"], kind.api_version, ns, nm, entry["uid"]) if current else None
             what = f"{entry['kind']} {ns}/{nm}"
-            if verdict == logic.RESTORE and current is not None:
-                if settings.dry_run:
-                    restored.append(key)
-                    self.announce(body, target, "Normal", "WouldRevert", f"dry-run: would restore {what}", log)
-                    continue
-                try:
-                    if is_dep:
-                        answer = await self.access.patch(kind, ns, nm, logic.scale_patch(entry["written"],
-                                                                                         entry["before"]),
-                                                         subresource="scale", json_patch=True)
-                        detail = f"replicas back to {entry['before']}"
-                    else:
-                        # A merge patch: keys we wrote get their old values back; nothing else is touched.
-                        answer = await self.access.patch(kind, ns, nm, {
-                            "metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
-                            "data": entry["before"]})
-                        detail = "data restored"
-                except ApiError as exc:
-                    if exc.status not in (409, 422):  # changed between our read and our write
-                        raise
-                    verdict = logic.CHANGED
-                else:
-                    if answer is None:
-                        verdict = logic.GONE
-                    else:
-                        restored.append(key)
-                        metrics.action(OPERATOR, "reverted")
-                        logic.journal(ledger, {"at": now, "mode": "revert", "kind": entry["kind"], "namespace": ns,
-                                               "name": nm, "outcome": "restored"})
-                        self.announce(body, target, "Normal", "Reverted", f"restored {what}: {detail}", log)
+            try:
+                verdict, target = await self._revert_one(body, entry, kind, settings, restored, key, ledger, now, log)
+            except ApiError as exc:
+                failed.append({"key": key, "status": exc.status, "error": str(exc)})
+                metrics.error(OPERATOR, "revert")
+                self.announce(body, None, "Warning", "RevertFailed", f"could not restore {what}: {exc}", log)
+                if not settings.dry_run:
+                    logic.journal(ledger, {"at": now, "mode": "revert", "kind": entry["kind"], "namespace": ns,
+                                           "name": nm, "outcome": f"failed: {exc}"})
+                continue
             if verdict == logic.CHANGED:
                 changed.append(key)
                 self.announce(body, target, "Warning", "RevertSkipped",
@@ -503,21 +607,97 @@ class BlackadderController:
                 logic.journal(ledger, {"at": now, "mode": "revert", "kind": entry["kind"], "namespace": ns,
                                        "name": nm, "outcome": verdict})
         if not settings.dry_run and undo:
-            ledger["undo"] = {}
+            ledger["undo"] = {f["key"]: undo[f["key"]] for f in failed}
             await self.save_ledger(handle)
         return {"at": now, "dryRun": settings.dry_run, "processed": len(undo), "restored": restored[:50],
-                "changed": changed[:50], "gone": gone[:50]}
+                "changed": changed[:50], "gone": gone[:50], "failed": failed[:50]}
 
-    async def revert_on_delete(self, body: Mapping[str, Any], log: Logger) -> None:
+    async def _revert_one(self, body: Mapping[str, Any], entry: Mapping[str, Any], kind: k8s.Kind,
+                          settings: logic.AgentSettings, restored: list[str], key: str, ledger: dict[str, Any],
+                          now: str, log: Logger) -> tuple[str, dict[str, Any] | None]:
+        """One ledger entry: (verdict, the target for Events). Raises ApiError when refused."""
+        is_dep = entry["kind"] == "Deployment"
+        ns, nm = entry["namespace"], entry["name"]
+        what = f"{entry['kind']} {ns}/{nm}"
+        current = await self.access.read(kind, ns, nm)
+        verdict = logic.revert_verdict(entry, current)
+        target = _ref(entry["kind"], kind.api_version, ns, nm, entry["uid"]) if current else None
+        if verdict == logic.RESTORE and current is not None:
+            if settings.dry_run:
+                restored.append(key)
+                self.announce(body, target, "Normal", "WouldRevert", f"dry-run: would restore {what}", log)
+                return verdict, target
+            try:
+                if is_dep:
+                    answer = await self.access.patch(kind, ns, nm, logic.scale_patch(entry["written"],
+                                                                                     entry["before"]),
+                                                     subresource="scale", json_patch=True)
+                    detail = f"replicas back to {entry['before']}"
+                else:
+                    # A merge patch: keys we wrote get their old values back; nothing else is touched.
+                    answer = await self.access.patch(kind, ns, nm, {
+                        "metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
+                        "data": entry["before"]})
+                    detail = "data restored"
+            except ApiError as exc:
+                if exc.status not in (409, 422):  # changed between our read and our write
+                    raise
+                verdict = logic.CHANGED
+            else:
+                if answer is None:
+                    verdict = logic.GONE
+                else:
+                    restored.append(key)
+                    metrics.action(OPERATOR, "reverted")
+                    logic.journal(ledger, {"at": now, "mode": "revert", "kind": entry["kind"], "namespace": ns,
+                                           "name": nm, "outcome": "restored"})
+                    self.announce(body, target, "Normal", "Reverted", f"restored {what}: {detail}", log)
+        return verdict, target
+
+    async def revert_on_delete(self, body: Mapping[str, Any], log: Logger, attempt: int = 0) -> None:
+        """Undo what the agent did, then delete its ledger. Raises RevertIncomplete while some change
+        could not be restored; after ``REVERT_ATTEMPTS`` refusals it lets go instead (the agent can
+        always be deleted): what is left is named in an Event and in status, and the ledger Secret
+        stays (ownerReference removed, so the garbage collector keeps it) for an administrator."""
         meta = body["metadata"]
         settings = self.agent_settings(body)
         async with self.access.serialised((OPERATOR, meta["uid"])):
-            if settings.revert_on_delete:
+            try:
                 handle = await self.ledger(meta["name"], meta["uid"])
-                if handle.data.get("undo"):
-                    await self.revert_all(body, handle, settings, log)
-            await self.access.delete(k8s.SECRET, self._ledger_namespace(), logic.ledger_name(meta["name"]))
+            except LedgerTaken as exc:  # not ours to revert from, nor to delete
+                self.announce(body, None, "Warning", "LedgerTaken", f"deleted without revert: {exc.where} {exc.why}",
+                              log)
+                return
+            if settings.revert_on_delete and handle.data.get("undo"):
+                summary = await self.revert_all(body, handle, settings, log)
+                failed = summary["failed"]
+                if failed:
+                    incomplete = RevertIncomplete(failed)
+                    if attempt + 1 < logic.REVERT_ATTEMPTS or not incomplete.refused:
+                        # While it is retried, the Terminating agent says what is still left.
+                        await self._patch_status(meta["name"], {"revert": summary, "state": "RevertFailed"})
+                        raise incomplete
+                    await self._abandon(body, handle, summary, attempt + 1, log)
+                    self._ledgers.pop(meta["uid"], None)
+                    return
+            if handle.exists:
+                await self.access.delete(k8s.SECRET, handle.namespace, handle.name, uid=handle.uid or None)
             self._ledgers.pop(meta["uid"], None)
+
+    async def _abandon(self, body: Mapping[str, Any], handle: LedgerHandle, summary: Mapping[str, Any],
+                       attempts: int, log: Logger) -> None:
+        """Let go of an agent whose revert keeps being refused: keep its ledger for an administrator."""
+        where = f"{handle.namespace}/{handle.name}"
+        left = ", ".join(f"{f['key']} ({f['error']})" for f in summary["failed"])
+        await self.save_ledger(handle, abandoned=f"revert refused {attempts} times: {left}"[:1000])
+        message = (f"gave up reverting after {attempts} attempts; NOT restored: {left}. Their original state "
+                   f"stays in the ledger Secret {where} (key {logic.LEDGER_KEY}, field undo), kept after the agent "
+                   "is gone; restore by hand, then delete that Secret")
+        metrics.error(OPERATOR, "revert-abandoned")
+        self.announce(body, None, "Warning", "RevertAbandoned", message, log)
+        await self._patch_status(body["metadata"]["name"], {
+            "revert": {**summary, "abandoned": True, "ledger": where},
+            "state": "RevertAbandoned"})
 
     # --- the ledger: one Secret per agent in the operator's namespace ------------------------------
 
@@ -537,6 +717,13 @@ class BlackadderController:
         obj = await self.access.read(k8s.SECRET, namespace, name)
         if obj is None:
             return LedgerHandle(namespace, name, logic.empty_ledger(agent, agent_uid), exists=False)
+        meta = obj.get("metadata") or {}
+        if logic.LEDGER_LABEL not in (meta.get("labels") or {}):
+            raise LedgerTaken(f"{namespace}/{name}", "exists and is not a Blackadder ledger (someone else's Secret)")
+        annotations = meta.get("annotations") or {}
+        if logic.LEDGER_ABANDONED_ANNOTATION in annotations and not self._ours(obj, agent_uid):
+            raise LedgerTaken(f"{namespace}/{name}", "holds what a previous agent of this name could not revert "
+                                                      "(kept for an administrator: read it, then delete it)")
         raw: dict[str, Any] | None = None
         encoded = (obj.get("data") or {}).get(logic.LEDGER_KEY)
         if encoded:
@@ -545,21 +732,38 @@ class BlackadderController:
             except ValueError:
                 raw = None  # a hand-edited, broken ledger: start afresh rather than crash-looping
         return LedgerHandle(namespace, name, logic.normalise_ledger(raw, agent, agent_uid), exists=True,
-                            resource_version=obj["metadata"].get("resourceVersion", ""))
+                            resource_version=meta.get("resourceVersion", ""), uid=meta.get("uid", ""))
 
-    async def save_ledger(self, handle: LedgerHandle) -> None:
+    @staticmethod
+    def _ours(obj: Mapping[str, Any], agent_uid: str) -> bool:
+        encoded = (obj.get("data") or {}).get(logic.LEDGER_KEY)
+        if not encoded:
+            return False
+        try:
+            return bool(json.loads(base64.b64decode(encoded)).get("agentUid") == agent_uid)
+        except (ValueError, AttributeError):
+            return False
+
+    async def save_ledger(self, handle: LedgerHandle, abandoned: str = "") -> None:
         """Create or replace with the resourceVersion of our last write (a conflict: someone else
-        wrote it; their version is read once and our in-memory ledger, the newer, replaces it)."""
+        wrote it; their version is read once and our in-memory ledger, the newer, replaces it).
+        ``abandoned``: the agent lets go; the Secret loses its ownerReference and says why."""
         agent, agent_uid = handle.data["agent"], handle.data["agentUid"]
         payload = base64.b64encode(json.dumps(handle.data, separators=(",", ":")).encode()).decode()
+        annotations = {logic.LEDGER_AGENT_ANNOTATION: agent}
+        if abandoned:
+            annotations[logic.LEDGER_ABANDONED_ANNOTATION] = abandoned
         body: dict[str, Any] = {
             "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
             "metadata": {
                 "name": handle.name, "namespace": handle.namespace,
-                "labels": {logic.LEDGER_LABEL: agent},
-                # Namespaced dependents may have cluster-scoped owners: the GC removes a forgotten ledger.
-                "ownerReferences": [{"apiVersion": CHAOSAGENT.api_version, "kind": logic.KIND,
-                                     "name": agent, "uid": agent_uid}],
+                # A label value stops at 63 characters: long agent names are hashed (full name annotated).
+                "labels": {logic.LEDGER_LABEL: logic.ledger_label(agent)},
+                "annotations": annotations,
+                # Namespaced dependents may have cluster-scoped owners: the GC removes a forgotten ledger
+                # (not an abandoned one: that one stays for an administrator).
+                "ownerReferences": [] if abandoned else [{"apiVersion": CHAOSAGENT.api_version, "kind": logic.KIND,
+                                                          "name": agent, "uid": agent_uid}],
             },
             "data": {logic.LEDGER_KEY: payload},
         }
@@ -579,10 +783,15 @@ class BlackadderController:
             if answer is not None:
                 handle.exists = True
                 handle.resource_version = answer["metadata"]["resourceVersion"]
+                handle.uid = answer["metadata"].get("uid", "")
                 return
             fresh = await self.access.read(k8s.SECRET, handle.namespace, handle.name)
+            if fresh is not None and logic.LEDGER_LABEL not in ((fresh.get("metadata") or {}).get("labels") or {}):
+                raise LedgerTaken(f"{handle.namespace}/{handle.name}",
+                                  "exists and is not a Blackadder ledger (someone else's Secret)")
             handle.exists = fresh is not None
             handle.resource_version = fresh["metadata"].get("resourceVersion", "") if fresh else ""
+            handle.uid = fresh["metadata"].get("uid", "") if fresh else ""
         raise ApiError(409, "Conflict", "the ledger kept conflicting")
 
     async def _ensure_namespace(self, namespace: str) -> None:
@@ -650,3 +859,8 @@ class BlackadderController:
         except ApiError as exc:
             metrics.error(OPERATOR, "status")
             logger.warning(f"[{agent}] status not written: {exc}")
+            return
+        stalled = stall_event(((body or {}).get("status") or {}).get("conditions"), status.get("conditions"))
+        if body is not None and stalled:  # one uniform Event per Stalled transition (docs/observability.md)
+            with contextlib.suppress(LookupError):  # outside a running operator (no event queue)
+                self.access.event(body, *stalled)

@@ -161,6 +161,50 @@ def set_condition(
     return sorted(result, key=lambda c: str(c.get("type")))
 
 
+# --- kstatus conventions (sigs.k8s.io/cli-utils pkg/kstatus; docs/observability.md) -------------
+# Exactly one of Ready, Reconciling and Stalled is True once the operator has written a status:
+# Ready: the object does its job now; Reconciling: work under way (kstatus InProgress);
+# Stalled: it cannot succeed without a change by a person (kstatus Failed).
+
+
+def kstatus_conditions(
+    conditions: Iterable[Mapping[str, Any]] | None,
+    *,
+    ready: bool,
+    stalled: bool,
+    reason: str,
+    message: str,
+    observed_generation: int | None = None,
+    now: str | None = None,
+) -> list[dict[str, Any]]:
+    """``conditions`` with Ready, Reconciling and Stalled set for one observed state (``reason`` and
+    ``message`` say which and why, on all three). Not ready and not stalled is reconciling."""
+    if ready and stalled:
+        raise ValueError("an object cannot be Ready and Stalled at once")
+    result = set_condition(conditions, "Ready", ready, reason, message, observed_generation, now)
+    result = set_condition(result, "Reconciling", not ready and not stalled, reason, message,
+                           observed_generation, now)
+    return set_condition(result, "Stalled", stalled, reason, message, observed_generation, now)
+
+
+def _condition(conditions: Iterable[Mapping[str, Any]] | None, type_: str) -> Mapping[str, Any]:
+    return next((c for c in conditions or () if c.get("type") == type_), {})
+
+
+def stall_event(old: Iterable[Mapping[str, Any]] | None,
+                new: Iterable[Mapping[str, Any]] | None) -> tuple[str, str, str] | None:
+    """The Event (type, reason, message) a change of Stalled deserves: Warning ``Stalled`` when it
+    turns True or its reason changes, Normal ``Recovered`` when it turns False; None otherwise."""
+    before, after = _condition(old, "Stalled"), _condition(new, "Stalled")
+    if after.get("status") == "True":
+        if before.get("status") == "True" and before.get("reason") == after.get("reason"):
+            return None
+        return "Warning", "Stalled", f"{after.get('reason')}: {after.get('message')}"
+    if before.get("status") == "True" and after:
+        return "Normal", "Recovered", f"no longer stalled ({before.get('reason')}): {after.get('message')}"
+    return None
+
+
 def stable_hash(data: Any) -> str:
     """A short, stable digest of JSON-able data (sorted keys); never reversible to the data."""
     encoded = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str).encode()

@@ -18,13 +18,14 @@ import dataclasses
 import enum
 import fnmatch
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from kopf_operators.common import (
     DOMAIN,
     env_bool,
     env_float,
+    kstatus_conditions,
     matches_label_selector,
     matches_labels,
     set_condition,
@@ -434,6 +435,7 @@ class CopyView:
     immutable: bool
     type: str | None
     annotations_copied: bool
+    rule: str = ""  # "ns/name" of its rule (the annotation): where to confirm that the rule is gone
 
     @property
     def drifted(self) -> bool:
@@ -462,6 +464,7 @@ def copy_view(obj: Mapping[str, Any], kind: str | None = None) -> CopyView:
         immutable=bool(obj.get("immutable")),
         type=(obj.get("type") or "Opaque") if kind == "Secret" else None,
         annotations_copied=annotations.get(ANNOTATIONS_COPIED) == "true",
+        rule=str(annotations.get(RULE_ANNOTATION, "")),
     )
 
 
@@ -543,6 +546,7 @@ class Tally:
     conflicts: list[str] = dataclasses.field(default_factory=list)
     refusals: list[str] = dataclasses.field(default_factory=list)  # consent problems, per source
     failed: int = 0
+    rejected: list[str] = dataclasses.field(default_factory=list)  # copies the API server refuses (why)
 
 
 def build_status(rule: Rule, previous: Mapping[str, Any] | None, tally: Tally | None = None,
@@ -560,7 +564,9 @@ def build_status(rule: Rule, previous: Mapping[str, Any] | None, tally: Tally | 
     if problem is not None:
         if problem.reason == "Refused":
             conds = set_condition(conds, "Refused", True, "Refused", str(problem), gen, now)
-        conds = set_condition(conds, "Ready", False, problem.reason, str(problem), gen, now)
+        # The rule cannot work as written: only an edit helps (kstatus: Failed).
+        conds = kstatus_conditions(conds, ready=False, stalled=True, reason=problem.reason, message=str(problem),
+                                   observed_generation=gen, now=now)
         status["conditions"] = conds
         for key in ("sources", "desired", "copied", "conflicted", "skipped", "conflicts", "withheld", "refused"):
             if key in previous:
@@ -590,18 +596,33 @@ def build_status(rule: Rule, previous: Mapping[str, Any] | None, tally: Tally | 
                               f"(left untouched): {', '.join(status['conflicts'])}", gen, now)
     else:
         conds = set_condition(conds, "Conflict", False, "NoConflict", "", gen, now)
-    if tally.refusals:
-        conds = set_condition(conds, "Ready", False, "Refused",
-                              f"{len(tally.refusals)} source(s) without consent for this rule", gen, now)
-    elif tally.failed:
-        conds = set_condition(conds, "Ready", False, "SyncFailed",
-                              f"{tally.failed} copy operation(s) failed; retrying", gen, now)
-    else:
-        conds = set_condition(conds, "Ready", True, "Synced",
-                              f"{tally.copied} of {tally.desired} copies in sync across "
-                              f"{tally.targets} namespace(s)", gen, now)
-    status["conditions"] = conds
+    ready, stalled, reason, message = readiness(tally, status)
+    status["conditions"] = kstatus_conditions(conds, ready=ready, stalled=stalled, reason=reason, message=message,
+                                              observed_generation=gen, now=now)
     return status
+
+
+def readiness(tally: Tally, status: Mapping[str, Any]) -> tuple[bool, bool, str, str]:
+    """(ready, stalled, reason, message) of a rule: Ready only when every wanted copy is in sync;
+    Stalled when a person must act (a source's owner must consent, an object in the way must go, the
+    API server refuses a copy of a source);
+    else work is under way (copies being made, failed writes retried)."""
+    if tally.refusals:
+        return False, True, "Refused", (f"{len(tally.refusals)} source(s) not copied without their owner's "
+                                               f"consent: " + "; ".join(status["refused"]))
+    if tally.conflicts:
+        return False, True, "ForeignObject", (f"{len(tally.conflicts)} target(s) hold an object this rule does not "
+                                              f"own (left untouched; delete or rename it): "
+                                              f"{', '.join(status['conflicts'])}")
+    if tally.rejected:
+        return False, True, "CopyRefused", (f"the API server refuses {len(tally.rejected)} copy(ies), not retried "
+                                            f"until the source changes: {'; '.join(sorted(tally.rejected)[:10])}")
+    if tally.failed:
+        return False, False, "SyncFailed", f"{tally.failed} copy operation(s) failed; retrying"
+    if tally.copied < tally.desired:
+        return False, False, "Syncing", f"{tally.copied} of {tally.desired} copies in sync; copying the rest"
+    withheld = f"; {tally.withheld} withheld by their sources' consent" if tally.withheld else ""
+    return True, False, "Synced", f"all {tally.copied} copies in sync across {tally.targets} namespace(s){withheld}"
 
 
 def status_changed(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
@@ -624,3 +645,35 @@ def rule_snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
         if key in body:
             snap[key] = body[key]
     return snap
+
+
+# --- Orphans: copies whose rule is gone ----------------------------------------------------------
+
+
+def orphan_suspects(copies: Mapping[str, Iterable[CopyView]], live_rule_uids: Collection[str]) -> dict[str, str]:
+    """Rule uid -> the rule's "ns/name" (from its copies' annotation; "" when none says), for every
+    rule uid that copies carry but no live rule has. Suspects only: a rule outside this process's view
+    (another shard's namespace, an unwatched one) is alive, so a read must confirm it gone."""
+    suspects: dict[str, str] = {}
+    for rule_uid, views in copies.items():
+        if rule_uid and rule_uid not in live_rule_uids:
+            suspects[rule_uid] = next((v.rule for v in views if split_rule_key(v.rule)), "")
+    return suspects
+
+
+def split_rule_key(key: str) -> tuple[str, str] | None:
+    """ "ns/name" -> (ns, name); None when it is not one."""
+    namespace, sep, name = key.partition("/")
+    if not sep or not _DNS_LABEL.match(namespace) or not name or "/" in name:
+        return None
+    return namespace, name
+
+
+def rule_gone(rule_uid: str, listed: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether the rule with this uid is gone, from a listing of its namespace by its name: absent
+    (a successor of the same name has another uid), or being deleted."""
+    for obj in listed:
+        meta = obj.get("metadata") or {}
+        if meta.get("uid") == rule_uid:
+            return bool(meta.get("deletionTimestamp"))
+    return True

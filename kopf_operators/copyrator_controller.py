@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import logging
 import random
@@ -35,6 +36,7 @@ from kopf_operators import access as k8s
 from kopf_operators import copyrator as logic
 from kopf_operators import metrics
 from kopf_operators.access import Access, ApiError
+from kopf_operators.common import stall_event
 
 OPERATOR = "copyrator"
 RULES_INDEX = "copyrator-rules"
@@ -93,6 +95,9 @@ class CopyratorController:
         self._written: dict[CopyKey, logic.CopyView | Gone] = {}  # our writes, until the watch catches up
         self._foreign: dict[CopyKey, str] = {}  # objects in the way that are nobody's copy: uid (from a 409)
         self._failed: dict[str, set[CopyKey]] = collections.defaultdict(set)  # rule uid -> failing copies
+        # rule uid -> copies the API server refuses (400/422: the source's content, e.g. annotations
+        # over 256 KiB with copyAnnotations) -> why. Not retried with backoff: the source must change.
+        self._rejected: dict[str, dict[CopyKey, str]] = collections.defaultdict(dict)
         self._done: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
         self._triggers: dict[str, str] = {}
         self._status: dict[str, dict[str, Any]] = {}  # rule uid -> the status we wrote last
@@ -104,6 +109,8 @@ class CopyratorController:
         self._attempts: dict[tuple[str, str], int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._resync: asyncio.Task[None] | None = None
+        # Set by the first handled event: Kopf calls handlers only once every index is filled.
+        self._indexed = asyncio.Event()
         self._limit = asyncio.Semaphore(settings.write_concurrency)
 
     # --- state from the indexes ----------------------------------------------------------------
@@ -227,11 +234,32 @@ class CopyratorController:
         except ApiError as exc:
             if exc.namespace_terminating:
                 return 0
+            if exc.status in (400, 422):
+                self._reject(rule, key, exc)
+                return 0
             self._failed[rule.uid].add(key)
             metrics.error(OPERATOR, "write")
             raise
         self._failed[rule.uid].discard(key)
+        self._rejected[rule.uid].pop(key, None)
         return writes
+
+    def _reject(self, rule: logic.Rule, key: CopyKey, exc: ApiError) -> None:
+        """A copy the API server refuses: reported (status, one log line and Event when it starts),
+        not retried with backoff. The message is the server's field-level reason (never values)."""
+        kind, namespace, name = key
+        # The server's reason names fields, not values; still, for a Secret only the status is kept.
+        detail = f" ({exc.message})" if exc.message and kind == "ConfigMap" else ""
+        why = f"{kind} {namespace}/{name}: {exc}{detail}"
+        if self._rejected[rule.uid].get(key) == why:
+            return
+        self._rejected[rule.uid][key] = why
+        self._failed[rule.uid].discard(key)
+        metrics.error(OPERATOR, "copy-refused")
+        logger.warning(f"Copyrator {rule.key}: the API server refuses the copy {why}")
+        snapshot = _first(self.rules, (rule.namespace, rule.name))
+        if snapshot is not None:
+            self.access.event(snapshot, "Warning", "CopyRefused", f"the API server refuses the copy {why}")
 
     async def _apply(self, rule: logic.Rule, key: CopyKey, desired: dict[str, Any] | None) -> int:
         kind, namespace, name = key
@@ -384,7 +412,8 @@ class CopyratorController:
         return errors
 
     async def rule_deleted(self, body: Mapping[str, Any]) -> int:
-        """Prune every copy of a rule being deleted (from the copies index). Raises ApiError."""
+        """Prune every copy of a rule deleted or being deleted (from the copies index). Raises ApiError.
+        Idempotent: copies already pruned are not in the index any more (or are remembered as Gone)."""
         meta = body["metadata"]
         uid = str(meta.get("uid"))
         self._deleting.add(uid)
@@ -398,6 +427,13 @@ class CopyratorController:
             handle = handles.pop(key, None)
             if handle:
                 handle.cancel()
+        count = await self._prune(uid, f"{key[0]}/{key[1]}", "rule deleted")
+        for store in (self._failed, self._rejected, self._done, self._status, self._parsed, self._triggers):
+            store.pop(uid, None)
+        return count
+
+    async def _prune(self, uid: str, rule_key: str, why: str) -> int:
+        """Delete the copies carrying this rule uid (each with its uid as a precondition)."""
         count = 0
         for kind, api_kind in KINDS.items():
             for view in self.copies_of(uid, kind):
@@ -405,11 +441,61 @@ class CopyratorController:
                     await self.access.delete(api_kind, view.namespace, view.name, uid=view.uid)
                     self._written[(kind, view.namespace, view.name)] = Gone(view.uid)
                 count += 1
-                logger.info(f"Copyrator {key[0]}/{key[1]}: pruned {kind} {view.namespace}/{view.name} (rule deleted)")
+                logger.info(f"Copyrator {rule_key}: pruned {kind} {view.namespace}/{view.name} ({why})")
         if count:
             metrics.action(OPERATOR, "deleted", count)
-        for store in (self._failed, self._done, self._status, self._parsed, self._triggers):
-            store.pop(uid, None)
+        return count
+
+    async def rule_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """Any rule event. Rules carry no finalizer (deleting one never waits for this operator): a
+        rule deleted, or held in deletion by someone else's finalizer, has its copies pruned here; if
+        that fails, or the operator was down, the orphan sweep prunes them."""
+        self._indexed.set()
+        meta = body.get("metadata") or {}
+        if event_type != "DELETED" and not meta.get("deletionTimestamp"):
+            return
+        try:
+            await self.rule_deleted(body)
+        except ApiError as exc:
+            metrics.error(OPERATOR, "prune")
+            logger.warning(f"Copyrator {meta.get('namespace')}/{meta.get('name')}: pruning the copies of the "
+                           f"deleted rule failed ({exc}); the periodic sweep retries")
+
+    async def prune_orphans(self) -> int:
+        """Copies whose rule is gone (deleted while the operator was down, or a prune that failed).
+        Suspects come from the indexes (no request when there are none); each suspect rule is confirmed
+        gone by one listing of its name in its namespace before its copies are deleted. A copy that does
+        not say where its rule is, or a listing that fails, is left alone. Nothing while Kopf has paused
+        this process (a standby: ``Access.paused``)."""
+        if self.access.paused:
+            return 0
+        live = set()
+        for key in list(self.rules):
+            snapshot = _first(self.rules, key)
+            if snapshot is not None and not snapshot["metadata"].get("deletionTimestamp"):
+                live.add(str(snapshot["metadata"].get("uid")))
+        by_rule: dict[str, list[logic.CopyView]] = collections.defaultdict(list)
+        for kind in KINDS:
+            for key in list(self.copies[kind]):
+                if key[0] == "rule" and key[1] not in live:
+                    by_rule[key[1]].extend(_values(self.copies[kind], key))
+        count = 0
+        for uid, rule_key in logic.orphan_suspects(by_rule, live).items():
+            place = logic.split_rule_key(rule_key)
+            try:
+                if uid not in self._deleting:  # a deletion seen here needs no confirmation
+                    if place is None:
+                        logger.debug(f"Copyrator: copies of rule uid {uid} do not name their rule; left alone")
+                        continue
+                    listed = await self.access.list(RULE, place[0], fields=f"metadata.name={place[1]}")
+                    if not logic.rule_gone(uid, listed):
+                        continue  # alive outside this process's view (another shard, an unwatched namespace)
+                    self._deleting.add(uid)
+                count += await self._prune(uid, rule_key or uid, "rule gone")
+            except ApiError as exc:
+                metrics.error(OPERATOR, "prune")
+                logger.warning(f"Copyrator {rule_key or uid}: pruning the copies of a gone rule failed ({exc}); "
+                               f"the next sweep retries")
         return count
 
     async def namespace_event(self, event_type: str, body: Mapping[str, Any]) -> None:
@@ -427,6 +513,7 @@ class CopyratorController:
     async def object_event(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A ConfigMap/Secret event: a copy (deleted or edited by hand), a source, or an object that
         was in a copy's way."""
+        self._indexed.set()
         meta = body.get("metadata") or {}
         namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
         key: CopyKey = (kind, namespace, name)
@@ -438,6 +525,11 @@ class CopyratorController:
             await self._place_freed(kind, namespace, name, "conflict cleared")
         store = self.sources[kind]
         old = store.get((namespace, name))
+        if old is not None and old["metadata"].get("uid") != meta.get("uid") and \
+                _rv(old["metadata"].get("resourceVersion")) > _rv(meta.get("resourceVersion")):
+            # Kopf handles each uid on its own: a late event of a deleted predecessor with the same
+            # name must not overwrite (or, deleted, remove) its successor's newer entry.
+            return
         rules = self.active_rules(kind)
         now = [(s, r) for s, r in rules if event_type != "DELETED" and logic.selects(r, kind, body)]
         if now:
@@ -522,7 +614,10 @@ class CopyratorController:
         self._retry[key] = asyncio.get_running_loop().call_later(delay, fire)
 
     async def _guarded(self, key: tuple[str, str], trigger: str) -> None:
-        """One rule's sweep outside Kopf's handlers (retries, resync): failures retry with backoff."""
+        """One rule's sweep outside Kopf's handlers (retries, resync): failures retry with backoff.
+        Nothing while Kopf has paused this process (a standby)."""
+        if self.access.paused:
+            return
         snapshot = _first(self.rules, key)
         if snapshot is None or snapshot["metadata"].get("deletionTimestamp"):
             return
@@ -544,11 +639,17 @@ class CopyratorController:
         self._resync = asyncio.create_task(self._resync_loop(), name="copyrator resync")
 
     async def _resync_loop(self) -> None:
-        """Level-triggered: a sweep over the indexes, no request unless something must change."""
+        """Level-triggered: a sweep over the indexes, no request unless something must change. The
+        orphan sweep runs at start (once the indexes are filled) and after every pass."""
+        # No event within a period: the indexes may be partial, which only makes the sweep find less.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._indexed.wait(), timeout=self.settings.resync_seconds)
+        await self.prune_orphans()
         while True:
             await asyncio.sleep(self.settings.resync_seconds * random.uniform(0.8, 1.2))
             for key in list(self.rules):
                 await self._guarded(key, "resync")
+            await self.prune_orphans()
 
     async def stop(self) -> None:
         if self._resync:
@@ -563,7 +664,8 @@ class CopyratorController:
 
     def tally(self, rule: logic.Rule) -> logic.Tally:
         """The rule's copies as the indexes see them."""
-        tally = logic.Tally(failed=len(self._failed.get(rule.uid, ())))
+        tally = logic.Tally(failed=len(self._failed.get(rule.uid, ())),
+                            rejected=list((self._rejected.get(rule.uid) or {}).values()))
         targets = [ns.name for ns in self.all_namespaces() if logic.is_target(rule, ns)]
         tally.targets = len(targets)
         for ns_name in rule.source_namespaces:
@@ -612,6 +714,8 @@ class CopyratorController:
         self._flush[key] = asyncio.get_running_loop().call_later(self.settings.status_delay_seconds, fire)
 
     async def _flush_guarded(self, snapshot: Mapping[str, Any]) -> None:
+        if self.access.paused:
+            return
         try:
             await self.flush_status(snapshot)
         except ApiError as exc:
@@ -658,6 +762,9 @@ class CopyratorController:
         answer = await self.access.patch_status(RULE, meta["namespace"], meta["name"], status)
         if answer is not None:
             self._status[str(meta.get("uid"))] = {**previous, **status}
+            stalled = stall_event(previous.get("conditions"), status.get("conditions"))
+            if stalled:  # one uniform Event per Stalled transition, for every kind (docs/observability.md)
+                self.access.event(snapshot, *stalled)
 
     async def _report_problem(self, snapshot: Mapping[str, Any], problem: logic.RuleError) -> None:
         meta = snapshot["metadata"]

@@ -17,7 +17,7 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
-from kopf_operators.common import DOMAIN, epoch_to_iso, iso_to_epoch, set_condition, stable_hash
+from kopf_operators.common import DOMAIN, epoch_to_iso, iso_to_epoch, kstatus_conditions, stable_hash
 
 GROUP = "immortalcontainer.flugel.it"
 VERSION = "v1alpha1"
@@ -87,11 +87,20 @@ def pod_summary(pod: Mapping[str, Any]) -> dict[str, Any]:
                 if (t := (c.get("state") or {}).get("terminated") or {}).get("finishedAt")]
     if finished:
         summary_status["finishedAt"] = max(finished)
+    summary_status["ready"] = pod_ready(pod)
     return {
         "metadata": summary_meta,
         "spec": {"containers": [{"name": c.get("name"), "image": c.get("image")} for c in containers]},
         "status": summary_status,
     }
+
+
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    """The pod's own Ready condition (its readiness probes pass), or the summary's copy of it."""
+    status = pod.get("status") or {}
+    if "ready" in status:
+        return bool(status["ready"])
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ())
 
 
 def pod_template(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -167,6 +176,7 @@ class PodView:
     restarts: int = 0  # the containers' own restarts (restartCount, summed)
     started_at: str | None = None
     finished_at: str | None = None
+    ready: bool = False  # the pod's Ready condition: its containers are ready (readiness probes pass)
 
     @property
     def ended(self) -> bool:
@@ -205,6 +215,7 @@ def observe_pod(pod: Mapping[str, Any] | None, owner_uid: str) -> PodView | None
                                                        for c in status.get("containerStatuses") or ())),
         started_at=status.get("startTime"),
         finished_at=status.get("finishedAt"),
+        ready=pod_ready(pod),
     )
 
 
@@ -216,6 +227,7 @@ class Action(enum.Enum):
     BLOCKED = "blocked"  # a pod we do not own has the target name: never touch it
     BACKOFF = "backoff"  # our pod ended again soon after the last end: replace it later
     INVALID = "invalid"  # the API server refuses the pod the spec describes: wait for a spec change
+    REFUSED = "refused"  # as INVALID, but our previous pod still runs: keep it until the spec is fixed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,10 +238,23 @@ class Decision:
     retry_in: float = 0.0  # BACKOFF: seconds until the replacement
 
 
+def spec_change(image: str, pod: PodView, wanted_hash: str | None) -> Decision | None:
+    """The replacement a pod made from another spec needs (None when it matches the spec)."""
+    if pod.image != image:
+        return Decision(Action.DELETE, "ImageChanged",
+                        f"pod {pod.name} runs {pod.image}, the spec asks for {image}; replacing it")
+    if wanted_hash and pod.template_hash and pod.template_hash != wanted_hash:
+        return Decision(Action.DELETE, "TemplateChanged",
+                        f"pod {pod.name} was made from another template; replacing it")
+    return None
+
+
 def decide(image: str, pod: PodView | None, wanted_hash: str | None = None,
            backoff: Mapping[str, Any] | None = None, now: float = 0.0) -> Decision:
     """What to do next about the pod, given the desired image (and template digest), the observed
-    pod, and the crash backoff state (``observe_end``) at ``now`` (epoch seconds)."""
+    pod, and the crash backoff state (``observe_end``) at ``now`` (epoch seconds). An ended pod made
+    from another spec is replaced at once: the crash backoff belongs to the spec that crashed (as the
+    kubelet's does to the container spec)."""
     if pod is None:
         return Decision(Action.CREATE, "PodCreating", "no pod is running; starting one")
     if not pod.owned:
@@ -239,8 +264,13 @@ def decide(image: str, pod: PodView | None, wanted_hash: str | None = None,
     if pod.terminating:
         return Decision(Action.WAIT, "PodTerminating",
                         f"pod {pod.name} is terminating; waiting to replace it")
+    changed = spec_change(image, pod, wanted_hash)
     if pod.ended:
         why = f" ({pod.reason})" if pod.reason else ""
+        if changed is not None:
+            return Decision(Action.DELETE, changed.reason,
+                            f"pod {pod.name} ended with phase {pod.phase}{why} and the spec has changed "
+                            "since; replacing it at once (no crash backoff for a new spec)")
         next_at = iso_to_epoch((backoff or {}).get("nextAttempt")) if (backoff or {}).get("podUID") == pod.uid else None
         wait = 0.0 if next_at is None else next_at - now
         if wait > 0:
@@ -250,15 +280,33 @@ def decide(image: str, pod: PodView | None, wanted_hash: str | None = None,
                             f"{(backoff or {}).get('nextAttempt')}", retry_in=wait)
         return Decision(Action.DELETE, "PodEnded",
                         f"pod {pod.name} ended with phase {pod.phase}{why}; replacing it")
-    if pod.image != image:
-        return Decision(Action.DELETE, "ImageChanged",
-                        f"pod {pod.name} runs {pod.image}, the spec asks for {image}; replacing it")
-    if wanted_hash and pod.template_hash and pod.template_hash != wanted_hash:
-        return Decision(Action.DELETE, "TemplateChanged",
-                        f"pod {pod.name} was made from another template; replacing it")
+    if changed is not None:
+        return changed
+    if pod.phase == "Running" and pod.ready:
+        return Decision(Action.NONE, "PodReady", f"pod {pod.name} is running {image} and Ready")
     if pod.phase == "Running":
-        return Decision(Action.NONE, "PodRunning", f"pod {pod.name} is running {image}")
+        return Decision(Action.NONE, "PodNotReady",
+                        f"pod {pod.name} is running {image} but not Ready (its readiness probe fails "
+                        "or a container is not ready yet)")
     return Decision(Action.NONE, "PodStarting", f"pod {pod.name} is {pod.phase or 'Pending'}")
+
+
+def refuses_pod(status: int | None, message: str) -> bool:
+    """Whether an API error answering a pod create (or its dry run) refuses the pod itself, so that
+    only a spec change helps: invalid (400/422), or forbidden by admission (PodSecurity, a webhook,
+    a missing ServiceAccount). Not a quota (freed when the old pod goes), our own RBAC, or a
+    namespace being deleted."""
+    if status in (400, 422):
+        return True
+    return status == 403 and not any(
+        sign in message for sign in ("exceeded quota", "cannot create resource", "being terminated"))
+
+
+def refused(pod: PodView, message: str) -> Decision:
+    """The API server refuses the pod the spec describes while our previous pod still runs."""
+    return Decision(Action.REFUSED, "TemplateRefused",
+                    f"the API server refuses the pod the spec describes ({message}); pod {pod.name} keeps "
+                    "running the previous spec until the spec is fixed")
 
 
 def backoff_delay(ends_before: int) -> float:
@@ -272,14 +320,18 @@ def backoff_delay(ends_before: int) -> float:
 def observe_end(backoff: Mapping[str, Any] | None, pod: PodView | None, now: float) -> dict[str, Any]:
     """The crash backoff state after observing ``pod`` at ``now``: an owned pod that ended and was not
     counted yet (by uid, so retries and restarts count it once) is one more end in a row, unless it
-    ran 10 minutes (the count starts again)."""
+    ran 10 minutes or was made from another spec than the last pod that ended (the count starts
+    again)."""
     state = dict(backoff or {})
     if pod is None or not pod.owned or not pod.ended or state.get("podUID") == pod.uid:
         return state
-    ends_before = 0 if pod.ran_seconds(now) >= BACKOFF_RESET_SECONDS else int(state.get("failures") or 0)
+    new_spec = bool(pod.template_hash and state.get("templateHash") and pod.template_hash != state["templateHash"])
+    fresh = new_spec or pod.ran_seconds(now) >= BACKOFF_RESET_SECONDS
+    ends_before = 0 if fresh else int(state.get("failures") or 0)
     delay = backoff_delay(ends_before)
     why = f" ({pod.reason})" if pod.reason else ""
-    return {"podUID": pod.uid, "failures": ends_before + 1, "delaySeconds": int(delay),
+    return {"podUID": pod.uid, "templateHash": pod.template_hash, "failures": ends_before + 1,
+            "delaySeconds": int(delay),
             "nextAttempt": epoch_to_iso(now + delay),
             "lastEnd": f"pod {pod.name} ended with phase {pod.phase}{why} at {epoch_to_iso(now)}"}
 
@@ -321,10 +373,21 @@ def next_status(
         new["currentPod"] = status["currentPod"]
     if generation is not None:
         new["observedGeneration"] = generation
-    ready = decision.action is Action.NONE and decision.reason == "PodRunning"
-    new["conditions"] = set_condition(status.get("conditions"), "Ready", ready, decision.reason,
-                                      decision.message, observed_generation=generation, now=now)
+    new["conditions"] = conditions(status.get("conditions"), decision, generation, now)
     return new
+
+
+# Decisions that cannot succeed until a person changes something (kstatus: Failed).
+STALLED_ACTIONS = frozenset({Action.BLOCKED, Action.INVALID, Action.REFUSED})
+
+
+def conditions(previous: Any, decision: Decision, generation: int | None, now: str | None = None
+               ) -> list[dict[str, Any]]:
+    """Ready (the pod is Ready), Stalled (a foreign pod in the way, a template the API server
+    refuses) or else Reconciling, with the decision's reason and message."""
+    return kstatus_conditions(previous, ready=decision.action is Action.NONE and decision.reason == "PodReady",
+                              stalled=decision.action in STALLED_ACTIONS, reason=decision.reason,
+                              message=decision.message, observed_generation=generation, now=now)
 
 
 def _comparable(status: Mapping[str, Any]) -> dict[str, Any]:

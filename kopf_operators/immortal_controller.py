@@ -24,6 +24,7 @@ from kopf_operators import access as k8s
 from kopf_operators import immortal as logic
 from kopf_operators import metrics
 from kopf_operators.access import Access, ApiError
+from kopf_operators.common import stall_event
 
 OPERATOR = "immortal"
 OBJECTS_INDEX = "immortal-objects"
@@ -66,6 +67,7 @@ class ImmortalController:
         self._blocked_attempts: dict[Key, int] = {}
         self._backoffs: dict[Key, asyncio.TimerHandle] = {}  # crash backoff: the replacement's wake-up
         self._settling: dict[Key, asyncio.TimerHandle] = {}  # a pod going away: report it if it lasts
+        self._refused: dict[Key, tuple[str, str]] = {}  # a spec the API server refused: (digest, why)
         self._resync: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # retries in flight (referenced until done)
 
@@ -88,12 +90,18 @@ class ImmortalController:
         self._written.pop(key, None)
         self._pods_seen.pop(key, None)
         self._blocked_attempts.pop(key, None)
+        self._refused.pop(key, None)
         for timers in (self._blocked, self._backoffs, self._settling):
             handle = timers.pop(key, None)
             if handle:
                 handle.cancel()
 
     # --- triggers ----------------------------------------------------------------------------------
+
+    async def deleted(self, key: Key) -> None:
+        """The ImmortalContainer is gone (its pod goes by garbage collection): drop what we kept."""
+        async with self.access.serialised(key):
+            self.forget(key)
 
     async def converge(self, key: Key, body: Mapping[str, Any] | None = None, *, trigger: str = "object",
                        pod_event: tuple[str, Mapping[str, Any]] | None = None) -> logic.Decision | None:
@@ -109,7 +117,7 @@ class ImmortalController:
             now = time.time()
             with metrics.reaction(OPERATOR, trigger):
                 pod = self._pod(key, ic, pod_event)
-                decision, pod = await self._act(ic, pod, now)
+                decision, pod = await self._act(ic, pod, now, trigger)
                 if self._transient(ic, pod, decision, trigger):
                     # Our counted pod is going away: its DELETED event usually follows at once and the
                     # replacement's status write says it all. Report the wait only if it lasts.
@@ -147,7 +155,7 @@ class ImmortalController:
         if _rv(pod) >= (self._pods_seen.get(key) or (0, None))[0]:
             self._pods_seen[key] = (_rv(pod), logic.pod_summary(pod))
 
-    async def _act(self, ic: Mapping[str, Any], pod: logic.PodView | None, now: float
+    async def _act(self, ic: Mapping[str, Any], pod: logic.PodView | None, now: float, trigger: str
                    ) -> tuple[logic.Decision, logic.PodView | None]:
         meta = ic["metadata"]
         namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
@@ -167,7 +175,7 @@ class ImmortalController:
                 if exc.namespace_terminating:  # the namespace (and this object with it) is going away
                     return logic.Decision(logic.Action.NONE, "NamespaceTerminating",
                                           f"namespace {namespace} is being deleted"), pod
-                if exc.status in (400, 422):  # the template describes a pod the API server refuses
+                if logic.refuses_pod(exc.status, exc.message):  # the spec describes a pod the server refuses
                     return logic.Decision(logic.Action.INVALID, "InvalidTemplate",
                                           f"the API server refuses the pod: {exc.message or exc}"), pod
                 metrics.error(OPERATOR, "create-pod")
@@ -188,6 +196,12 @@ class ImmortalController:
             self.access.event(ic, "Normal", "PodCreated", f"created pod {logic.pod_name(name)} running {image}")
             return decide(pod), pod
 
+        if decision.action is logic.Action.DELETE and pod is not None and not pod.ended:
+            # Never remove a working pod before its replacement is known to be acceptable.
+            refusal = await self._refusal(ic, pod, wanted, trigger)
+            if refusal is not None:
+                return refusal, pod
+
         if decision.action is logic.Action.DELETE and pod is not None:
             # The uid precondition: never delete a pod that replaced ours meanwhile. A pod that has
             # already ended has nothing to shut down gracefully.
@@ -196,6 +210,29 @@ class ImmortalController:
             logger.info(f"{where} Deleting pod {pod.name}: {decision.message}")
             self.access.event(ic, "Normal", decision.reason, decision.message)
         return decision, pod
+
+    async def _refusal(self, ic: Mapping[str, Any], pod: logic.PodView, wanted: str, trigger: str
+                       ) -> logic.Decision | None:
+        """A server-side dry run of the replacement (validation and admission, nothing stored): the
+        refusal to report while our pod keeps running, or None when the replacement is acceptable (a
+        409 too: validation and admission come before the name check). A spec already refused is not
+        asked about again until the spec changes, except by the periodic sweep (admission can change:
+        a ServiceAccount created, a namespace's Pod Security level relaxed)."""
+        key = (ic["metadata"]["namespace"], ic["metadata"]["name"])
+        known = self._refused.get(key)
+        if known is not None and known[0] == wanted and trigger != "resync":
+            return logic.refused(pod, known[1])
+        try:
+            await self.access.create(k8s.POD, logic.build_pod(ic), dry_run=True)
+        except ApiError as exc:
+            if logic.refuses_pod(exc.status, exc.message):
+                message = exc.message or str(exc)
+                self._refused[key] = (wanted, message)
+                return logic.refused(pod, message)
+            if not exc.namespace_terminating:
+                raise
+        self._refused.pop(key, None)
+        return None
 
     async def _write_status(self, key: Key, ic: dict[str, Any], pod: logic.PodView | None,
                             decision: logic.Decision, now: float) -> None:
@@ -222,9 +259,13 @@ class ImmortalController:
             if new["startTimes"] != old.get("startTimes"):
                 logger.info(f"[{key[0]}/{key[1]}] Counted start #{new['startTimes']} "
                             f"(pod uid {new.get('currentPodUID')})")
-            blocked = decision.action in (logic.Action.BLOCKED, logic.Action.INVALID)
+            stalled = stall_event(old.get("conditions"), new["conditions"])
+            if stalled:  # one uniform Event per Stalled transition, for every kind (docs/observability.md)
+                self.access.event(ic, *stalled)
+            blocked = decision.action in (logic.Action.BLOCKED, logic.Action.INVALID, logic.Action.REFUSED)
             if blocked and logic.ready_reason(old) != decision.reason:
-                kind = "foreign-pod" if decision.action is logic.Action.BLOCKED else "invalid-template"
+                kind = {logic.Action.BLOCKED: "foreign-pod", logic.Action.INVALID: "invalid-template",
+                        logic.Action.REFUSED: "template-refused"}[decision.action]
                 metrics.error(OPERATOR, kind)
                 logger.warning(f"[{key[0]}/{key[1]}] {decision.message}")  # once per episode, not per retry
                 self.access.event(ic, "Warning", decision.reason, decision.message)
@@ -288,12 +329,14 @@ class ImmortalController:
 
         self._backoffs[key] = asyncio.get_running_loop().call_later(max(0.05, delay), fire)
 
-    async def guarded(self, key: Key, trigger: str,
-                      pod_event: tuple[str, Mapping[str, Any]] | None = None) -> None:
-        """A pass outside Kopf's retrying handlers (pod events, retries, resync): a failure is logged
-        and retried later with backoff."""
+    async def guarded(self, key: Key, trigger: str, pod_event: tuple[str, Mapping[str, Any]] | None = None,
+                      body: Mapping[str, Any] | None = None) -> None:
+        """A pass from an event, a retry or the resync (Kopf retries none of them): a failure is logged
+        and retried later with backoff. Nothing while Kopf has paused this process (a standby)."""
+        if self.access.paused:
+            return
         try:
-            await self.converge(key, trigger=trigger, pod_event=pod_event)
+            await self.converge(key, body, trigger=trigger, pod_event=pod_event)
         except ApiError as exc:
             metrics.error(OPERATOR, "api")
             logger.warning(f"[{key[0]}/{key[1]}] {trigger}: {exc}; retrying with backoff")

@@ -165,7 +165,9 @@ class RerollerController:
 
     async def guarded(self, key: Key, trigger: str, event_view: logic.WorkloadView | None = None) -> None:
         """One pass outside Kopf's retrying handlers: a failure is logged once and retried later with
-        backoff, never hot."""
+        backoff, never hot. Nothing while Kopf has paused this process (a standby)."""
+        if self.access.paused:
+            return
         try:
             async with self._limit:
                 await self.reconcile(key, trigger, event_view)

@@ -16,6 +16,7 @@ import asyncio
 import concurrent.futures
 import logging
 import re
+import time
 from typing import Any
 
 import kopf
@@ -32,6 +33,51 @@ WORKER_THREADS = 16
 # Kopf's bookkeeping at INFO: one line per handler run, per index update and per processed event,
 # even when nothing changed. Without --verbose they are dropped: the log keeps one line per action the operators take.
 _BOOKKEEPING = re.compile(r"^((Handler|Indexer) '.*' succeeded\.|.* is processed: \d+ succeeded; \d+ failed\.)$")
+
+
+# Kopf's peering (docs/deploy.md, "High availability"): a replica whose entry in the ClusterKopfPeering
+# is older than this is dead to the others. Kopf renews it every lifetime-(5..10) s (at least every
+# 1 s), so a standby acts at most this long after the active replica's last renewal, plus its listing.
+PEERING_LIFETIME_SECONDS = 10
+
+
+class PeeringState(logging.Filter):
+    """Kopf's peering pause, mirrored onto ``Access.paused``: Kopf pauses its own handlers, daemons
+    and watches, but not the operators' own resync loops and timers, nor its Event poster.
+
+    Kopf keeps the pause in a private toggle; its peering logger reports every change of it (the
+    messages below, tested against the installed Kopf in tests/unit/test_peering.py). A filter sees
+    each record first; the INFO ones are created even under --quiet, and shown only at the level the
+    user asked for."""
+
+    LOGGER = "kopf._core.engines.peering"
+    PAUSING = ("Pausing operations in favour of", "Pausing all operators, including self")
+    RESUMING = "Resuming operations after the pause"
+
+    def __init__(self, access: Access, shown_level: int) -> None:
+        super().__init__()
+        self.access = access
+        self.shown_level = shown_level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith(self.PAUSING):
+            self.access.paused = True
+        elif message.startswith(self.RESUMING):
+            self.access.paused = False
+        return record.levelno >= self.shown_level
+
+    @classmethod
+    def follow(cls, settings: kopf.OperatorSettings, access: Access) -> None:
+        # `--peering NAME` (the chart) starts paused until the first look at the peers; auto-detected
+        # peering (`make run`) starts acting; --standalone never pauses.
+        access.paused = bool(settings.peering.mandatory and not settings.peering.standalone)
+        peering_logger = logging.getLogger(cls.LOGGER)
+        for old in [f for f in peering_logger.filters if isinstance(f, cls)]:
+            peering_logger.removeFilter(old)
+        peering_logger.addFilter(cls(access, peering_logger.getEffectiveLevel()))
+        if peering_logger.getEffectiveLevel() > logging.INFO:
+            peering_logger.setLevel(logging.INFO)
 
 
 class QuietBookkeeping(logging.Filter):
@@ -86,6 +132,16 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # A shard (`--namespace` globs) keeps one ClusterKopfPeering of its own instead of a KopfPeering
     # in each namespace it serves: namespaces come and go, and a standby must see its shard as a whole.
     settings.peering.clusterwide = True
+    # Replicas started by the chart get no --priority: equal priorities would pause them all. The
+    # oldest process outranks the newer ones, so a replacement pod stands by instead of taking over,
+    # and an explicit --priority (or --dev, 666) outranks them all.
+    if settings.peering.priority == 0:
+        settings.peering.priority = -(time.time_ns() // 1000)
+    settings.peering.lifetime = PEERING_LIFETIME_SECONDS
+    PeeringState.follow(settings, _access)
+    if not settings.peering.standalone:
+        logger.info("Peering %r: priority %d, lifetime %d s", settings.peering.name, settings.peering.priority,
+                    settings.peering.lifetime)
     if config.shard_count > 1:
         await serve_one_shard(settings, config, _access)
     # Deleting a resource with a timer or daemon: Kopf re-checks whether it has exited this often

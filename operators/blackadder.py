@@ -16,9 +16,16 @@ import kopf
 from kopf_operators import blackadder as logic
 from kopf_operators import runtime
 from kopf_operators.access import ApiError
-from kopf_operators.blackadder_controller import NAMESPACES_INDEX, SOURCES_INDEX, BlackadderController, Logger
+from kopf_operators.blackadder_controller import (
+    NAMESPACES_INDEX,
+    SOURCES_INDEX,
+    BlackadderController,
+    Logger,
+    RevertIncomplete,
+)
 
 RESOURCE = (logic.GROUP, logic.VERSION, logic.PLURAL)
+REVERT_RETRY_SECONDS = 5
 
 
 @kopf.on.startup(id="blackadder-startup")
@@ -55,12 +62,16 @@ async def agent_daemon(body: kopf.Body, stopped: kopf.DaemonStopped, logger: Log
     await memo.blackadder.agent_loop(body, lambda: bool(stopped), stopped.wait, logger)
 
 
-@kopf.on.delete(*RESOURCE, id="blackadder-revert-on-delete", backoff=10)
-async def revert_on_delete(body: kopf.Body, logger: Logger, memo: kopf.Memo, **_: Any) -> None:
+@kopf.on.delete(*RESOURCE, id="blackadder-revert-on-delete", backoff=REVERT_RETRY_SECONDS)
+async def revert_on_delete(body: kopf.Body, logger: Logger, memo: kopf.Memo, retry: int, **_: Any) -> None:
     """Deleting an agent stops it (the daemon) and, unless revertOnDelete: false, undoes what it
-    did (scaled Deployments, overwritten ConfigMaps); then its ledger goes."""
+    did (scaled Deployments, overwritten ConfigMaps); then its ledger goes. A revert that keeps being
+    refused lets go after logic.REVERT_ATTEMPTS tries (the ledger then stays, see the controller)."""
     try:
-        await memo.blackadder.revert_on_delete(body, logger)
+        await memo.blackadder.revert_on_delete(body, logger, attempt=retry)
+    except RevertIncomplete as exc:
+        raise kopf.TemporaryError(f"revert incomplete (attempt {retry + 1} of {logic.REVERT_ATTEMPTS}), "
+                                  f"retrying: {exc}", delay=REVERT_RETRY_SECONDS) from None
     except ApiError as exc:
-        # Always retried (even a refusal): the finalizer must not go while changes may remain.
-        raise kopf.TemporaryError(f"revert failed, retrying: {exc}", delay=10) from None
+        # The ledger could not be read or written: the finalizer must not go while changes may remain.
+        raise kopf.TemporaryError(f"revert failed, retrying: {exc}", delay=REVERT_RETRY_SECONDS) from None

@@ -1,7 +1,8 @@
 """Copyrator: copies labelled ConfigMaps/Secrets into other namespaces, per CopyratorRule.
 
 Thin handlers: indexes and events feed the controller (kopf_operators.copyrator_controller), which
-decides with kopf_operators.copyrator (pure). Kopf keeps state only on the rules (our CRD).
+decides with kopf_operators.copyrator (pure). Kopf keeps state only on the rules (our CRD), in
+annotations: no finalizer (nothing about deleting a rule needs the operator running).
 ConfigMaps, Secrets and Namespaces are watched with ``on.event`` and ``@kopf.index`` only (nothing
 is stored on them). The ConfigMap/Secret streams are shared with the re-roller, so they are not
 label-selected server-side; the copies indexes keep only objects carrying the rule-uid label.
@@ -78,12 +79,14 @@ async def reconcile_rule(body: kopf.Body, reason: Any, memo: kopf.Memo, **_: Any
         raise exc.for_kopf("converging the rule's copies failed", delay=10) from None
 
 
-@kopf.on.delete(*RULES, id="copyrator-delete", backoff=10)
-async def delete_rule(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    try:
-        await memo.copyrator.rule_deleted(body)
-    except ApiError as exc:  # the finalizer stays; Kopf retries in 10 s
-        raise exc.for_kopf("pruning the copies failed", delay=10) from None
+# No on.delete handler, so no finalizer: deleting a rule (or its namespace) never waits for this
+# operator. Its copies are pruned from this event, or, when the operator was down, by the orphan
+# sweep at start and in every resync (the copies carry their rule's uid). A rule left with the
+# finalizer of an older version loses it on the first event Kopf processes for it (Kopf removes its
+# own finalizer when no handler requires it).
+@kopf.on.event(*RULES, id="copyrator-rule-event")
+async def rule_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    await memo.copyrator.rule_event(type, body)
 
 
 # --- watched built-in objects (events only; the controller logs and retries its own failures) ---

@@ -13,7 +13,6 @@ import kopf
 
 from kopf_operators import immortal as logic
 from kopf_operators import runtime
-from kopf_operators.access import ApiError
 from kopf_operators.immortal_controller import OBJECTS_INDEX, PODS_INDEX, ImmortalController
 
 
@@ -41,16 +40,20 @@ def immortal_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, *
     return {(namespace, labels[logic.OWNER_LABEL]): logic.pod_summary(body)}
 
 
-@kopf.on.create(logic.GROUP, logic.PLURAL, id="immortal-create", backoff=2)
-@kopf.on.update(logic.GROUP, logic.PLURAL, field="spec", id="immortal-update", backoff=2)
-@kopf.on.resume(logic.GROUP, logic.PLURAL, id="immortal-resume", backoff=2)
-async def converge(namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+# Events only: Kopf's create/update/resume handlers would keep the last handled spec in an
+# annotation on the object, and annotations cannot exceed 256 KiB (a template of that size then
+# failed every pass with 422). Every event (the initial listing included) runs the same
+# level-triggered pass; a failed pass is retried by the controller with backoff.
+@kopf.on.event(logic.GROUP, logic.PLURAL, id="immortal-event")
+async def object_event(type: str | None, namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo,
+                       **_: Any) -> None:
     if not namespace:
         return
-    try:
-        await memo.immortal.converge((namespace, name), logic.snapshot(body))
-    except ApiError as exc:  # retried by Kopf after the delay, never hot
-        raise exc.for_kopf("converging failed", delay=5) from None
+    key = (namespace, name)
+    if type == "DELETED":
+        await memo.immortal.deleted(key)
+        return
+    await memo.immortal.guarded(key, "object", body=logic.snapshot(body))
 
 
 @kopf.on.event("pods", labels={logic.OWNER_LABEL: kopf.PRESENT}, id="immortal-pod-event")

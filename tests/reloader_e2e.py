@@ -4,7 +4,7 @@
     .venv/bin/python -m tests.reloader_e2e --against=reloader core             # the same, Reloader itself
 
 What it does, per suite:
-1. builds the suite's Ginkgo test binary from Reloader's source (bench/peers.py: the bare git
+1. builds the suite's Ginkgo test binary from Reloader's source (testsupport/peer_build.py: the bare git
    directory left by the search tool's ``fetch github:stakater/Reloader``; the Go module proxy
    refuses Reloader's module, so CI cannot build it and this is a make target, not a pytest test);
 2. puts a ``helm`` shim first on PATH: the suite installs Reloader with ``helm upgrade --install``
@@ -38,7 +38,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -48,8 +47,10 @@ from typing import Any
 
 import yaml
 
-from bench.peers import build_reloader, build_reloader_e2e
-from tests.kube import KUBECONFIG, REPO, helm_binary, wait_for
+from tests.kube import wait_for
+from testsupport import peer_build
+from testsupport.launcher import KopfProcess
+from testsupport.paths import KUBECONFIG, REPO, helm_binary
 
 SUITES = ("core", "annotations", "flags", "advanced", "argo")
 LABEL_FILTER = "!argo && !csi && !openshift"
@@ -232,55 +233,38 @@ class Harness:
         self.workdir = workdir
         self.control = workdir / "control"
         self.control.mkdir(parents=True, exist_ok=True)
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.reloader: peer_build.PeerProcess | None = None
+        self.operator: KopfProcess | None = None
         self.log_path = workdir / "operator.log"
         self.unmapped: set[str] = set()
         self.kubeconfig = Path(os.environ.get("KUBECONFIG", str(KUBECONFIG)))
 
     def start_reloader(self, flags: list[str]) -> None:
         self.stop_operator()
-        binary, _commit = build_reloader()
-        with self.log_path.open("ab") as out:
-            out.write(f"\n===== {binary} {' '.join(flags)}\n".encode())
-            out.flush()
-            self.proc = subprocess.Popen([str(binary), *flags], stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True, env={**os.environ, "KUBECONFIG": str(self.kubeconfig)})
-        time.sleep(3)  # its informers' initial listing (it has no readiness endpoint we could poll here)
+        self.reloader = peer_build.PeerProcess(peer_build.build("reloader").binary, flags,
+                                               {"KUBECONFIG": str(self.kubeconfig)}, peer_build.RELOADER_HEALTH_URL,
+                                               self.log_path)
+        self.reloader.start()
+        time.sleep(3)  # its informers' initial listing (live before they listed)
 
     def start_operator(self, env: dict[str, str], scope: list[str]) -> None:
         self.stop_operator()
-        kopf = Path(sys.executable).parent / "kopf"
-        port = 18080 + os.getpid() % 1000
-        cmd = [str(kopf), "run", "--standalone", "--verbose", *scope, f"--liveness=http://127.0.0.1:{port}/healthz",
-               str(REPO / "operators" / "reroller.py")]
-        with self.log_path.open("ab") as out:
-            out.write(f"\n===== {' '.join(cmd)} env={env}\n".encode())
-            out.flush()
-            self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                         env={**os.environ, "KUBECONFIG": str(self.kubeconfig), **env})
-
-        def healthy() -> bool:
-            import urllib.request
-            assert self.proc is not None and self.proc.poll() is None, f"operator exited; see {self.log_path}"
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as resp:
-                    return bool(resp.status == 200)
-            except OSError:
-                return False
-        wait_for(healthy, timeout=60, interval=0.1, what="our operator healthy")
+        namespaces = [arg.split("=", 1)[1] for arg in scope if arg.startswith("--namespace=")]
+        self.operator = KopfProcess([str(REPO / "operators" / "reroller.py")], self.kubeconfig, self.log_path, env,
+                                    namespaces=namespaces, log_env=True)
+        self.operator.start(timeout=60)
         # Kopf's liveness answers before its initial listings are in; Reloader's chart waits for its
         # informers' sync. Give ours the same head start before the suite goes on.
         time.sleep(SETTLE_SECONDS)
 
     def stop_operator(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.proc = None
+        """Stop whichever runs: our operator or Reloader."""
+        if self.operator is not None:
+            self.operator.stop()
+            self.operator = None
+        if self.reloader is not None:
+            self.reloader.stop(timeout=30)
+            self.reloader = None
 
     def serve(self) -> None:
         """Answer the shim's requests (called in a loop while the suite runs)."""
@@ -310,7 +294,7 @@ class Harness:
 
 
 def run_suite(suite: str, workdir: Path, against: str = "ours") -> dict[str, Any]:
-    binary, tree, commit = build_reloader_e2e(suite)
+    binary, tree, commit = peer_build.build_test("reloader", f"./test/e2e/{suite}/", f"e2e-{suite}")
     harness = Harness(workdir / suite, against)
     report = harness.workdir / "report.json"
     env = {**os.environ, "KUBECONFIG": str(harness.kubeconfig),

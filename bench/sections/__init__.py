@@ -27,7 +27,7 @@ SECTIONS: dict[str, str] = {
     "memory": "memory:run",
     "quiet_logs": "quiet_logs:run",
     "scale": "scale:run",
-    "peers": "peers:run",
+    "peers": "go_peers:run",  # side by side with the Go peers
 }
 
 

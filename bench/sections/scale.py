@@ -31,11 +31,11 @@ from bench.harness import (
     api_per_change,
     log,
     origin,
-    summary,
     within,
 )
 from bench.kube import Watcher, bounded
 from bench.sections.immortal_latency import starts_at
+from testsupport.stats import percentile, summary_ms
 
 RATIO_TARGET = 1.3
 NS_MEMORY_TARGET_MB = 25
@@ -57,7 +57,7 @@ async def run(b: Bench) -> dict[str, Any]:
 
 def cpu_ms(values: list[float]) -> dict[str, float]:
     ms = [v * 1000 for v in values]
-    return {"mean_ms": round(statistics.fmean(ms), 2), "median_ms": round(statistics.median(ms), 2)}
+    return {"mean_ms": round(statistics.fmean(ms), 2), "median_ms": round(percentile(ms, 0.5), 2)}
 
 
 def ratios(levels: list[dict[str, Any]], side: str = "operator") -> dict[str, Any]:
@@ -164,10 +164,10 @@ async def immortal(b: Bench) -> dict[str, Any]:
             entry: dict[str, Any] = {"unrelated_pods": level, "pods_created_s": created_s,
                                      "pods_running_after_s": running_s,
                                      "settled_after_s": round(settled, 1)}
-            entry["floor"] = {"latency": summary(lat["floor"]), "cpu_per_event": cpu_ms(cpu["floor"]),
+            entry["floor"] = {"latency": summary_ms(lat["floor"]), "cpu_per_event": cpu_ms(cpu["floor"]),
                               "rss_mb": floor.p.rss_mb()}
             if op_on and b.operator:
-                entry["operator"] = {"latency": summary(lat["op"]), "cpu_per_event": cpu_ms(cpu["op"]),
+                entry["operator"] = {"latency": summary_ms(lat["op"]), "cpu_per_event": cpu_ms(cpu["op"]),
                                      "api_per_event": api_per_change(audit, events), "rss_mb": b.operator.p.rss_mb()}
             out.append(entry)
             log(f"  scale/immortal @{level}: {entry}")
@@ -287,11 +287,11 @@ async def copyrator(b: Bench) -> dict[str, Any]:
                 made.append(ns)
             entry: dict[str, Any] = {"namespaces": level, "namespaces_created_s": created_s,
                                      "copies_converged_s": copies_s, "settled_after_s": round(settled, 1)}
-            entry["floor"] = {"latency": summary(lat["floor"]), "cpu_per_event": cpu_ms(cpu["floor"]),
+            entry["floor"] = {"latency": summary_ms(lat["floor"]), "cpu_per_event": cpu_ms(cpu["floor"]),
                               "rss_mb": floor.p.rss_mb()}
             if op_on and b.operator:
                 rss = b.operator.p.rss_mb()
-                entry["operator"] = {"latency": summary(lat["op"]), "cpu_per_event": cpu_ms(cpu["op"]),
+                entry["operator"] = {"latency": summary_ms(lat["op"]), "cpu_per_event": cpu_ms(cpu["op"]),
                                      "api_per_event": api_per_change(audit, events), "rss_mb": rss}
                 if base_rss is None:
                     base_rss = rss

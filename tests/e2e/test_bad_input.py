@@ -299,6 +299,15 @@ def workload(ns: str, name: str, annotations: dict[str, str], conf: str = "unrel
                                                            "envFrom": [{"configMapRef": {"name": conf}}]}]}}}}
 
 
+def rolled_out(apps: Any, ns: str, name: str) -> bool:
+    """The Deployment controller has finished with it: its own status writes (each an event the
+    re-roller's handler sees) are over before a quiet window starts counting."""
+    dep = apps.read_namespaced_deployment(name, ns)
+    st = dep.status
+    return bool(st and (st.observed_generation or 0) >= dep.metadata.generation
+                and (st.available_replicas or 0) == dep.spec.replicas == (st.updated_replicas or 0))
+
+
 REROLLER_WARNED: list[tuple[str, dict[str, str]]] = [
     ("reroller-configmap-missing", {rr.CONFIGMAPS: "does-not-exist"}),
     ("reroller-configmap-names-garbage", {rr.CONFIGMAPS: ",, ;;%%,/x/, "}),
@@ -318,6 +327,7 @@ def test_reroller_garbage_names_warn_once(operator: OperatorProcess, core: Any, 
         found = wait_for(lambda: [e for e in warnings(core, scene.ns, name) if e.reason == "SourceMissing"],
                          timeout=20, what="a Warning Event SourceMissing")
         assert len(found[0].message) <= 1024
+        wait_for(lambda: rolled_out(apps, scene.ns, name), what=f"Deployment {name} rolled out")
         quiet(operator, core, scene.ns, name, f"{scene.ns}/{name}")
         dep = apps.read_namespaced_deployment(name, scene.ns)
         assert rr.CONFIG_HASH not in (dep.spec.template.metadata.annotations or {}), "rolled on garbage"

@@ -569,12 +569,20 @@ def test_cluster_wide_replica_cap_and_webhook_notifications(
                              env={"CHAOS_MAX_ADDED_REPLICAS": "3", "CHAOS_WEBHOOK_HOSTS": "127.0.0.1"})
     capped.start()
     agents = Agents(custom)
+    # The URLs live in Secrets in the operator's namespace (key "address"), never in the agent.
+    hooks = logic.ledger_namespace(operator_namespace())
+    kubectl("create", "namespace", hooks, check=False)
+    suffix = namespace[-5:]
+    for secret, host in ((f"allowed-{suffix}", "127.0.0.1"), (f"refused-{suffix}", "localhost")):
+        core.create_namespaced_secret(hooks, {"metadata": {"name": secret},
+                                              "stringData": {"address": f"http://{host}:{port}/hook"}})
     try:
         first = agents.create({"cancerMode": True, "eagerness": 100, "pauseDuration": PAUSE,
-                               "targetNamespaces": [namespace], "webhook": {"url": f"http://127.0.0.1:{port}/hook"}})
+                               "targetNamespaces": [namespace],
+                               "webhook": {"secretRef": {"name": f"allowed-{suffix}"}}})
         second = agents.create({"cancerMode": True, "eagerness": 100, "pauseDuration": PAUSE,
                                 "targetNamespaces": [other_namespace],
-                                "webhook": {"url": f"http://localhost:{port}/hook"}})  # not an allowed host
+                                "webhook": {"secretRef": {"name": f"refused-{suffix}"}}})  # not an allowed host
 
         def added() -> int:
             return replicas(apps, namespace, "a") + replicas(apps, other_namespace, "b") - 4
@@ -598,6 +606,8 @@ def test_cluster_wide_replica_cap_and_webhook_notifications(
             agents.delete(agent)
         capped.stop()
         server.shutdown()
+        for secret in (f"allowed-{suffix}", f"refused-{suffix}"):
+            core.delete_namespaced_secret(secret, hooks)
     assert replicas(apps, namespace, "a") == 2 and replicas(apps, other_namespace, "b") == 2  # reverted
 
 
@@ -633,7 +643,8 @@ def test_ipsum_leaves_copyrator_sources_and_copies_alone_unless_included(
     ('activeWindows: [{from: "09:00"}]', "spec.activeWindows[0].to: Required value"),
     ("podSelector: {matchExpressions: [{key: app, operator: In}]}", "In and NotIn need values"),
     ("namespaceSelector: {matchExpressions: [{key: app, operator: Near, values: [x]}]}", 'supported values: "In"'),
-    ('webhook: {url: "ftp://example.invalid/x"}', "spec.webhook.url: Invalid value"),
+    ('webhook: {url: "https://example.invalid/x?token=t"}', "webhook.url is not accepted"),
+    ("webhook: {secretRef: {name: Bad_Name}}", "spec.webhook.secretRef.name: Invalid value"),
     ("sharedConfigMaps: Maybe", 'supported values: "Skip", "Include"'),
 ])
 def test_bad_guard_fields_are_rejected_with_a_readable_message(crds: None, field: str, needle: str) -> None:

@@ -79,12 +79,15 @@ def condition(custom: kubernetes.client.CustomObjectsApi, namespace: str, name: 
 
 
 def delete_rule(custom: kubernetes.client.CustomObjectsApi, namespace: str, name: str) -> None:
-    """Delete a rule and wait until it is gone (its on.delete handler prunes the copies first)."""
+    """Delete a rule, wait until it is gone, then until its copies are pruned (a rule has no
+    finalizer: the operator prunes its copies from the rule's DELETED event, after the rule is gone)."""
     try:
+        uid = custom.get_namespaced_custom_object(G, V, namespace, P, name)["metadata"]["uid"]
         custom.delete_namespaced_custom_object(G, V, namespace, P, name)
     except kubernetes.client.ApiException as exc:
         if exc.status != 404:
             raise
+        return
 
     def gone() -> bool:
         try:
@@ -96,6 +99,9 @@ def delete_rule(custom: kubernetes.client.CustomObjectsApi, namespace: str, name
         return False
 
     wait_for(gone, timeout=60, what=f"rule {namespace}/{name} to be deleted")
+    core = kubernetes.client.CoreV1Api(custom.api_client)
+    wait_for(lambda: not any(copies(core, kind, f"{logic.RULE_UID_LABEL}={uid}") for kind in ("ConfigMap", "Secret")),
+             timeout=60, what=f"the copies of rule {namespace}/{name} to be pruned")
 
 
 def copies(core: kubernetes.client.CoreV1Api, kind: str = "ConfigMap", selector: str = "") -> dict[str, Any]:

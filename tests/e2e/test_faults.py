@@ -20,6 +20,7 @@ import pytest
 from kopf_operators import copyrator as cr
 from kopf_operators import immortal as ic
 from kopf_operators import reroller as rr
+from kopf_operators import runtime
 from tests.e2e.faultkit import ApiProxy, LogWindow, proxied_kubeconfig, upstream_of
 from tests.kube import CLUSTER_DIR, OperatorProcess, PodCreations, delete_namespaces, stays, wait_for
 
@@ -418,10 +419,10 @@ def test_two_replicas_only_one_acts_and_the_other_takes_over(
         # The active replica dies without a goodbye: the other one takes over once its lease expires.
         high.kill()
         killed = time.monotonic()
-        wait_for(lambda: low_log.lines(RESUMED), timeout=90, interval=0.5,
+        wait_for(lambda: low_log.lines(RESUMED), timeout=30, interval=0.5,
                  what="the remaining replica to take over")
         print(f"takeover {time.monotonic() - killed:.1f}s after SIGKILL of the active replica "
-              f"(Kopf's peering lifetime is 60 s)")
+              f"(peering lifetime {runtime.PEERING_LIFETIME_SECONDS} s)")
         assert delete_counted_pod(custom, core, namespace, names[0])
         make_ics(custom, namespace, ["ic-after"])
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from typing import Any
 
@@ -22,6 +21,7 @@ from tests.kube import (
     stays,
     wait_for,
 )
+from testsupport.stats import percentile
 
 ARTICLE_YAML = (REPO / "manifests" / "examples" / "immortal.yaml").read_text()
 G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL
@@ -290,19 +290,30 @@ def test_crash_between_create_and_status_counts_once(core: Any, custom: Any, nam
 
 def test_sigkill_during_replacements_never_double_counts(core: Any, custom: Any, namespace: str,
                                                          operator: OperatorProcess) -> None:
+    # Ground truth from a pod watch: KWOK sometimes deletes a just-recreated pod, and its replacement
+    # is a real start too (seen in a full run: three pods within 100 ms after one deletion).
+    creations = PodCreations(core, namespace, field_selector="metadata.name=victim-immortalpod")
     create_ic(custom, namespace, "victim")
     pod = wait_pod(core, namespace, "victim-immortalpod")
     wait_counted(custom, namespace, "victim", 1, pod.metadata.uid)
-    uids = {pod.metadata.uid}
     for kill_after in (0.0, 0.02, 0.05, 0.1):
         delete_pod(core, namespace, "victim-immortalpod")
         time.sleep(kill_after)  # land the SIGKILL at different points of the replacement
         operator.kill()
         operator.start()
         pod = wait_pod(core, namespace, "victim-immortalpod", not_uid=pod.metadata.uid)
-        uids.add(pod.metadata.uid)
-        wait_counted(custom, namespace, "victim", len(uids), pod.metadata.uid)
-    stays(lambda: status(custom, namespace, "victim")["startTimes"] == 5, 2, what="five starts, five pods")
+
+    def counted_exactly() -> bool:
+        current = pod_or_none(core, namespace, "victim-immortalpod")
+        created = creations.uids("victim-immortalpod")
+        st = status(custom, namespace, "victim")
+        return (current is not None and bool(created) and created[-1] == current.metadata.uid
+                and st.get("startTimes") == len(created) and st.get("currentPodUID") == created[-1])
+
+    wait_for(counted_exactly, what="every pod created counted once")
+    stays(counted_exactly, 2, what="one start per pod created")
+    creations.stop()
+    assert len(creations.uids("victim-immortalpod")) >= 5
 
 
 # --- bad input -----------------------------------------------------------------------------------
@@ -351,8 +362,8 @@ def test_reaction_time_pod_deleted_to_replacement(core: Any, custom: Any, namesp
     assert len(starts) >= 21
     wait_counted(custom, namespace, "fast", len(starts), pod.metadata.uid)
     latencies.sort()
-    p50 = statistics.median(latencies)
-    p99 = latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))]
+    p50 = percentile(latencies, 0.5)
+    p99 = percentile(latencies, 0.99)
     print(f"\nimmortal reaction (pod deleted -> replacement exists), n={len(latencies)}: "
           f"p50={p50 * 1000:.0f}ms p99={p99 * 1000:.0f}ms max={latencies[-1] * 1000:.0f}ms")
 
@@ -429,7 +440,8 @@ def test_template_refused_by_the_api_server_is_reported_not_retried_hot(
     assert ready(st)["status"] == "False" and "Bad_Name" in ready(st)["message"]
     wait_for(lambda: has_event(core, namespace, "refused", "InvalidTemplate", "Warning"), what="a Warning event")
     assert pod_or_none(core, namespace, "refused-immortalpod") is None
-    assert not [line for line in operator.errors() if "refused" in line], operator.errors()
+    # Only this object's lines: the shared operator log also holds other tests' expected errors.
+    assert not [line for line in operator.errors() if namespace in line], operator.errors()
 
 
 @pytest.mark.parametrize(("spec", "needle"), [

@@ -11,7 +11,6 @@ cluster-scoped, it sees all of, which is why nothing else may run meanwhile.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import threading
@@ -24,12 +23,11 @@ from typing import Any
 import kubernetes
 import pytest
 
+from tests.e2e.realnode import helm, script
 from tests.kube import (
     CLUSTER_DIR,
     REPO,
-    OperatorProcess,
     apply_yaml,
-    helm_binary,
     kubectl,
     stays,
     wait_for,
@@ -47,58 +45,18 @@ POD_CIDR_PREFIX = "10.245.0."
 GRACE = 30  # the pod's terminationGracePeriodSeconds (Kubernetes' default; the chart keeps it)
 
 
-def script(name: str, *args: str, timeout: float = 900) -> str:
-    result = subprocess.run([str(REPO / "cluster" / name), *args], capture_output=True, text=True,
-                            timeout=timeout, env={**os.environ, "CLUSTER_DIR": str(CLUSTER_DIR)})
-    assert result.returncode == 0, f"cluster/{name} {' '.join(args)} failed:\n{result.stderr[-3000:]}"
-    return result.stdout.strip()
-
-
 def podman(*args: str) -> None:
     subprocess.run(["podman", "--cgroup-manager=cgroupfs", "--events-backend=file", *args],
                    check=True, capture_output=True, timeout=300)
 
 
-def helm(*args: str) -> str:
-    result = subprocess.run([str(helm_binary()), *args],
-                            capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "KUBECONFIG": str(CLUSTER_DIR / "kubeconfig")})
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
 @pytest.fixture(scope="module")
-def real_node(cluster: str) -> str:
-    if os.environ.get("REAL_NODE", "auto").lower() in {"0", "no", "false", "off"}:
-        pytest.skip("REAL_NODE=0: this cluster has no real node")
-    if os.geteuid() != 0:
-        pytest.skip("the real node needs root")
-    status = subprocess.run([str(REPO / "cluster" / "node.sh"), "status"], capture_output=True, text=True,
-                            env={**os.environ, "CLUSTER_DIR": str(CLUSTER_DIR)})
-    if status.returncode != 0:
-        owner = script("node.sh", "owner")
-        if owner and owner != str(CLUSTER_DIR) and os.environ.get("REAL_NODE", "auto").lower() != "1":
-            pytest.skip(f"this machine's real node belongs to another cluster ({owner})")
-        pytest.fail(f"the local cluster has no Ready real node:\n{status.stderr}")
-    return NODE
-
-
-@pytest.fixture(scope="module")
-def images(real_node: str) -> tuple[str, str]:
-    """The image built from the Dockerfile here, under two tags, both loaded into the node."""
-    first, second = f"{IMAGE_REPO}:{TAG}", f"{IMAGE_REPO}:{NEXT_TAG}"
-    script("image.sh", "build", first)
-    podman("tag", first, second)
-    for image in (first, second):
-        script("node.sh", "load", image)
-    return first, second
-
-
-@pytest.fixture(scope="module")
-def host_operator_paused(operator_process: OperatorProcess) -> Iterator[None]:
-    operator_process.stop()
-    yield
-    operator_process.start()
+def images(operator_image: str) -> tuple[str, str]:
+    """The image built from the Dockerfile here (once per session), under a second tag too."""
+    second = f"{IMAGE_REPO}:{NEXT_TAG}"
+    podman("tag", operator_image, second)
+    script("node.sh", "load", second)
+    return operator_image, second
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +92,7 @@ metadata:
          "--set", f"image.repository={IMAGE_REPO}", "--set", f"image.tag={TAG}",
          "--set", f"watchNamespaces={{{spaces[0]},{spaces[1]}}}",
          # Not peered with anything: the session's operators are standalone, and this one is alone.
-         "--set", "peering.enabled=false",
+         "--set", "peering.enabled=false", "--set", "replicaCount=1",
          # The chart forces dry-run for every agent; the self-protection test needs real chaos.
          "--set", "operators.blackadder.dryRun=false",
          "--set", "operators.reroller.debounceSeconds=0")

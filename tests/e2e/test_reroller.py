@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import statistics
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -14,7 +13,9 @@ from typing import Any
 import pytest
 
 from kopf_operators import reroller as logic
-from tests.kube import REPO, OperatorProcess, kubectl, stays, wait_for
+from tests.kube import OperatorProcess, kubectl, stays, wait_for
+from testsupport.audit import AuditLog, audit_now
+from testsupport.stats import percentile
 
 AUTO = {logic.AUTO: "true"}
 NGINX_CONF = "events {}\nhttp { server { listen 80; location / { return 200 'v1'; } } }\n"
@@ -356,8 +357,8 @@ def test_reaction_latency(operator: OperatorProcess, namespace: str, core: Any, 
         time.sleep(0.1)  # spread the edits a little, as real ones are
 
     latencies = sorted(patched[name] - edited[name] for name in edited)
-    p50 = statistics.median(latencies)
-    p99 = latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))]
+    p50 = percentile(latencies, 0.5)
+    p99 = percentile(latencies, 0.99)
     print(f"\nreroller reaction (ConfigMap edit -> pod template patched), n={count}: "
           f"p50={p50 * 1000:.0f} ms, p99={p99 * 1000:.0f} ms, max={latencies[-1] * 1000:.0f} ms")
     assert p50 < 1.0, "an isolated change must roll at once, not after a debounce window"
@@ -569,26 +570,13 @@ def test_concurrent_writers_still_roll_exactly_once(operator: OperatorProcess, n
 
 def audit_entries(namespace: str, since: str) -> list[dict[str, Any]]:
     """The operator's requests about ``namespace`` after ``since`` (RFC 3339), from the audit log."""
-    import subprocess
-    path = subprocess.run([str(REPO / "cluster" / "cluster.sh"), "audit-log"], capture_output=True, text=True,
-                          check=True).stdout.strip()
-    entries = []
-    with open(path) as log:
-        for line in log:
-            entry = json.loads(line)
-            ref = entry.get("objectRef") or {}
-            if (entry.get("user", {}).get("username", "").startswith("system:serviceaccount:kopf-operators")
-                    and ref.get("namespace") == namespace and entry.get("requestReceivedTimestamp", "") > since
-                    and ref.get("resource") != "events"):
-                entries.append(entry)
-    return entries
+    return AuditLog().about(namespace, since)
 
 
 def test_requests_per_change_and_quiet_logs(operator: OperatorProcess, namespace: str, core: Any,
                                             apps: Any) -> None:
     """Source edited -> one write per affected workload, no reads; no INFO line for the events that
     change nothing."""
-    import datetime
     if os.environ.get("OPERATOR_IDENTITY", "serviceaccount") == "admin":
         pytest.skip("requests are counted by the operator's ServiceAccount in the audit log")
     configmap(core, namespace, "shared", {"k": "1"})
@@ -598,7 +586,7 @@ def test_requests_per_change_and_quiet_logs(operator: OperatorProcess, namespace
     for name in names:
         baseline(apps, namespace, name)
     time.sleep(1)  # the audit log's timestamps are per request; leave a clear gap before counting
-    since = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    since = audit_now()
     log_start = len(operator.output())
 
     # Events that change nothing: metadata-only edits of the source and the workloads, re-applies.

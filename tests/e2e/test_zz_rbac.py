@@ -8,14 +8,12 @@ calls with the ClusterRole rendered from the chart.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-from pathlib import Path
 
 import pytest
 
-from tests.kube import E2E_RELEASE, REPO, chart_objects
+from tests.kube import E2E_RELEASE, chart_objects
+from testsupport.audit import AuditLog, resource_of
 
 Permission = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 
@@ -33,30 +31,19 @@ def granted() -> set[Permission]:
     return perms
 
 
-def audit_log() -> Path:
-    out = subprocess.run([str(REPO / "cluster" / "cluster.sh"), "audit-log"], capture_output=True, text=True,
-                         check=True)
-    return Path(out.stdout.strip())
-
-
 def used(username: str) -> tuple[set[Permission], list[str]]:
     calls: set[Permission] = set()
     refused: list[str] = []
-    with audit_log().open() as log:
-        for line in log:
-            entry = json.loads(line)
-            if entry.get("user", {}).get("username") != username or "objectRef" not in entry:
-                continue
-            ref = entry["objectRef"]
-            resource = ref.get("resource", "")
-            if ref.get("subresource"):
-                resource += "/" + ref["subresource"]
-            perm = (ref.get("apiGroup", ""), resource, entry["verb"])
-            # RBAC's own verdict; a 403 from admission (say, a namespace being terminated) is not one.
-            if entry.get("annotations", {}).get("authorization.k8s.io/decision") == "forbid":
-                refused.append(f"{perm}: {entry.get('responseStatus', {}).get('message', '')}")
-            else:
-                calls.add(perm)
+    for entry in AuditLog().entries():
+        if entry.get("user", {}).get("username") != username or "objectRef" not in entry:
+            continue
+        ref = entry["objectRef"]
+        perm = (ref.get("apiGroup", ""), resource_of(entry), entry["verb"])
+        # RBAC's own verdict; a 403 from admission (say, a namespace being terminated) is not one.
+        if entry.get("annotations", {}).get("authorization.k8s.io/decision") == "forbid":
+            refused.append(f"{perm}: {entry.get('responseStatus', {}).get('message', '')}")
+        else:
+            calls.add(perm)
     return calls, refused
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import re
 import zoneinfo
 from typing import Any
 
@@ -344,3 +345,83 @@ def test_malformed_copyrator_rules_name_no_sources_and_never_raise(namespace: ob
     rule = {"spec": {"ruleType": "configmap", "selector": {"copy": "yes"}, "namespace": namespace}}
     sources = logic.copyrator_sources(rule)
     assert sources == ([{"namespace": "ok", "selector": {"copy": "yes"}}] if namespace == [1, "ok"] else [])
+
+
+def kstatus_triad(status: dict[str, Any]) -> tuple[str, str, str]:
+    conds = {c["type"]: c["status"] for c in status["conditions"]}
+    return conds["Ready"], conds["Reconciling"], conds["Stalled"]
+
+
+@pytest.mark.parametrize(("ready", "reason", "stalled", "expected"), [
+    (True, "Paused", None, ("True", "False", "False")),  # idle by design
+    (True, "OutsideWindow", None, ("True", "False", "False")),
+    (True, "Reverted", None, ("True", "False", "False")),
+    (False, "InvalidSpec", None, ("False", "False", "True")),  # an unknown timeZone: a person must fix it
+    (False, "CycleFailed", False, ("False", "True", "False")),  # the next cycle retries
+    (False, "CycleFailed", True, ("False", "False", "True")),  # refused by the API server (403...)
+])
+def test_agent_conditions_follow_kstatus(ready: bool, reason: str, stalled: bool | None,
+                                         expected: tuple[str, str, str]) -> None:
+    status = logic.simple_status([], AgentSettings(), 4, ready, reason, "why", stalled=stalled)
+    assert kstatus_triad(status) == expected
+    assert status["observedGeneration"] == 4
+
+
+def test_a_cycle_that_succeeded_is_ready() -> None:
+    ledger = {"cycle": 3, "lastCycleAt": "T", "counts": {}, "wouldBe": {}}
+    status = logic.cycle_status([], AgentSettings(dry_run=True), 2, ledger, {"pods": 1}, 0, {"pods": 2}, "ns/l")
+    assert kstatus_triad(status) == ("True", "False", "False")
+
+
+# --- issues #18 and #20 -------------------------------------------------------------------------------
+
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+@pytest.mark.parametrize("length", [1, 63, 64, 235, 236, 253])
+def test_ledger_names_and_labels_fit_the_api_for_every_agent_name(length: int) -> None:
+    for agent in ("a" * length, ("ab." * 100)[:length - 1] + "z", ("a-" * 130)[:length - 1] + "z"):
+        name, label = logic.ledger_name(agent), logic.ledger_label(agent)
+        assert len(name) <= 253 and DNS_SUBDOMAIN.match(name), name
+        assert len(label) <= 63 and LABEL_VALUE.match(label), label
+        if length <= 235:
+            assert name == f"blackadder-ledger-{agent}"  # unchanged for every name that fits
+        if length <= 63:
+            assert label == agent
+    assert logic.ledger_name("x" * 240 + "a") != logic.ledger_name("x" * 240 + "b")
+    assert logic.ledger_label("x" * 70 + "a") != logic.ledger_label("x" * 70 + "b")
+
+
+def test_kill_switch_and_emergency_stops() -> None:
+    assert not logic.kill_switch_on({}, False) and not logic.kill_switch_on(None, False)
+    assert logic.kill_switch_on({logic.KILL_SWITCH_LABEL: "true"}, False)
+    assert not logic.kill_switch_on({logic.KILL_SWITCH_LABEL: "false"}, False)
+    assert logic.kill_switch_on({}, True)  # CHAOS_STOP_ALL
+    assert logic.Settings.from_env({"CHAOS_STOP_ALL": "true"}).stop_all
+    settings = logic.AgentSettings(cancer=True, eagerness=100)
+    assert logic.cycle_step(settings, 0, kill_switch=True) == logic.STOPPED_STEP
+    assert logic.cycle_step(dataclasses.replace(settings, revert=True), 0, kill_switch=True) == logic.REVERT_STEP
+    assert not logic.must_halt(settings, False)
+    assert logic.must_halt(settings, True)
+    assert logic.must_halt(dataclasses.replace(settings, paused=True), False)
+    assert logic.must_halt(dataclasses.replace(settings, revert=True), False)
+
+
+def test_webhook_comes_from_a_secret_reference_never_an_inline_url() -> None:
+    spec = {"eagerness": 1, "webhook": {"secretRef": {"name": "hook"}}}
+    assert logic.settings_from_spec(spec).webhook_secret == "hook"
+    inline = {"eagerness": 1, "webhook": {"url": "https://example.invalid/x?token=secret"}}
+    assert logic.settings_from_spec(inline).webhook_secret == ""
+    assert "token=" not in repr(logic.settings_from_spec(inline))
+
+
+def test_an_edit_mid_cycle_keeps_only_actions_the_live_spec_still_wants() -> None:
+    planned = logic.AgentSettings(ipsum=True, cancer=True, eagerness=100, targets=("a", "b"))
+    assert logic.still_wanted(planned, planned, logic.IPSUM, "b", "")
+    assert not logic.still_wanted(dataclasses.replace(planned, targets=("a",)), planned, logic.IPSUM, "b", "")
+    assert not logic.still_wanted(dataclasses.replace(planned, excluded=("b",)), planned, logic.IPSUM, "b", "")
+    assert not logic.still_wanted(dataclasses.replace(planned, ipsum=False), planned, logic.IPSUM, "a", "")
+    assert logic.still_wanted(dataclasses.replace(planned, ipsum=False), planned, logic.CANCER, "a", "")
+    assert not logic.still_wanted(dataclasses.replace(planned, dry_run=True), planned, logic.CANCER, "a", "")
+    assert not logic.still_wanted(planned, planned, logic.IPSUM, "kube-system", "")  # the deny-list, always

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from kopf_operators.common import Config, matches_label_selector, set_condition, stable_hash
+from kopf_operators.common import (
+    Config,
+    kstatus_conditions,
+    matches_label_selector,
+    set_condition,
+    stable_hash,
+    stall_event,
+)
 
 
 def test_config_defaults() -> None:
@@ -55,3 +62,31 @@ def test_label_selector_semantics() -> None:
                                                                      "values": ["web"]}]})
     assert not matches_label_selector(labels, {"matchExpressions": [{"key": "x", "operator": "Exists"}]})
     assert matches_label_selector(labels, {"matchExpressions": [{"key": "x", "operator": "DoesNotExist"}]})
+
+
+def by_type(conditions: list[dict[str, object]]) -> dict[object, object]:
+    return {c["type"]: c["status"] for c in conditions}
+
+
+def test_kstatus_conditions_make_exactly_one_of_ready_reconciling_stalled_true() -> None:
+    assert by_type(kstatus_conditions([], ready=True, stalled=False, reason="R", message="m")) == {
+        "Ready": "True", "Reconciling": "False", "Stalled": "False"}
+    assert by_type(kstatus_conditions([], ready=False, stalled=False, reason="R", message="m")) == {
+        "Ready": "False", "Reconciling": "True", "Stalled": "False"}
+    assert by_type(kstatus_conditions([], ready=False, stalled=True, reason="R", message="m")) == {
+        "Ready": "False", "Reconciling": "False", "Stalled": "True"}
+    with pytest.raises(ValueError):
+        kstatus_conditions([], ready=True, stalled=True, reason="R", message="m")
+
+
+def test_stall_event_on_transitions_only() -> None:
+    working = kstatus_conditions([], ready=True, stalled=False, reason="Fine", message="ok")
+    stuck = kstatus_conditions(working, ready=False, stalled=True, reason="ForeignPod", message="pod x is in the way")
+    assert stall_event(working, stuck) == ("Warning", "Stalled", "ForeignPod: pod x is in the way")
+    assert stall_event([], stuck) == ("Warning", "Stalled", "ForeignPod: pod x is in the way")
+    assert stall_event(stuck, stuck) is None  # still stalled for the same reason: no new Event
+    other = kstatus_conditions(stuck, ready=False, stalled=True, reason="InvalidTemplate", message="refused")
+    assert stall_event(stuck, other) == ("Warning", "Stalled", "InvalidTemplate: refused")
+    recovered = stall_event(stuck, working)
+    assert recovered is not None and recovered[:2] == ("Normal", "Recovered")
+    assert stall_event(working, working) is None and stall_event([], working) is None

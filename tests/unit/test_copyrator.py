@@ -336,7 +336,11 @@ def test_status_counts_conditions_and_stability() -> None:
     status = logic.build_status(rule, None, tally, now="T1")
     assert (status["desired"], status["copied"], status["conflicted"], status["observedGeneration"]) == (2, 1, 1, 3)
     conds = {c["type"]: c for c in status["conditions"]}
-    assert conds["Ready"]["status"] == "True" and conds["Conflict"]["status"] == "True"
+    # One of two wanted copies is blocked by someone else's object: not Ready, and only a person can
+    # clear the way (kstatus: Failed), with the object named.
+    assert conds["Ready"]["status"] == "False" and conds["Conflict"]["status"] == "True"
+    assert conds["Stalled"]["status"] == "True" and conds["Stalled"]["reason"] == "ForeignObject"
+    assert "b/settings" in conds["Stalled"]["message"] and conds["Reconciling"]["status"] == "False"
     assert "b/settings" in conds["Conflict"]["message"] and conds["Refused"]["status"] == "False"
     # The same observation later is not a change: nothing to write.
     again = logic.build_status(rule, status, tally, now="T2")
@@ -349,11 +353,26 @@ def test_missing_consent_and_invalid_status() -> None:
     assert problem
     status = logic.build_status(rule, None, logic.Tally(sources=1, targets=1, refusals=[problem]))
     conds = {c["type"]: c for c in status["conditions"]}
-    assert conds["Refused"]["status"] == "True" and conds["Ready"]["reason"] == "Refused"
+    assert conds["Refused"]["status"] == "True" and conds["Ready"]["status"] == "False"
+    assert (conds["Stalled"]["status"], conds["Stalled"]["reason"]) == ("True", "Refused")
     assert "elsewhere/settings" in conds["Refused"]["message"] and status["refused"] == [problem]
     invalid = logic.build_status(rule, None, problem=logic.RuleError("bad"))
-    assert {c["type"]: c for c in invalid["conditions"]}["Ready"]["reason"] == "Invalid"
+    conds = {c["type"]: c for c in invalid["conditions"]}
+    assert conds["Ready"]["reason"] == "Invalid" and conds["Stalled"]["status"] == "True"
+    assert conds["Stalled"]["message"] == "bad" and conds["Reconciling"]["status"] == "False"
     assert "copied" not in invalid
+
+
+def test_a_copy_the_api_server_refuses_is_reported_not_called_a_retry() -> None:
+    """Issue #20: a copy over the API's limits (say, copied annotations over 256 KiB) is not retried
+    with backoff; status says which copy and why."""
+    rule = make_rule()
+    why = "ConfigMap a/full: HTTP 422 Unprocessable Entity (metadata.annotations: Too long)"
+    status = logic.build_status(rule, None, logic.Tally(sources=2, desired=2, copied=1, targets=1,
+                                                        rejected=[why], failed=0))
+    ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "CopyRefused")
+    assert why in ready["message"] and "retrying" not in ready["message"]
 
 
 def test_settings_from_env() -> None:
@@ -362,3 +381,63 @@ def test_settings_from_env() -> None:
     assert settings.allow_cross_namespace and settings.resync_seconds == 2
     with pytest.raises(ValueError, match="COPYRATOR_ALLOW_CROSS_NAMESPACE"):
         logic.Settings.from_env({"COPYRATOR_ALLOW_CROSS_NAMESPACE": "maybe"})
+
+
+@pytest.mark.parametrize(("tally", "expected"), [
+    (logic.Tally(sources=1, desired=2, copied=2, targets=2), ("True", "False", "False", "Synced")),
+    # Consent withholds a target: not a wanted copy, so still Ready.
+    (logic.Tally(sources=1, desired=1, copied=1, targets=2, withheld=1), ("True", "False", "False", "Synced")),
+    (logic.Tally(sources=0, desired=0, copied=0, targets=2), ("True", "False", "False", "Synced")),
+    (logic.Tally(sources=1, desired=2, copied=1, targets=2), ("False", "True", "False", "Syncing")),
+    (logic.Tally(sources=1, desired=2, copied=1, targets=2, failed=1), ("False", "True", "False", "SyncFailed")),
+    (logic.Tally(sources=1, desired=2, copied=1, targets=2, conflicts=["b/x"]),
+     ("False", "False", "True", "ForeignObject")),
+    (logic.Tally(sources=1, targets=1, refusals=["no consent"]), ("False", "False", "True", "Refused")),
+])
+def test_ready_only_when_every_wanted_copy_is_in_sync(tally: logic.Tally, expected: tuple[str, ...]) -> None:
+    conds = {c["type"]: c for c in logic.build_status(make_rule(), None, tally)["conditions"]}
+    ready, reconciling, stalled = (conds[t] for t in ("Ready", "Reconciling", "Stalled"))
+    assert (ready["status"], reconciling["status"], stalled["status"], ready["reason"]) == expected
+    assert ready["reason"] == reconciling["reason"] == stalled["reason"]
+
+
+# --- orphans: copies of a rule that is gone (no finalizer on rules) ------------------------------------
+
+
+def test_a_copy_names_its_rule() -> None:
+    rule = make_rule()
+    view = view_of(rule, cm("settings"), "a")
+    assert (view.rule_uid, view.rule) == (UID, "default/main-rule")
+    assert logic.split_rule_key(view.rule) == ("default", "main-rule")
+
+
+@pytest.mark.parametrize("key", ["", "default", "default/", "/main-rule", "Default/x", "a/b/c"])
+def test_a_malformed_rule_key_names_no_rule(key: str) -> None:
+    assert logic.split_rule_key(key) is None
+
+
+def test_orphan_suspects_are_the_copies_of_rules_not_alive_here() -> None:
+    live, gone = make_rule(), logic.parse_rule({**rule_body(), "metadata": {
+        "name": "old", "namespace": "team", "uid": "gone-uid", "generation": 1}})
+    hand_made = logic.copy_view({**copy_of(gone, cm("x"), "b"), "metadata": {
+        **copy_of(gone, cm("x"), "b")["metadata"], "annotations": {}}})
+    copies = {UID: [view_of(live, cm("settings"), "a")],
+              "gone-uid": [hand_made, view_of(gone, cm("x"), "a")],
+              "no-key-uid": [hand_made]}
+    suspects = logic.orphan_suspects(copies, {UID})
+    # A live rule's copies are never suspects; a gone rule is named by any of its copies that says.
+    assert suspects == {"gone-uid": "team/old", "no-key-uid": ""}
+    assert logic.orphan_suspects(copies, {UID, "gone-uid", "no-key-uid"}) == {}
+
+
+def test_a_rule_is_gone_only_when_no_object_with_its_uid_lives() -> None:
+    def listed(uid: str, deleting: bool = False) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": "old", "namespace": "team", "uid": uid}
+        if deleting:
+            meta["deletionTimestamp"] = "2026-11-24T00:00:00Z"
+        return {"metadata": meta}
+
+    assert logic.rule_gone("u1", [])  # deleted
+    assert logic.rule_gone("u1", [listed("u2")])  # deleted and re-created: a successor, not our rule
+    assert logic.rule_gone("u1", [listed("u1", deleting=True)])  # held by someone else's finalizer
+    assert not logic.rule_gone("u1", [listed("u1")])  # alive (another shard serves it)

@@ -20,7 +20,7 @@ IC: dict[str, Any] = {
 
 def view(**kw: Any) -> logic.PodView:
     base: dict[str, Any] = dict(name="example-immortalcontainer-immortalpod", uid="pod-1", owned=True,
-                                image="nginx:latest", phase="Running", terminating=False)
+                                image="nginx:latest", phase="Running", terminating=False, ready=True)
     base.update(kw)
     return logic.PodView(**base)
 
@@ -72,7 +72,8 @@ def test_observe_pod_ownership_by_controller_uid() -> None:
     (view(phase="Failed", reason="Evicted"), logic.Action.DELETE, "PodEnded"),
     (view(image="nginx:1.0"), logic.Action.DELETE, "ImageChanged"),
     (view(phase="Pending"), logic.Action.NONE, "PodStarting"),
-    (view(), logic.Action.NONE, "PodRunning"),
+    (view(phase="Running", ready=False), logic.Action.NONE, "PodNotReady"),  # Running is not enough
+    (view(), logic.Action.NONE, "PodReady"),
 ])
 def test_decide(pod: logic.PodView | None, action: logic.Action, reason: str) -> None:
     d = logic.decide("nginx:latest", pod)
@@ -106,9 +107,11 @@ def test_next_status_ready_and_generation() -> None:
     assert st["currentPod"] == "example-immortalcontainer-immortalpod"
     assert st["startTimes"] == 1 and st["currentPodUID"] == "pod-1"
     assert st["observedGeneration"] == 3
-    [ready] = st["conditions"]
-    assert ready["type"] == "Ready" and ready["status"] == "True" and ready["reason"] == "PodRunning"
+    conds = {c["type"]: c for c in st["conditions"]}
+    ready = conds["Ready"]
+    assert ready["status"] == "True" and ready["reason"] == "PodReady"
     assert ready["lastTransitionTime"] == "T1" and ready["observedGeneration"] == 3
+    assert conds["Reconciling"]["status"] == conds["Stalled"]["status"] == "False"
     # Converged: a second pass changes nothing, so nothing is written.
     again = logic.next_status(st, 3, view(), logic.decide("nginx:latest", view()), now="T2")
     assert not logic.status_changed(st, again)
@@ -116,8 +119,10 @@ def test_next_status_ready_and_generation() -> None:
     foreign = view(uid="f", owned=False)
     blocked = logic.next_status(st, 3, foreign, logic.decide("nginx:latest", foreign), now="T3")
     assert blocked["startTimes"] == 1 and blocked["currentPod"] == st["currentPod"]
-    [cond] = blocked["conditions"]
-    assert cond["status"] == "False" and cond["reason"] == "ForeignPod"
+    conds = {c["type"]: c for c in blocked["conditions"]}
+    assert conds["Ready"]["status"] == "False" and conds["Ready"]["reason"] == "ForeignPod"
+    # A foreign pod is never touched: only a person can clear the way (kstatus: Failed).
+    assert conds["Stalled"]["status"] == "True" and conds["Reconciling"]["status"] == "False"
     assert logic.status_changed(st, blocked)
     assert logic.ready_reason(blocked) == "ForeignPod"
 
@@ -227,6 +232,55 @@ def test_decide_first_end_at_once_then_backoff_until_due() -> None:
     assert created["backoff"]["nextAttempt"] is None and created["backoff"]["failures"] == 2
 
 
+def test_a_spec_change_ends_the_backoff_and_starts_the_count_again() -> None:
+    """Issue #20: a fix must not wait out the backoff of the spec that crashed."""
+    state: dict[str, Any] = {}
+    for uid in ("a", "b", "c"):
+        state = logic.observe_end(state, ended(uid, template_hash="h1"), NOW)
+    assert (state["failures"], state["delaySeconds"], state["templateHash"]) == (3, 20, "h1")
+    crashed = ended("c", template_hash="h1")
+    assert logic.decide("nginx:latest", crashed, "h1", state, NOW).action is logic.Action.BACKOFF
+    fixed = logic.decide("nginx:latest", crashed, "h2", state, NOW)  # the template was fixed
+    assert (fixed.action, fixed.reason) == (logic.Action.DELETE, "TemplateChanged")
+    assert "at once" in fixed.message
+    image_fix = logic.decide("busybox:1.36", crashed, None, state, NOW)  # the image was fixed
+    assert (image_fix.action, image_fix.reason) == (logic.Action.DELETE, "ImageChanged")
+    # The pod of the new spec ending is the first end of that spec: replaced at once.
+    state = logic.observe_end(state, ended("d", template_hash="h2"), NOW)
+    assert (state["failures"], state["delaySeconds"], state["templateHash"]) == (1, 0, "h2")
+    # Pods without a digest (from before templates) keep counting.
+    legacy = logic.observe_end(state, ended("e"), NOW)
+    assert legacy["failures"] == 2
+
+
+@pytest.mark.parametrize(("status", "message", "refuses"), [
+    (422, 'Pod "x" is invalid: spec.containers[0].name: Invalid value: "Bad_Name"', True),
+    (400, "bad request", True),
+    (403, 'pods "x" is forbidden: violates PodSecurity "restricted:latest": runAsNonRoot != true', True),
+    (403, 'pods "x" is forbidden: error looking up service account ns/missing', True),
+    (403, 'admission webhook "deny.example.com" denied the request: no', True),
+    (403, 'pods "x" is forbidden: exceeded quota: pods, requested: pods=1, used: pods=1, limited: pods=1',
+     False),
+    (403, 'pods is forbidden: User "system:serviceaccount:x:y" cannot create resource "pods"', False),
+    (403, "unable to create new content in namespace x because it is being terminated", False),
+    (409, "already exists", False),
+    (500, "etcd timeout", False),
+    (None, "", False),
+])
+def test_which_answers_refuse_the_pod_itself(status: int | None, message: str, refuses: bool) -> None:
+    assert logic.refuses_pod(status, message) is refuses
+
+
+def test_a_refused_replacement_is_reported_while_the_pod_keeps_running() -> None:
+    decision = logic.refused(view(), 'Pod "x" is invalid: Bad_Name')
+    assert (decision.action, decision.reason) == (logic.Action.REFUSED, "TemplateRefused")
+    assert "keeps running" in decision.message and "Bad_Name" in decision.message
+    st = logic.next_status({}, 4, view(), decision)
+    cond = st["conditions"][0]
+    assert (cond["status"], cond["reason"], cond["observedGeneration"]) == ("False", "TemplateRefused", 4)
+    assert st["currentPod"] == view().name  # the pod that keeps running is still ours, counted
+
+
 def test_status_shows_the_containers_restart_count() -> None:
     summary = logic.pod_summary({"metadata": {"name": "x", "uid": "u"}, "spec": {"containers": []},
                                  "status": {"phase": "Running", "containerStatuses": [{"restartCount": 2},
@@ -257,3 +311,116 @@ def test_a_late_event_of_a_replaced_pod_never_counts_as_a_new_start() -> None:
     assert late is not None and late.uid == "new"
     assert controller._pod(key, ic, ("ADDED", pod("new", 13))).uid == "new"  # type: ignore[union-attr]
     assert controller._pod(key, ic, ("DELETED", pod("old", 12))).uid == "new"  # type: ignore[union-attr]
+
+
+def kstatus(conditions: list[dict[str, Any]]) -> tuple[str, str, str]:
+    by_type = {c["type"]: c["status"] for c in conditions}
+    return by_type["Ready"], by_type["Reconciling"], by_type["Stalled"]
+
+
+@pytest.mark.parametrize(("pod", "expected"), [
+    (view(), ("True", "False", "False")),  # the pod is Ready: the object does its job
+    (view(ready=False), ("False", "True", "False")),  # Running, readiness probe failing: not yet
+    (view(phase="Pending", ready=False), ("False", "True", "False")),
+    (None, ("False", "True", "False")),  # creating
+    (view(phase="Failed"), ("False", "True", "False")),  # replaced by the operator, no person needed
+    (view(terminating=True), ("False", "True", "False")),
+    (view(owned=False), ("False", "False", "True")),  # someone else's pod in the way
+])
+def test_conditions_follow_kstatus(pod: logic.PodView | None, expected: tuple[str, str, str]) -> None:
+    status = logic.next_status({}, 2, pod, logic.decide("nginx:latest", pod))
+    assert kstatus(status["conditions"]) == expected
+    assert all(c["observedGeneration"] == 2 for c in status["conditions"])
+
+
+def test_refused_template_stalls_with_the_api_servers_words() -> None:
+    refused = logic.Decision(logic.Action.INVALID, "InvalidTemplate", "the API server refuses the pod: bad name")
+    status = logic.next_status({}, 1, None, refused)
+    assert kstatus(status["conditions"]) == ("False", "False", "True")
+    stalled = next(c for c in status["conditions"] if c["type"] == "Stalled")
+    assert (stalled["reason"], stalled["message"]) == ("InvalidTemplate", "the API server refuses the pod: bad name")
+
+
+def test_pod_readiness_survives_the_index_summary() -> None:
+    pod: dict[str, Any] = {
+        "metadata": {"name": "x-immortalpod", "uid": "u", "ownerReferences": [{"uid": "ic-uid", "controller": True}]},
+        "spec": {"containers": [{"name": "acontainer", "image": "img"}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]}}
+    for body in (pod, logic.pod_summary(pod)):
+        observed = logic.observe_pod(body, "ic-uid")
+        assert observed is not None and not observed.ready
+    ready = {**pod, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+    for body in (ready, logic.pod_summary(ready)):
+        observed = logic.observe_pod(body, "ic-uid")
+        assert observed is not None and observed.ready
+
+
+class FakeAccess:
+    """The access layer's surface the immortal controller uses, recording writes (controller logic
+    only; behaviour against the API server is in tests/e2e)."""
+
+    def __init__(self, refuse: bool, ic: dict[str, Any]) -> None:
+        self.refuse = refuse
+        self.ic = ic
+        self.calls: list[tuple[str, bool]] = []
+
+    def serialised(self, key: Any) -> Any:
+        import contextlib
+
+        @contextlib.asynccontextmanager
+        async def hold() -> Any:
+            yield
+
+        return hold()
+
+    async def create(self, kind: Any, body: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any] | None:
+        from kopf_operators.access import ApiError
+
+        self.calls.append(("create", dry_run))
+        if self.refuse:
+            raise ApiError(422, "Unprocessable Entity", 'Pod "x" is invalid: Bad_Name')
+        return None if dry_run else body
+
+    async def delete(self, *args: Any, **kwargs: Any) -> bool:
+        self.calls.append(("delete", False))
+        return True
+
+    async def patch_status(self, kind: Any, namespace: str, name: str, status: dict[str, Any],
+                           resource_version: str | None = None) -> dict[str, Any]:
+        self.calls.append(("patch-status", False))
+        return {**self.ic, "metadata": {**self.ic["metadata"], "resourceVersion": "99"}, "status": status}
+
+    def event(self, body: Any, type_: str, reason: str, message: str) -> None:
+        self.calls.append((f"event {reason}", False))
+
+
+@pytest.mark.parametrize("refuse", [True, False])
+def test_a_running_pod_is_deleted_only_after_the_dry_run_accepts_its_replacement(refuse: bool) -> None:
+    """Issue #20: the dry run comes before the delete; a refused spec is asked about once per spec
+    (pod events do not repeat it), the periodic sweep asks again."""
+    import asyncio
+
+    from kopf_operators.immortal_controller import ImmortalController
+
+    key = ("ns1", "example-immortalcontainer")
+    ic = {**IC, "metadata": {**IC["metadata"], "resourceVersion": "5"}, "spec": {"image": "nginx:2"}}
+    running = logic.pod_summary({"metadata": {"name": "example-immortalcontainer-immortalpod", "uid": "pod-1",
+                                              "resourceVersion": "4",
+                                              "ownerReferences": [{"controller": True, "uid": "ic-uid"}]},
+                                 "spec": {"containers": [{"name": "acontainer", "image": "nginx:1"}]},
+                                 "status": {"phase": "Running"}})
+    access = FakeAccess(refuse, ic)
+    controller = ImmortalController(access, objects={key: [logic.snapshot(ic)]}, pods={key: [running]})  # type: ignore[arg-type]
+
+    async def passes() -> list[logic.Decision | None]:
+        return [await controller.converge(key, trigger=trigger) for trigger in ("object", "pod modified", "resync")]
+
+    decisions = asyncio.run(passes())
+    if refuse:
+        assert [d.reason for d in decisions if d] == ["TemplateRefused"] * 3
+        assert [c for c in access.calls if c[0] in ("create", "delete")] == [("create", True), ("create", True)]
+        events = [c[0] for c in access.calls if c[0].startswith("event")]
+        assert sorted(events) == ["event Stalled", "event TemplateRefused"]  # once per episode
+    else:
+        assert decisions[0] is not None and decisions[0].reason == "ImageChanged"
+        assert access.calls[:2] == [("create", True), ("delete", False)]

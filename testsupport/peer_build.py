@@ -1,6 +1,7 @@
-"""Go peers built from source for the side-by-side benchmarks: stakater Reloader, mittwald replicator.
+"""Go peers built from source, for the side-by-side benchmarks (bench/sections/go_peers.py, bench/reloader_bench.py)
+and Reloader's own e2e suites (tests/reloader_e2e.py): stakater Reloader, mittwald kubernetes-replicator.
 
-    .venv/bin/python -m bench.gopeers            # build (or find cached) every peer; print commit and binary
+    .venv/bin/python -m testsupport.peer_build         # build (or find cached) every peer; print commit and binary
 
 Where the source comes from, first found wins:
   1. $BENCH_PEER_SOURCE_<NAME> (a git directory, bare or not), e.g. BENCH_PEER_SOURCE_RELOADER;
@@ -24,9 +25,11 @@ import dataclasses
 import fcntl
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 CACHE = Path(os.environ.get("KOPF_OPERATORS_CACHE", Path.home() / ".cache" / "kopf-operators")) / "peers"
@@ -155,7 +158,7 @@ def _build_tree(peer: Peer, d: Path, commit: str, git_dir: Path | None, where: s
         env = {**os.environ, "GOTOOLCHAIN": "local", "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"}
         started = time.monotonic()
         if log:
-            print(f"[gopeers] building {peer.repo}@{commit[:12]} in {d} (go mod download + go build; "
+            print(f"[peer_build] building {peer.repo}@{commit[:12]} in {d} (go mod download + go build; "
                   "a few minutes the first time)", file=sys.stderr, flush=True)
         with open(d / "build.log", "ab") as out:
             def go(*args: str) -> None:
@@ -173,12 +176,85 @@ def _build_tree(peer: Peer, d: Path, commit: str, git_dir: Path | None, where: s
                     go("mod", "download", f"{module}@{instead}")
             go("build", "-trimpath", "-ldflags=-s -w", "-o", str(binary), ".")
         if log:
-            print(f"[gopeers] built {binary} in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+            print(f"[peer_build] built {binary} in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
         return Built(peer.name, peer.repo, commit, binary, True, where)
 
 
+def build_test(name: str, package: str, output: str) -> tuple[Path, Path, str]:
+    """``go test -c`` of one package of a peer's source (e.g. Reloader's e2e suite ``./test/e2e/core/``),
+    cached next to its binary: (test binary, source tree, commit). The tree comes from :func:`build`."""
+    built = build(name)
+    d = built.binary.parent.parent
+    src, binary = d / "src", d / "bin" / output
+    if not (src / "go.mod").is_file():
+        raise PeerUnavailable(f"no source tree for {built.describe()} (only a cached binary)")
+    with open(d / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not binary.is_file():
+            print(f"[peer_build] go test -c {package} ({built.repo}@{built.commit[:12]})", file=sys.stderr, flush=True)
+            env = {**os.environ, "GOTOOLCHAIN": "local", "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"}
+            with open(d / "build.log", "ab") as out:
+                res = subprocess.run(["go", "test", "-c", "-o", str(binary), package], cwd=src, env=env, stdout=out,
+                                     stderr=subprocess.STDOUT)
+            if res.returncode:
+                raise PeerUnavailable(f"`go test -c {package}` failed for {built.repo}; see {d / 'build.log'}")
+    return binary, src, built.commit
+
+
+# Reloader serves liveness on its metrics port, hard-coded to 9090 (it exits when that is taken).
+RELOADER_HEALTH_URL = "http://127.0.0.1:9090/live"
+
+
+class PeerProcess:
+    """A peer's binary as a subprocess in its own process group, started once ``health_url`` answers 200;
+    also a context manager (``with PeerProcess(...) as peer:``)."""
+
+    def __init__(self, binary: Path, args: list[str], env: dict[str, str], health_url: str, log_path: Path) -> None:
+        self.binary, self.args, self.env, self.health_url, self.log_path = binary, args, env, health_url, log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as out:
+            out.write(f"\n===== {self.binary} {' '.join(self.args)}\n".encode())
+            out.flush()
+            self.proc = subprocess.Popen([str(self.binary), *self.args], env={**os.environ, **self.env},
+                                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.binary.name} exited with {self.proc.returncode}; log: {self.log_path}")
+            try:
+                with urllib.request.urlopen(self.health_url, timeout=1) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.binary.name} not healthy at {self.health_url} after {timeout} s; "
+                           f"log: {self.log_path}")
+
+    def stop(self, timeout: float = 20) -> None:
+        """SIGTERM to its process group, then SIGKILL after ``timeout`` s."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None
+
+    def __enter__(self) -> PeerProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.gopeers", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m testsupport.peer_build", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("peers", nargs="*", help=f"some of {', '.join(PEERS)} (default: all)")
     args = parser.parse_args()

@@ -1,5 +1,6 @@
-"""peers: Go controllers doing the same job, built from source in the same run (bench/gopeers.py), side by
-side with ours, each in namespaces of its own (never two controllers on the same objects).
+"""The section "peers": Go controllers doing the same job, built from source in the run
+(testsupport/peer_build.py), side by side with ours, each in namespaces of its own (never two controllers on
+the same objects).
 
 - reloader: stakater Reloader (``--reload-strategy=annotations --namespaces=<its namespace>``) next to our
   re-roller (at debounce 0, then at the shipped defaults): an isolated ConfigMap's data edited -> the
@@ -15,17 +16,13 @@ A peer that cannot be built is recorded as "peer not available: <why>", never as
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
-import subprocess
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from bench import gopeers
 from bench.harness import (
     BENCH_LABEL,
     CLUSTER_DIR,
@@ -36,14 +33,15 @@ from bench.harness import (
     Proc,
     api_per_change,
     deployment,
-    free_port,
     log,
     origin,
-    summary,
     within,
 )
 from bench.kube import Watcher
 from bench.sections.reroller_latency import baseline, template_annotations, template_changed
+from testsupport import peer_build
+from testsupport.launcher import free_port, port_free
+from testsupport.stats import percentile, summary_ms
 
 
 async def run(b: Bench) -> dict[str, Any]:
@@ -60,33 +58,18 @@ async def run(b: Bench) -> dict[str, Any]:
     return results
 
 
-class GoPeer:
-    """A peer's binary as a subprocess, healthy once ``health_url`` answers 200."""
+class GoPeer(peer_build.PeerProcess):
+    """A peer's binary as a subprocess, healthy once ``health_url`` answers 200 (started and stopped in a
+    thread, so that the run's watches keep reading meanwhile)."""
 
-    def __init__(self, built: gopeers.Built, args: list[str], env: dict[str, str], health_url: str,
+    def __init__(self, built: peer_build.Built, args: list[str], env: dict[str, str], health_url: str,
                  log_path: Path) -> None:
-        self.built, self.args, self.env, self.health_url, self.log_path = built, args, env, health_url, log_path
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__(built.binary, args, env, health_url, log_path)
+        self.built = built
 
     async def __aenter__(self) -> GoPeer:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        out = self.log_path.open("ab")
-        out.write(f"\n===== {self.built.binary} {' '.join(self.args)}\n".encode())
-        out.flush()
-        self.proc = subprocess.Popen([str(self.built.binary), *self.args], env={**os.environ, **self.env},
-                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.built.peer} exited with {self.proc.returncode}; log: {self.log_path}")
-            try:
-                with urllib.request.urlopen(self.health_url, timeout=1) as resp:
-                    if resp.status == 200:
-                        return self
-            except OSError:
-                pass
-            await asyncio.sleep(0.2)
-        raise RuntimeError(f"{self.built.peer} not healthy at {self.health_url} after 60 s; log: {self.log_path}")
+        await asyncio.to_thread(self.start)
+        return self
 
     @property
     def p(self) -> Proc:
@@ -94,13 +77,7 @@ class GoPeer:
         return Proc(self.proc.pid)
 
     async def __aexit__(self, *_: Any) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                await asyncio.to_thread(self.proc.wait, 20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        await asyncio.to_thread(self.stop)
 
 
 class Side:
@@ -129,30 +106,20 @@ class Side:
 
     def result(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         n = len(self.lat)
-        return {"latency": summary(self.lat),
+        return {"latency": summary_ms(self.lat),
                 "cpu_per_event": {"mean_ms": round(statistics.fmean(self.cpu) * 1000, 2),
-                                  "median_ms": round(statistics.median(self.cpu) * 1000, 2)},
+                                  "median_ms": round(percentile(self.cpu, 0.5) * 1000, 2)},
                 "api_per_event": api_per_change(self.audit, n), "rss_mb": self.rss_mb, **(extra or {})}
 
 
-def unavailable(peer: str) -> tuple[gopeers.Built | None, str | None]:
+def unavailable(peer: str) -> tuple[peer_build.Built | None, str | None]:
     try:
-        built = gopeers.build(peer)
+        built = peer_build.build(peer)
         log(f"  {peer}: {built.describe()}")
         return built, None
-    except gopeers.PeerUnavailable as exc:
+    except peer_build.PeerUnavailable as exc:
         log(f"  {peer}: peer not available: {exc}")
         return None, f"peer not available: {exc}"
-
-
-def port_free(port: int) -> bool:
-    import socket
-    with socket.socket() as sock:
-        try:
-            sock.bind(("0.0.0.0", port))
-            return True
-        except OSError:
-            return False
 
 
 # --- Reloader vs the re-roller ----------------------------------------------------------------------

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Tools of the chart's monitoring tests (tests/e2e/test_chart.py), from the Go module proxy, cached
+# outside the work tree like cluster/build.sh's binaries:
+#   crds/      the ServiceMonitor, PodMonitor and PrometheusRule CRDs of prometheus-operator
+#              (its module's example/prometheus-operator-crd/; no controller is installed)
+#   promtool   Prometheus' rule checker (`promtool check rules`)
+# Prints the folder holding both. Rebuilds only when versions.env changes.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=versions.env
+source "$here/versions.env"
+
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
+cache_root=${KOPF_OPERATORS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kopf-operators}
+key="monitoring_prometheus-operator-${PROMETHEUS_OPERATOR_VERSION}_prometheus-${PROMETHEUS_VERSION}"
+out="$cache_root/$key"
+crds=(servicemonitors podmonitors prometheusrules)
+
+have_all() {
+  [ -x "$out/promtool" ] || return 1
+  for c in "${crds[@]}"; do [ -f "$out/crds/monitoring.coreos.com_$c.yaml" ] || return 1; done
+}
+if have_all; then echo "$out"; exit 0; fi
+
+mkdir -p "$cache_root"
+exec 9>"$cache_root/$key.lock"
+if ! flock -n 9; then
+  echo "[monitoring] another build of $key is running; waiting for it" >&2
+  flock 9
+fi
+if have_all; then echo "$out"; exit 0; fi
+
+log() { echo "[monitoring $(date +%T)] $*" >&2; }
+start=$(date +%s)
+mkdir -p "$out/crds"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+log "prometheus-operator $PROMETHEUS_OPERATOR_VERSION: CRDs"
+dir=$(cd "$work" && go mod download -json "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION" \
+  | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+for c in "${crds[@]}"; do
+  cp "$dir/example/prometheus-operator-crd/monitoring.coreos.com_$c.yaml" "$out/crds/"
+done
+chmod -R u+w "$out/crds"
+
+if [ ! -x "$out/promtool" ]; then
+  # Prometheus' go.mod has no replace directives: `go install` works. The module's v0.3XX.Y is Prometheus 3.XX.Y.
+  release=$(echo "$PROMETHEUS_VERSION" | sed -E 's/^v0\.3([0-9]+)\.([0-9]+)$/3.\1.\2/')
+  log "promtool $release: building (several minutes on a cold module cache)"
+  GOBIN="$work/bin" go install -trimpath \
+    -ldflags "-s -w -X github.com/prometheus/common/version.Version=$release" \
+    "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION" >&2
+  mv "$work/bin/promtool" "$out/promtool"
+fi
+log "ready in $(( $(date +%s) - start ))s: $out"
+echo "$out"

@@ -1,0 +1,363 @@
+"""The chart's monitoring, network policy, values schema and pod extras (issue #19), on the real API server.
+
+The monitoring.coreos.com CRDs come from prometheus-operator's Go module (cluster/monitoring.sh; no
+controller runs); `promtool` from Prometheus' module checks the alert rules; the dashboard and the alerts
+must name only metrics a running operator really serves on /metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import promql_parser
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.kube import REPO, OperatorProcess, chart_objects, helm_binary, kube_version, kubectl, wait_for
+
+CHART = REPO / "charts" / "kopf-operators"
+PRIORITY_CLASS = "kopf-operators-chart-test"
+# Every optional feature on (sharding too: the down alert then has one expression per shard).
+ALL_ON = (
+    "serviceMonitor.enabled=true", "serviceMonitor.labels.release=prometheus",
+    "podMonitor.enabled=true", "prometheusRule.enabled=true", "prometheusRule.labels.release=prometheus",
+    "grafanaDashboard.enabled=true", "grafanaDashboard.annotations.grafana_folder=Operators",
+    "networkPolicy.enabled=true", "sharding.enabled=true", "sharding.shards=2",
+    f"priorityClassName={PRIORITY_CLASS}", "podAnnotations.team=platform", "podLabels.tier=operators",
+    "imagePullSecrets[0].name=registry", "extraEnv[0].name=HTTPS_PROXY", "extraEnv[0].value=",
+    "metrics.service.annotations.note=scraped",
+)
+ALL_OFF = (
+    "replicaCount=1", "metrics.enabled=false", "metrics.service.enabled=false", "rbac.create=false",
+    "serviceAccount.create=false",
+    "peering.enabled=false", "serviceMonitor.enabled=false", "podMonitor.enabled=false",
+    "prometheusRule.enabled=false", "grafanaDashboard.enabled=false", "networkPolicy.enabled=false",
+    "sharding.enabled=false", "operators.blackadder.dryRun=false",
+)
+# The one series a query may name that no operator serves: Prometheus writes `up` for every target.
+PROMETHEUS_OWN = {"up"}
+
+
+@pytest.fixture(scope="module")
+def monitoring(crds: None) -> Path:
+    """prometheus-operator's ServiceMonitor, PodMonitor and PrometheusRule CRDs on the cluster, and promtool."""
+    out = subprocess.run([str(REPO / "cluster" / "monitoring.sh")], capture_output=True, text=True, check=True)
+    tools = Path(out.stdout.strip())
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(tools / "crds"))
+    kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(tools / "crds"))
+    return tools
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([str(helm_binary()), *args], capture_output=True, text=True)
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def sets(*values: str) -> list[str]:
+    return [arg for value in values for arg in ("--set", value)]
+
+
+def render(*values: str) -> list[dict[str, Any]]:
+    return chart_objects("kopf-operators", "kopf-operators", *values)
+
+
+@pytest.fixture
+def release(monitoring: Path, core: kubernetes.client.CoreV1Api) -> Iterator[tuple[str, str]]:
+    """A release name and its own namespace; uninstalled and deleted afterwards."""
+    name = f"chart-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": name, "labels": {"kopf-operators.dev/test": "true"}}})
+    kubectl("apply", "-f", "-", input=f"apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\n"
+                                       f"metadata: {{name: {PRIORITY_CLASS}}}\nvalue: 1000\n")
+    yield name, name
+    helm("uninstall", name, "--namespace", name, "--wait", "--timeout", "60s", check=False)
+    kubectl("delete", "namespace", name, "--ignore-not-found", "--wait=false")
+
+
+@pytest.mark.parametrize("values", [pytest.param(ALL_ON, id="every-option-on"),
+                                    pytest.param(ALL_OFF, id="every-option-off")])
+def test_helm_install_is_accepted_by_the_api_server(
+        release: tuple[str, str], values: tuple[str, ...], core: kubernetes.client.CoreV1Api) -> None:
+    name, namespace = release
+    notes = helm("install", name, str(CHART), "--namespace", namespace, *sets(*values)).stdout
+    manifest = [doc for doc in yaml.safe_load_all(helm("get", "manifest", name, "--namespace", namespace).stdout)
+                if doc]
+    kinds = sorted({doc["kind"] for doc in manifest})
+    # Every object the release renders is stored: the API server (and the CRDs' schemas) accepted it.
+    for doc in manifest:
+        ns = doc["metadata"].get("namespace")
+        got = kubectl("get", doc["kind"], doc["metadata"]["name"], *(["-n", ns] if ns else []), "-o", "name",
+                      check=False)
+        assert got.returncode == 0, f"{doc['kind']} {doc['metadata']['name']}: {got.stderr}"
+    optional = {"Service", "ServiceMonitor", "PodMonitor", "PrometheusRule", "NetworkPolicy", "ConfigMap"}
+    if values is ALL_ON:
+        assert optional <= set(kinds), kinds
+        # NOTES.txt tells what runs and what to watch out for.
+        assert "dry-run is FORCED for every ChaosAgent" in notes
+        assert "WARNING: both a ServiceMonitor and a PodMonitor are enabled" in notes
+        assert f"Alerts: PrometheusRule {name}-kopf-operators" in notes
+        # The NetworkPolicy's API server egress is what the `kubernetes` Service really leads to.
+        policy = next(doc for doc in manifest if doc["kind"] == "NetworkPolicy")
+        endpoints = kubectl("get", "endpointslices", "-n", "default", "-l", "kubernetes.io/service-name=kubernetes",
+                            "-o", "json")
+        slice_ = json.loads(endpoints.stdout)["items"][0]
+        api_egress = policy["spec"]["egress"][0]
+        assert [peer["ipBlock"]["cidr"] for peer in api_egress["to"]] == [
+            f"{address}/32" for ep in slice_["endpoints"] for address in ep["addresses"]]
+        assert [p["port"] for p in api_egress["ports"]] == [p["port"] for p in slice_["ports"]]
+        # The pods were admitted with the extras (the PriorityClass resolved to its value).
+        replicas = sum(doc["spec"]["replicas"] for doc in manifest if doc["kind"] == "Deployment")
+
+        def running_pods() -> list[Any]:
+            found = core.list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/instance={name}").items
+            return found if len(found) == replicas and all(pod.status.pod_ip for pod in found) else []
+
+        pods = wait_for(running_pods, timeout=60, what=f"the release's {replicas} pods with their IPs")
+        for pod in pods:
+            assert pod.spec.priority == 1000 and pod.spec.priority_class_name == PRIORITY_CLASS
+            assert pod.metadata.labels["tier"] == "operators" and pod.metadata.annotations["team"] == "platform"
+            assert [s.name for s in pod.spec.image_pull_secrets] == ["registry"]
+            assert "HTTPS_PROXY" in [e.name for e in pod.spec.containers[0].env]
+        # What the monitors scrape: the metrics Service's endpoints are every pod's metrics port (the
+        # ServiceMonitor's way), and every pod matches the PodMonitor's selector with a `metrics` port.
+        monitors = {doc["kind"]: doc for doc in manifest if doc["kind"] in ("ServiceMonitor", "PodMonitor")}
+        service = next(doc for doc in manifest if doc["kind"] == "Service")
+        assert monitors["ServiceMonitor"]["spec"]["selector"]["matchLabels"].items() <= service["metadata"][
+            "labels"].items()
+
+        def scraped_endpoints() -> set[tuple[str, int]]:
+            slices = json.loads(kubectl("get", "endpointslices", "-n", namespace, "-o", "json", "-l",
+                                        f"kubernetes.io/service-name={service['metadata']['name']}").stdout)
+            return {(address, port["port"]) for item in slices["items"] for ep in item.get("endpoints") or ()
+                    if (ep.get("conditions") or {}).get("ready") for address in ep["addresses"]
+                    for port in item.get("ports") or () if port["name"] == "metrics"}
+
+        expected = {(pod.status.pod_ip, 9090) for pod in pods}
+        wait_for(lambda: scraped_endpoints() == expected, timeout=60,
+                 what=f"the metrics Service's endpoints to be {expected}")
+        selector = monitors["PodMonitor"]["spec"]["selector"]["matchLabels"]
+        for pod in pods:
+            assert selector.items() <= pod.metadata.labels.items()
+            assert 9090 in [p.container_port for p in pod.spec.containers[0].ports if p.name == "metrics"]
+    else:
+        assert not optional & set(kinds), kinds
+        assert "dry-run is OFF: ChaosAgents act for real" in notes and "Metrics are off" in notes
+        assert kinds == ["Deployment"]
+
+
+def test_chart_lints_strictly_with_every_option_on() -> None:
+    # `helm lint` reads no cluster: the NetworkPolicy's API server is given, as `helm template` users must.
+    result = helm("lint", "--strict", str(CHART), "--kube-version", kube_version(), *sets(
+        *ALL_ON, "networkPolicy.apiServer.cidrs={10.0.0.1/32}", "networkPolicy.apiServer.ports={6443}"))
+    assert "0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("logLevel=loud", "at '/logLevel': value must be one of 'quiet', 'info', 'verbose', 'debug'"),
+    ("serviceMonitr.enabled=true", "at '': additional properties 'serviceMonitr' not allowed"),
+    ("serviceMonitor.interval=often", "at '/serviceMonitor/interval': 'often' does not match pattern"),
+    ("metrics.port=99999", "at '/metrics/port': maximum: got 99,999, want 65,535"),
+    ("operators.blackadder.dryRun=maybe", "at '/operators/blackadder/dryRun': got string, want boolean"),
+    ("networkPolicy.apiServer.cidrs={10.0.0.1}", "at '/networkPolicy/apiServer/cidrs/0': '10.0.0.1' does not match"),
+    ("metrics.port=8080", "metrics.port: 8080 is the operator's health port; choose another"),
+    ("extraEnv[0].name=CHAOS_DRY_RUN", "extraEnv: CHAOS_DRY_RUN is set by the chart from its values"),
+])
+def test_helm_install_refuses_a_wrong_value_with_a_readable_message(
+        release: tuple[str, str], value: str, message: str) -> None:
+    name, namespace = release
+    result = helm("install", name, str(CHART), "--namespace", namespace, "--set", value, check=False)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr
+    assert helm("status", name, "--namespace", namespace, check=False).returncode != 0, "a release was created"
+
+
+def test_extra_env_cannot_shadow_a_variable_the_chart_sets() -> None:
+    deployment = next(d for d in render("sharding.enabled=true") if d["kind"] == "Deployment")
+    names = [e["name"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]]
+    assert "CHAOS_DRY_RUN" in names and "SHARD_INDEX" in names
+    for env_name in names:
+        result = helm("template", "x", str(CHART), "--kube-version", kube_version(),
+                      "--set", f"extraEnv[0].name={env_name}", "--set-string", "extraEnv[0].value=1", check=False)
+        assert result.returncode != 0 and f"extraEnv: {env_name} is set by the chart" in result.stderr, env_name
+
+
+def test_schema_describes_every_value_in_values_yaml() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def walk(value: Any, node: dict[str, Any], path: str) -> None:
+        assert "type" in node or "oneOf" in node, f"{path}: no type in the schema"
+        if isinstance(value, dict) and "properties" in node:
+            assert node.get("additionalProperties") is False, f"{path}: unknown keys would pass"
+            for key, child in value.items():
+                assert key in node["properties"], f"{path}.{key}: not in values.schema.json"
+                walk(child, node["properties"][key], f"{path}.{key}")
+
+    walk(values, schema, "")
+
+
+# --- alerts and dashboard ---------------------------------------------------------------------------
+
+def alert_groups(*values: str) -> list[dict[str, Any]]:
+    rule = next(d for d in render("prometheusRule.enabled=true", *values) if d["kind"] == "PrometheusRule")
+    return list(rule["spec"]["groups"])
+
+
+def dashboard(*values: str) -> dict[str, Any]:
+    config = next(d for d in render("grafanaDashboard.enabled=true", *values) if d["kind"] == "ConfigMap")
+    assert config["metadata"]["labels"]["grafana_dashboard"] == "1"
+    return dict(json.loads(config["data"]["kopf-operators.json"]))
+
+
+def dashboard_queries(board: dict[str, Any]) -> list[str]:
+    # Grafana's own interval variable is no PromQL; any duration stands in for it.
+    return [t["expr"].replace("$__rate_interval", "5m") for p in board["panels"] for t in p["targets"]]
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects (parsed, not pattern-matched)."""
+    names: set[str] = set()
+
+    def visit(node: Any) -> None:
+        if isinstance(node, promql_parser.VectorSelector):
+            assert node.name, f"a selector without a metric name in {expr}"
+            names.add(node.name)
+
+    promql_parser.walk(promql_parser.parse(expr), visit)
+    return names
+
+
+def served_metric_names(text: str) -> set[str]:
+    """Every series name an operator's /metrics offers, labelled children or not yet."""
+    suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count", "_sum", "_created"),
+                "summary": ("", "_count", "_sum", "_created"), "gauge": ("",), "info": ("_info",),
+                "unknown": ("",)}
+    names: set[str] = set()
+    for family in text_string_to_metric_families(text):
+        names.update(family.name + suffix for suffix in suffixes[family.type])
+        names.update(sample.name for sample in family.samples)
+    return names
+
+
+def test_every_alert_and_dashboard_query_names_a_metric_the_operator_serves(operator: OperatorProcess) -> None:
+    served = served_metric_names(operator.metrics())
+    assert "kopf_operators_reaction_seconds_bucket" in served and "process_resident_memory_bytes" in served
+    queries = [rule["expr"] for group in alert_groups("sharding.enabled=true") for rule in group["rules"]]
+    queries += dashboard_queries(dashboard())
+    assert len(queries) >= 15
+    for query in queries:
+        unknown = metric_names(query) - served - PROMETHEUS_OWN
+        assert not unknown, f"{query} names {unknown}, which the operator does not serve"
+    # The chaos alert's action names are the ones Blackadder counts for real actions.
+    chaos = next(rule["expr"] for group in alert_groups() for rule in group["rules"]
+                 if rule["alert"] == "KopfOperatorsChaosWhileDryRun")
+    counted = set(re.findall(r'metrics\.action\(OPERATOR, "([a-z-]+)"\)',
+                             (REPO / "kopf_operators" / "blackadder_controller.py").read_text()))
+    actions = set(re.search(r'action=~"([^"]+)"', chaos).group(1).split("|"))  # type: ignore[union-attr]
+    assert actions <= counted, actions - counted
+
+
+def test_alert_rules_and_dashboard_queries_pass_promtool(monitoring: Path, tmp_path: Path) -> None:
+    groups = alert_groups("sharding.enabled=true", "prometheusRule.additionalRules[0].alert=Extra",
+                          "prometheusRule.additionalRules[0].expr=vector(1)")
+    alerts = {rule["alert"] for group in groups for rule in group["rules"]}
+    assert {"KopfOperatorsDown", "KopfOperatorsErrorRateHigh", "KopfOperatorsReactionSlow",
+            "KopfOperatorsChaosWhileDryRun", "Extra"} <= alerts
+    # The dashboard's queries as recording rules: promtool parses each one too.
+    recorded = [{"record": f"kopf_operators:dashboard_query_{i}", "expr": q}
+                for i, q in enumerate(dashboard_queries(dashboard()))]
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump({"groups": [*groups, {"name": "dashboard", "rules": recorded}]}))
+    result = subprocess.run([str(monitoring / "promtool"), "check", "rules", str(rules)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {sum(len(g['rules']) for g in groups) + len(recorded)} rules found" in result.stdout
+
+
+def test_chaos_alert_follows_the_dry_run_the_chart_forces() -> None:
+    def alerts(*values: str) -> set[str]:
+        return {rule["alert"] for group in alert_groups(*values) for rule in group["rules"]}
+
+    assert "KopfOperatorsChaosWhileDryRun" in alerts()
+    assert "KopfOperatorsChaosWhileDryRun" not in alerts("operators.blackadder.dryRun=false")
+
+
+def test_alerts_and_dashboard_select_the_series_the_monitors_label() -> None:
+    objects = render("serviceMonitor.enabled=true", "podMonitor.enabled=true", "prometheusRule.enabled=true",
+                     "grafanaDashboard.enabled=true")
+    selector = 'job="kopf-operators",namespace="kopf-operators"'
+    for kind, endpoints in (("ServiceMonitor", "endpoints"), ("PodMonitor", "podMetricsEndpoints")):
+        monitor = next(d for d in objects if d["kind"] == kind)
+        relabel = monitor["spec"][endpoints][0]["relabelings"][0]
+        assert relabel == {"action": "replace", "targetLabel": "job", "replacement": "kopf-operators"}
+        assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["kopf-operators"]}
+    queries = [r["expr"] for g in alert_groups() for r in g["rules"]] + dashboard_queries(dashboard())
+    for query in queries:
+        assert selector in query, query
+    custom = 'job="elsewhere"'
+    assert all(custom in r["expr"] for g in alert_groups(f"prometheusRule.selector={custom}") for r in g["rules"])
+
+
+def test_alerts_fire_on_the_series_they_watch_and_only_then(monitoring: Path, tmp_path: Path) -> None:
+    """Prometheus' own rule engine (`promtool test rules`) on synthetic series with the operator's metric
+    names and labels: each alert fires when its condition holds long enough, and not otherwise."""
+    groups = alert_groups("sharding.enabled=true")
+    for group in groups:  # annotation templates are checked by `promtool check rules`; compare the rest
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
+    this = 'job="kopf-operators",namespace="kopf-operators"'
+    release = {"job": "kopf-operators", "namespace": "kopf-operators"}
+
+    def fires(alert: str, at: str, *labels: dict[str, str]) -> dict[str, Any]:
+        return {"eval_time": at, "alertname": alert, "exp_alerts": [{"exp_labels": dict(lbl)} for lbl in labels]}
+
+    bucket = "kopf_operators_reaction_seconds_bucket"
+    series = [
+        # Shard 0 answers, then fails from minute 10; shard 1 is never scraped at all.
+        (f'up{{{this},shard="0",pod="p0"}}', "1x10 0x30"),
+        # copyrator's write errors: 1/s (above 0.05/s); immortal's: 1/min (below).
+        (f'kopf_operators_errors_total{{{this},operator="copyrator",kind="write"}}', "0+60x40"),
+        (f'kopf_operators_errors_total{{{this},operator="immortal",kind="api"}}', "0+1x40"),
+        # 403s at 1/s (above 0.1/s); 409s, expected conflicts, at 10/s.
+        (f'kopf_operators_api_errors_total{{{this},status="403"}}', "0+60x40"),
+        (f'kopf_operators_api_errors_total{{{this},status="409"}}', "0+600x40"),
+        # immortal's reactions all take 10-30 s; reroller's all under 0.1 s.
+        *[(f'{bucket}{{{this},operator="immortal",trigger="pod deleted",le="{le}"}}',
+           "0+60x40" if le in ("30.0", "+Inf") else "0x40") for le in ("0.1", "10.0", "30.0", "+Inf")],
+        *[(f'{bucket}{{{this},operator="reroller",trigger="configmap",le="{le}"}}', "0+60x40")
+          for le in ("0.1", "10.0", "30.0", "+Inf")],
+        # One real pod kill from minute 20; webhooks are no chaos.
+        (f'kopf_operators_actions_total{{{this},operator="blackadder",action="pod-killed",pod="p0"}}', "_x20 1x20"),
+        (f'kopf_operators_actions_total{{{this},operator="blackadder",action="webhook",pod="p0"}}', "0+5x40"),
+    ]
+    tests = [
+        fires("KopfOperatorsDown", "4m"),  # shard 1 missing, but not yet for 5 minutes
+        fires("KopfOperatorsDown", "6m", {**release, "shard": "1", "severity": "critical"}),
+        fires("KopfOperatorsDown", "17m", {**release, "shard": "0", "severity": "critical"},
+              {**release, "shard": "1", "severity": "critical"}),
+        fires("KopfOperatorsErrorRateHigh", "10m"),
+        fires("KopfOperatorsErrorRateHigh", "30m", {"operator": "copyrator", "kind": "write", "severity": "warning"}),
+        fires("KopfOperatorsApiErrorRateHigh", "30m", {"status": "403", "severity": "warning"}),
+        fires("KopfOperatorsReactionSlow", "30m", {"operator": "immortal", "severity": "warning"}),
+        fires("KopfOperatorsChaosWhileDryRun", "19m"),
+        fires("KopfOperatorsChaosWhileDryRun", "21m", {"namespace": "kopf-operators", "pod": "p0",
+                                                       "action": "pod-killed", "severity": "critical"}),
+    ]
+    spec = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": [{"series": s, "values": v} for s, v in series],
+                       "alert_rule_test": tests}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(spec))
+    result = subprocess.run([str(monitoring / "promtool"), "test", "rules", "test.yaml"], cwd=tmp_path,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout

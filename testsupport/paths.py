@@ -1,0 +1,33 @@
+"""Where things are: the checkout, the local cluster's directory and its admin kubeconfig, the pinned versions."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CLUSTER_DIR = Path(os.environ.get("CLUSTER_DIR", REPO / ".cluster")).resolve()
+KUBECONFIG = CLUSTER_DIR / "kubeconfig"
+LOGS = CLUSTER_DIR / "logs"
+
+
+def cluster_script(*args: str) -> str:
+    """Run cluster/cluster.sh for this CLUSTER_DIR; its stdout."""
+    out = subprocess.run([str(REPO / "cluster" / "cluster.sh"), *args], capture_output=True, text=True,
+                         check=True, env={**os.environ, "CLUSTER_DIR": str(CLUSTER_DIR)})
+    return out.stdout
+
+
+def helm_binary() -> Path:
+    """The pinned helm, built into the shared cache on first use (cluster/build.sh)."""
+    out = subprocess.run([str(REPO / "cluster" / "build.sh")], capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip()) / "helm"
+
+
+def kube_version() -> str:
+    """The pinned Kubernetes version (cluster/versions.env), for Helm's --kube-version."""
+    for line in (REPO / "cluster" / "versions.env").read_text().splitlines():
+        if line.startswith("KUBERNETES_VERSION="):
+            return line.split("=", 1)[1].lstrip("v")
+    raise AssertionError("no KUBERNETES_VERSION in cluster/versions.env")
