@@ -1024,6 +1024,14 @@ def rollouts_installed(api: Any) -> Iterator[None]:
     if created_crd:
         extensions.delete_custom_resource_definition("rollouts.argoproj.io")
 
+        def gone() -> bool:
+            try:
+                extensions.read_custom_resource_definition("rollouts.argoproj.io")
+            except kubernetes.client.ApiException as exc:
+                return bool(exc.status == 404)
+            return False
+        wait_for(gone, timeout=60, what="the stand-in Rollout CRD removed")
+
 
 def rollout(custom: Any, ns: str, name: str, annotations: dict[str, str], cm: str) -> None:
     labels = {"app": name}
