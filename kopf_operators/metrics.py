@@ -24,6 +24,12 @@ REACTION = prometheus_client.Histogram(
     ["operator", "trigger"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0))
 
+# Re-roller, opt-in (REROLLER_METRICS_BY_NAMESPACE, Reloader's enableMetricsByNamespace): one series per
+# namespace, so off by default (cardinality).
+RELOADS_BY_NAMESPACE = prometheus_client.Counter(
+    "kopf_operators_reroller_reloads", "Re-roller reloads by namespace, workload kind and outcome.",
+    ["namespace", "kind", "outcome"])
+
 
 def action(operator: str, name: str, amount: float = 1) -> None:
     ACTIONS.labels(operator=operator, action=name).inc(amount)
@@ -31,6 +37,10 @@ def action(operator: str, name: str, amount: float = 1) -> None:
 
 def error(operator: str, kind: str) -> None:
     ERRORS.labels(operator=operator, kind=kind).inc()
+
+
+def reload_by_namespace(namespace: str, kind: str, outcome: str) -> None:
+    RELOADS_BY_NAMESPACE.labels(namespace=namespace, kind=kind, outcome=outcome).inc()
 
 
 @contextmanager

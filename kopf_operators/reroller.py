@@ -30,6 +30,8 @@ PREFIX = f"reroller.{DOMAIN}"
 AUTO = f"{PREFIX}/auto"                  # "true": every ConfigMap/Secret the pod template references
 CONFIGMAPS = f"{PREFIX}/configmaps"      # "a,b": these ConfigMaps (exact names, referenced or not)
 SECRETS = f"{PREFIX}/secrets"            # "x": these Secrets
+# "true": roll only when a key the pod template uses changes (not any key of a shared source).
+USED_KEYS_ONLY = f"{PREFIX}/used-keys-only"
 
 # stakater Reloader's keys, with Reloader's meaning (see docs/reroller.md).
 RELOADER = "reloader.stakater.com"
@@ -43,6 +45,7 @@ RELOADER_MATCH = f"{RELOADER}/match"        # source
 RELOADER_IGNORE = f"{RELOADER}/ignore"      # source: never rolls anything
 RELOADER_CONFIGMAPS_EXCLUDE = "configmaps.exclude.reloader.stakater.com/reload"
 RELOADER_SECRETS_EXCLUDE = "secrets.exclude.reloader.stakater.com/reload"
+ROLLOUT_STRATEGY = f"{RELOADER}/rollout-strategy"  # Argo Rollout: "restart" sets spec.restartAt
 PAUSE_PERIOD = "deployment.reloader.stakater.com/pause-period"
 PAUSED_AT = "deployment.reloader.stakater.com/paused-at"
 LAST_RELOADED_FROM = f"{RELOADER}/last-reloaded-from"   # pod template, Reloader's JSON format
@@ -53,9 +56,13 @@ CONFIG_HASH = f"{PREFIX}/config-hash"          # pod template: changing it rolls
 OBSERVED_HASH = f"{PREFIX}/observed-hash"      # workload metadata: the baseline (no rollout)
 OBSERVED_SOURCES = f"{PREFIX}/observed-sources"  # workload metadata: short per-source hashes
 
+# Reloader's env-vars strategy: STAKATER_<NAME>_<CONFIGMAP|SECRET> in the container using the source.
+ENV_PREFIX = "STAKATER_"
+STRATEGIES = ("annotations", "env-vars")
+
 SourceKind = Literal["ConfigMap", "Secret"]
-WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "CronJob", "Job")
-TEMPLATED = ("Deployment", "StatefulSet", "DaemonSet")  # rolled by a pod-template annotation
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "CronJob", "Job", "Rollout")
+TEMPLATED = ("Deployment", "StatefulSet", "DaemonSet", "Rollout")  # rolled by a pod-template change
 WORKLOAD_TYPE_NAMES = {"deployments": "Deployment", "statefulsets": "StatefulSet", "daemonsets": "DaemonSet",
                        "cronjobs": "CronJob", "jobs": "Job"}
 # Names that are plain object names: indexed exactly. Anything else in a Reloader key is a pattern.
@@ -84,6 +91,9 @@ class Settings:
     resource_label_selector: str = ""    # [--resource-label-selector] label selector on ConfigMaps/Secrets
     resources_to_ignore: tuple[str, ...] = ()         # [--resources-to-ignore] configmaps | secrets
     ignored_workload_types: tuple[str, ...] = ()      # [--ignored-workload-types] jobs, cronjobs, ...
+    reload_strategy: str = "annotations"  # [--reload-strategy] annotations | env-vars
+    metrics_by_namespace: bool = False    # [enableMetricsByNamespace] per-namespace reload counter
+    argo_rollouts: bool = False           # [--is-Argo-Rollouts] Argo Rollouts (argoproj.io/v1alpha1) too
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -102,6 +112,9 @@ class Settings:
         resource_selector = env.get("REROLLER_RESOURCE_LABEL_SELECTOR", "").strip()
         parse_selector(namespace_selector, "REROLLER_NAMESPACE_SELECTOR")  # fail fast on a typo
         parse_selector(resource_selector, "REROLLER_RESOURCE_LABEL_SELECTOR")
+        strategy = env.get("REROLLER_RELOAD_STRATEGY", "").strip().lower() or "annotations"
+        if strategy not in STRATEGIES:
+            raise ValueError(f"REROLLER_RELOAD_STRATEGY: {strategy!r} is not one of {', '.join(STRATEGIES)}")
         return cls(
             debounce_seconds=env_float(env, "REROLLER_DEBOUNCE_SECONDS", 2.0),
             min_interval_seconds=env_float(env, "REROLLER_MIN_INTERVAL_SECONDS", 10.0),
@@ -116,7 +129,14 @@ class Settings:
             resource_label_selector=resource_selector,
             resources_to_ignore=resources,
             ignored_workload_types=types,
+            reload_strategy=strategy,
+            metrics_by_namespace=env_bool(env, "REROLLER_METRICS_BY_NAMESPACE"),
+            argo_rollouts=env_bool(env, "REROLLER_ARGO_ROLLOUTS"),
         )
+
+    @property
+    def env_vars(self) -> bool:
+        return self.reload_strategy == "env-vars"
 
     @property
     def min_gap(self) -> float:
@@ -211,6 +231,7 @@ class SourceView:
     ignore: bool = False    # reloader.stakater.com/ignore: "true"
     match: bool = False     # reloader.stakater.com/match: "true" (search mode)
     selected: bool = True   # passes REROLLER_RESOURCE_LABEL_SELECTOR
+    keys: tuple[tuple[str, str], ...] = ()  # (data key, short hash of its value), for key-scoped reloads
 
 
 def source_hash(kind: str, body: Mapping[str, Any]) -> str:
@@ -222,6 +243,16 @@ def source_hash(kind: str, body: Mapping[str, Any]) -> str:
         payload = {"data": body.get("data") or {}, "binaryData": body.get("binaryData") or {}}
     encoded = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(encoded).hexdigest()[:16]
+
+
+def key_hashes(kind: str, body: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """Each data key with a short digest of its value (ConfigMap ``data`` and ``binaryData``, Secret
+    ``data``): enough to tell which keys changed, never the values."""
+    values: dict[str, Any] = dict(body.get("data") or {})
+    if kind == "ConfigMap":
+        values.update({k: ["binary", v] for k, v in (body.get("binaryData") or {}).items()})
+    return tuple((key, hashlib.sha256(json.dumps(value).encode()).hexdigest()[:8])
+                 for key, value in sorted(values.items()))
 
 
 def resource_version(body: Mapping[str, Any]) -> int:
@@ -237,7 +268,8 @@ def source_view(kind: str, body: Mapping[str, Any], selector: tuple[Requirement,
     return SourceView(hash=source_hash(kind, body), rv=resource_version(body),
                       ignore=_truthy(annotations.get(RELOADER_IGNORE)),
                       match=_truthy(annotations.get(RELOADER_MATCH)),
-                      selected=selector_matches(selector, metadata.get("labels")))
+                      selected=selector_matches(selector, metadata.get("labels")),
+                      keys=key_hashes(kind, body))
 
 
 def _truthy(value: object) -> bool:
@@ -300,6 +332,65 @@ def reference_map(pod_spec: Mapping[str, Any]) -> dict[Source, tuple[str, ...]]:
     return {Source(kind, name, optional): tuple(users[(kind, name)]) for (kind, name), optional in found.items()}
 
 
+KeyScope = frozenset[str] | None  # the data keys a pod template uses of one source; None: every key
+
+
+def used_keys(pod_spec: Mapping[str, Any]) -> dict[tuple[SourceKind, str], KeyScope]:
+    """The data keys of each referenced source that a pod spec uses: a ``configMapKeyRef`` /
+    ``secretKeyRef`` uses its key, a volume with ``items`` (also a projected one) uses those keys;
+    ``envFrom`` and a volume without ``items`` use every key (None). Uses add up; every key wins."""
+    scopes: dict[tuple[SourceKind, str], KeyScope] = {}
+
+    def use(kind: SourceKind, name: object, keys: Iterable[str] | None) -> None:
+        if not name:
+            return
+        key = (kind, str(name))
+        if keys is None or scopes.get(key, frozenset()) is None:
+            scopes[key] = None
+        else:
+            scopes[key] = frozenset(scopes.get(key) or ()) | frozenset(keys)
+
+    def items(ref: Mapping[str, Any]) -> list[str] | None:
+        listed = ref.get("items")
+        return None if not listed else [str(item.get("key")) for item in listed if item.get("key")]
+
+    for volume in pod_spec.get("volumes") or ():
+        if volume.get("configMap"):
+            use("ConfigMap", volume["configMap"].get("name"), items(volume["configMap"]))
+        if volume.get("secret"):
+            use("Secret", volume["secret"].get("secretName"), items(volume["secret"]))
+        for projection in (volume.get("projected") or {}).get("sources") or ():
+            if projection.get("configMap"):
+                use("ConfigMap", projection["configMap"].get("name"), items(projection["configMap"]))
+            if projection.get("secret"):
+                use("Secret", projection["secret"].get("name"), items(projection["secret"]))
+    for container in _containers(pod_spec):
+        for env_from in container.get("envFrom") or ():
+            if env_from.get("configMapRef"):
+                use("ConfigMap", env_from["configMapRef"].get("name"), None)
+            if env_from.get("secretRef"):
+                use("Secret", env_from["secretRef"].get("name"), None)
+        for env in container.get("env") or ():
+            value_from = env.get("valueFrom") or {}
+            for source_kind, ref_key in (("ConfigMap", "configMapKeyRef"), ("Secret", "secretKeyRef")):
+                ref = value_from.get(ref_key)
+                if ref:
+                    use(source_kind, ref.get("name"), [str(ref.get("key") or "")])  # type: ignore[arg-type]
+    return scopes
+
+
+def scoped_hash(keys: Iterable[tuple[str, str]], scope: Iterable[str]) -> str:
+    """A source's hash as a key-scoped workload sees it: ``<digest of the key set>.<digest of those
+    keys' values>`` (a key missing from the source counts as absent). The key-set part tells a scope
+    change (template edited, opt-in switched) from a data change."""
+    wanted = sorted(set(scope))
+    present = dict(keys)
+    values = {k: present.get(k, ABSENT) for k in wanted}
+    scope_digest = hashlib.sha256(json.dumps(wanted).encode()).hexdigest()[:4]
+    value_digest = hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:8]
+    return f"{scope_digest}.{value_digest}"
+
+
 # --- the workload view (its index entry) ------------------------------------------------------------
 
 
@@ -327,10 +418,17 @@ class WorkloadView:
     pause_period: float | None = None   # Deployments: Reloader's pause-period, in seconds
     paused_at: str | None = None
     paused: bool = False
+    suspended: bool = False   # CronJob: spec.suspend (its owner said: run no Job)
+    restart: bool = False     # Argo Rollout with rollout-strategy "restart": set spec.restartAt
     template: Mapping[str, Any] | None = None   # Job: its spec; CronJob: its jobTemplate
     labels: Mapping[str, str] | None = None     # Job: kept for the recreated Job
     annotations: Mapping[str, str] | None = None  # Job: kept for the recreated Job
     deleting: bool = False
+    # The env-vars strategy only: each regular container (in order) with its env names (None: no env).
+    env_containers: tuple[tuple[str, tuple[str, ...] | None], ...] = ()
+    has_annotations: bool = False  # metadata.annotations is non-empty (a JSON patch adds into it)
+    # USED_KEYS_ONLY: ((kind, name), used keys) of the sources used by some keys only (others: every key).
+    key_scopes: tuple[tuple[tuple[str, str], tuple[str, ...]], ...] = ()
 
     @property
     def key(self) -> WorkloadKey:
@@ -441,10 +539,25 @@ def workload_view(kind: str, body: Mapping[str, Any], settings: Settings | None 
         first_container=str(containers[0]["name"]) if containers else "",
         observed_hash=ws.get(OBSERVED_HASH), observed_sources=ws.get(OBSERVED_SOURCES),
         pause_period=pause, paused_at=ws.get(PAUSED_AT), paused=bool(spec.get("paused")),
+        suspended=kind == "CronJob" and spec.get("suspend") is True,
+        restart=kind == "Rollout" and str(ws.get(ROLLOUT_STRATEGY) or "").strip() == "restart",
         template=kept_template, labels=dict(metadata.get("labels") or {}) if kind == "Job" else None,
         annotations=dict(ws) if kind == "Job" else None,
         deleting=bool(metadata.get("deletionTimestamp")),
+        env_containers=_env_containers(pod_spec) if settings.env_vars and kind in TEMPLATED else (),
+        has_annotations=bool(ws),
+        key_scopes=tuple((source, tuple(sorted(keys))) for source, keys in sorted(used_keys(pod_spec).items())
+                         if keys is not None) if _truthy(merged.get(USED_KEYS_ONLY)) else (),
     )
+
+
+def _env_containers(pod_spec: Mapping[str, Any]) -> tuple[tuple[str, tuple[str, ...] | None], ...]:
+    result: list[tuple[str, tuple[str, ...] | None]] = []
+    for container in pod_spec.get("containers") or ():
+        env = container.get("env")
+        names = None if env is None else tuple(str(e.get("name") or "") for e in env)
+        result.append((str(container.get("name") or ""), names))
+    return tuple(result)
 
 
 def workload_index_entries(view: WorkloadView | None) -> dict[Any, Any]:
@@ -527,8 +640,11 @@ class Snapshot:
         return combined_hash(self.per_source)
 
 
-def snapshot(sources: Iterable[Source], lookup: Mapping[tuple[str, str], Any]) -> Snapshot:
-    """``lookup``: (kind, name) -> SourceView (or a data hash) of the existing sources."""
+def snapshot(sources: Iterable[Source], lookup: Mapping[tuple[str, str], Any],
+             key_scopes: Iterable[tuple[tuple[str, str], tuple[str, ...]]] = ()) -> Snapshot:
+    """``lookup``: (kind, name) -> SourceView (or a data hash) of the existing sources; ``key_scopes``:
+    sources of which only these keys count (a key-scoped workload)."""
+    scopes = dict(key_scopes)
     per_source: dict[str, str] = {}
     missing: list[str] = []
     optional: set[str] = set()
@@ -536,7 +652,10 @@ def snapshot(sources: Iterable[Source], lookup: Mapping[tuple[str, str], Any]) -
         found = lookup.get((source.kind, source.name))
         if source.optional:
             optional.add(source.ref)
-        if found is not None:
+        scope = scopes.get((source.kind, source.name))
+        if found is not None and scope is not None and isinstance(found, SourceView):
+            per_source[source.ref] = scoped_hash(found.keys, scope)
+        elif found is not None:
             per_source[source.ref] = short(found.hash if isinstance(found, SourceView) else str(found))
         else:
             per_source[source.ref] = ABSENT
@@ -599,7 +718,7 @@ def plan(annotations: Mapping[str, str], snap: Snapshot, *, newer: Iterable[str]
     changed = []
     for ref, h in sorted(snap.per_source.items()):
         old = observed_sources.get(ref)
-        if old is None or old == h:
+        if old is None or old == h or _scope_changed(old, h):
             continue
         required = ref not in snap.optional
         if required and old == ABSENT and not reload_on_create:
@@ -608,6 +727,23 @@ def plan(annotations: Mapping[str, str], snap: Snapshot, *, newer: Iterable[str]
     if not changed:
         return Plan("baseline", new_hash=new_hash, missing=missing)
     return Plan("roll", new_hash=new_hash, changed=tuple(changed), missing=missing)
+
+
+def held_by_suspend(view: WorkloadView, plan_: Plan) -> bool:
+    """A rollout a suspended CronJob must not get (issue #20): creating a Job would run what its owner
+    suspended. The change becomes its baseline instead, so resuming it creates no Job either: its
+    next scheduled Job reads the data of then."""
+    return plan_.action == "roll" and view.kind == "CronJob" and view.suspended
+
+
+def _scope_changed(old: str, new: str) -> bool:
+    """The keys a workload uses of a source changed (or key scoping was switched on or off): that is
+    a template edit, which rolls by itself, not a data change."""
+    if ABSENT in (old, new):
+        return False
+    old_scope = old.split(".")[0] if "." in old else None
+    new_scope = new.split(".")[0] if "." in new else None
+    return old_scope != new_scope
 
 
 # --- patches ---------------------------------------------------------------------------------------
@@ -656,12 +792,81 @@ def roll_patch(view: WorkloadView, plan_: Plan, snap: Snapshot, now: float, rv: 
     """One merge patch: baseline plus the pod-template annotation that makes the controller roll the
     workload (and, for a Deployment with a pause period, Reloader's pause)."""
     patch = metadata_patch(plan_, snap, rv)
+    if view.restart:
+        # Reloader's rollout-strategy "restart" for Argo Rollouts: the Rollout controller restarts the
+        # pods in place of a new revision; the pod template is not touched.
+        patch["spec"] = {"restartAt": iso(now)}
+        return patch
     spec: dict[str, Any] = {"template": {"metadata": {"annotations": template_annotations(view, plan_, snap, now)}}}
     if view.kind == "Deployment" and view.pause_period:
         spec["paused"] = True
         patch["metadata"]["annotations"][PAUSED_AT] = iso(now)
     patch["spec"] = spec
     return patch
+
+
+def env_var_name(kind: str, name: str) -> str:
+    """Reloader's variable name: STAKATER_ + the name upper-cased, each run of other characters as
+    one "_" (none at the start), + _CONFIGMAP or _SECRET ("app.conf-v2" -> STAKATER_APP_CONF_V2_CONFIGMAP)."""
+    converted = re.sub(r"[^A-Z0-9]+", "_", name.upper())
+    converted = converted.lstrip("_")
+    return f"{ENV_PREFIX}{converted}_{'CONFIGMAP' if kind == 'ConfigMap' else 'SECRET'}"
+
+
+def env_target(view: WorkloadView, kind: str, name: str) -> int | None:
+    """The index of the regular container that gets a source's variable, as Reloader picks it: the
+    first regular container using the source; the first container when only init containers use it,
+    or when nothing references it (a named source); None without containers."""
+    names = [c for c, _ in view.env_containers]
+    if not names:
+        return None
+    for user in view.containers_of(kind, name):
+        if user in names:
+            return names.index(user)
+    return 0
+
+
+def _pointer(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def env_vars_patch(view: WorkloadView, plan_: Plan, snap: Snapshot, now: float,
+                   rv: int | None = None) -> list[dict[str, Any]]:
+    """The env-vars strategy's rollout: one JSON patch (a merge patch would replace the whole list of
+    containers) that sets the baseline annotations and, per changed source, its STAKATER_ variable
+    to the source's short data hash in the container using it. ``rv`` makes it conditional: a
+    workload changed since (containers reordered, say) answers 409, and is decided again."""
+    ops: list[dict[str, Any]] = []
+    if rv:
+        ops.append({"op": "replace", "path": "/metadata/resourceVersion", "value": str(rv)})
+    annotations = baseline_annotations(plan_, snap)
+    if view.kind == "Deployment" and view.pause_period:
+        annotations[PAUSED_AT] = iso(now)
+        ops.append({"op": "add", "path": "/spec/paused", "value": True})
+    if view.has_annotations:
+        ops += [{"op": "add", "path": f"/metadata/annotations/{_pointer(key)}", "value": value}
+                for key, value in annotations.items()]
+    else:
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": annotations})
+    env_names = {i: list(names) if names is not None else None for i, (_, names) in enumerate(view.env_containers)}
+    for ref in plan_.changed or tuple(snap.per_source):
+        kind, _, name = ref.partition("/")
+        source_kind = "ConfigMap" if kind == "configmap" else "Secret"
+        index = env_target(view, source_kind, name)
+        if index is None:
+            continue
+        variable, value = env_var_name(source_kind, name), snap.per_source.get(ref, ABSENT)
+        base = f"/spec/template/spec/containers/{index}/env"
+        names = env_names[index]
+        if names is None:
+            ops.append({"op": "add", "path": base, "value": [{"name": variable, "value": value}]})
+            env_names[index] = [variable]
+        elif variable in names:
+            ops.append({"op": "replace", "path": f"{base}/{names.index(variable)}/value", "value": value})
+        else:
+            ops.append({"op": "add", "path": f"{base}/-", "value": {"name": variable, "value": value}})
+            names.append(variable)
+    return ops
 
 
 def unpause_patch(rv: int | None = None) -> dict[str, Any]:
@@ -729,6 +934,15 @@ def recreated_job(view: WorkloadView, annotations: Mapping[str, str]) -> dict[st
 
 def rollout_message(kind: str, name: str, changed: Iterable[str]) -> str:
     return f"Re-rolled {kind} {name}: data changed in {', '.join(changed)}"
+
+
+def notify_only_message(kind: str, name: str, changed: Iterable[str]) -> str:
+    return f"Data changed in {', '.join(changed)}; {kind} {name} not re-rolled (notify-only)"
+
+
+def suspended_message(name: str, changed: Iterable[str]) -> str:
+    return (f"CronJob {name} is suspended: data changed in {', '.join(changed)}, no Job created "
+            f"(recorded as the baseline; resuming creates none either)")
 
 
 # --- pacing: leading edge, per-workload interval, cluster-wide token bucket -------------------------

@@ -28,17 +28,20 @@ from kopf_operators import access as k8s
 from kopf_operators import metrics
 from kopf_operators import reroller as logic
 from kopf_operators.access import Access, ApiError
+from kopf_operators.reroller_alerts import Alert, Alerts, AlertSettings
 
 OPERATOR = "reroller"
 SOURCE_INDEXES = {"ConfigMap": "reroller-configmaps", "Secret": "reroller-secrets"}
 WORKLOAD_INDEXES = {"Deployment": "reroller-deployments", "StatefulSet": "reroller-statefulsets",
-                    "DaemonSet": "reroller-daemonsets", "CronJob": "reroller-cronjobs", "Job": "reroller-jobs"}
+                    "DaemonSet": "reroller-daemonsets", "CronJob": "reroller-cronjobs", "Job": "reroller-jobs",
+                    "Rollout": "reroller-rollouts"}
 NAMESPACES_INDEX = "reroller-namespaces"
 INDEXES = (*SOURCE_INDEXES.values(), *WORKLOAD_INDEXES.values(), NAMESPACES_INDEX)
+ROLLOUT = k8s.Kind("argoproj.io/v1alpha1", "rollouts", "Rollout")  # Argo Rollouts (REROLLER_ARGO_ROLLOUTS)
 KINDS = {"Deployment": k8s.DEPLOYMENT, "StatefulSet": k8s.STATEFULSET, "DaemonSet": k8s.DAEMONSET,
-         "CronJob": k8s.CRONJOB, "Job": k8s.JOB}
+         "CronJob": k8s.CRONJOB, "Job": k8s.JOB, "Rollout": ROLLOUT}
 API_VERSIONS = {"Deployment": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": "apps/v1",
-                "CronJob": "batch/v1", "Job": "batch/v1"}
+                "CronJob": "batch/v1", "Job": "batch/v1", "Rollout": "argoproj.io/v1alpha1"}
 # A failed pass outside Kopf's retries: look again after this long (doubling, capped).
 RETRY_SECONDS = (1.0, 300.0)
 CONFLICT_ATTEMPTS = 3
@@ -55,11 +58,14 @@ def _first(index: Mapping[Any, Any] | None, key: Any) -> Any:
 
 
 class RerollerController:
-    def __init__(self, access: Access, settings: logic.Settings, indexes: Mapping[str, Mapping[Any, Any]]) -> None:
+    def __init__(self, access: Access, settings: logic.Settings, indexes: Mapping[str, Mapping[Any, Any]],
+                 alerts: AlertSettings | None = None) -> None:
         self.access = access
         self.settings = settings
+        self.alerts = Alerts(alerts or AlertSettings())
         self.sources = {kind: indexes[index_id] for kind, index_id in SOURCE_INDEXES.items()}
-        self.workloads = {kind: indexes[index_id] for kind, index_id in WORKLOAD_INDEXES.items()}
+        # The Rollout index exists only with REROLLER_ARGO_ROLLOUTS (its handlers are registered then).
+        self.workloads = {kind: indexes[index_id] for kind, index_id in WORKLOAD_INDEXES.items() if index_id in indexes}
         self.namespaces = indexes[NAMESPACES_INDEX]
         self.namespace_selector = logic.parse_selector(settings.namespace_selector)
         self.resource_selector = logic.parse_selector(settings.resource_label_selector)
@@ -80,7 +86,7 @@ class RerollerController:
 
     def current(self, key: Key, event_view: logic.WorkloadView | None = None) -> logic.WorkloadView | None:
         """The newest known view: the index, our own last write's answer, or the event's body."""
-        indexed = _first(self.workloads[key[0]], ("view", *key))
+        indexed = _first(self.workloads.get(key[0]), ("view", *key))
         written = self._written.get(key)
         if written is not None and (indexed is None or indexed.uid != written.uid or indexed.rv >= written.rv):
             self._written.pop(key, None)
@@ -117,6 +123,10 @@ class RerollerController:
         if not self.namespace_selector:
             return True
         return logic.selector_matches(self.namespace_selector, _first(self.namespaces, namespace))
+
+    def _count(self, key: Key, outcome: str) -> None:
+        if self.settings.metrics_by_namespace:
+            metrics.reload_by_namespace(key[1], key[0], outcome)
 
     def forget(self, key: Key) -> None:
         self._written.pop(key, None)
@@ -164,6 +174,7 @@ class RerollerController:
             self._attempts.pop(key, None)
         except ApiError as exc:
             metrics.error(OPERATOR, "api")
+            self._count(key, "failed")
             attempts = self._attempts.get(key, 0)
             self._attempts[key] = attempts + 1
             if not (exc.transient or exc.status == 409):
@@ -237,7 +248,7 @@ class RerollerController:
 
         lookup = self.lookup(view)
         sources = logic.effective_sources(view, lookup, self.settings)
-        snap = logic.snapshot(sources, lookup)
+        snap = logic.snapshot(sources, lookup, view.key_scopes)
         on_create, on_delete = self.settings.reload_on_create, self.settings.reload_on_delete
         pending = self._pending.get(key) if view.observed_hash is None else None
         if view.observed_hash is not None:
@@ -258,6 +269,8 @@ class RerollerController:
                 snap = logic.Snapshot(per_source=dict(logic.parse_observed(pending)[1]) or snap.per_source,
                                       missing=snap.missing, optional=snap.optional)
         self._warn_missing(view, plan)
+        if logic.held_by_suspend(view, plan):
+            return await self._record_suspended(view, plan, snap)
 
         if plan.action in ("none", "wait-missing"):
             self._release(key)
@@ -288,7 +301,10 @@ class RerollerController:
             if wait > 0:
                 self._schedule(key, wait)
                 return False
-        await self._roll(view, plan, snap, wall)
+        if self.alerts.settings.notify_only:
+            await self._notify_only(view, plan, snap)
+        else:
+            await self._roll(view, plan, snap, wall)
         self._reserved.discard(key)
         self._first_rv.pop(key, None)
         self._pending.pop(key, None)
@@ -307,7 +323,14 @@ class RerollerController:
     async def _roll(self, view: logic.WorkloadView, plan: logic.Plan, snap: logic.Snapshot, wall: float) -> None:
         where = f"{view.kind} {view.namespace}/{view.name}"
         kind = KINDS[view.kind]
-        if view.kind in logic.TEMPLATED:
+        if view.kind in logic.TEMPLATED and self.settings.env_vars:
+            answer = await self.access.patch(kind, view.namespace, view.name,
+                                             logic.env_vars_patch(view, plan, snap, wall, view.rv), json_patch=True)
+            self._after_write(view, answer)
+            if answer is None:
+                return
+            how = "STAKATER_ variable set"
+        elif view.kind in logic.TEMPLATED:
             answer = await self.access.patch(kind, view.namespace, view.name,
                                              logic.roll_patch(view, plan, snap, wall, view.rv))
             self._after_write(view, answer)
@@ -338,10 +361,46 @@ class RerollerController:
         self._last_roll[view.key] = time.monotonic()
         message = logic.rollout_message(view.kind, view.name, plan.changed)
         metrics.action(OPERATOR, "rollout")
+        self._count(view.key, "rolled")
         logger.info(f"{where}: {message} ({how})")
         self.access.event(self._ref(view), "Normal", "Rerolled", message)
+        self.alerts.notify(Alert(view.kind, view.namespace, view.name, plan.changed, "rolled", message))
         if view.kind == "Deployment" and view.pause_period:
             self._schedule(view.key, view.pause_period)
+
+    async def _notify_only(self, view: logic.WorkloadView, plan: logic.Plan, snap: logic.Snapshot) -> None:
+        """REROLLER_NOTIFY_ONLY: the change is recorded as the baseline and alerted, nothing rolls
+        (paced like a rollout, so a flapping source alerts at most once per interval)."""
+        rv = None if view.kind == "Job" else view.rv
+        answer = await self.access.patch(KINDS[view.kind], view.namespace, view.name,
+                                         logic.metadata_patch(plan, snap, rv))
+        self._after_write(view, answer)
+        if answer is None:
+            return
+        self._last_roll[view.key] = time.monotonic()
+        message = logic.notify_only_message(view.kind, view.name, plan.changed)
+        metrics.action(OPERATOR, "notify-only")
+        self._count(view.key, "notified")
+        logger.info(f"{view.kind} {view.namespace}/{view.name}: {message}")
+        self.access.event(self._ref(view), "Normal", "ChangeNotified", message)
+        self.alerts.notify(Alert(view.kind, view.namespace, view.name, plan.changed, "notified", message))
+
+    async def _record_suspended(self, view: logic.WorkloadView, plan: logic.Plan, snap: logic.Snapshot) -> bool:
+        """A suspended CronJob: the change becomes its baseline (with the resourceVersion: a resume
+        meanwhile conflicts and is decided again), no Job; said once, as an Event."""
+        answer = await self.access.patch(KINDS[view.kind], view.namespace, view.name,
+                                         logic.metadata_patch(plan, snap, view.rv))
+        self._after_write(view, answer)
+        self._release(view.key)
+        self._first_rv.pop(view.key, None)
+        self._pending.pop(view.key, None)
+        if answer is not None:
+            message = logic.suspended_message(view.name, plan.changed)
+            metrics.action(OPERATOR, "skip-suspended")
+            self._count(view.key, "suspended")
+            logger.info(f"{view.kind} {view.namespace}/{view.name}: {message}")
+            self.access.event(self._ref(view), "Normal", "RerollSkipped", message)
+        return True
 
     async def _unpause(self, view: logic.WorkloadView) -> bool:
         answer = await self.access.patch(KINDS[view.kind], view.namespace, view.name, logic.unpause_patch(view.rv))
@@ -374,6 +433,7 @@ class RerollerController:
 
     def start_resync(self) -> None:
         self._resync = asyncio.create_task(self._resync_loop(), name="reroller resync")
+        self.alerts.start()
 
     async def _resync_loop(self) -> None:
         while True:
@@ -384,6 +444,7 @@ class RerollerController:
                         await self.guarded((kind, entry[2], entry[3]), "resync")
 
     async def stop(self) -> None:
+        await self.alerts.stop()
         if self._resync:
             self._resync.cancel()
         for _, handle in self._timers.values():

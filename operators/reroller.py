@@ -16,6 +16,7 @@ import kopf
 
 from kopf_operators import reroller as logic
 from kopf_operators import runtime
+from kopf_operators.reroller_alerts import AlertSettings
 from kopf_operators.reroller_controller import (
     INDEXES,
     NAMESPACES_INDEX,
@@ -29,7 +30,9 @@ from kopf_operators.reroller_controller import (
 async def start(memo: kopf.Memo, **kwargs: Any) -> None:
     _, access = runtime.shared(memo)
     settings = logic.Settings.from_env(os.environ)  # fails fast on a malformed option
-    memo.reroller = RerollerController(access, settings, {index_id: kwargs[index_id] for index_id in INDEXES})
+    alerts = AlertSettings.from_env(os.environ)
+    memo.reroller = RerollerController(access, settings, {index_id: kwargs[index_id] for index_id in INDEXES
+                                                          if index_id in kwargs}, alerts)
     memo.reroller.start_resync()
 
 
@@ -60,6 +63,10 @@ def _workload_index(kind: str) -> Any:
 _WORKLOADS = {"Deployment": ("apps", "v1", "deployments"), "StatefulSet": ("apps", "v1", "statefulsets"),
               "DaemonSet": ("apps", "v1", "daemonsets"), "CronJob": ("batch", "v1", "cronjobs"),
               "Job": ("batch", "v1", "jobs")}
+# Argo Rollouts only when enabled (the chart grants RBAC on them only then): handlers are registered
+# at import, so this one option is read here, before Kopf starts.
+if os.environ.get("REROLLER_ARGO_ROLLOUTS", "").strip().lower() == "true":
+    _WORKLOADS["Rollout"] = ("argoproj.io", "v1alpha1", "rollouts")
 for _kind, (_group, _version, _plural) in _WORKLOADS.items():
     kopf.index(_group, _version, _plural, id=WORKLOAD_INDEXES[_kind])(_workload_index(_kind))
 

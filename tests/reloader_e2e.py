@@ -13,11 +13,19 @@ What it does, per suite:
    mapped onto our options (``reloader.autoReloadAll`` -> REROLLER_AUTO_RELOAD_ALL, ...); an
    uninstall stops our operator. So whatever rolls the workloads is our operator, configured as
    the suite configured Reloader;
-3. runs the binary with ``-ginkgo.label-filter='!argo && !csi && !openshift'`` and reports passed,
-   failed and skipped specs (from Ginkgo's JSON report), with each failure's message.
+3. runs the binary with ``-ginkgo.label-filter='!argo && !csi && !openshift'`` (the ``argo`` suite:
+   ``'!csi && !openshift'``) and reports passed, failed and skipped specs (from Ginkgo's JSON
+   report), with each failure's message.
 
-Values with no counterpart (``reloader.reloadStrategy=env-vars``: we implement the annotations
-strategy only) are reported, and the specs needing them fail honestly.
+Values with no counterpart are reported, and the specs needing them fail honestly.
+
+Argo Rollouts: before the first suite, the CRDs of argoproj/argo-rollouts are applied from the bare
+git directory the search tool's ``fetch github:argoproj/argo-rollouts`` leaves
+(``ARGO_ROLLOUTS_GIT_DIR``, its ``manifests/crds/``; data, never committed here); without it the run
+stops and says so. No Argo Rollouts controller runs here (as no kubelet runs the KWOK pods): a
+stand-in in this harness copies each Rollout's ``spec.replicas`` into its status as ready, which is
+what the suites wait for before they edit a ConfigMap. The CSI suite stays out: it needs a CSI driver
+and Vault.
 
 ``--against=reloader`` runs the suite the same way with Reloader's own binary (built from the same
 source, started by the shim with the flags its Helm values mean) in place of our operator: the
@@ -26,6 +34,7 @@ reference for which failures are the suite's own (timing races on this machine) 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -36,12 +45,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from tests.kube import wait_for
 from testsupport import peer_build
 from testsupport.launcher import KopfProcess
 from testsupport.paths import KUBECONFIG, REPO, helm_binary
 
-SUITES = ("core", "annotations", "flags", "advanced")
+SUITES = ("core", "annotations", "flags", "advanced", "argo")
 LABEL_FILTER = "!argo && !csi && !openshift"
+ARGO_LABEL_FILTER = "!csi && !openshift"
+ARGO_ROLLOUTS_GIT_DIR = Path(os.environ.get("ARGO_ROLLOUTS_GIT_DIR", "/work/.mirror/argoproj+argo-rollouts/repo"))
 SETTLE_SECONDS = 3.0
 # Reloader's Helm values -> our environment (docs/reroller.md, README's table).
 VALUE_ENV = {
@@ -51,10 +65,12 @@ VALUE_ENV = {
     "reloader.namespaceSelector": "REROLLER_NAMESPACE_SELECTOR",
     "reloader.ignoreNamespaces": "REROLLER_NAMESPACES_TO_IGNORE",
     "reloader.resourceLabelSelector": "REROLLER_RESOURCE_LABEL_SELECTOR",
+    "reloader.reloadStrategy": "REROLLER_RELOAD_STRATEGY",
+    "reloader.isArgoRollouts": "REROLLER_ARGO_ROLLOUTS",
+    "reloader.enableMetricsByNamespace": "REROLLER_METRICS_BY_NAMESPACE",
 }
 # Values that change nothing for us (no such component here, or our behaviour already).
-NEUTRAL = {"image.repository", "image.tag", "image.pullPolicy", "reloader.isArgoRollouts",
-           "reloader.enableCSIIntegration"}
+NEUTRAL = {"image.repository", "image.tag", "image.pullPolicy", "reloader.enableCSIIntegration"}
 
 SHIM = """#!/bin/sh
 # helm shim of tests/reloader_e2e.py: pass the call on, then let the harness (re)start our operator.
@@ -96,12 +112,12 @@ def operator_options(namespace: str, values: dict[str, str]) -> tuple[dict[str, 
     for key, kind in (("reloader.ignoreSecrets", "secrets"), ("reloader.ignoreConfigMaps", "configmaps")):
         if values.get(key) == "true":
             env["REROLLER_RESOURCES_TO_IGNORE"] = kind
-    handled = {"reloader.reloadStrategy", "reloader.watchGlobally", "reloader.namespaces", "reloader.ignoreJobs",
+    handled = {"reloader.watchGlobally", "reloader.namespaces", "reloader.ignoreJobs",
                "reloader.ignoreCronJobs", "reloader.ignoreSecrets", "reloader.ignoreConfigMaps", *NEUTRAL}
     for key, value in values.items():
         if key in VALUE_ENV:
             env[VALUE_ENV[key]] = value
-        elif key not in handled or (key == "reloader.reloadStrategy" and value != "annotations"):
+        elif key not in handled:
             unmapped.append(f"{key}={value}")
     # watchGlobally=false: Reloader watches its own namespace only, or reloader.namespaces plus its own.
     scope = ["--all-namespaces"]
@@ -131,8 +147,84 @@ def reloader_flags(namespace: str, values: dict[str, str]) -> list[str]:
     if types:
         flags.append(f"--ignored-workload-types={','.join(types)}")
     if values.get("reloader.watchGlobally") == "false":
-        flags.append(f"--namespaces={values.get('reloader.namespaces', '').strip('{}') or namespace}")
+        # Reloader's chart adds its own (release) namespace to reloader.namespaces.
+        names = [n for n in values.get("reloader.namespaces", "").strip("{}").split(",") if n]
+        flags.append(f"--namespaces={','.join(dict.fromkeys([*names, namespace]))}")
+    if values.get("reloader.isArgoRollouts") == "true":
+        flags.append("--is-Argo-Rollouts=true")
     return flags
+
+
+def install_argo_rollouts_crds(git_dir: Path = ARGO_ROLLOUTS_GIT_DIR) -> tuple[str, list[str]]:
+    """Apply Argo Rollouts' CRDs from the fetched source (its manifests/crds/): the commit applied and
+    the CRDs this created (those already there, say a real Argo Rollouts install, are left as found)."""
+    if not (git_dir / "HEAD").exists():
+        raise SystemExit(f"no Argo Rollouts source at {git_dir}: fetch github:argoproj/argo-rollouts first "
+                         f"(or set ARGO_ROLLOUTS_GIT_DIR); its manifests/crds/ are what the argo specs need")
+    commit = subprocess.run(["git", "--git-dir", str(git_dir), "rev-parse", "HEAD"], capture_output=True,
+                            text=True, check=True).stdout.strip()
+    files = subprocess.run(["git", "--git-dir", str(git_dir), "ls-tree", "--name-only", "HEAD", "manifests/crds/"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    existing = set(subprocess.run(["kubectl", "get", "crd", "-o", "name"], capture_output=True, text=True,
+                                  check=True).stdout.split())
+    created: list[str] = []
+    for path in files:
+        if not path.endswith("-crd.yaml"):
+            continue
+        text = subprocess.run(["git", "--git-dir", str(git_dir), "show", f"HEAD:{path}"], capture_output=True,
+                              text=True, check=True).stdout
+        name = f"customresourcedefinition.apiextensions.k8s.io/{yaml.safe_load(text)['metadata']['name']}"
+        if name in existing:
+            continue
+        created.append(name)
+        subprocess.run(["kubectl", "apply", "--server-side", "--force-conflicts", "-f", "-"], input=text, text=True,
+                       check=True, capture_output=True)
+    wait_for(lambda: subprocess.run(["kubectl", "wait", "--for=condition=Established", "--timeout=10s",
+                                     "crd/rollouts.argoproj.io"], capture_output=True).returncode == 0,
+             timeout=60, interval=1, what="the Rollout CRD established")
+    return commit, created
+
+
+class RolloutStatusStandIn:
+    """What the Argo Rollouts controller would report once the pods are up: readyReplicas =
+    spec.replicas (no controller and no kubelet run here, as KWOK marks pods Running). Nothing else."""
+
+    def __init__(self) -> None:
+        self._stop = False
+        self._thread: Any = None
+
+    def start(self) -> None:
+        import threading
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import kubernetes
+        kubernetes.config.load_kube_config()
+        custom = kubernetes.client.CustomObjectsApi()
+        while not self._stop:
+            try:
+                stream = kubernetes.watch.Watch().stream(custom.list_cluster_custom_object, "argoproj.io", "v1alpha1",
+                                                         "rollouts", timeout_seconds=30)
+                for event in stream:
+                    obj = event["object"]
+                    if event["type"] == "DELETED" or self._stop:
+                        continue
+                    replicas = int((obj.get("spec") or {}).get("replicas", 1))
+                    status = obj.get("status") or {}
+                    if status.get("readyReplicas") == replicas and status.get("replicas") == replicas:
+                        continue
+                    meta = obj["metadata"]
+                    with contextlib.suppress(kubernetes.client.ApiException):  # gone meanwhile
+                        custom.patch_namespaced_custom_object_status(
+                            "argoproj.io", "v1alpha1", meta["namespace"], "rollouts", meta["name"],
+                            {"status": {"replicas": replicas, "readyReplicas": replicas,
+                                        "availableReplicas": replicas, "updatedReplicas": replicas}})
+            except Exception:  # a watch error: start again
+                time.sleep(1)
+
+    def stop(self) -> None:
+        self._stop = True
 
 
 class Harness:
@@ -208,7 +300,8 @@ def run_suite(suite: str, workdir: Path, against: str = "ours") -> dict[str, Any
     env = {**os.environ, "KUBECONFIG": str(harness.kubeconfig),
            "PATH": f"{harness.shim_dir()}:{Path(shutil.which('kubectl') or 'kubectl').parent}:{os.environ['PATH']}",
            "RELOADER_IMAGE": "ghcr.io/stakater/reloader:test", "SKIP_BUILD": "true"}
-    cmd = [str(binary), f"-ginkgo.label-filter={LABEL_FILTER}", "-ginkgo.v", f"-ginkgo.json-report={report}",
+    label_filter = ARGO_LABEL_FILTER if suite == "argo" else LABEL_FILTER
+    cmd = [str(binary), f"-ginkgo.label-filter={label_filter}", "-ginkgo.v", f"-ginkgo.json-report={report}",
            "-ginkgo.timeout=60m", "-test.timeout=70m"]
     if os.environ.get("RELOADER_E2E_FOCUS"):  # a regular expression over spec names, to re-run a few
         cmd.append(f"-ginkgo.focus={os.environ['RELOADER_E2E_FOCUS']}")
@@ -261,7 +354,19 @@ def main() -> int:
             args.remove(arg)
     suites = args or list(SUITES)
     workdir = Path(tempfile.mkdtemp(prefix="reloader-e2e-", dir=os.environ.get("TMPDIR")))
-    results = [run_suite(suite, workdir, against) for suite in suites]
+    # The Argo Rollouts CRDs for every suite: with them, core and annotations deploy Reloader with
+    # isArgoRollouts=true too (their argo-labelled specs stay filtered out), and the argo suite runs.
+    argo_commit, created = install_argo_rollouts_crds()
+    print(f"Argo Rollouts CRDs applied from argoproj/argo-rollouts {argo_commit[:12]}", file=sys.stderr)
+    stand_in = RolloutStatusStandIn()
+    stand_in.start()
+    try:
+        results = [run_suite(suite, workdir, against) for suite in suites]
+    finally:
+        stand_in.stop()
+        # The cluster as found: the CRDs this run added go again (and every Rollout with them).
+        for name in created:
+            subprocess.run(["kubectl", "delete", "--ignore-not-found", name], capture_output=True)
     print(json.dumps(results, indent=2))
     print(f"logs: {workdir}", file=sys.stderr)
     return 1 if any(r["failed"] or not r["passed"] for r in results) else 0

@@ -7,12 +7,13 @@ import base64
 import json
 import os
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from kopf_operators import reroller as logic
-from tests.kube import OperatorProcess, stays, wait_for
+from tests.kube import OperatorProcess, kubectl, stays, wait_for
 from testsupport.audit import AuditLog, audit_now
 from testsupport.stats import percentile
 
@@ -381,12 +382,20 @@ def test_change_right_after_creation_is_never_absorbed(operator: OperatorProcess
     assert not operator.errors(about=namespace)
 
 
-def cronjob(batch: Any, ns: str, name: str, pod_spec: dict[str, Any], annotations: dict[str, str]) -> None:
+def cronjob(batch: Any, ns: str, name: str, pod_spec: dict[str, Any], annotations: dict[str, str],
+            suspend: bool = False) -> None:
+    """A CronJob whose schedule (once a year, on 1 January) never fires during a test."""
     pod_spec = {**pod_spec, "restartPolicy": "Never"}
     batch.create_namespaced_cron_job(ns, {
         "metadata": {"name": name, "annotations": annotations},
-        "spec": {"schedule": "0 0 1 1 *", "suspend": True,
+        "spec": {"schedule": "0 0 1 1 *", "suspend": suspend,
                  "jobTemplate": {"spec": {"template": {"spec": pod_spec}}}}})
+
+
+def jobs_of(batch: Any, ns: str, cronjob_name: str) -> list[Any]:
+    """The Jobs a CronJob owns (created by the operator from its template)."""
+    return [j for j in batch.list_namespaced_job(ns).items
+            if any(o.kind == "CronJob" and o.name == cronjob_name for o in j.metadata.owner_references or ())]
 
 
 def test_cronjob_gets_a_job_and_job_is_recreated(operator: OperatorProcess, namespace: str, core: Any,
@@ -404,9 +413,8 @@ def test_cronjob_gets_a_job_and_job_is_recreated(operator: OperatorProcess, name
     set_cm(core, namespace, "conf", {"k": "2"})
 
     def triggered() -> list[Any]:
-        return [j for j in batch.list_namespaced_job(namespace).items
-                if any(o.kind == "CronJob" and o.name == "nightly" for o in j.metadata.owner_references or ())
-                and (j.metadata.annotations or {}).get(logic.CRONJOB_INSTANTIATE) == "manual"]
+        return [j for j in jobs_of(batch, namespace, "nightly")
+                if (j.metadata.annotations or {}).get(logic.CRONJOB_INSTANTIATE) == "manual"]
     wait_for(triggered, timeout=30, what="a Job created from the CronJob")
     again = wait_for(lambda: (j := batch.read_namespaced_job("once", namespace)).metadata.uid != uid and j,
                      timeout=30, what="the Job recreated")
@@ -415,6 +423,39 @@ def test_cronjob_gets_a_job_and_job_is_recreated(operator: OperatorProcess, name
     stays(lambda: len(triggered()) == 1, 4, what="one Job per change")
     assert batch.read_namespaced_job("once", namespace).metadata.uid == again.metadata.uid, "recreated once"
     assert events(core, namespace, "nightly", "Rerolled") and events(core, namespace, "once", "Rerolled")
+    assert not operator.errors(about=namespace)
+
+
+def test_suspended_cronjob_gets_no_job(operator: OperatorProcess, namespace: str, core: Any,
+                                      batch: Any) -> None:
+    """Issue #20: a suspended CronJob (``spec.suspend: true``) gets no Job when its ConfigMap changes
+    (its owner said: run nothing); the change becomes its baseline, so resuming it creates no Job
+    either (its next scheduled Job reads the data of then). A second CronJob using the same ConfigMap,
+    not suspended, gets its Job: the change was seen."""
+    configmap(core, namespace, "conf", {"k": "1"})
+    spec = {"containers": [{"name": "c", "image": "busybox:1.36", "envFrom": [{"configMapRef": {"name": "conf"}}]}]}
+    cronjob(batch, namespace, "held", spec, AUTO, suspend=True)
+    cronjob(batch, namespace, "active", spec, AUTO)
+    for name in ("held", "active"):
+        wait_for(lambda n=name: logic.OBSERVED_HASH in (  # type: ignore[misc]
+            batch.read_namespaced_cron_job(n, namespace).metadata.annotations or {}),
+            timeout=30, what=f"{name}'s baseline")
+    first = batch.read_namespaced_cron_job("held", namespace).metadata.annotations[logic.OBSERVED_HASH]
+
+    set_cm(core, namespace, "conf", {"k": "2"})
+    wait_for(lambda: jobs_of(batch, namespace, "active"), timeout=30, what="the active CronJob's Job")
+    wait_for(lambda: batch.read_namespaced_cron_job("held", namespace).metadata.annotations[logic.OBSERVED_HASH]
+             != first, timeout=30, what="the suspended CronJob's new baseline")
+    wait_for(lambda: events(core, namespace, "held", "RerollSkipped"), timeout=15,
+             what="an Event saying why no Job was created")
+    assert not jobs_of(batch, namespace, "held") and not events(core, namespace, "held", "Rerolled")
+
+    # Resumed: still no Job for the change made while suspended; the next change gets one.
+    batch.patch_namespaced_cron_job("held", namespace, {"spec": {"suspend": False}})
+    stays(lambda: not jobs_of(batch, namespace, "held"), 4, what="no Job on resume")
+    set_cm(core, namespace, "conf", {"k": "3"})
+    wait_for(lambda: jobs_of(batch, namespace, "held"), timeout=30, what="a Job after the resume")
+    stays(lambda: len(jobs_of(batch, namespace, "held")) == 1, 3, what="one Job per change")
     assert not operator.errors(about=namespace)
 
 
@@ -567,3 +608,487 @@ def test_requests_per_change_and_quiet_logs(operator: OperatorProcess, namespace
     ours = [line for line in operator.output()[log_start:].splitlines()
             if "kopf_operators.rer" in line and "[INFO" in line and namespace in line]
     assert len(ours) == len(names), ours  # one line per rollout, nothing for the no-op events
+
+
+# --- issue #22: the env-vars strategy, rollbacks and GitOps re-applies per strategy ------------------
+
+
+@pytest.fixture
+def reroller_with(operator: OperatorProcess) -> Iterator[Callable[..., OperatorProcess]]:
+    """The re-roller alone with options of the test's choosing (the session's operator is stopped
+    meanwhile, so that only one re-roller acts; the ``operator`` fixture restarts it afterwards)."""
+    started: list[OperatorProcess] = []
+
+    def start(**env: str) -> OperatorProcess:
+        operator.stop()
+        for earlier in started:
+            earlier.stop()
+        proc = OperatorProcess(files=["operators/reroller.py"], env=env, kubeconfig=operator.kubeconfig,
+                               log_name="reroller-own")
+        proc.start()
+        started.append(proc)
+        return proc
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+def container_env(apps: Any, ns: str, name: str, container: str, kind: str = "Deployment") -> dict[str, str]:
+    for c in read(apps, kind, ns, name).spec.template.spec.containers:
+        if c.name == container:
+            return {e.name: e.value for e in c.env or ()}
+    return {}
+
+
+def stakater(apps: Any, ns: str, name: str, container: str, kind: str = "Deployment") -> dict[str, str]:
+    return {k: v for k, v in container_env(apps, ns, name, container, kind).items() if k.startswith("STAKATER_")}
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "StatefulSet", "DaemonSet"])
+def test_env_vars_strategy(reroller_with: Callable[..., OperatorProcess], namespace: str, core: Any, apps: Any,
+                           kind: str) -> None:
+    """REROLLER_RELOAD_STRATEGY=env-vars (Reloader's --reload-strategy=env-vars): a change sets
+    STAKATER_<NAME>_<KIND> in the container using the source (no pod-template annotation); the next
+    change replaces its value; each is one rollout by the controller-manager."""
+    proc = reroller_with(REROLLER_RELOAD_STRATEGY="env-vars")
+    configmap(core, namespace, "app.conf", {"k": "1"})
+    secret(core, namespace, "creds", {"p": "1"})
+    pod = {"containers": [
+        {"name": "sidecar", "image": "busybox", "env": [{"name": "KEEP", "value": "me"}]},
+        {"name": "app", "image": "app", "envFrom": [{"configMapRef": {"name": "app.conf"}}],
+         "volumeMounts": [{"name": "creds", "mountPath": "/creds"}]}],
+        "volumes": [{"name": "creds", "secret": {"secretName": "creds"}}]}
+    labels = {"app": "w"}
+    spec: dict[str, Any] = {"selector": {"matchLabels": labels}, "template": pod_template(pod, labels)}
+    meta = {"name": "w", "annotations": {logic.RELOADER_AUTO: "true"}}
+    if kind == "Deployment":
+        apps.create_namespaced_deployment(namespace, {"metadata": meta, "spec": {**spec, "replicas": 1}})
+        count = replicasets
+    elif kind == "StatefulSet":
+        apps.create_namespaced_stateful_set(namespace, {"metadata": meta, "spec": {**spec, "serviceName": "w",
+                                                                                   "replicas": 1}})
+        count = revisions
+    else:
+        apps.create_namespaced_daemon_set(namespace, {"metadata": meta, "spec": spec})
+        count = revisions
+    baseline(apps, namespace, "w", kind)
+    wait_for(lambda: count(apps, namespace, "w") == 1, timeout=30, what="the first revision")
+
+    set_cm(core, namespace, "app.conf", {"k": "2"})
+    first = wait_for(lambda: stakater(apps, namespace, "w", "app", kind).get("STAKATER_APP_CONF_CONFIGMAP"),
+                     timeout=30, what="STAKATER_APP_CONF_CONFIGMAP set")
+    wait_for(lambda: count(apps, namespace, "w") == 2, timeout=30, what="a second revision")
+    assert container_env(apps, namespace, "w", "sidecar", kind) == {"KEEP": "me"}, "other containers untouched"
+    annotations = read(apps, kind, namespace, "w").spec.template.metadata.annotations or {}
+    assert logic.LAST_RELOADED_FROM not in annotations and logic.CONFIG_HASH not in annotations
+
+    # The Secret mounted by the same container: a second variable; the first one keeps its value.
+    time.sleep(10.5)  # past the minimum interval, so that this change rolls at once
+    core.patch_namespaced_secret("creds", namespace, {"stringData": {"p": "2"}})
+    wait_for(lambda: "STAKATER_CREDS_SECRET" in stakater(apps, namespace, "w", "app", kind), timeout=30,
+             what="STAKATER_CREDS_SECRET set")
+    assert stakater(apps, namespace, "w", "app", kind)["STAKATER_APP_CONF_CONFIGMAP"] == first
+    time.sleep(10.5)
+    set_cm(core, namespace, "app.conf", {"k": "3"})
+    wait_for(lambda: stakater(apps, namespace, "w", "app", kind)["STAKATER_APP_CONF_CONFIGMAP"] != first,
+             timeout=30, what="the value replaced")
+    wait_for(lambda: count(apps, namespace, "w") == 4, timeout=30, what="one revision per change")
+    stays(lambda: count(apps, namespace, "w") == 4 and len(stakater(apps, namespace, "w", "app", kind)) == 2, 3,
+          what="one variable per source, one rollout per change")
+    assert len(events(core, namespace, "w", "Rerolled")) == 3
+    assert not proc.errors()
+
+
+def deployment_manifest(name: str, cm: str) -> dict[str, Any]:
+    labels = {"app": name}
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "annotations": {logic.RELOADER_AUTO: "true"}},
+            "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels}, "spec": {"containers": [
+                         {"name": "app", "image": "app:1", "envFrom": [{"configMapRef": {"name": cm}}]}]}}}}
+
+
+@pytest.mark.parametrize("strategy", ["annotations", "env-vars"])
+def test_rollback_and_gitops_reapply_per_strategy(reroller_with: Callable[..., OperatorProcess], namespace: str,
+                                                  core: Any, apps: Any, strategy: str) -> None:
+    """What docs/reroller.md promises for each strategy: the manifest as kept in Git, applied again
+    (server-side, by another field manager, as Argo CD and Flux do), shows no diff and rolls nothing:
+    the field the operator wrote is its own; ``kubectl rollout undo`` goes back to the earlier pod
+    template, and the operator does not roll the workload forward again (only a new change does)."""
+    reroller_with(REROLLER_RELOAD_STRATEGY=strategy)
+    configmap(core, namespace, "conf", {"k": "1"})
+    manifest = json.dumps(deployment_manifest("app", "conf"))
+    kubectl("apply", "--server-side", "--field-manager=gitops", "-n", namespace, "-f", "-", input=manifest)
+    baseline(apps, namespace, "app")
+    wait_for(lambda: replicasets(apps, namespace, "app") == 1, timeout=30, what="the first ReplicaSet")
+
+    def marker() -> str | None:
+        if strategy == "env-vars":
+            return stakater(apps, namespace, "app", "app").get("STAKATER_CONF_CONFIGMAP")
+        return reloaded_from(apps, namespace, "app")
+
+    set_cm(core, namespace, "conf", {"k": "2"})
+    rolled = wait_for(marker, timeout=30, what="the rollout")
+    wait_for(lambda: replicasets(apps, namespace, "app") == 2, timeout=30, what="a second ReplicaSet")
+
+    # GitOps: the same manifest applied again; a diff against it shows nothing.
+    diff = kubectl("diff", "--server-side", "--field-manager=gitops", "-n", namespace, "-f", "-", input=manifest,
+                   check=False)
+    assert diff.returncode == 0, diff.stdout
+    kubectl("apply", "--server-side", "--field-manager=gitops", "-n", namespace, "-f", "-", input=manifest)
+    stays(lambda: marker() == rolled and replicasets(apps, namespace, "app") == 2, 4,
+          what="the re-apply keeps the rollout and rolls nothing")
+
+    # Rollback: the first template again, and it stays so.
+    kubectl("rollout", "undo", "deployment/app", "-n", namespace)
+    wait_for(lambda: marker() is None, timeout=30, what="the first template back")
+    stays(lambda: marker() is None and replicasets(apps, namespace, "app") == 2, 4,
+          what="the operator leaves the rollback alone")
+    # A new change rolls again.
+    time.sleep(10.5)  # past the minimum interval since the first rollout
+    set_cm(core, namespace, "conf", {"k": "3"})
+    wait_for(lambda: marker() not in (None, rolled), timeout=30, what="a rollout after the rollback")
+
+
+# --- issue #22: key-scoped reloads (beyond Reloader) -------------------------------------------------
+
+
+def test_used_keys_only(operator: OperatorProcess, namespace: str, core: Any, apps: Any) -> None:
+    """``reroller.kopf-operators.dev/used-keys-only: "true"``: a workload rolls only when a key it uses
+    changes. The three reference forms: a key reference (configMapKeyRef / secretKeyRef), a volume's
+    ``items`` (also projected), and the whole source (envFrom)."""
+    configmap(core, namespace, "shared", {"a": "1", "b": "1", "c": "1"})
+    secret(core, namespace, "creds", {"user": "u1", "password": "p1"})
+    scoped = {logic.AUTO: "true", logic.USED_KEYS_ONLY: "true"}
+    keyref = {"containers": [{"name": "c", "image": "app", "env": [
+        {"name": "A", "valueFrom": {"configMapKeyRef": {"name": "shared", "key": "a"}}},
+        {"name": "P", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "password"}}}]}]}
+    items = {"containers": [{"name": "c", "image": "app", "volumeMounts": [{"name": "v", "mountPath": "/v"}]}],
+             "volumes": [{"name": "v", "projected": {"sources": [
+                 {"configMap": {"name": "shared", "items": [{"key": "b", "path": "b"}]}}]}}]}
+    whole = {"containers": [{"name": "c", "image": "app", "envFrom": [{"configMapRef": {"name": "shared"}}]}]}
+    for name, spec in (("keyref", keyref), ("items", items), ("whole", whole)):
+        deployment(apps, namespace, name, spec, scoped, replicas=0)
+    for name in ("keyref", "items", "whole"):
+        baseline(apps, namespace, name)
+        wait_for(lambda n=name: replicasets(apps, namespace, n) == 1, timeout=30, what=f"{name}'s ReplicaSet")  # type: ignore[misc]
+
+    def rolled(name: str) -> bool:
+        return template_hash(apps, namespace, name) is not None
+
+    set_cm(core, namespace, "shared", {"c": "2"})  # used by envFrom only
+    wait_for(lambda: rolled("whole"), timeout=30, what="the whole-source user rolled")
+    core.patch_namespaced_secret("creds", namespace, {"stringData": {"user": "u2"}})  # an unused Secret key
+    stays(lambda: not rolled("keyref") and not rolled("items"), 4, what="unused keys roll nothing")
+
+    set_cm(core, namespace, "shared", {"a": "2"})  # the key reference
+    wait_for(lambda: rolled("keyref"), timeout=30, what="the key reference's user rolled")
+    wait_for(lambda: replicasets(apps, namespace, "keyref") == 2, timeout=30, what="its second ReplicaSet")
+    stays(lambda: not rolled("items"), 3, what="the items user not rolled by key a")
+
+    set_cm(core, namespace, "shared", {"b": "2"})  # the volume's items
+    wait_for(lambda: rolled("items"), timeout=30, what="the items user rolled")
+    assert any("configmap/shared" in (e.message or "") for e in events(core, namespace, "items", "Rerolled"))
+
+    time.sleep(10.5)  # past keyref's minimum interval
+    core.patch_namespaced_secret("creds", namespace, {"stringData": {"password": "p2"}})  # a used Secret key
+    before = template_hash(apps, namespace, "keyref")
+    wait_for(lambda: template_hash(apps, namespace, "keyref") != before, timeout=30,
+             what="the secretKeyRef's user rolled")
+    assert not operator.errors(about=namespace)
+
+
+# --- issue #22: alerts on reload ---------------------------------------------------------------------
+
+
+class Receiver:
+    """An HTTP receiver for alerts, on 127.0.0.1 only; ``status`` and ``delay`` make it a failing sink."""
+
+    def __init__(self, status: int = 200, delay: float = 0.0) -> None:
+        import http.server
+        import threading
+        received = self.received = []  # type: list[tuple[str, dict[str, Any]]]
+        self.status, self.delay = status, delay
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                received.append((self.path, json.loads(body or b"{}")))
+                time.sleep(outer.delay)
+                self.send_response(outer.status)
+                self.end_headers()
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.token = os.urandom(8).hex()  # the credential part of the URL
+        self.secret_path = f"/services/T0/B0/{self.token}"
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}{self.secret_path}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    recv = Receiver()
+    yield recv
+    recv.close()
+
+
+@pytest.mark.parametrize("sink", ["slack", "teams", "gchat", "webhook"])
+def test_alert_on_reload(reroller_with: Callable[..., OperatorProcess], receiver: Receiver, namespace: str,
+                         core: Any, apps: Any, sink: str) -> None:
+    """Each sink gets one alert per rollout, in its own format, at the URL (a credential: from a
+    Secret in the chart, here the environment it maps to), which never shows in the log, even with
+    --verbose."""
+    proc = reroller_with(REROLLER_ALERT_SINK=sink, REROLLER_ALERT_WEBHOOK_URL=receiver.url,
+                         REROLLER_ALERT_ADDITIONAL_INFO="e2e-cluster")
+    configmap(core, namespace, "nginx-conf", {"nginx.conf": NGINX_CONF})
+    deployment(apps, namespace, "nginx", nginx_pod_spec(), AUTO)
+    baseline(apps, namespace, "nginx")
+    set_cm(core, namespace, "nginx-conf", {"nginx.conf": NGINX_CONF.replace("v1", "v2")})
+    assert_rolled_once(apps, core, namespace, "nginx", "configmap/nginx-conf")
+    wait_for(lambda: receiver.received, timeout=15, what="the alert")
+    stays(lambda: len(receiver.received) == 1, 2, what="one alert per rollout")
+    path, body = receiver.received[0]
+    assert path == receiver.secret_path
+    text = f"e2e-cluster : Re-rolled Deployment nginx: data changed in configmap/nginx-conf (namespace {namespace})"
+    expected = {"slack": {"attachments": [{"text": text, "color": "good", "author_name": "re-roller"}]},
+                "teams": {"text": text}, "gchat": {"text": text},
+                "webhook": {"kind": "Deployment", "namespace": namespace, "name": "nginx",
+                            "sources": ["configmap/nginx-conf"], "action": "rolled", "message": text,
+                            "additionalInfo": "e2e-cluster"}}[sink]
+    assert body == expected
+    assert receiver.token not in proc.output()
+
+
+def test_failing_sink_never_blocks_or_repeats_a_rollout(reroller_with: Callable[..., OperatorProcess],
+                                                        namespace: str, core: Any, apps: Any) -> None:
+    """A sink that answers 500 after hanging past the alert timeout: every rollout still happens at
+    once, exactly once; the failure is one WARNING line without the URL."""
+    slow = Receiver(status=500, delay=3.0)
+    try:
+        proc = reroller_with(REROLLER_ALERT_SINK="webhook", REROLLER_ALERT_WEBHOOK_URL=slow.url,
+                             REROLLER_ALERT_TIMEOUT_SECONDS="1")
+        names = [f"app-{i}" for i in range(3)]
+        configmap(core, namespace, "shared", {"k": "1"})
+        for name in names:
+            deployment(apps, namespace, name, nginx_pod_spec("shared"), AUTO, replicas=0)
+        for name in names:
+            baseline(apps, namespace, name)
+        edited = time.monotonic()
+        set_cm(core, namespace, "shared", {"k": "2"})
+        for name in names:
+            wait_for(lambda n=name: template_hash(apps, namespace, n), timeout=30, interval=0.02,  # type: ignore[misc]
+                     what=f"{name} rolled")
+        assert time.monotonic() - edited < 1.0, "rollouts waited for the sink"
+        wait_for(lambda: len(slow.received) == 3, timeout=30, what="the alerts attempted")
+        wait_for(lambda: proc.output().count("alert failed") == 3, timeout=15, what="each failure said once")
+        stays(lambda: all(len(events(core, namespace, n, "Rerolled")) == 1 for n in names) and len(slow.received) == 3,
+              4, what="no rollout or alert repeated")
+        assert slow.token not in proc.output() and not proc.errors()
+    finally:
+        slow.close()
+
+
+def test_notify_only(reroller_with: Callable[..., OperatorProcess], receiver: Receiver, namespace: str, core: Any,
+                     apps: Any) -> None:
+    """REROLLER_NOTIFY_ONLY=true: a change is alerted and recorded, nothing rolls."""
+    reroller_with(REROLLER_ALERT_SINK="webhook", REROLLER_ALERT_WEBHOOK_URL=receiver.url, REROLLER_NOTIFY_ONLY="true")
+    configmap(core, namespace, "nginx-conf", {"nginx.conf": NGINX_CONF})
+    deployment(apps, namespace, "nginx", nginx_pod_spec(), AUTO)
+    first = baseline(apps, namespace, "nginx")
+    wait_for(lambda: replicasets(apps, namespace, "nginx") == 1, timeout=30, what="the first ReplicaSet")
+    set_cm(core, namespace, "nginx-conf", {"nginx.conf": NGINX_CONF.replace("v1", "v2")})
+    wait_for(lambda: receiver.received, timeout=30, what="the alert")
+    body = receiver.received[0][1]
+    assert body["action"] == "notified" and body["sources"] == ["configmap/nginx-conf"]
+    wait_for(lambda: observed_hash(apps, namespace, "nginx") != first, timeout=15, what="the change recorded")
+    assert events(core, namespace, "nginx", "ChangeNotified")
+    assert_not_rolled(apps, namespace, "nginx", 4)
+    assert len(receiver.received) == 1
+
+
+def reload_samples(proc: OperatorProcess) -> dict[str, float]:
+    """kopf_operators_reroller_reloads_total samples: labels -> value."""
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in proc.metrics().splitlines()
+            if line.startswith("kopf_operators_reroller_reloads_total{")}
+
+
+def test_metrics_by_namespace(reroller_with: Callable[..., OperatorProcess], namespace: str, core: Any,
+                              apps: Any) -> None:
+    """REROLLER_METRICS_BY_NAMESPACE=true (Reloader's enableMetricsByNamespace): a reload counter per
+    namespace, workload kind and outcome; off by default (one series per namespace)."""
+    configmap(core, namespace, "conf", {"k": "1"})
+    deployment(apps, namespace, "first", nginx_pod_spec("conf"), AUTO, replicas=0)
+    plain = reroller_with()
+    baseline(apps, namespace, "first")
+    set_cm(core, namespace, "conf", {"k": "2"})
+    wait_for(lambda: template_hash(apps, namespace, "first"), timeout=30, what="first rolled")
+    assert reload_samples(plain) == {}
+
+    counted = reroller_with(REROLLER_METRICS_BY_NAMESPACE="true")
+    configmap(core, namespace, "other", {"k": "1"})
+    deployment(apps, namespace, "second", nginx_pod_spec("other"), AUTO, replicas=0)
+    baseline(apps, namespace, "second")
+    set_cm(core, namespace, "other", {"k": "2"})
+    wait_for(lambda: template_hash(apps, namespace, "second"), timeout=30, what="second rolled")
+    series = f'kopf_operators_reroller_reloads_total{{kind="Deployment",namespace="{namespace}",outcome="rolled"}}'
+    wait_for(lambda: reload_samples(counted).get(series) == 1.0, timeout=10, what=f"{series} = 1")
+
+
+def test_chart_alert_url_from_a_secret_and_rollouts_rbac_only_when_enabled() -> None:
+    """The chart: the alert URL reaches the operator only through secretKeyRef (never a plain value);
+    a sink without a Secret is refused at render time; RBAC on Argo Rollouts only when enabled."""
+    import subprocess
+
+    from tests.kube import chart_objects
+
+    def container_env(objects: list[dict[str, Any]]) -> dict[str, Any]:
+        deployment_ = next(o for o in objects if o["kind"] == "Deployment")
+        return {e["name"]: e for e in deployment_["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+    def rollout_rules(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        role = next(o for o in objects if o["kind"] == "ClusterRole")
+        return [r for r in role["rules"] if "argoproj.io" in r.get("apiGroups", [])]
+
+    default = chart_objects("r", "ns")
+    assert "REROLLER_ALERT_WEBHOOK_URL" not in container_env(default) and not rollout_rules(default)
+    enabled = chart_objects("r", "ns", "operators.reroller.alerts.sink=teams",
+                            "operators.reroller.alerts.webhookUrlSecret.name=alert-hook",
+                            "operators.reroller.argoRollouts=true")
+    env = container_env(enabled)
+    assert env["REROLLER_ALERT_WEBHOOK_URL"] == {"name": "REROLLER_ALERT_WEBHOOK_URL", "valueFrom": {
+        "secretKeyRef": {"name": "alert-hook", "key": "url"}}}
+    assert env["REROLLER_ARGO_ROLLOUTS"]["value"] == "true"
+    assert rollout_rules(enabled) == [{"apiGroups": ["argoproj.io"], "resources": ["rollouts"],
+                                       "verbs": ["list", "watch", "get", "patch"]}]
+    with pytest.raises(subprocess.CalledProcessError) as refused:
+        chart_objects("r", "ns", "operators.reroller.alerts.sink=slack")
+    assert "webhookUrlSecret" in str(refused.value.stderr)
+
+
+# --- issue #22: Argo Rollouts ------------------------------------------------------------------------
+
+# A stand-in for Argo Rollouts' CRD (its group, version, kind and status subresource; any fields): the
+# real CRDs are data of argoproj/argo-rollouts, not committed here. `make reloader-e2e` installs those.
+ROLLOUT_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "rollouts.argoproj.io"},
+    "spec": {"group": "argoproj.io", "scope": "Namespaced",
+             "names": {"plural": "rollouts", "singular": "rollout", "kind": "Rollout", "listKind": "RolloutList"},
+             "versions": [{"name": "v1alpha1", "served": True, "storage": True, "subresources": {"status": {}},
+                           "schema": {"openAPIV3Schema": {"type": "object",
+                                                          "x-kubernetes-preserve-unknown-fields": True}}}]}}
+
+
+@pytest.fixture
+def rollouts_installed(api: Any) -> Iterator[None]:
+    """The Rollout CRD (the stand-in when none is installed) and, for the chart's ServiceAccount, the
+    chart's own rule for rollouts (rendered with operators.reroller.argoRollouts=true)."""
+    import kubernetes
+    import yaml
+
+    from tests.kube import E2E_RELEASE, as_service_account, chart_objects
+    extensions = kubernetes.client.ApiextensionsV1Api(api)
+    rbac = kubernetes.client.RbacAuthorizationV1Api(api)
+    created_crd = False
+    try:
+        extensions.read_custom_resource_definition("rollouts.argoproj.io")
+    except kubernetes.client.ApiException as exc:
+        assert exc.status == 404
+        kubectl("apply", "-f", "-", input=yaml.safe_dump(ROLLOUT_CRD))
+        created_crd = True
+    kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/rollouts.argoproj.io")
+    name = f"{E2E_RELEASE}-rollouts"
+    if as_service_account():
+        role = next(o for o in chart_objects(E2E_RELEASE, E2E_RELEASE, "operators.reroller.argoRollouts=true")
+                    if o["kind"] == "ClusterRole")
+        rules = [r for r in role["rules"] if "argoproj.io" in r["apiGroups"]]
+        kubectl("apply", "-f", "-", input=yaml.safe_dump_all([
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
+             "rules": rules},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+             "subjects": [{"kind": "ServiceAccount", "name": E2E_RELEASE, "namespace": E2E_RELEASE}]}]))
+    yield
+    if as_service_account():
+        rbac.delete_cluster_role_binding(name)
+        rbac.delete_cluster_role(name)
+    if created_crd:
+        extensions.delete_custom_resource_definition("rollouts.argoproj.io")
+
+        def gone() -> bool:
+            try:
+                extensions.read_custom_resource_definition("rollouts.argoproj.io")
+            except kubernetes.client.ApiException as exc:
+                return bool(exc.status == 404)
+            return False
+        wait_for(gone, timeout=60, what="the stand-in Rollout CRD removed")
+
+
+def rollout(custom: Any, ns: str, name: str, annotations: dict[str, str], cm: str) -> None:
+    labels = {"app": name}
+    custom.create_namespaced_custom_object("argoproj.io", "v1alpha1", ns, "rollouts", {
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout",
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                 "strategy": {"canary": {"steps": [{"setWeight": 50}]}},
+                 "template": {"metadata": {"labels": labels}, "spec": {"containers": [
+                     {"name": "app", "image": "app:1", "envFrom": [{"configMapRef": {"name": cm}}]}]}}}})
+
+
+def test_argo_rollouts(rollouts_installed: None, reroller_with: Callable[..., OperatorProcess], namespace: str,
+                       core: Any, custom: Any) -> None:
+    """REROLLER_ARGO_ROLLOUTS=true: Rollouts are re-rolled as Reloader does it: by default through the
+    pod template (a new revision, Argo's canary or blue-green steps apply); with
+    ``reloader.stakater.com/rollout-strategy: restart``, by setting ``spec.restartAt`` (the Rollout
+    controller restarts the pods; the template is untouched)."""
+    proc = reroller_with(REROLLER_ARGO_ROLLOUTS="true")
+    configmap(core, namespace, "conf", {"k": "1"})
+    rollout(custom, namespace, "canary", {logic.RELOADER_AUTO: "true"}, "conf")
+    rollout(custom, namespace, "restarted", {logic.RELOADER_AUTO: "true", logic.ROLLOUT_STRATEGY: "restart"}, "conf")
+
+    def get(name: str) -> dict[str, Any]:
+        return dict(custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", namespace, "rollouts", name))
+
+    for name in ("canary", "restarted"):
+        wait_for(lambda n=name: logic.OBSERVED_HASH in (get(n)["metadata"].get("annotations") or {}),  # type: ignore[misc]
+                 timeout=30, what=f"{name}'s baseline")
+    set_cm(core, namespace, "conf", {"k": "2"})
+    wait_for(lambda: logic.LAST_RELOADED_FROM in (get("canary")["spec"]["template"]["metadata"].get("annotations")
+                                                  or {}), timeout=30, what="the canary Rollout's template annotated")
+    restart_at = wait_for(lambda: get("restarted")["spec"].get("restartAt"), timeout=30, what="restartAt set")
+    assert not (get("restarted")["spec"]["template"]["metadata"].get("annotations") or {})
+    assert "restartAt" not in get("canary")["spec"]
+    assert events(core, namespace, "restarted", "Rerolled") and events(core, namespace, "canary", "Rerolled")
+
+    time.sleep(10.5)  # past the minimum interval: the next change restarts again, with a later time
+    set_cm(core, namespace, "conf", {"k": "3"})
+    wait_for(lambda: get("restarted")["spec"]["restartAt"] != restart_at, timeout=30, what="a second restart")
+    assert not proc.errors()
+
+
+def test_argo_rollouts_enabled_without_argo_installed(reroller_with: Callable[..., OperatorProcess], namespace: str,
+                                                      core: Any, apps: Any, api: Any) -> None:
+    """REROLLER_ARGO_ROLLOUTS=true on a cluster without the Rollout CRD: Deployments still roll."""
+    import kubernetes
+    try:
+        kubernetes.client.ApiextensionsV1Api(api).read_custom_resource_definition("rollouts.argoproj.io")
+        pytest.fail("the Rollout CRD is installed on this cluster (by make reloader-e2e?); this case needs it "
+                    "absent: kubectl delete crd rollouts.argoproj.io, or run it on a fresh cluster")
+    except kubernetes.client.ApiException as exc:
+        assert exc.status == 404
+    proc = reroller_with(REROLLER_ARGO_ROLLOUTS="true")
+    configmap(core, namespace, "nginx-conf", {"nginx.conf": NGINX_CONF})
+    deployment(apps, namespace, "nginx", nginx_pod_spec(), AUTO)
+    baseline(apps, namespace, "nginx")
+    set_cm(core, namespace, "nginx-conf", {"nginx.conf": NGINX_CONF.replace("v1", "v2")})
+    assert_rolled_once(apps, core, namespace, "nginx", "configmap/nginx-conf")
+    assert not proc.errors()

@@ -24,12 +24,16 @@ def test_values_map_onto_our_options() -> None:
     assert scope == ["--namespace=suite-ns"] and unmapped == []
     _, scope, _ = operator_options("suite-ns", {"reloader.watchGlobally": "false", "reloader.namespaces": "{a,b}"})
     assert scope == ["--namespace=a", "--namespace=b", "--namespace=suite-ns"]
-    _, scope, unmapped = operator_options("suite-ns", {"reloader.reloadStrategy": "env-vars", "reloader.x": "1"})
-    assert scope == ["--all-namespaces"] and unmapped == ["reloader.reloadStrategy=env-vars", "reloader.x=1"]
+    env, scope, unmapped = operator_options("suite-ns", {"reloader.reloadStrategy": "env-vars", "reloader.x": "1",
+                                                         "reloader.isArgoRollouts": "true"})
+    assert env == {"REROLLER_RELOAD_STRATEGY": "env-vars", "REROLLER_ARGO_ROLLOUTS": "true"}
+    assert scope == ["--all-namespaces"] and unmapped == ["reloader.x=1"]
 
 
 def test_values_map_onto_reloaders_own_flags() -> None:
     flags = reloader_flags("suite-ns", {"reloader.reloadOnCreate": "true", "reloader.ignoreConfigMaps": "true",
-                                        "reloader.watchGlobally": "false"})
+                                        "reloader.watchGlobally": "false", "reloader.isArgoRollouts": "true"})
     assert flags == ["--reload-strategy=annotations", "--reload-on-create=true", "--resources-to-ignore=configMaps",
-                     "--namespaces=suite-ns"]
+                     "--namespaces=suite-ns", "--is-Argo-Rollouts=true"]
+    scoped = reloader_flags("suite-ns", {"reloader.watchGlobally": "false", "reloader.namespaces": "{a,b}"})
+    assert scoped[-1] == "--namespaces=a,b,suite-ns"  # as Reloader's chart: its own namespace added

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, Final
 
@@ -341,6 +342,25 @@ def test_cronjob_job_and_recreated_job() -> None:
     assert again["metadata"]["annotations"] == {logic.RELOADER_AUTO: "true", logic.OBSERVED_HASH: "h"}
 
 
+def test_suspended_cronjob_holds_the_rollout() -> None:
+    """Issue #20: a suspended CronJob gets no Job; the change is only recorded."""
+    cron: dict[str, Any] = {
+        "metadata": {"name": "nightly", "namespace": "ns", "uid": "u1", "annotations": {logic.AUTO: "true"}},
+            "spec": {"suspend": True, "jobTemplate": {"spec": {"template": {"spec": POD}}}}}
+    roll = logic.Plan("roll", new_hash="h", changed=("configmap/nginx-conf",))
+    suspended = logic.workload_view("CronJob", cron)
+    assert suspended is not None and logic.held_by_suspend(suspended, roll)
+    assert not logic.held_by_suspend(suspended, logic.Plan("baseline", new_hash="h"))
+    cron["spec"]["suspend"] = False
+    active = logic.workload_view("CronJob", cron)
+    assert active is not None and not logic.held_by_suspend(active, roll)
+    # A Deployment's spec.suspend means nothing (there is no such field): never held.
+    body = workload({logic.AUTO: "true"}, pod_spec=POD)
+    body["spec"]["suspend"] = True
+    deployment = logic.workload_view("Deployment", body)
+    assert deployment is not None and not logic.held_by_suspend(deployment, roll)
+
+
 def test_pacing_leading_edge_then_one_trailing_rollout() -> None:
     settings = logic.Settings(debounce_seconds=2, min_interval_seconds=10)
     assert logic.next_rollout_at(None, 100.0, settings) == 100.0          # first change: at once
@@ -378,3 +398,197 @@ def test_huge_baselines_keep_the_combined_hash_only() -> None:
     snap = logic.snapshot(sources, {})
     annotations = logic.baseline_annotations(logic.plan({}, snap), snap)
     assert annotations[logic.OBSERVED_SOURCES] == "{}" and annotations[logic.OBSERVED_HASH] == snap.hash
+
+
+# --- the env-vars strategy (Reloader's --reload-strategy=env-vars) -----------------------------------
+
+
+@pytest.mark.parametrize(("kind", "name", "expected"), [
+    (CM, "nginx-conf", "STAKATER_NGINX_CONF_CONFIGMAP"),
+    (SEC, "db.creds", "STAKATER_DB_CREDS_SECRET"),
+    (CM, "a--b..c", "STAKATER_A_B_C_CONFIGMAP"),      # a run of other characters: one "_"
+    (CM, "app-", "STAKATER_APP__CONFIGMAP"),          # a trailing one stays, as in Reloader
+    (CM, "0cfg", "STAKATER_0CFG_CONFIGMAP"),
+])
+def test_env_var_name_is_reloaders(kind: str, name: str, expected: str) -> None:
+    assert logic.env_var_name(kind, name) == expected
+
+
+def test_reload_strategy_setting() -> None:
+    assert logic.Settings.from_env({}).reload_strategy == "annotations"
+    assert logic.Settings.from_env({"REROLLER_RELOAD_STRATEGY": "env-vars"}).env_vars
+    with pytest.raises(ValueError, match="REROLLER_RELOAD_STRATEGY"):
+        logic.Settings.from_env({"REROLLER_RELOAD_STRATEGY": "envvars"})
+
+
+ENV_SETTINGS = logic.Settings(reload_strategy="env-vars")
+
+
+def env_view(pod_spec: dict[str, Any], annotations: dict[str, str] | None = None) -> logic.WorkloadView:
+    view = logic.workload_view("Deployment", workload(annotations or {logic.AUTO: "true"}, pod_spec=pod_spec),
+                               ENV_SETTINGS)
+    assert view is not None
+    return view
+
+
+def test_env_vars_patch_adds_then_replaces_the_variable() -> None:
+    pod: dict[str, Any] = {"volumes": [{"name": "v", "configMap": {"name": "conf"}}],
+                           "containers": [{"name": "side"},
+                                          {"name": "app", "volumeMounts": [{"name": "v", "mountPath": "/c"}]}]}
+    view = env_view(pod)
+    snap = logic.Snapshot(per_source={"configmap/conf": "1a2b3c4d"}, missing=[])
+    plan = logic.Plan("roll", new_hash="h2", changed=("configmap/conf",))
+    ops = logic.env_vars_patch(view, plan, snap, 0.0, rv=7)
+    assert ops[0] == {"op": "replace", "path": "/metadata/resourceVersion", "value": "7"}
+    # The container mounting the volume (index 1), which had no env: the list is created.
+    assert ops[-1] == {"op": "add", "path": "/spec/template/spec/containers/1/env",
+                       "value": [{"name": "STAKATER_CONF_CONFIGMAP", "value": "1a2b3c4d"}]}
+    assert {"op": "add", "path": "/metadata/annotations/reroller.kopf-operators.dev~1observed-hash",
+            "value": "h2"} in ops
+    assert not any("template/metadata" in op["path"] for op in ops), "no pod-template annotation"
+    # The variable already there: its value is replaced in place; other variables are kept.
+    pod["containers"][1]["env"] = [{"name": "X", "value": "1"}, {"name": "STAKATER_CONF_CONFIGMAP", "value": "old"}]
+    ops = logic.env_vars_patch(env_view(pod), plan, snap, 0.0)
+    assert ops[-1] == {"op": "replace", "path": "/spec/template/spec/containers/1/env/1/value", "value": "1a2b3c4d"}
+
+
+def test_env_vars_patch_picks_containers_as_reloader_does() -> None:
+    pod = {"initContainers": [{"name": "init", "envFrom": [{"secretRef": {"name": "s"}}]}],
+           "containers": [{"name": "a", "env": []}, {"name": "b", "envFrom": [{"configMapRef": {"name": "c"}}]}]}
+    view = env_view(pod, {logic.AUTO: "true", logic.CONFIGMAPS: "named"})
+    snap = logic.Snapshot(per_source={"configmap/c": "11", "secret/s": "22", "configmap/named": "33"}, missing=[])
+    plan = logic.Plan("roll", new_hash="h", changed=("configmap/c", "configmap/named", "secret/s"))
+    env_ops = [op for op in logic.env_vars_patch(view, plan, snap, 0.0) if "/env" in op["path"]]
+    assert env_ops == [
+        {"op": "add", "path": "/spec/template/spec/containers/1/env", "value": [{"name": "STAKATER_C_CONFIGMAP",
+                                                                                  "value": "11"}]},
+        # Not referenced (a named source) and used by an init container only: the first container.
+        {"op": "add", "path": "/spec/template/spec/containers/0/env/-",
+         "value": {"name": "STAKATER_NAMED_CONFIGMAP", "value": "33"}},
+        {"op": "add", "path": "/spec/template/spec/containers/0/env/-",
+         "value": {"name": "STAKATER_S_SECRET", "value": "22"}},
+    ]
+
+
+def test_env_vars_patch_without_annotations_and_with_a_pause_period() -> None:
+    view = env_view(POD, {logic.AUTO: "true"})
+    bare = dataclasses.replace(view, has_annotations=False, pause_period=60.0)
+    snap = logic.Snapshot(per_source={"configmap/nginx-conf": "aa"}, missing=[])
+    ops = logic.env_vars_patch(bare, logic.Plan("roll", new_hash="h", changed=("configmap/nginx-conf",)), snap, 0.0)
+    added = next(op for op in ops if op["path"] == "/metadata/annotations")
+    assert added["value"][logic.OBSERVED_HASH] == "h" and logic.PAUSED_AT in added["value"]
+    assert {"op": "add", "path": "/spec/paused", "value": True} in ops
+
+
+def test_annotations_strategy_keeps_no_container_state() -> None:
+    view = logic.workload_view("Deployment", workload({logic.AUTO: "true"}, pod_spec=POD))
+    assert view is not None and view.env_containers == ()
+
+
+# --- key-scoped reloads (reroller.kopf-operators.dev/used-keys-only) --------------------------------
+
+USED_KEYS_TABLE: list[tuple[str, dict[str, Any], dict[tuple[str, str], frozenset[str] | None]]] = [
+    ("configMapKeyRef", {"containers": [{"name": "c", "env": [
+        {"name": "A", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "a"}}},
+        {"name": "B", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "b"}}}]}]},
+     {(CM, "cm"): frozenset({"a", "b"})}),
+    ("secretKeyRef", {"containers": [{"name": "c", "env": [
+        {"name": "P", "valueFrom": {"secretKeyRef": {"name": "s", "key": "password"}}}]}]},
+     {(SEC, "s"): frozenset({"password"})}),
+    ("volume items", {"volumes": [{"name": "v", "configMap": {"name": "cm", "items": [
+        {"key": "nginx.conf", "path": "nginx.conf"}]}}, {"name": "w", "secret": {"secretName": "s", "items": [
+            {"key": "tls.crt", "path": "crt"}]}}]},
+     {(CM, "cm"): frozenset({"nginx.conf"}), (SEC, "s"): frozenset({"tls.crt"})}),
+    ("projected items and whole", {"volumes": [{"name": "v", "projected": {"sources": [
+        {"configMap": {"name": "cm", "items": [{"key": "x", "path": "x"}]}}, {"secret": {"name": "s"}}]}}]},
+     {(CM, "cm"): frozenset({"x"}), (SEC, "s"): None}),
+    ("whole volume", {"volumes": [{"name": "v", "configMap": {"name": "cm"}}]}, {(CM, "cm"): None}),
+    ("envFrom", {"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": "cm"}},
+                                                          {"secretRef": {"name": "s"}}]}]},
+     {(CM, "cm"): None, (SEC, "s"): None}),
+    ("a key plus every key: every key", {"volumes": [{"name": "v", "configMap": {"name": "cm"}}],
+                                         "initContainers": [{"name": "i", "env": [
+                                             {"name": "A", "valueFrom": {"configMapKeyRef": {"name": "cm",
+                                                                                             "key": "a"}}}]}]},
+     {(CM, "cm"): None}),
+    ("every key, then a key: still every key", {"containers": [{"name": "c", "envFrom": [
+        {"configMapRef": {"name": "cm"}}], "env": [
+        {"name": "A", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "a"}}}]}]}, {(CM, "cm"): None}),
+    ("same name, both kinds", {"containers": [{"name": "c", "env": [
+        {"name": "A", "valueFrom": {"configMapKeyRef": {"name": "x", "key": "a"}}},
+        {"name": "B", "valueFrom": {"secretKeyRef": {"name": "x", "key": "b"}}}]}]},
+     {(CM, "x"): frozenset({"a"}), (SEC, "x"): frozenset({"b"})}),
+]
+
+
+@pytest.mark.parametrize(("pod_spec", "expected"), [(s, e) for _, s, e in USED_KEYS_TABLE],
+                         ids=[n for n, _, _ in USED_KEYS_TABLE])
+def test_used_keys(pod_spec: dict[str, Any], expected: dict[tuple[str, str], frozenset[str] | None]) -> None:
+    assert logic.used_keys(pod_spec) == expected
+
+
+KEYED_POD = {"containers": [{"name": "c", "env": [
+    {"name": "A", "valueFrom": {"configMapKeyRef": {"name": "shared", "key": "a"}}}]}]}
+
+
+def keyed_snapshot(data: dict[str, str], annotations: dict[str, str], pod: dict[str, Any] | None = None
+                   ) -> logic.Snapshot:
+    view = logic.workload_view("Deployment", workload(annotations, pod_spec=pod or KEYED_POD))
+    assert view is not None
+    body = {"data": data}
+    found = logic.SourceView(logic.source_hash(CM, body), 1, keys=logic.key_hashes(CM, body))
+    return logic.snapshot(view.sources, {(CM, "shared"): found}, view.key_scopes)
+
+
+SCOPED = {logic.AUTO: "true", logic.USED_KEYS_ONLY: "true"}
+
+
+def test_key_scoped_snapshot_ignores_unused_keys() -> None:
+    before = keyed_snapshot({"a": "1", "b": "1"}, SCOPED)
+    assert keyed_snapshot({"a": "1", "b": "2"}, SCOPED).hash == before.hash     # b is not used
+    assert keyed_snapshot({"a": "2", "b": "1"}, SCOPED).hash != before.hash     # a is
+    assert keyed_snapshot({"b": "1"}, SCOPED).hash != before.hash               # a removed
+    # Without the opt-in, any key rolls.
+    plain = keyed_snapshot({"a": "1", "b": "1"}, {logic.AUTO: "true"})
+    assert keyed_snapshot({"a": "1", "b": "2"}, {logic.AUTO: "true"}).hash != plain.hash
+
+
+def test_key_scope_change_is_no_data_change() -> None:
+    """Switching the opt-in on or off, or the template starting to use another key, re-records the
+    baseline (the template edit rolls by itself), never a second rollout."""
+    data = {"a": "1", "b": "1"}
+    plain, scoped = keyed_snapshot(data, {logic.AUTO: "true"}), keyed_snapshot(data, SCOPED)
+    more = {"containers": [{"name": "c", "env": [
+        {"name": "A", "valueFrom": {"configMapKeyRef": {"name": "shared", "key": "a"}}},
+        {"name": "B", "valueFrom": {"configMapKeyRef": {"name": "shared", "key": "b"}}}]}]}
+    wider = keyed_snapshot(data, SCOPED, more)
+    for old, new in ((plain, scoped), (scoped, plain), (scoped, wider)):
+        stored = logic.baseline_annotations(logic.Plan("baseline", new_hash=old.hash), old)
+        assert logic.plan(stored, new).action == "baseline"
+    stored = logic.baseline_annotations(logic.Plan("baseline", new_hash=scoped.hash), scoped)
+    assert logic.plan(stored, keyed_snapshot({"a": "2", "b": "1"}, SCOPED)).action == "roll"
+
+
+def test_key_hashes_never_hold_values() -> None:
+    keys = logic.key_hashes(SEC, {"data": {"password": "aHVudGVyMg=="}})
+    assert [k for k, _ in keys] == ["password"] and "aHVudGVyMg==" not in str(keys)
+
+
+def test_argo_rollout_restart_strategy_sets_restart_at() -> None:
+    body = workload({logic.RELOADER_AUTO: "true", logic.ROLLOUT_STRATEGY: "restart"}, pod_spec=POD)
+    view = logic.workload_view("Rollout", body)
+    assert view is not None and view.restart
+    snap = logic.Snapshot(per_source={"configmap/nginx-conf": "aa"}, missing=[])
+    patch = logic.roll_patch(view, logic.Plan("roll", new_hash="h", changed=("configmap/nginx-conf",)), snap,
+                             1_700_000_000.0, rv=3)
+    assert patch["spec"] == {"restartAt": "2023-11-14T22:13:20Z"}
+    assert patch["metadata"]["annotations"][logic.OBSERVED_HASH] == "h"
+    # Default ("rollout" or absent): the pod template, as for a Deployment; the key means nothing elsewhere.
+    body["metadata"]["annotations"][logic.ROLLOUT_STRATEGY] = "rollout"
+    default = logic.workload_view("Rollout", body)
+    assert default is not None and not default.restart
+    assert logic.LAST_RELOADED_FROM in logic.roll_patch(default, logic.Plan("roll", new_hash="h"), snap, 0.0)[
+        "spec"]["template"]["metadata"]["annotations"]
+    body["metadata"]["annotations"][logic.ROLLOUT_STRATEGY] = "restart"
+    deployment = logic.workload_view("Deployment", body)
+    assert deployment is not None and not deployment.restart
