@@ -85,7 +85,8 @@ def test_dry_run_and_the_kill_switch_apply_to_tenants() -> None:
 def test_limits_come_from_the_environment() -> None:
     settings = logic.Settings.from_env({"CHAOS_TENANTS": "true", "CHAOS_TENANTS_MAX_KILLS_PER_CYCLE": "3",
                                         "CHAOS_TENANTS_MIN_PAUSE_SECONDS": "1"})
-    assert (settings.tenants, settings.tenant_max_kills, settings.tenant_min_pause) == (True, 3, logic.MIN_PAUSE_SECONDS)
+    assert (settings.tenants, settings.tenant_max_kills) == (True, 3)
+    assert settings.tenant_min_pause == logic.MIN_PAUSE_SECONDS
     default = logic.Settings.from_env({})
     assert (default.tenants, default.tenant_max_kills, default.tenant_min_pause) == (False, 1, 60)
 
