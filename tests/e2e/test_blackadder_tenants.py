@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +22,7 @@ from tests.e2e.test_blackadder import condition, events, live_pods, make_pod
 from tests.e2e.test_chart import CHART, helm, render
 from tests.kube import (
     CLUSTER_DIR,
+    KUBECONFIG,
     REPO,
     OperatorProcess,
     chart_objects,
@@ -238,6 +241,39 @@ def test_deleting_an_agent_removes_its_ledger_and_nothing_else(
     wait_for(lambda: ledger(core, ns, "brief") is None, timeout=10, what="the ledger to go")
     left = live_pods(core, ns)
     stays(lambda: live_pods(core, ns) == left, seconds=6, what="no more kills")
+
+
+def documented_way_out() -> str:
+    """The shell block of docs/blackadder.md that releases a TenantChaosAgent without the operator."""
+    doc = (REPO / "docs" / "blackadder.md").read_text()
+    start = doc.index("**When the operator is gone, or tenants were switched off")
+    block = doc[doc.index("```sh\n", start) + 6:]
+    return block[:block.index("```")]
+
+
+def test_the_documented_way_out_releases_an_agent_and_its_ledger_without_the_operator(
+        tenant_operator: OperatorProcess, team: Team, core: kubernetes.client.CoreV1Api,
+        custom: kubernetes.client.CustomObjectsApi) -> None:
+    ns = team.namespace
+    allow(core, ns)
+    make_pod(core, ns, "p-0")
+    assert team.apply(agent_yaml("bob", {"eagerness": 0, "pauseDuration": 5})).returncode == 0
+    wait_for(lambda: status(custom, ns, "bob").get("ledger") and ledger(core, ns, "bob"), timeout=30,
+             what="the first cycle and its ledger")
+    tenant_operator.stop()
+    try:
+        kubectl("delete", "-n", ns, f"{P}.{G}", "bob", "--wait=false")
+        stuck = custom.get_namespaced_custom_object(G, V, ns, P, "bob")["metadata"]
+        assert stuck.get("deletionTimestamp") and stuck.get("finalizers")
+        script = documented_way_out().replace("NS=team-a AGENT=bob", f"NS={ns} AGENT=bob")
+        result = subprocess.run(["bash", "-euc", script], capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "KUBECONFIG": str(KUBECONFIG)})
+        assert result.returncode == 0, result.stderr
+        wait_for(lambda: not custom.list_namespaced_custom_object(G, V, ns, P)["items"], timeout=10,
+                 what="the agent gone")
+        assert ledger(core, ns, "bob") is None
+    finally:
+        tenant_operator.start()
 
 
 def test_a_team_can_apply_the_example(team: Team, custom: kubernetes.client.CustomObjectsApi) -> None:
