@@ -265,7 +265,7 @@ def test_the_documented_way_out_releases_an_agent_and_its_ledger_without_the_ope
         kubectl("delete", "-n", ns, f"{P}.{G}", "bob", "--wait=false")
         stuck = custom.get_namespaced_custom_object(G, V, ns, P, "bob")["metadata"]
         assert stuck.get("deletionTimestamp") and stuck.get("finalizers")
-        script = documented_way_out().replace("NS=team-a AGENT=bob", f"NS={ns} AGENT=bob")
+        script = documented_way_out().replace("NS=team-a AGENT=george", f"NS={ns} AGENT=bob")
         result = subprocess.run(["bash", "-euc", script], capture_output=True, text=True, timeout=60,
                                 env={**os.environ, "KUBECONFIG": str(KUBECONFIG)})
         assert result.returncode == 0, result.stderr
@@ -280,7 +280,7 @@ def test_a_team_can_apply_the_example(team: Team, custom: kubernetes.client.Cust
     """As documented: applied in the team's namespace, it reports why it does not act (not allowed yet)."""
     result = team.apply((REPO / "manifests" / "examples" / "blackadder-tenant.yaml").read_text())
     assert result.returncode == 0, result.stderr
-    wait_for(lambda: condition(status(custom, team.namespace, "bob"), "Ready").get("reason") == "InvalidSpec",
+    wait_for(lambda: condition(status(custom, team.namespace, "george"), "Ready").get("reason") == "InvalidSpec",
              timeout=20, what="the example's status")
 
 
