@@ -87,6 +87,8 @@ TENANT_PLURAL = "tenantchaosagents"
 TENANT_NAMESPACE_LABEL = "blackadder.io/tenant-chaos"
 TENANT_NAMESPACE_VALUE = "allowed"
 TENANT_LEDGER_PREFIX = "blackadder-tenant-ledger-"
+# On a TenantChaosAgent's ledger: its agent's uid (the start-up sweep deletes ledgers whose agent is gone).
+TENANT_LEDGER_UID_LABEL = f"{DOMAIN}/blackadder-tenant-agent-uid"
 DEFAULT_TENANT_MAX_KILLS = 1
 DEFAULT_TENANT_MIN_PAUSE = 60
 WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
@@ -255,6 +257,17 @@ def tenant_ledger_name(agent_id: str) -> str:
     """The ledger of a TenantChaosAgent (operator's namespace): its own prefix, so that no
     ChaosAgent's name can take it; hashed when too long."""
     return _bounded(f"{TENANT_LEDGER_PREFIX}{agent_id}", 253)
+
+
+def orphaned_tenant_ledgers(ledgers: Iterable[Mapping[str, Any]],
+                            live_agent_uids: Iterable[str]) -> list[Mapping[str, Any]]:
+    """The tenant ledger Secrets whose agent no longer exists (its finalizer removed by hand, say).
+    List the ledgers before the agents: a ledger is only written by a live agent, so one whose agent
+    is not in the later list of agents has lost it."""
+    live = set(live_agent_uids)
+    return [secret for secret in ledgers
+            if (uid := ((secret.get("metadata") or {}).get("labels") or {}).get(TENANT_LEDGER_UID_LABEL))
+            and uid not in live]
 
 
 def _mapping(value: Any) -> dict[str, Any] | None:

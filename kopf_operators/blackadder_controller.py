@@ -768,7 +768,8 @@ class BlackadderController:
             "metadata": {
                 "name": handle.name, "namespace": handle.namespace,
                 # A label value stops at 63 characters: long agent names are hashed (full name annotated).
-                "labels": {logic.LEDGER_LABEL: logic.ledger_label(agent)},
+                "labels": {logic.LEDGER_LABEL: logic.ledger_label(agent),
+                           **({logic.TENANT_LEDGER_UID_LABEL: agent_uid} if self.kind.namespaced else {})},
                 "annotations": annotations,
                 # Namespaced dependents may have cluster-scoped owners: the GC removes a forgotten ledger
                 # (not an abandoned one: that one stays for an administrator).
@@ -898,3 +899,21 @@ class TenantChaosController(BlackadderController):
 
     def ledger_name(self, agent: str) -> str:
         return logic.tenant_ledger_name(agent)
+
+    async def sweep_ledgers(self) -> int:
+        """At start-up: delete the ledgers of TenantChaosAgents that are gone (normally the delete
+        handler does; not when the finalizer was removed by hand). Ledgers are listed before agents.
+        Nothing while Kopf has paused this process (a standby: ``Access.paused``, as Copyrator's sweep)."""
+        if getattr(self.access, "paused", False):
+            return 0
+        namespace = self._ledger_namespace()
+        ledgers = await self.access.list(k8s.SECRET, namespace, labels=logic.TENANT_LEDGER_UID_LABEL)
+        if not ledgers:
+            return 0
+        agents = await self.access.list(TENANTCHAOSAGENT)
+        orphans = logic.orphaned_tenant_ledgers(ledgers, (a["metadata"]["uid"] for a in agents))
+        for secret in orphans:
+            meta = secret["metadata"]
+            if await self.access.delete(k8s.SECRET, namespace, meta["name"], uid=meta.get("uid")):
+                logger.info(f"deleted the ledger {namespace}/{meta['name']}: its TenantChaosAgent is gone")
+        return len(orphans)

@@ -8,6 +8,7 @@ on, never annotated or watched with state; namespaces reach the controller throu
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -40,6 +41,11 @@ async def start(memo: kopf.Memo, **kwargs: Any) -> None:
     memo.blackadder = BlackadderController(access, config, settings, kwargs[NAMESPACES_INDEX], kwargs[SOURCES_INDEX])
     memo.blackadder_tenants = TenantChaosController(access, config, settings, kwargs[NAMESPACES_INDEX],
                                                     kwargs[SOURCES_INDEX])
+    if settings.tenants:
+        try:
+            await memo.blackadder_tenants.sweep_ledgers()
+        except ApiError as exc:  # not fatal: a leftover ledger is a small Secret, swept at the next start
+            logging.getLogger("kopf_operators.blackadder").warning(f"tenant ledgers not swept: {exc}")
 
 
 @kopf.on.cleanup(id="blackadder-cleanup")

@@ -276,6 +276,32 @@ def test_the_documented_way_out_releases_an_agent_and_its_ledger_without_the_ope
         tenant_operator.start()
 
 
+def test_a_restart_sweeps_the_ledgers_whose_agent_is_gone(
+        tenant_operator: OperatorProcess, team: Team, core: kubernetes.client.CoreV1Api,
+        custom: kubernetes.client.CustomObjectsApi) -> None:
+    """A ledger left behind (its agent's finalizer removed by hand, the ledger forgotten) goes at the
+    next start; the ledger of a live agent stays."""
+    ns = team.namespace
+    allow(core, ns)
+    assert team.apply(agent_yaml("kept", {"eagerness": 0, "pauseDuration": 5})).returncode == 0
+    wait_for(lambda: ledger(core, ns, "kept"), timeout=30, what="the live agent's ledger")
+    orphan = logic.tenant_ledger_name(logic.tenant_agent_id(ns, "forgotten"))
+    core.create_namespaced_secret(RELEASE, {"metadata": {"name": orphan, "labels": {
+        logic.LEDGER_LABEL: "forgotten", logic.TENANT_LEDGER_UID_LABEL: "0000-no-such-agent"}},
+        "data": {logic.LEDGER_KEY: base64.b64encode(b"{}").decode()}})
+    tenant_operator.restart()
+
+    def orphan_gone() -> bool:
+        try:
+            core.read_namespaced_secret(orphan, RELEASE)
+        except kubernetes.client.ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(orphan_gone, timeout=20, what="the orphaned ledger swept")
+    assert ledger(core, ns, "kept") is not None
+
+
 def test_a_team_can_apply_the_example(team: Team, custom: kubernetes.client.CustomObjectsApi) -> None:
     """As documented: applied in the team's namespace, it reports why it does not act (not allowed yet)."""
     result = team.apply((REPO / "manifests" / "examples" / "blackadder-tenant.yaml").read_text())
@@ -312,6 +338,12 @@ def test_the_chart_grants_tenant_rbac_only_when_tenants_are_enabled() -> None:
     env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert (env["CHAOS_TENANTS"], env["CHAOS_TENANTS_MAX_KILLS_PER_CYCLE"],
             env["CHAOS_TENANTS_MIN_PAUSE_SECONDS"]) == ("true", "2", "5")
+    def ledger_role(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return next(o["rules"] for o in objects if o["kind"] == "Role" and o["metadata"]["name"].endswith("-ledger"))
+
+    # The start-up sweep lists the ledgers (in the operator's namespace only).
+    assert {"apiGroups": [""], "resources": ["secrets"], "verbs": ["list"]} in ledger_role(on)
+    assert not [r for r in ledger_role(off) if "list" in r["verbs"]]
     # Switched off with Blackadder itself.
     assert not rules(render(*TENANT_VALUES, "operators.blackadder.enabled=false"),
                      "kopf-operators-blackadder-tenant")

@@ -130,3 +130,43 @@ def test_the_controller_lists_only_the_agents_own_namespace() -> None:
     assert controller.ledger_name("team-a.chaos") == "blackadder-tenant-ledger-team-a.chaos"
     cluster = BlackadderController(None, Config(operator_namespace="ops"), ON, index)  # type: ignore[arg-type]
     assert cluster.ledger_name(cluster.agent_id({"name": "chaos"})) == "blackadder-ledger-chaos"
+
+
+def ledger_secret(name: str, agent_uid: str | None) -> dict[str, Any]:
+    labels = {logic.LEDGER_LABEL: name} | ({logic.TENANT_LEDGER_UID_LABEL: agent_uid} if agent_uid else {})
+    return {"metadata": {"name": name, "uid": f"secret-{name}", "labels": labels}}
+
+
+def test_only_ledgers_whose_agent_is_gone_are_orphans() -> None:
+    ledgers = [ledger_secret("alive", "u1"), ledger_secret("gone", "u2"), ledger_secret("unlabelled", None)]
+    assert [s["metadata"]["name"] for s in logic.orphaned_tenant_ledgers(ledgers, ["u1", "u3"])] == ["gone"]
+    assert logic.orphaned_tenant_ledgers(ledgers, ["u1", "u2"]) == []
+
+
+class FakeAccess:
+    """Lists and deletes, recorded (the sweep's only calls)."""
+
+    def __init__(self, ledgers: list[dict[str, Any]], agents: list[dict[str, Any]], paused: bool = False) -> None:
+        self.ledgers, self.agents, self.paused = ledgers, agents, paused
+        self.calls: list[tuple[Any, ...]] = []
+
+    async def list(self, kind: Any, namespace: str | None = None, *, labels: str = "") -> list[dict[str, Any]]:
+        self.calls.append(("list", kind.plural, namespace, labels))
+        return self.ledgers if kind.plural == "secrets" else self.agents
+
+    async def delete(self, kind: Any, namespace: str, name: str, *, uid: str | None = None) -> bool:
+        self.calls.append(("delete", kind.plural, namespace, name, uid))
+        return True
+
+
+def test_the_start_up_sweep_deletes_only_orphaned_ledgers_listing_ledgers_first() -> None:
+    access = FakeAccess([ledger_secret("alive", "u1"), ledger_secret("gone", "u2")],
+                        [{"metadata": {"uid": "u1", "namespace": "team-a", "name": "a"}}])
+    controller = TenantChaosController(access, Config(operator_namespace="ops"), ON, {})  # type: ignore[arg-type]
+    assert asyncio.run(controller.sweep_ledgers()) == 1
+    assert access.calls == [("list", "secrets", "ops", logic.TENANT_LEDGER_UID_LABEL),
+                            ("list", "tenantchaosagents", None, ""),
+                            ("delete", "secrets", "ops", "gone", "secret-gone")]
+    standby = FakeAccess([ledger_secret("gone", "u2")], [], paused=True)
+    controller = TenantChaosController(standby, Config(operator_namespace="ops"), ON, {})  # type: ignore[arg-type]
+    assert asyncio.run(controller.sweep_ledgers()) == 0 and standby.calls == []
