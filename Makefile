@@ -104,7 +104,9 @@ revert-agents: ## delete every ChaosAgent while the operator runs (each reverts 
 	@export KUBECONFIG=$(TARGET_KUBECONFIG) && \
 	if kubectl get crd chaosagents.blackadder.io >/dev/null 2>&1; then \
 	  kubectl delete chaosagents.blackadder.io --all --wait=true --timeout=$(REVERT_TIMEOUT); \
-	else echo "no ChaosAgent CRD: nothing to revert"; fi
+	else echo "no ChaosAgent CRD: nothing to revert"; fi; \
+	if kubectl get crd tenantchaosagents.blackadder.io >/dev/null 2>&1; then \
+	  kubectl delete tenantchaosagents.blackadder.io --all -A --wait=true --timeout=$(REVERT_TIMEOUT); fi
 
 undeploy: ## delete the ChaosAgents (the operator reverts them), then uninstall the Helm release (CRDs stay)
 	@RELEASE=$(RELEASE) DEPLOY_NAMESPACE=$(DEPLOY_NAMESPACE) cluster/undeploy.sh

@@ -26,4 +26,14 @@ if kubectl get crd chaosagents.blackadder.io >/dev/null 2>&1; then
     fi
   fi
 fi
+# TenantChaosAgents (chaos for tenants) hold a finalizer too: their ledger lives in this namespace.
+if kubectl get crd tenantchaosagents.blackadder.io >/dev/null 2>&1 &&
+   [ -n "$(kubectl get tenantchaosagents.blackadder.io -A -o name)" ]; then
+  echo "[undeploy] deleting the TenantChaosAgents first: the operator deletes their ledgers" >&2
+  if ! kubectl delete tenantchaosagents.blackadder.io --all -A --wait --timeout="$timeout" >&2; then
+    kubectl get tenantchaosagents.blackadder.io -A >&2 || true
+    echo "[undeploy] the release is left installed; see docs/blackadder.md, \"Chaos for tenants\"" >&2
+    exit 1
+  fi
+fi
 "$helm" uninstall "$release" --namespace "$ns" --wait --timeout 120s

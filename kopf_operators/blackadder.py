@@ -80,6 +80,17 @@ KILL_MODES = (KILL_FIXED, KILL_ALL, KILL_RANDOM_MAX_PERCENT, KILL_FIXED_PERCENT)
 COPYRATOR_COPY_LABEL = f"copyrator.{DOMAIN}/rule-uid"
 DEFAULT_MAX_KILLS = 1  # like chaoskube's --max-kill
 DEFAULT_MAX_ADDED_REPLICAS = 32
+# Chaos for tenants: the namespaced TenantChaosAgent (tantrum only, in its own namespace).
+TENANT_KIND = "TenantChaosAgent"
+TENANT_PLURAL = "tenantchaosagents"
+# Only namespaces an administrator labels so may hold acting TenantChaosAgents.
+TENANT_NAMESPACE_LABEL = "blackadder.io/tenant-chaos"
+TENANT_NAMESPACE_VALUE = "allowed"
+TENANT_LEDGER_PREFIX = "blackadder-tenant-ledger-"
+# On a TenantChaosAgent's ledger: its agent's uid (the start-up sweep deletes ledgers whose agent is gone).
+TENANT_LEDGER_UID_LABEL = f"{DOMAIN}/blackadder-tenant-agent-uid"
+DEFAULT_TENANT_MAX_KILLS = 1
+DEFAULT_TENANT_MIN_PAUSE = 60
 WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 
 
@@ -97,13 +108,23 @@ class Settings:
     webhook_hosts: tuple[str, ...] = ()
     # CHAOS_STOP_ALL: the kill switch from the chart (operators.blackadder.stopAll): no agent acts.
     stop_all: bool = False
+    # Chaos for tenants (chart operators.blackadder.tenants): TenantChaosAgents are served only when
+    # CHAOS_TENANTS=true, and every one is bounded by these administrator's limits.
+    tenants: bool = False
+    tenant_max_kills: int = DEFAULT_TENANT_MAX_KILLS  # CHAOS_TENANTS_MAX_KILLS_PER_CYCLE
+    tenant_min_pause: int = DEFAULT_TENANT_MIN_PAUSE  # CHAOS_TENANTS_MIN_PAUSE_SECONDS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
         return cls(dry_run=env_bool(env, "CHAOS_DRY_RUN", False),
                    max_added_replicas=int(env_float(env, "CHAOS_MAX_ADDED_REPLICAS", DEFAULT_MAX_ADDED_REPLICAS)),
                    webhook_hosts=tuple(h.lower() for h in env_list(env, "CHAOS_WEBHOOK_HOSTS")),
-                   stop_all=env_bool(env, "CHAOS_STOP_ALL", False))
+                   stop_all=env_bool(env, "CHAOS_STOP_ALL", False),
+                   tenants=env_bool(env, "CHAOS_TENANTS", False),
+                   tenant_max_kills=max(0, int(env_float(env, "CHAOS_TENANTS_MAX_KILLS_PER_CYCLE",
+                                                         DEFAULT_TENANT_MAX_KILLS))),
+                   tenant_min_pause=max(MIN_PAUSE_SECONDS, int(env_float(env, "CHAOS_TENANTS_MIN_PAUSE_SECONDS",
+                                                                         DEFAULT_TENANT_MIN_PAUSE))))
 
 
 
@@ -147,6 +168,9 @@ class AgentSettings:
     grace_period: int | None = None  # gracePeriodSeconds of the deletion (None: the Pod's own)
     # Per-target frequency (blackadder.io/mtbf on Pods): Honour (default) or Ignore.
     target_frequency: str = "Honour"
+    # Why the agent may not act at all, whatever its spec (a TenantChaosAgent outside an allowed
+    # namespace): reported as InvalidSpec, like what the schema could not check.
+    scope_problem: str = ""
 
 
 def settings_from_spec(spec: Mapping[str, Any], forced_dry_run: bool = False) -> AgentSettings:
@@ -190,6 +214,60 @@ def settings_from_spec(spec: Mapping[str, Any], forced_dry_run: bool = False) ->
         grace_period=None if spec.get("gracePeriodSeconds") is None else max(0, int(spec["gracePeriodSeconds"])),
         target_frequency=str(spec.get("targetFrequency") or "Honour"),
     )
+
+
+def tenant_settings(spec: Mapping[str, Any], namespace: str, settings: Settings, operator_namespace: str,
+                    namespace_labels: Mapping[str, str] | None) -> AgentSettings:
+    """A TenantChaosAgent's effective settings: its spec read as a ChaosAgent's, then confined to its
+    own namespace (whatever the spec says: the schema has no namespace field, this is the second
+    line) and bounded by the administrator's limits (min of spec and limit; the longer pause)."""
+    base = settings_from_spec(spec, settings.dry_run)
+    spec_kills = base.max_kills
+    kills = settings.tenant_max_kills if not isinstance(spec_kills, int) else min(spec_kills,
+                                                                                   settings.tenant_max_kills)
+    problem = tenant_scope_problem(namespace, settings, operator_namespace, namespace_labels)
+    return dataclasses.replace(
+        base, tantrum=True, cancer=False, ipsum=False,
+        targets=(namespace,), excluded=(), namespace_selector=None,
+        webhook_secret="", revert=False, revert_on_delete=False,
+        max_kills=max(0, kills), pause=max(base.pause, settings.tenant_min_pause),
+        scope_problem=problem)
+
+
+def tenant_scope_problem(namespace: str, settings: Settings, operator_namespace: str,
+                         namespace_labels: Mapping[str, str] | None) -> str:
+    """Why a TenantChaosAgent in ``namespace`` may not act ("" when it may)."""
+    if not settings.tenants:
+        return "chaos for tenants is switched off (chart: operators.blackadder.tenants.enabled)"
+    if namespace in denied_namespaces(operator_namespace):
+        return f"namespace {namespace} is on Blackadder's deny-list: no chaos there"
+    if (namespace_labels or {}).get(TENANT_NAMESPACE_LABEL) != TENANT_NAMESPACE_VALUE:
+        return (f"namespace {namespace} does not allow chaos for tenants: an administrator labels it "
+                f"{TENANT_NAMESPACE_LABEL}={TENANT_NAMESPACE_VALUE}")
+    return ""
+
+
+def tenant_agent_id(namespace: str, name: str) -> str:
+    """A TenantChaosAgent's identity in its ledger: a namespace has no dot, so the first dot
+    separates the two and no two agents share it."""
+    return f"{namespace}.{name}"
+
+
+def tenant_ledger_name(agent_id: str) -> str:
+    """The ledger of a TenantChaosAgent (operator's namespace): its own prefix, so that no
+    ChaosAgent's name can take it; hashed when too long."""
+    return _bounded(f"{TENANT_LEDGER_PREFIX}{agent_id}", 253)
+
+
+def orphaned_tenant_ledgers(ledgers: Iterable[Mapping[str, Any]],
+                            live_agent_uids: Iterable[str]) -> list[Mapping[str, Any]]:
+    """The tenant ledger Secrets whose agent no longer exists (its finalizer removed by hand, say).
+    List the ledgers before the agents: a ledger is only written by a live agent, so one whose agent
+    is not in the later list of agents has lost it."""
+    live = set(live_agent_uids)
+    return [secret for secret in ledgers
+            if (uid := ((secret.get("metadata") or {}).get("labels") or {}).get(TENANT_LEDGER_UID_LABEL))
+            and uid not in live]
 
 
 def _mapping(value: Any) -> dict[str, Any] | None:
@@ -761,7 +839,7 @@ def still_wanted(live: AgentSettings, planned: AgentSettings, mode: str, namespa
     """Whether a planned action still matches the agent's live spec (an edit in the middle of a cycle):
     its mode still on, its namespace still allowed, and no dry-run switched on since the plan."""
     enabled = {TANTRUM: live.tantrum, CANCER: live.cancer, IPSUM: live.ipsum}[mode]
-    return (enabled and namespace_allowed(namespace, live, operator_namespace)
+    return (enabled and not live.scope_problem and namespace_allowed(namespace, live, operator_namespace)
             and (planned.dry_run or not live.dry_run))
 
 
@@ -803,6 +881,8 @@ def cycle_step(settings: AgentSettings, now: float | None = None, kill_switch: b
 def spec_problem(settings: AgentSettings) -> str | None:
     """What the schema could not check: the time zone (when windows or dates use it) and the
     pod-name regular expressions. The agent then idles, Stalled with reason InvalidSpec."""
+    if settings.scope_problem:
+        return settings.scope_problem
     if settings.windows or settings.excluded_dates:
         problem = window_problem(settings)
         if problem:

@@ -50,6 +50,7 @@ WEBHOOK_TIMEOUT_SECONDS = 3.0
 # an emergency stop acts within about a second instead of at the next cycle.
 WAKE_POLL_SECONDS = 1.0
 CHAOSAGENT = k8s.Kind(f"{logic.GROUP}/{logic.VERSION}", logic.PLURAL, logic.KIND, namespaced=False)
+TENANTCHAOSAGENT = k8s.Kind(f"{logic.GROUP}/{logic.VERSION}", logic.TENANT_PLURAL, logic.TENANT_KIND, namespaced=True)
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 Stopped = Callable[[], bool]
 
@@ -130,6 +131,8 @@ def spec_view(body: Mapping[str, Any]) -> munch.Munch:
 
 
 class BlackadderController:
+    kind = CHAOSAGENT
+
     def __init__(self, access: Access, config: Config, settings: logic.Settings,
                  namespaces: Mapping[Any, Any], sources: Mapping[Any, Any] | None = None) -> None:
         self.access = access
@@ -147,6 +150,13 @@ class BlackadderController:
 
     def agent_settings(self, body: Mapping[str, Any]) -> logic.AgentSettings:
         return logic.settings_from_spec(spec_view(body), self.settings.dry_run)
+
+    def agent_id(self, meta: Mapping[str, Any]) -> str:
+        """The agent's name in its ledger, Events and logs."""
+        return str(meta["name"])
+
+    def ledger_name(self, agent: str) -> str:
+        return logic.ledger_name(agent)
 
     def _terminating(self) -> set[str]:
         return {name for name, entries in self.namespaces.items() for entry in entries if entry.get("terminating")}
@@ -208,7 +218,7 @@ class BlackadderController:
         settings = self.agent_settings(body)
         meta = body["metadata"]
         async with self.access.serialised((OPERATOR, meta["uid"])):
-            handle = await self.ledger(meta["name"], meta["uid"])
+            handle = await self.ledger(self.agent_id(meta), meta["uid"])
         last = handle.data.get("lastCycleEpoch")
         if last is None:
             last = logic.iso_to_epoch((body.get("status") or {}).get("lastCycleTime"))
@@ -221,14 +231,14 @@ class BlackadderController:
         """One cycle of one agent: revert, pause, or chaos; then the status. API errors of single
         actions are reported and skipped; a failed listing or ledger write makes Ready=False."""
         meta = body["metadata"]
-        name, uid, generation = meta["name"], meta["uid"], meta.get("generation")
+        uid, generation = meta["uid"], meta.get("generation")
         settings = self.agent_settings(body)
         previous = (body.get("status") or {}).get("conditions")
         async with self.access.serialised((OPERATOR, uid)):
             if stopped():
                 return
             try:
-                handle = await self.ledger(name, uid)
+                handle = await self.ledger(self.agent_id(meta), uid)
                 now = time.time()
                 step = logic.cycle_step(settings, now, self.kill_switch())
                 if step == logic.REVERT_STEP:
@@ -241,23 +251,23 @@ class BlackadderController:
                         "every pauseDuration): see status.revert.failed")
                     if summary["processed"]:
                         status["revert"] = summary
-                    await self._patch_status(name, status, body)
+                    await self._patch_status(meta, status, body)
                     return
                 if step == logic.STOPPED_STEP:
-                    await self._patch_status(name, logic.simple_status(
+                    await self._patch_status(meta, logic.simple_status(
                         previous, settings, generation, True, "KillSwitch",
                         f"stopped by the kill switch ({logic.KILL_SWITCH_LABEL}=true on namespace "
                         f"{self._ledger_namespace()}, or CHAOS_STOP_ALL) — no chaos"), body)
                     return
                 if step == logic.PAUSED_STEP:
-                    await self._patch_status(name, logic.simple_status(previous, settings, generation, True,
+                    await self._patch_status(meta, logic.simple_status(previous, settings, generation, True,
                                                                        "Paused", "paused: true — no chaos"), body)
                     return
                 if step == logic.INVALID_STEP:
                     problem = logic.spec_problem(settings) or "invalid spec"
                     if _ready_reason(previous) != "InvalidSpec":
                         self.announce(body, None, "Warning", "InvalidSpec", problem, log)
-                    await self._patch_status(name, logic.simple_status(previous, settings, generation, False,
+                    await self._patch_status(meta, logic.simple_status(previous, settings, generation, False,
                                                                        "InvalidSpec", problem), body)
                     return
                 if step == logic.EXCLUDED_DATE_STEP:
@@ -265,7 +275,7 @@ class BlackadderController:
                     message = f"today is an excluded date ({date} in {settings.time_zone}): no chaos"
                     if _ready_reason(previous) != "ExcludedDate":
                         log.info(message)
-                    await self._patch_status(name, logic.simple_status(previous, settings, generation, True,
+                    await self._patch_status(meta, logic.simple_status(previous, settings, generation, True,
                                                                        "ExcludedDate", message), body)
                     return
                 if step == logic.IDLE_STEP:
@@ -273,7 +283,7 @@ class BlackadderController:
                     message = f"outside activeWindows ({settings.time_zone}); idle until {opens or 'never'}"
                     if _ready_reason(previous) != "OutsideWindow":
                         log.info(message)
-                    await self._patch_status(name, logic.simple_status(previous, settings, generation, True,
+                    await self._patch_status(meta, logic.simple_status(previous, settings, generation, True,
                                                                        "OutsideWindow", message), body)
                     return
                 inventory = await self.inventory(settings, now)
@@ -288,11 +298,11 @@ class BlackadderController:
                 # Retried by the next cycle (Reconciling), unless the API refuses it (403, 422...): then
                 # only a person can help (Stalled).
                 retried = exc.transient or exc.status in (404, 409)
-                await self._patch_status(name, logic.simple_status(previous, settings, generation, False,
+                await self._patch_status(meta, logic.simple_status(previous, settings, generation, False,
                                                                    "CycleFailed", str(exc)[:300],
                                                                    stalled=not retried), body)
                 return
-            await self._patch_status(name, logic.cycle_status(
+            await self._patch_status(meta, logic.cycle_status(
                 previous, settings, generation, handle.data, outcome.done, outcome.skipped, inventory.counts(),
                 f"{handle.namespace}/{handle.name}", outcome.frequency_problems), body)
 
@@ -663,7 +673,7 @@ class BlackadderController:
         settings = self.agent_settings(body)
         async with self.access.serialised((OPERATOR, meta["uid"])):
             try:
-                handle = await self.ledger(meta["name"], meta["uid"])
+                handle = await self.ledger(self.agent_id(meta), meta["uid"])
             except LedgerTaken as exc:  # not ours to revert from, nor to delete
                 self.announce(body, None, "Warning", "LedgerTaken", f"deleted without revert: {exc.where} {exc.why}",
                               log)
@@ -675,7 +685,7 @@ class BlackadderController:
                     incomplete = RevertIncomplete(failed)
                     if attempt + 1 < logic.REVERT_ATTEMPTS or not incomplete.refused:
                         # While it is retried, the Terminating agent says what is still left.
-                        await self._patch_status(meta["name"], {"revert": summary, "state": "RevertFailed"})
+                        await self._patch_status(meta, {"revert": summary, "state": "RevertFailed"})
                         raise incomplete
                     await self._abandon(body, handle, summary, attempt + 1, log)
                     self._ledgers.pop(meta["uid"], None)
@@ -695,7 +705,7 @@ class BlackadderController:
                    "is gone; restore by hand, then delete that Secret")
         metrics.error(OPERATOR, "revert-abandoned")
         self.announce(body, None, "Warning", "RevertAbandoned", message, log)
-        await self._patch_status(body["metadata"]["name"], {
+        await self._patch_status(body["metadata"], {
             "revert": {**summary, "abandoned": True, "ledger": where},
             "state": "RevertAbandoned"})
 
@@ -713,7 +723,7 @@ class BlackadderController:
         return handle
 
     async def _read_ledger(self, agent: str, agent_uid: str) -> LedgerHandle:
-        namespace, name = self._ledger_namespace(), logic.ledger_name(agent)
+        namespace, name = self._ledger_namespace(), self.ledger_name(agent)
         obj = await self.access.read(k8s.SECRET, namespace, name)
         if obj is None:
             return LedgerHandle(namespace, name, logic.empty_ledger(agent, agent_uid), exists=False)
@@ -758,12 +768,15 @@ class BlackadderController:
             "metadata": {
                 "name": handle.name, "namespace": handle.namespace,
                 # A label value stops at 63 characters: long agent names are hashed (full name annotated).
-                "labels": {logic.LEDGER_LABEL: logic.ledger_label(agent)},
+                "labels": {logic.LEDGER_LABEL: logic.ledger_label(agent),
+                           **({logic.TENANT_LEDGER_UID_LABEL: agent_uid} if self.kind.namespaced else {})},
                 "annotations": annotations,
                 # Namespaced dependents may have cluster-scoped owners: the GC removes a forgotten ledger
                 # (not an abandoned one: that one stays for an administrator).
-                "ownerReferences": [] if abandoned else [{"apiVersion": CHAOSAGENT.api_version, "kind": logic.KIND,
-                                                          "name": agent, "uid": agent_uid}],
+                # (A namespaced TenantChaosAgent cannot own a Secret in another namespace: its on.delete
+                # handler removes the ledger.)
+                "ownerReferences": [] if abandoned or self.kind.namespaced else [{
+                    "apiVersion": self.kind.api_version, "kind": self.kind.kind, "name": agent, "uid": agent_uid}],
             },
             "data": {logic.LEDGER_KEY: payload},
         }
@@ -844,18 +857,21 @@ class BlackadderController:
         try:
             self.access.event(agent_body, type_, reason, message)
             if target is not None:
-                self.access.event(target, type_, reason, f"{message} (ChaosAgent {agent_body['metadata']['name']})")
+                agent = self.agent_id(agent_body["metadata"])
+                self.access.event(target, type_, reason, f"{message} ({self.kind.kind} {agent})")
         except LookupError:
             pass  # outside a running operator (no event queue): the log line is the record
 
-    async def _patch_status(self, agent: str, status: Mapping[str, Any],
+    async def _patch_status(self, meta: Mapping[str, Any], status: Mapping[str, Any],
                             body: Mapping[str, Any] | None = None) -> None:
         """Patch the agent's status; with ``body``, only when it would change (an idle or paused
         agent does not write every cycle)."""
         if body is not None and not logic.status_changed(body.get("status") or {}, status):
             return
+        agent = self.agent_id(meta)
+        namespace = meta.get("namespace") if self.kind.namespaced else None
         try:
-            await self.access.patch_status(CHAOSAGENT, None, agent, status)  # None: deleted meanwhile
+            await self.access.patch_status(self.kind, namespace, meta["name"], status)  # None: deleted meanwhile
         except ApiError as exc:
             metrics.error(OPERATOR, "status")
             logger.warning(f"[{agent}] status not written: {exc}")
@@ -864,3 +880,40 @@ class BlackadderController:
         if body is not None and stalled:  # one uniform Event per Stalled transition (docs/observability.md)
             with contextlib.suppress(LookupError):  # outside a running operator (no event queue)
                 self.access.event(body, *stalled)
+
+
+class TenantChaosController(BlackadderController):
+    """TenantChaosAgents: the same cycle, ledger and actions, with the settings confined to the
+    agent's own namespace and bounded by the administrator's limits (logic.tenant_settings). The
+    ledger stays in the operator's namespace (a tenant could otherwise write it)."""
+
+    kind = TENANTCHAOSAGENT
+
+    def agent_settings(self, body: Mapping[str, Any]) -> logic.AgentSettings:
+        namespace = str(body["metadata"]["namespace"])
+        return logic.tenant_settings(spec_view(body), namespace, self.settings, self.config.operator_namespace,
+                                     self._namespace_labels().get(namespace))
+
+    def agent_id(self, meta: Mapping[str, Any]) -> str:
+        return logic.tenant_agent_id(str(meta["namespace"]), str(meta["name"]))
+
+    def ledger_name(self, agent: str) -> str:
+        return logic.tenant_ledger_name(agent)
+
+    async def sweep_ledgers(self) -> int:
+        """At start-up: delete the ledgers of TenantChaosAgents that are gone (normally the delete
+        handler does; not when the finalizer was removed by hand). Ledgers are listed before agents.
+        Nothing while Kopf has paused this process (a standby: ``Access.paused``, as Copyrator's sweep)."""
+        if getattr(self.access, "paused", False):
+            return 0
+        namespace = self._ledger_namespace()
+        ledgers = await self.access.list(k8s.SECRET, namespace, labels=logic.TENANT_LEDGER_UID_LABEL)
+        if not ledgers:
+            return 0
+        agents = await self.access.list(TENANTCHAOSAGENT)
+        orphans = logic.orphaned_tenant_ledgers(ledgers, (a["metadata"]["uid"] for a in agents))
+        for secret in orphans:
+            meta = secret["metadata"]
+            if await self.access.delete(k8s.SECRET, namespace, meta["name"], uid=meta.get("uid")):
+                logger.info(f"deleted the ledger {namespace}/{meta['name']}: its TenantChaosAgent is gone")
+        return len(orphans)

@@ -8,6 +8,7 @@ on, never annotated or watched with state; namespaces reach the controller throu
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -22,17 +23,29 @@ from kopf_operators.blackadder_controller import (
     BlackadderController,
     Logger,
     RevertIncomplete,
+    TenantChaosController,
 )
 
 RESOURCE = (logic.GROUP, logic.VERSION, logic.PLURAL)
+TENANT_RESOURCE = (logic.GROUP, logic.VERSION, logic.TENANT_PLURAL)
+# Chaos for tenants is opt-in (chart: operators.blackadder.tenants.enabled, which also grants the RBAC):
+# without it Kopf must not even watch TenantChaosAgents, so the handlers below are registered only then.
+TENANTS = logic.Settings.from_env(os.environ).tenants
 REVERT_RETRY_SECONDS = 5
 
 
 @kopf.on.startup(id="blackadder-startup")
 async def start(memo: kopf.Memo, **kwargs: Any) -> None:
     config, access = runtime.shared(memo)
-    memo.blackadder = BlackadderController(access, config, logic.Settings.from_env(os.environ),
-                                           kwargs[NAMESPACES_INDEX], kwargs[SOURCES_INDEX])
+    settings = logic.Settings.from_env(os.environ)
+    memo.blackadder = BlackadderController(access, config, settings, kwargs[NAMESPACES_INDEX], kwargs[SOURCES_INDEX])
+    memo.blackadder_tenants = TenantChaosController(access, config, settings, kwargs[NAMESPACES_INDEX],
+                                                    kwargs[SOURCES_INDEX])
+    if settings.tenants:
+        try:
+            await memo.blackadder_tenants.sweep_ledgers()
+        except ApiError as exc:  # not fatal: a leftover ledger is a small Secret, swept at the next start
+            logging.getLogger("kopf_operators.blackadder").warning(f"tenant ledgers not swept: {exc}")
 
 
 @kopf.on.cleanup(id="blackadder-cleanup")
@@ -75,3 +88,20 @@ async def revert_on_delete(body: kopf.Body, logger: Logger, memo: kopf.Memo, ret
     except ApiError as exc:
         # The ledger could not be read or written: the finalizer must not go while changes may remain.
         raise kopf.TemporaryError(f"revert failed, retrying: {exc}", delay=REVERT_RETRY_SECONDS) from None
+
+
+if TENANTS:
+    @kopf.daemon(*TENANT_RESOURCE, id="blackadder-tenant-agent", initial_delay=0, cancellation_polling=1)
+    async def tenant_agent_daemon(body: kopf.Body, stopped: kopf.DaemonStopped, logger: Logger, memo: kopf.Memo,
+                                  **_: Any) -> None:
+        """A TenantChaosAgent: the same loop, confined to its namespace and the administrator's limits."""
+        await memo.blackadder_tenants.agent_loop(body, lambda: bool(stopped), stopped.wait, logger)
+
+    @kopf.on.delete(*TENANT_RESOURCE, id="blackadder-tenant-delete", backoff=REVERT_RETRY_SECONDS)
+    async def tenant_delete(body: kopf.Body, logger: Logger, memo: kopf.Memo, retry: int, **_: Any) -> None:
+        """Its ledger lives in the operator's namespace (no ownerReference can cross namespaces): it is
+        deleted here. Tantrum only, so there is nothing to revert."""
+        try:
+            await memo.blackadder_tenants.revert_on_delete(body, logger, attempt=retry)
+        except ApiError as exc:
+            raise kopf.TemporaryError(f"ledger not deleted, retrying: {exc}", delay=REVERT_RETRY_SECONDS) from None

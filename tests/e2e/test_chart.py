@@ -33,7 +33,7 @@ ALL_ON = (
     "networkPolicy.enabled=true", "sharding.enabled=true", "sharding.shards=2",
     f"priorityClassName={PRIORITY_CLASS}", "podAnnotations.team=platform", "podLabels.tier=operators",
     "imagePullSecrets[0].name=registry", "extraEnv[0].name=HTTPS_PROXY", "extraEnv[0].value=",
-    "metrics.service.annotations.note=scraped",
+    "metrics.service.annotations.note=scraped", "operators.blackadder.tenants.enabled=true",
 )
 ALL_OFF = (
     "replicaCount=1", "metrics.enabled=false", "metrics.service.enabled=false", "rbac.create=false",

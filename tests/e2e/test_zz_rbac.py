@@ -57,3 +57,23 @@ def test_rbac_is_exactly_what_the_operators_use(operator_identity: str) -> None:
         assert "*" not in (group, resource, verb)
     unused = grants - calls
     assert not unused, f"granted but never used by the whole end-to-end suite: {sorted(unused)}"
+
+
+def test_the_tenant_rbac_is_used_and_sufficient() -> None:
+    """The rules `operators.blackadder.tenants.enabled` adds, against the calls of the operator that
+    tests/e2e/test_blackadder_tenants.py ran as that release's ServiceAccount."""
+    from tests.e2e.test_blackadder_tenants import RELEASE, TENANT_VALUES
+
+    calls, refused = used(f"system:serviceaccount:{RELEASE}:{RELEASE}")
+    assert calls, "the tenant operator made no call: did test_blackadder_tenants.py run?"
+    assert not refused, "the tenant operator was refused:\n" + "\n".join(sorted(set(refused)))
+    on = [rule for obj in chart_objects(RELEASE, RELEASE, *TENANT_VALUES) if obj["kind"] in {"ClusterRole", "Role"}
+          and obj["metadata"]["name"] != f"{RELEASE}-blackadder-tenant" for rule in obj["rules"]]
+    added = {(group, resource, verb) for rule in on for group in rule["apiGroups"] for resource in rule["resources"]
+             for verb in rule["verbs"]} - granted()
+    assert added == {("blackadder.io", "tenantchaosagents", v) for v in ("list", "watch", "patch")} | {
+        ("blackadder.io", "tenantchaosagents/status", "patch")}
+    # Plus list on Secrets in the operator's namespace (the Role; other operators list Secrets cluster-wide,
+    # so the set difference hides it): the start-up sweep of orphaned ledgers.
+    added.add(("", "secrets", "list"))
+    assert added <= calls, f"granted for tenants but never used: {sorted(added - calls)}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -22,8 +23,9 @@ print(json.dumps(ids))
 """
 
 
-def registered(pattern: str) -> dict[str, list[str]]:
+def registered(pattern: str, **env: str) -> dict[str, list[str]]:
     out = subprocess.run([sys.executable, "-c", _PROBE.format(pattern=pattern)], cwd=REPO,
+                         env={**os.environ, "CHAOS_TENANTS": "false", **env},
                          capture_output=True, text=True, check=True, timeout=120)
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
@@ -36,6 +38,15 @@ def test_each_handler_registers_exactly_once() -> None:
     assert handlers["_activities"].count("shared-settings") == 1
     assert len(all_ids) == len(EXPECTED_HANDLER_IDS) == 43
     assert sorted(all_ids) == sorted(EXPECTED_HANDLER_IDS)
+
+
+def test_tenant_handlers_register_only_when_the_feature_is_on() -> None:
+    """Without the chart's tenants.enabled the operator has no RBAC for TenantChaosAgents: Kopf must
+    not even watch them."""
+    off = [hid for ids in registered("operators/blackadder.py").values() for hid in ids]
+    on = [hid for ids in registered("operators/blackadder.py", CHAOS_TENANTS="true").values() for hid in ids]
+    assert not any("tenant" in hid for hid in off)
+    assert sorted(set(on) - set(off)) == ["blackadder-tenant-agent", "blackadder-tenant-delete"]
 
 
 def test_each_operator_file_loads_alone() -> None:
@@ -90,7 +101,9 @@ print(json.dumps(sorted(kinds)))
 
 def test_only_chaos_agents_may_hold_a_finalizer() -> None:
     out = subprocess.run([sys.executable, "-c", _FINALIZERS_PROBE.format(pattern="operators/*.py")], cwd=REPO,
+                         env={**os.environ, "CHAOS_TENANTS": "true"},
                          capture_output=True, text=True, check=True, timeout=120)
     kinds = set(json.loads(out.stdout.strip().splitlines()[-1]))
     # Copyrator rules, ImmortalContainers and every built-in object are deleted without the operator.
-    assert kinds <= {"chaosagents"}, kinds
+    # A TenantChaosAgent's ledger lives in another namespace (no ownerReference): its delete handler.
+    assert kinds <= {"chaosagents", "tenantchaosagents"}, kinds
