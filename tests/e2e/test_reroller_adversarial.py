@@ -322,3 +322,24 @@ def test_same_data_written_twice_rolls_once(operator: OperatorProcess, namespace
     set_cm(core, namespace, "nginx-conf", new)
     stays(lambda: replicasets(apps, namespace, "nginx") == 2, 6, what="the same data twice rolls once")
     assert len(events(core, namespace, "nginx", "Rerolled")) == 1
+
+
+def test_many_long_named_sources_and_a_template_edit_roll_once(operator: OperatorProcess, namespace: str,
+                                                               core: Any, apps: Any) -> None:
+    """130 sources with 253-character names: their per-source hashes take more room than an
+    annotation may (32 KiB here). A person adding one more source to the pod template rolls the
+    workload once (the template edit itself), not twice; a data change still rolls once, naming it."""
+    names = [long_name(f"p{i:03d}") for i in range(130)]
+    for name in names:
+        configmap(core, namespace, name, {"k": "1"})
+    configmap(core, namespace, "extra", {"k": "1"})
+    deployment(apps, namespace, "app", env_from(*(("ConfigMap", n) for n in names)), AUTO)
+    first = ready(apps, namespace, "app")
+    spec = env_from(*(("ConfigMap", n) for n in [*names, "extra"]))
+    apps.patch_namespaced_deployment("app", namespace, {"spec": {"template": {"spec": spec}}})
+    wait_for(lambda: observed_hash(apps, namespace, "app") != first, timeout=30, what="the new baseline")
+    wait_for(lambda: replicasets(apps, namespace, "app") >= 2, timeout=30, what="the template edit rolled")
+    stays(lambda: replicasets(apps, namespace, "app") == 2 and template_hash(apps, namespace, "app") is None, 5,
+          what="one rollout for one template edit")
+    set_cm(core, namespace, names[99], {"k": "2"})
+    assert_rolled_once(apps, core, namespace, "app", f"configmap/{names[99]}", rs=3)
