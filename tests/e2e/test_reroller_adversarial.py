@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from kopf_operators import reroller as logic
@@ -26,8 +27,10 @@ from tests.e2e.test_reroller import (
     nginx_pod_spec,
     observed_hash,
     replicasets,
+    reroller_with,  # noqa: F401  (a fixture)
     secret,
     set_cm,
+    stakater,
     template_hash,
 )
 from tests.kube import OperatorProcess, kubectl, stays, wait_for
@@ -191,6 +194,23 @@ def test_253_character_source_names(operator: OperatorProcess, namespace: str, c
     wait_for(lambda: replicasets(apps, namespace, "app") == 3, timeout=30, what="a third ReplicaSet")
     stays(lambda: replicasets(apps, namespace, "app") == 3, 4, what="rolled once")
     assert not own_errors(operator, namespace)
+
+
+def test_253_character_dotted_name_under_the_env_vars_strategy(
+        reroller_with: Callable[..., OperatorProcess], namespace: str, core: Any, apps: Any) -> None:  # noqa: F811
+    """Reloader's env-vars strategy turns the source's name into a variable name: a 253-character
+    name with dots becomes a valid (long) variable, and the workload rolls once."""
+    reroller_with(REROLLER_RELOAD_STRATEGY="env-vars")
+    name = ".".join(["seg" + "x" * 60] * 4)[:LONG]  # labels of 63, dots between
+    assert len(name) == LONG
+    configmap(core, namespace, name, {"k": "1"})
+    deployment(apps, namespace, "app", env_from(("ConfigMap", name)), AUTO)
+    ready(apps, namespace, "app")
+    set_cm(core, namespace, name, {"k": "2"})
+    variable = logic.env_var_name("ConfigMap", name)
+    wait_for(lambda: stakater(apps, namespace, "app", "app").get(variable), timeout=30, what=f"{variable} set")
+    wait_for(lambda: replicasets(apps, namespace, "app") == 2, timeout=30, what="a second ReplicaSet")
+    stays(lambda: replicasets(apps, namespace, "app") == 2, 4, what="rolled once")
 
 
 def test_one_mib_configmap_rolls_once_and_its_reapply_rolls_nothing(operator: OperatorProcess, namespace: str,
