@@ -717,7 +717,7 @@ def plan(annotations: Mapping[str, str], snap: Snapshot, *, newer: Iterable[str]
         return Plan("roll", new_hash=new_hash, changed=tuple(sorted(snap.per_source)), missing=missing)
     changed = []
     for ref, h in sorted(snap.per_source.items()):
-        old = observed_sources.get(ref)
+        old = observed_sources.get(ref) or observed_sources.get(ref_digest(ref))
         if old is None or old == h or _scope_changed(old, h):
             continue
         required = ref not in snap.optional
@@ -754,10 +754,24 @@ def _scope_changed(old: str, new: str) -> bool:
 MAX_OBSERVED_SOURCES = 32 * 1024
 
 
+def ref_digest(ref: str) -> str:
+    """A source's short stand-in key in the per-source hashes when the refs themselves take too much
+    room (many sources with long names): "#" + 12 hex digits of its sha256."""
+    return "#" + hashlib.sha256(ref.encode()).hexdigest()[:12]
+
+
+def _compact(per_source: Mapping[str, str]) -> dict[str, str]:
+    return {k if k.startswith("#") else ref_digest(k): v for k, v in per_source.items()}
+
+
 def baseline_annotations(plan_: Plan, snap: Snapshot) -> dict[str, str]:
-    per_source = json.dumps(snap.per_source, sort_keys=True, separators=(",", ":"))
-    return {OBSERVED_HASH: plan_.new_hash, OBSERVED_SOURCES: per_source if len(per_source) <= MAX_OBSERVED_SOURCES
-            else "{}"}
+    # Full refs when they fit; else digests of the refs (issue #20: without any per-source hashes a
+    # template edit that adds a source was rolled a second time); "{}" only past that.
+    for form in (dict(snap.per_source), _compact(snap.per_source)):
+        per_source = json.dumps(form, sort_keys=True, separators=(",", ":"))
+        if len(per_source) <= MAX_OBSERVED_SOURCES:
+            return {OBSERVED_HASH: plan_.new_hash, OBSERVED_SOURCES: per_source}
+    return {OBSERVED_HASH: plan_.new_hash, OBSERVED_SOURCES: "{}"}
 
 
 def metadata_patch(plan_: Plan, snap: Snapshot, rv: int | None = None) -> dict[str, Any]:

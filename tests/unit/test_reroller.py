@@ -400,6 +400,26 @@ def test_huge_baselines_keep_the_combined_hash_only() -> None:
     assert annotations[logic.OBSERVED_SOURCES] == "{}" and annotations[logic.OBSERVED_HASH] == snap.hash
 
 
+def test_many_long_named_sources_keep_per_source_hashes_by_digest() -> None:
+    """130 sources with 253-character names: the refs do not fit, their digests do. Adding a source
+    (a template edit, which rolls by itself) re-baselines; a data change rolls and names the source."""
+    names = [f"p{i:03d}-" + "x" * 248 for i in range(130)]
+    lookup = {(CM, n): logic.source_view(CM, {"metadata": {"name": n, "resourceVersion": "1"}, "data": {"k": "1"}})
+              for n in [*names, "extra"]}
+    snap = logic.snapshot({Source(CM, n) for n in names}, lookup)
+    stored = logic.baseline_annotations(logic.plan({}, snap), snap)
+    assert stored[logic.OBSERVED_SOURCES] != "{}" and len(stored[logic.OBSERVED_SOURCES]) <= logic.MAX_OBSERVED_SOURCES
+    assert logic.ref_digest(f"configmap/{names[0]}") in stored[logic.OBSERVED_SOURCES]
+
+    more = logic.snapshot({Source(CM, n) for n in [*names, "extra"]}, lookup)
+    assert logic.plan(stored, more).action == "baseline"
+
+    lookup[(CM, names[99])] = logic.source_view(CM, {"metadata": {"name": names[99], "resourceVersion": "2"},
+                                                     "data": {"k": "2"}})
+    changed = logic.plan(stored, logic.snapshot({Source(CM, n) for n in names}, lookup))
+    assert changed.action == "roll" and changed.changed == (f"configmap/{names[99]}",)
+
+
 # --- the env-vars strategy (Reloader's --reload-strategy=env-vars) -----------------------------------
 
 
