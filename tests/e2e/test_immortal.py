@@ -288,6 +288,9 @@ def test_crash_between_create_and_status_counts_once(core: Any, custom: Any, nam
           what="the existing pod adopted as start #2, not recreated, not counted twice")
 
 
+# Failed once in 3 full runs on 2026-11-24 (the start count or currentPodUID did not match the pods
+# created within 30 s after four SIGKILLs mid-replacement); the cause is not found yet: README, Known issues.
+@pytest.mark.known_issue
 def test_sigkill_during_replacements_never_double_counts(core: Any, custom: Any, namespace: str,
                                                          operator: OperatorProcess) -> None:
     # Ground truth from a pod watch: KWOK sometimes deletes a just-recreated pod, and its replacement
