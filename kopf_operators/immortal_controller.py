@@ -8,7 +8,8 @@ State comes from two Kopf indexes, never from a read per event:
 A pod event costs one write (create or delete) and at most one status patch. A pod that we do not own
 but has the target name is not watched: the create answers 409, and only then is the pod read once.
 The status patch carries the newest resourceVersion known (the index, or the answer to our own last
-patch), so a start is never counted twice; a 409 re-reads the object once and recomputes.
+patch), so a start is never counted twice. A 409 means a newer version exists: its watch event runs
+the next pass, so nothing is read.
 """
 
 from __future__ import annotations
@@ -236,48 +237,43 @@ class ImmortalController:
 
     async def _write_status(self, key: Key, ic: dict[str, Any], pod: logic.PodView | None,
                             decision: logic.Decision, now: float) -> None:
-        """Patch status only when it changes, with optimistic concurrency (a 409 re-reads once)."""
-        for _attempt in range(3):
-            meta = ic["metadata"]
-            old = ic.get("status") or {}
-            backoff = logic.observe_end(old.get("backoff"), pod, now)
-            new = logic.next_status(old, meta.get("generation"), pod, decision, backoff=backoff)
-            if not logic.status_changed(old, new):
-                return
-            try:
-                answer = await self.access.patch_status(IMMORTAL, meta["namespace"], meta["name"], new,
-                                                        resource_version=meta.get("resourceVersion"))
-            except k8s.Conflict:
-                fresh = await self.access.read(IMMORTAL, meta["namespace"], meta["name"])
-                if fresh is None or fresh["metadata"]["uid"] != meta["uid"]:
-                    return
-                ic = logic.snapshot(fresh)
-                continue
-            if answer is None:
-                return  # deleted meanwhile
-            self._written[key] = logic.snapshot(answer)
-            if new["startTimes"] != old.get("startTimes"):
-                logger.info(f"[{key[0]}/{key[1]}] Counted start #{new['startTimes']} "
-                            f"(pod uid {new.get('currentPodUID')})")
-            stalled = stall_event(old.get("conditions"), new["conditions"])
-            if stalled:  # one uniform Event per Stalled transition, for every kind (docs/observability.md)
-                self.access.event(ic, *stalled)
-            blocked = decision.action in (logic.Action.BLOCKED, logic.Action.INVALID, logic.Action.REFUSED)
-            if blocked and logic.ready_reason(old) != decision.reason:
-                kind = {logic.Action.BLOCKED: "foreign-pod", logic.Action.INVALID: "invalid-template",
-                        logic.Action.REFUSED: "template-refused"}[decision.action]
-                metrics.error(OPERATOR, kind)
-                logger.warning(f"[{key[0]}/{key[1]}] {decision.message}")  # once per episode, not per retry
-                self.access.event(ic, "Warning", decision.reason, decision.message)
-            if backoff.get("delaySeconds") and backoff.get("podUID") != (old.get("backoff") or {}).get("podUID"):
-                # One Event per end that waits (an end replaced at once gets PodEnded when deleted).
-                metrics.action(OPERATOR, "backoff")
-                message = (f"{backoff['lastEnd']}; replacing it in {backoff['delaySeconds']} s, at "
-                           f"{backoff['nextAttempt']} (end #{backoff['failures']} in a row)")
-                logger.info(f"[{key[0]}/{key[1]}] {message}")
-                self.access.event(ic, "Warning", "BackOff", message)
+        """Patch status only when it changes, with optimistic concurrency. A 409: the newer version
+        is on its way through the watch, and its event recomputes everything from it."""
+        meta = ic["metadata"]
+        old = ic.get("status") or {}
+        backoff = logic.observe_end(old.get("backoff"), pod, now)
+        new = logic.next_status(old, meta.get("generation"), pod, decision, backoff=backoff)
+        if not logic.status_changed(old, new):
             return
-        raise ApiError(409, "Conflict", "status kept conflicting")
+        try:
+            answer = await self.access.patch_status(IMMORTAL, meta["namespace"], meta["name"], new,
+                                                    resource_version=meta.get("resourceVersion"))
+        except k8s.Conflict:
+            logger.debug(f"[{key[0]}/{key[1]}] status conflict: the newer version's event recomputes it")
+            return
+        if answer is None:
+            return  # deleted meanwhile
+        self._written[key] = logic.snapshot(answer)
+        if new["startTimes"] != old.get("startTimes"):
+            logger.info(f"[{key[0]}/{key[1]}] Counted start #{new['startTimes']} "
+                        f"(pod uid {new.get('currentPodUID')})")
+        stalled = stall_event(old.get("conditions"), new["conditions"])
+        if stalled:  # one uniform Event per Stalled transition, for every kind (docs/observability.md)
+            self.access.event(ic, *stalled)
+        blocked = decision.action in (logic.Action.BLOCKED, logic.Action.INVALID, logic.Action.REFUSED)
+        if blocked and logic.ready_reason(old) != decision.reason:
+            kind = {logic.Action.BLOCKED: "foreign-pod", logic.Action.INVALID: "invalid-template",
+                    logic.Action.REFUSED: "template-refused"}[decision.action]
+            metrics.error(OPERATOR, kind)
+            logger.warning(f"[{key[0]}/{key[1]}] {decision.message}")  # once per episode, not per retry
+            self.access.event(ic, "Warning", decision.reason, decision.message)
+        if backoff.get("delaySeconds") and backoff.get("podUID") != (old.get("backoff") or {}).get("podUID"):
+            # One Event per end that waits (an end replaced at once gets PodEnded when deleted).
+            metrics.action(OPERATOR, "backoff")
+            message = (f"{backoff['lastEnd']}; replacing it in {backoff['delaySeconds']} s, at "
+                       f"{backoff['nextAttempt']} (end #{backoff['failures']} in a row)")
+            logger.info(f"[{key[0]}/{key[1]}] {message}")
+            self.access.event(ic, "Warning", "BackOff", message)
 
     @staticmethod
     def _transient(ic: Mapping[str, Any], pod: logic.PodView | None, decision: logic.Decision, trigger: str) -> bool:
