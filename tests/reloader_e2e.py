@@ -30,11 +30,19 @@ and Vault.
 ``--against=reloader`` runs the suite the same way with Reloader's own binary (built from the same
 source, started by the shim with the flags its Helm values mean) in place of our operator: the
 reference for which failures are the suite's own (timing races on this machine) and which are ours.
+
+Timelines of failures: the suite and the operator under test (ours or Reloader) each run as a
+ServiceAccount bound to cluster-admin, so the API server's audit log (cluster/audit-policy.yaml logs
+ServiceAccounts only) records both on one clock. For each failed spec the report lists, from that log,
+the suite's source edits, the operator's writes to the workload and the suite's read of the workload's
+"prior" annotation value before it starts watching, and says whether the rollout was answered before
+that read (the suite's read-after-update race: it then waits for a second change that never comes).
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import shutil
@@ -43,14 +51,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
 from tests.kube import wait_for
 from testsupport import peer_build
+from testsupport.audit import AuditLog, Entry, resource_of
+from testsupport.kubectl import apply_yaml, kubectl
 from testsupport.launcher import KopfProcess
-from testsupport.paths import KUBECONFIG, REPO, helm_binary
+from testsupport.paths import REPO, helm_binary
+from testsupport.tokens import token_kubeconfig
 
 SUITES = ("core", "annotations", "flags", "advanced", "argo")
 LABEL_FILTER = "!argo && !csi && !openshift"
@@ -185,6 +196,106 @@ def install_argo_rollouts_crds(git_dir: Path = ARGO_ROLLOUTS_GIT_DIR) -> tuple[s
     return commit, created
 
 
+HARNESS_NAMESPACE = "reloader-e2e-harness"
+IDENTITIES = ("suite", "operator")  # ServiceAccounts in HARNESS_NAMESPACE: who is who in the audit log
+WORKLOAD_RESOURCES = {"deployments", "daemonsets", "statefulsets", "rollouts", "cronjobs", "jobs"}
+SOURCE_RESOURCES = {"configmaps", "secrets"}
+
+
+def audited_kubeconfigs(workdir: Path) -> dict[str, Path]:
+    """Kubeconfigs for the suite and the operator as ServiceAccounts bound to cluster-admin (as the admin
+    kubeconfig is): the audit log records their requests, the admin's it does not."""
+    manifests: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace",
+                                        "metadata": {"name": HARNESS_NAMESPACE}}]
+    for name in IDENTITIES:
+        manifests.append({"apiVersion": "v1", "kind": "ServiceAccount",
+                          "metadata": {"name": name, "namespace": HARNESS_NAMESPACE}})
+        manifests.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                          "metadata": {"name": f"{HARNESS_NAMESPACE}-{name}"},
+                          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                      "name": "cluster-admin"},
+                          "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": HARNESS_NAMESPACE}]})
+    apply_yaml(yaml.safe_dump_all(manifests))
+    return {name: token_kubeconfig(name, HARNESS_NAMESPACE, workdir / f"kubeconfig-{name}") for name in IDENTITIES}
+
+
+def remove_identities() -> None:
+    kubectl("delete", "--ignore-not-found", "--wait=false", "namespace", HARNESS_NAMESPACE, check=False)
+    for name in IDENTITIES:
+        kubectl("delete", "--ignore-not-found", "clusterrolebinding", f"{HARNESS_NAMESPACE}-{name}", check=False)
+
+
+def moment(stamp: str) -> datetime.datetime:
+    """An RFC 3339 time with any number of fraction digits (Ginkgo drops trailing zeros; the audit log has 6)."""
+    head, _, fraction = stamp.rstrip("Z").partition(".")
+    return datetime.datetime.fromisoformat(f"{head}.{(fraction + '000000')[:6]}+00:00")
+
+
+class Request(NamedTuple):
+    """One request in the audit log, as a failed spec's timeline shows it."""
+    received: datetime.datetime
+    answered: datetime.datetime
+    who: str  # "suite" or "operator"
+    verb: str
+    resource: str
+    name: str
+    code: int
+
+
+def spec_timeline(entries: list[Entry], start: str, end: str) -> dict[str, Any]:
+    """What the audit log shows between a spec's start and end: the suite's edits of sources, the
+    operator's writes to workloads, the suite's reads and watches of workloads (ms from the spec's
+    start), and a verdict on the read-after-update race."""
+    t0, t1 = moment(start), moment(end)
+    users = {f"system:serviceaccount:{HARNESS_NAMESPACE}:{name}": name for name in IDENTITIES}
+    write_verbs = ("create", "update", "patch", "delete")
+    requests: list[Request] = []
+    for entry in entries:
+        received = moment(entry.get("requestReceivedTimestamp", "1970-01-01T00:00:00Z"))
+        verb, stage = entry.get("verb", ""), entry.get("stage")
+        if not t0 <= received <= t1 or stage != ("ResponseStarted" if verb == "watch" else "ResponseComplete"):
+            continue
+        who = users.get(entry.get("user", {}).get("username", ""), "")
+        resource, name = resource_of(entry), (entry.get("objectRef") or {}).get("name", "")
+        if who == "suite":
+            relevant = ((resource in SOURCE_RESOURCES and verb in write_verbs)
+                        or (resource in WORKLOAD_RESOURCES and verb in ("get", "watch") and bool(name)))
+        else:
+            relevant = who == "operator" and resource.split("/")[0] in WORKLOAD_RESOURCES and verb in write_verbs
+        if relevant:
+            answered = moment(str(entry.get("stageTimestamp") or entry["requestReceivedTimestamp"]))
+            code = int((entry.get("responseStatus") or {}).get("code", 0))
+            requests.append(Request(received, answered, who, verb, resource, name, code))
+    requests.sort()
+
+    def ms(at: datetime.datetime) -> str:
+        return f"+{(at - t0).total_seconds() * 1000:.1f} ms"
+
+    lines = [f"{ms(r.received)} {r.who} {r.verb} {r.resource}/{r.name} -> {r.code} (answered {ms(r.answered)})"
+             for r in requests]
+    watches = [r for r in requests if r.who == "suite" and r.verb == "watch"]
+    edits = [r for r in requests if r.who == "suite" and r.resource in SOURCE_RESOURCES and r.verb != "create"]
+    verdict = "no watch of a workload by the suite in this spec"
+    if watches and edits:
+        wait = watches[-1]  # WaitReloaded: a GET for the "prior" value, then a watch
+        edit = max((r for r in edits if r.received <= wait.received), default=edits[-1])
+        prior = max((r for r in requests if r.who == "suite" and r.verb == "get" and r.resource == wait.resource
+                     and r.name == wait.name and r.received <= wait.received), default=None)
+        writes = [r for r in requests if r.who == "operator" and r.resource.split("/")[0] == wait.resource
+                  and r.name == wait.name and r.received >= edit.received and r.code < 300]
+        if not writes:
+            verdict = f"no write to {wait.resource}/{wait.name} by the operator after the edit at {ms(edit.received)}"
+        elif prior is not None and writes[0].answered < prior.received:
+            verdict = (f"the suite's race: the edit was answered at {ms(edit.answered)}, the operator's "
+                       f"{writes[0].verb} of {wait.resource}/{wait.name} at {ms(writes[0].answered)}; the suite "
+                       f"read the 'prior' value only at {ms(prior.received)} and then waited for a second change")
+        else:
+            verdict = (f"not the race: the operator's first write after the edit was answered at "
+                       f"{ms(writes[0].answered)}, the suite's read of the prior value was at "
+                       f"{ms(prior.received) if prior else '(none)'}")
+    return {"verdict": verdict, "timeline": lines}
+
+
 class RolloutStatusStandIn:
     """What the Argo Rollouts controller would report once the pods are up: readyReplicas =
     spec.replicas (no controller and no kubelet run here, as KWOK marks pods Running). Nothing else."""
@@ -228,7 +339,7 @@ class RolloutStatusStandIn:
 
 
 class Harness:
-    def __init__(self, workdir: Path, against: str = "ours") -> None:
+    def __init__(self, workdir: Path, kubeconfig: Path, against: str = "ours") -> None:
         self.against = against
         self.workdir = workdir
         self.control = workdir / "control"
@@ -237,7 +348,7 @@ class Harness:
         self.operator: KopfProcess | None = None
         self.log_path = workdir / "operator.log"
         self.unmapped: set[str] = set()
-        self.kubeconfig = Path(os.environ.get("KUBECONFIG", str(KUBECONFIG)))
+        self.kubeconfig = kubeconfig  # the operator's (or Reloader's): the "operator" ServiceAccount
 
     def start_reloader(self, flags: list[str]) -> None:
         self.stop_operator()
@@ -293,11 +404,13 @@ class Harness:
         return bindir
 
 
-def run_suite(suite: str, workdir: Path, against: str = "ours") -> dict[str, Any]:
+def run_suite(suite: str, workdir: Path, kubeconfigs: dict[str, Path], against: str = "ours") -> dict[str, Any]:
     binary, tree, commit = peer_build.build_test("reloader", f"./test/e2e/{suite}/", f"e2e-{suite}")
-    harness = Harness(workdir / suite, against)
+    harness = Harness(workdir / suite, kubeconfigs["operator"], against)
     report = harness.workdir / "report.json"
-    env = {**os.environ, "KUBECONFIG": str(harness.kubeconfig),
+    audit = AuditLog()
+    mark = audit.mark()
+    env = {**os.environ, "KUBECONFIG": str(kubeconfigs["suite"]),
            "PATH": f"{harness.shim_dir()}:{Path(shutil.which('kubectl') or 'kubectl').parent}:{os.environ['PATH']}",
            "RELOADER_IMAGE": "ghcr.io/stakater/reloader:test", "SKIP_BUILD": "true"}
     label_filter = ARGO_LABEL_FILTER if suite == "argo" else LABEL_FILTER
@@ -315,6 +428,11 @@ def run_suite(suite: str, workdir: Path, against: str = "ours") -> dict[str, Any
         finally:
             harness.stop_operator()
     result = summarize(suite, report, commit, time.monotonic() - started, sorted(harness.unmapped))
+    if result["failures"]:
+        entries = list(audit.entries(mark))
+        for failure in result["failures"]:
+            if failure.get("start"):
+                failure.update(spec_timeline(entries, failure["start"], failure["end"]))
     return {"against": against, **result}
 
 
@@ -340,7 +458,8 @@ def summarize(suite: str, report: Path, commit: str, seconds: float, unmapped: l
                 counts["pending"] += 1
             else:
                 counts["failed"] += 1
-                failures.append({"spec": name, "reason": (spec.get("Failure") or {}).get("Message", "")[:300]})
+                failures.append({"spec": name, "reason": (spec.get("Failure") or {}).get("Message", "")[:300],
+                                 "start": spec.get("StartTime", ""), "end": spec.get("EndTime", "")})
     return {"suite": suite, "reloader_commit": commit, "seconds": round(seconds), **counts,
             "unmapped_values": unmapped, "failures": failures}
 
@@ -358,12 +477,14 @@ def main() -> int:
     # isArgoRollouts=true too (their argo-labelled specs stay filtered out), and the argo suite runs.
     argo_commit, created = install_argo_rollouts_crds()
     print(f"Argo Rollouts CRDs applied from argoproj/argo-rollouts {argo_commit[:12]}", file=sys.stderr)
+    kubeconfigs = audited_kubeconfigs(workdir)
     stand_in = RolloutStatusStandIn()
     stand_in.start()
     try:
-        results = [run_suite(suite, workdir, against) for suite in suites]
+        results = [run_suite(suite, workdir, kubeconfigs, against) for suite in suites]
     finally:
         stand_in.stop()
+        remove_identities()
         # The cluster as found: the CRDs this run added go again (and every Rollout with them).
         for name in created:
             subprocess.run(["kubectl", "delete", "--ignore-not-found", name], capture_output=True)

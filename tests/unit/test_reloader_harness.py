@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from tests.reloader_e2e import helm_values, operator_options, reloader_flags
+from typing import Any
+
+from tests.reloader_e2e import HARNESS_NAMESPACE, helm_values, operator_options, reloader_flags, spec_timeline
 
 INSTALL = ["upgrade", "--install", "reloader-x", "/chart", "--namespace", "suite-ns", "--create-namespace",
            "--set", "image.tag=test", "--set", "reloader.reloadStrategy=annotations"]
@@ -37,3 +39,32 @@ def test_values_map_onto_reloaders_own_flags() -> None:
                      "--namespaces=suite-ns", "--is-Argo-Rollouts=true"]
     scoped = reloader_flags("suite-ns", {"reloader.watchGlobally": "false", "reloader.namespaces": "{a,b}"})
     assert scoped[-1] == "--namespaces=a,b,suite-ns"  # as Reloader's chart: its own namespace added
+
+
+def audit_entry(who: str, verb: str, resource: str, name: str, received: str, answered: str) -> dict[str, Any]:
+    return {"stage": "ResponseStarted" if verb == "watch" else "ResponseComplete", "verb": verb,
+            "user": {"username": f"system:serviceaccount:{HARNESS_NAMESPACE}:{who}"},
+            "objectRef": {"resource": resource, "name": name, "namespace": "ns"},
+            "requestReceivedTimestamp": f"2026-11-24T02:37:{received}Z",
+            "stageTimestamp": f"2026-11-24T02:37:{answered}Z", "responseStatus": {"code": 200}}
+
+
+def spec_requests(rollout_answered: str) -> list[dict[str, Any]]:
+    """A spec's requests: the edit, the operator's rollout, then WaitReloaded's GET and watch."""
+    return [audit_entry("suite", "update", "configmaps", "cm", "10.100000", "10.110000"),
+            audit_entry("operator", "patch", "deployments", "deploy", "10.120000", rollout_answered),
+            audit_entry("suite", "get", "deployments", "deploy", "10.300000", "10.301000"),
+            audit_entry("suite", "watch", "deployments", "deploy", "10.310000", "10.311000")]
+
+
+def test_timeline_tells_the_suites_race_from_a_late_rollout() -> None:
+    # Ginkgo's times have up to 9 fraction digits, trailing zeros dropped.
+    raced = spec_timeline(spec_requests("10.130000"), "2026-11-24T02:37:10.0Z", "2026-11-24T02:37:25.47433833Z")
+    assert raced["verdict"].startswith("the suite's race:")
+    assert "at +130.0 ms" in raced["verdict"] and "only at +300.0 ms" in raced["verdict"]
+    assert raced["timeline"][0] == "+100.0 ms suite update configmaps/cm -> 200 (answered +110.0 ms)"
+    late = spec_timeline(spec_requests("10.400000"), "2026-11-24T02:37:10.0Z", "2026-11-24T02:37:25.5Z")
+    assert late["verdict"].startswith("not the race:")
+    missed = spec_timeline([e for e in spec_requests("10.130000") if e["verb"] != "patch"],
+                           "2026-11-24T02:37:10.0Z", "2026-11-24T02:37:25.5Z")
+    assert missed["verdict"].startswith("no write to deployments/deploy")
