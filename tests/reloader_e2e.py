@@ -245,7 +245,8 @@ class Request(NamedTuple):
 def spec_timeline(entries: list[Entry], start: str, end: str) -> dict[str, Any]:
     """What the audit log shows between a spec's start and end: the suite's edits of sources, the
     operator's writes to workloads, the suite's reads and watches of workloads (ms from the spec's
-    start), and a verdict on the read-after-update race."""
+    start), and a verdict on the read-after-update race. A "write" is any write of the operator to the
+    workload (a rollout, or our baseline annotation); the operator's log (operator.log) says which."""
     t0, t1 = moment(start), moment(end)
     users = {f"system:serviceaccount:{HARNESS_NAMESPACE}:{name}": name for name in IDENTITIES}
     write_verbs = ("create", "update", "patch", "delete")
@@ -285,14 +286,20 @@ def spec_timeline(entries: list[Entry], start: str, end: str) -> dict[str, Any]:
                   and r.name == wait.name and r.received >= edit.received and r.code < 300]
         if not writes:
             verdict = f"no write to {wait.resource}/{wait.name} by the operator after the edit at {ms(edit.received)}"
-        elif prior is not None and writes[0].answered < prior.received:
-            verdict = (f"the suite's race: the edit was answered at {ms(edit.answered)}, the operator's "
-                       f"{writes[0].verb} of {wait.resource}/{wait.name} at {ms(writes[0].answered)}; the suite "
-                       f"read the 'prior' value only at {ms(prior.received)} and then waited for a second change")
+        elif prior is not None and writes[0].received < prior.answered:
+            # The GET reads storage somewhere between its receipt and its answer, the write commits
+            # somewhere between its own: when the two overlap, the write may be what the GET read. With no
+            # annotation before the edit, a failure then means it was (any value satisfies the watch).
+            when = ("before the read was received" if writes[0].answered < prior.received
+                    else "while the read was in flight")
+            verdict = (f"the suite's race: the edit was answered at {ms(edit.answered)}; the operator's "
+                       f"{writes[0].verb} of {wait.resource}/{wait.name} (received {ms(writes[0].received)}, "
+                       f"answered {ms(writes[0].answered)}) came {when}, the suite's 'prior value' GET (received "
+                       f"{ms(prior.received)}, answered {ms(prior.answered)}); then it waited for a second change")
         else:
-            verdict = (f"not the race: the operator's first write after the edit was answered at "
-                       f"{ms(writes[0].answered)}, the suite's read of the prior value was at "
-                       f"{ms(prior.received) if prior else '(none)'}")
+            verdict = (f"not the race: the operator's first write after the edit was received at "
+                       f"{ms(writes[0].received)}, after the suite's read of the prior value was answered "
+                       f"({ms(prior.answered) if prior else 'none'})")
     return {"verdict": verdict, "timeline": lines}
 
 

@@ -49,10 +49,10 @@ def audit_entry(who: str, verb: str, resource: str, name: str, received: str, an
             "stageTimestamp": f"2026-11-24T02:37:{answered}Z", "responseStatus": {"code": 200}}
 
 
-def spec_requests(rollout_answered: str) -> list[dict[str, Any]]:
+def spec_requests(rollout_answered: str, rollout_received: str = "10.120000") -> list[dict[str, Any]]:
     """A spec's requests: the edit, the operator's rollout, then WaitReloaded's GET and watch."""
     return [audit_entry("suite", "update", "configmaps", "cm", "10.100000", "10.110000"),
-            audit_entry("operator", "patch", "deployments", "deploy", "10.120000", rollout_answered),
+            audit_entry("operator", "patch", "deployments", "deploy", rollout_received, rollout_answered),
             audit_entry("suite", "get", "deployments", "deploy", "10.300000", "10.301000"),
             audit_entry("suite", "watch", "deployments", "deploy", "10.310000", "10.311000")]
 
@@ -61,9 +61,13 @@ def test_timeline_tells_the_suites_race_from_a_late_rollout() -> None:
     # Ginkgo's times have up to 9 fraction digits, trailing zeros dropped.
     raced = spec_timeline(spec_requests("10.130000"), "2026-11-24T02:37:10.0Z", "2026-11-24T02:37:25.47433833Z")
     assert raced["verdict"].startswith("the suite's race:")
-    assert "at +130.0 ms" in raced["verdict"] and "only at +300.0 ms" in raced["verdict"]
+    assert "answered +130.0 ms) came before the read was received" in raced["verdict"]
     assert raced["timeline"][0] == "+100.0 ms suite update configmaps/cm -> 200 (answered +110.0 ms)"
-    late = spec_timeline(spec_requests("10.400000"), "2026-11-24T02:37:10.0Z", "2026-11-24T02:37:25.5Z")
+    # Received (+120 ms) and answered (+300.5 ms) while the GET (+300 / +301 ms) was in flight.
+    overlapping = spec_timeline(spec_requests("10.300500"), "2026-11-24T02:37:10.0Z", "2026-11-24T02:37:25.5Z")
+    assert "while the read was in flight" in overlapping["verdict"]
+    late = spec_timeline(spec_requests("10.400000", rollout_received="10.302000"),
+                         "2026-11-24T02:37:10.0Z", "2026-11-24T02:37:25.5Z")
     assert late["verdict"].startswith("not the race:")
     missed = spec_timeline([e for e in spec_requests("10.130000") if e["verb"] != "patch"],
                            "2026-11-24T02:37:10.0Z", "2026-11-24T02:37:25.5Z")
