@@ -1,8 +1,8 @@
 """Blackadder: a chaos agent operator (after oz123/blackadder), made safe to run.
 
 Thin handlers: one Kopf daemon per ChaosAgent (our own cluster-scoped CR) runs a cycle every
-``pauseDuration`` through the controller (kopf_operators.blackadder_controller), which decides with
-kopf_operators.blackadder (pure). Built-in objects are only listed (periodically, per cycle) and acted
+``pauseDuration`` through the controller (kopf_operators.blackadder.controller), which decides with
+kopf_operators.blackadder.decisions (pure). Built-in objects are only listed (periodically, per cycle) and acted
 on, never annotated or watched with state; namespaces reach the controller through a small index.
 """
 
@@ -14,10 +14,8 @@ from typing import Any
 
 import kopf
 
-from kopf_operators import blackadder as logic
-from kopf_operators import runtime
-from kopf_operators.access import ApiError
-from kopf_operators.blackadder_controller import (
+from kopf_operators.blackadder import decisions as logic
+from kopf_operators.blackadder.controller import (
     NAMESPACES_INDEX,
     SOURCES_INDEX,
     BlackadderController,
@@ -25,6 +23,8 @@ from kopf_operators.blackadder_controller import (
     RevertIncomplete,
     TenantChaosController,
 )
+from kopf_operators.core import process
+from kopf_operators.core.access import ApiError
 
 RESOURCE = (logic.GROUP, logic.VERSION, logic.PLURAL)
 TENANT_RESOURCE = (logic.GROUP, logic.VERSION, logic.TENANT_PLURAL)
@@ -36,7 +36,7 @@ REVERT_RETRY_SECONDS = 5
 
 @kopf.on.startup(id="blackadder-startup")
 async def start(memo: kopf.Memo, **kwargs: Any) -> None:
-    config, access = runtime.shared(memo)
+    config, access = process.shared(memo)
     settings = logic.Settings.from_env(os.environ)
     memo.blackadder = BlackadderController(access, config, settings, kwargs[NAMESPACES_INDEX], kwargs[SOURCES_INDEX])
     memo.blackadder_tenants = TenantChaosController(access, config, settings, kwargs[NAMESPACES_INDEX],

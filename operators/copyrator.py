@@ -1,7 +1,7 @@
 """Copyrator: copies labelled ConfigMaps/Secrets into other namespaces, per CopyratorRule.
 
-Thin handlers: indexes and events feed the controller (kopf_operators.copyrator_controller), which
-decides with kopf_operators.copyrator (pure). Kopf keeps state only on the rules (our CRD), in
+Thin handlers: indexes and events feed the controller (kopf_operators.copyrator.controller), which
+decides with kopf_operators.copyrator.decisions (pure). Kopf keeps state only on the rules (our CRD), in
 annotations: no finalizer (nothing about deleting a rule needs the operator running).
 ConfigMaps, Secrets and Namespaces are watched with ``on.event`` and ``@kopf.index`` only (nothing
 is stored on them). The ConfigMap/Secret streams are shared with the re-roller, so they are not
@@ -15,23 +15,23 @@ from typing import Any
 
 import kopf
 
-from kopf_operators import copyrator as logic
-from kopf_operators import runtime
-from kopf_operators.access import ApiError
-from kopf_operators.copyrator_controller import (
+from kopf_operators.copyrator import decisions as logic
+from kopf_operators.copyrator.controller import (
     COPIES_INDEXES,
     NAMESPACES_INDEX,
     RULES_INDEX,
     CopyratorController,
     copy_index_keys,
 )
+from kopf_operators.core import process
+from kopf_operators.core.access import ApiError
 
 RULES = (logic.GROUP, logic.VERSION, logic.PLURAL)
 
 
 @kopf.on.startup(id="copyrator-startup")
 async def start(memo: kopf.Memo, **kwargs: Any) -> None:
-    _, access = runtime.shared(memo)
+    _, access = process.shared(memo)
     settings = logic.Settings.from_env(os.environ)  # fails fast on a malformed variable
     memo.copyrator = CopyratorController(access, settings, kwargs[RULES_INDEX], kwargs[NAMESPACES_INDEX],
                                          {kind: kwargs[index] for kind, index in COPIES_INDEXES.items()})

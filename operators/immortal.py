@@ -1,7 +1,7 @@
 """Immortal containers operator: keep one pod per ImmortalContainer running forever.
 
-Thin handlers: indexes feed the controller (kopf_operators.immortal_controller), which decides with
-kopf_operators.immortal (pure). Kopf keeps state only on the ImmortalContainer; pods are watched with
+Thin handlers: indexes feed the controller (kopf_operators.immortal.controller), which decides with
+kopf_operators.immortal.decisions (pure). Kopf keeps state only on the ImmortalContainer; pods are watched with
 a server-side label selector (only ours reach the process) and store nothing.
 """
 
@@ -11,14 +11,14 @@ from typing import Any
 
 import kopf
 
-from kopf_operators import immortal as logic
-from kopf_operators import runtime
-from kopf_operators.immortal_controller import OBJECTS_INDEX, PODS_INDEX, ImmortalController
+from kopf_operators.core import process
+from kopf_operators.immortal import decisions as logic
+from kopf_operators.immortal.controller import OBJECTS_INDEX, PODS_INDEX, ImmortalController
 
 
 @kopf.on.startup(id="immortal-startup")
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
-    _, access = runtime.shared(memo)
+    _, access = process.shared(memo)
     # Only our pods are streamed (immortal is the only operator that watches pods).
     settings.watching.label_selectors["pods"] = logic.OWNER_LABEL
     memo.immortal = ImmortalController(access, kwargs[OBJECTS_INDEX], kwargs[PODS_INDEX])

@@ -1,7 +1,7 @@
 """Re-roller: re-roll workloads when the ConfigMaps/Secrets they use change.
 
-Thin handlers: indexes feed the controller (kopf_operators.reroller_controller), which decides with
-kopf_operators.reroller (pure). Only ``@kopf.index`` and ``@kopf.on.event`` on built-in objects: Kopf
+Thin handlers: indexes feed the controller (kopf_operators.reroller.controller), which decides with
+kopf_operators.reroller.decisions (pure). Only ``@kopf.index`` and ``@kopf.on.event`` on built-in objects: Kopf
 stores nothing on them. Kopf fills the indexes from the initial listing before any event handler
 runs, so the first look after a start compares stored baselines with the real data (changes made
 while the operator was down roll exactly once).
@@ -14,10 +14,10 @@ from typing import Any
 
 import kopf
 
-from kopf_operators import reroller as logic
-from kopf_operators import runtime
-from kopf_operators.reroller_alerts import AlertSettings
-from kopf_operators.reroller_controller import (
+from kopf_operators.core import process
+from kopf_operators.reroller import decisions as logic
+from kopf_operators.reroller.alerts import AlertSettings
+from kopf_operators.reroller.controller import (
     INDEXES,
     NAMESPACES_INDEX,
     SOURCE_INDEXES,
@@ -28,7 +28,7 @@ from kopf_operators.reroller_controller import (
 
 @kopf.on.startup(id="reroller-startup")
 async def start(memo: kopf.Memo, **kwargs: Any) -> None:
-    _, access = runtime.shared(memo)
+    _, access = process.shared(memo)
     settings = logic.Settings.from_env(os.environ)  # fails fast on a malformed option
     alerts = AlertSettings.from_env(os.environ)
     memo.reroller = RerollerController(access, settings, {index_id: kwargs[index_id] for index_id in INDEXES

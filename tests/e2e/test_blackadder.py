@@ -25,7 +25,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators import blackadder as logic
+from kopf_operators.blackadder import decisions as logic
 from tests.kube import (
     KUBECONFIG,
     REPO,

@@ -21,7 +21,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators import blackadder as logic
+from kopf_operators.blackadder import decisions as logic
 from tests.e2e.test_blackadder import (  # noqa: F401 (fixtures)
     PAUSE,
     Agents,

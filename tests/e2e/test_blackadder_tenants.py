@@ -17,7 +17,7 @@ import kubernetes
 import pytest
 import yaml
 
-from kopf_operators import blackadder as logic
+from kopf_operators.blackadder import decisions as logic
 from tests.e2e.test_blackadder import condition, events, live_pods, make_pod
 from tests.e2e.test_chart import CHART, helm, render
 from tests.kube import (

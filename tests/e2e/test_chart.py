@@ -264,7 +264,7 @@ def test_every_alert_and_dashboard_query_names_a_metric_the_operator_serves(oper
     chaos = next(rule["expr"] for group in alert_groups() for rule in group["rules"]
                  if rule["alert"] == "KopfOperatorsChaosWhileDryRun")
     counted = set(re.findall(r'metrics\.action\(OPERATOR, "([a-z-]+)"\)',
-                             (REPO / "kopf_operators" / "blackadder_controller.py").read_text()))
+                             (REPO / "kopf_operators" / "blackadder" / "controller.py").read_text()))
     actions = set(re.search(r'action=~"([^"]+)"', chaos).group(1).split("|"))  # type: ignore[union-attr]
     assert actions <= counted, actions - counted
 

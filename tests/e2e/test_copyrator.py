@@ -17,7 +17,7 @@ import kubernetes
 import pytest
 import yaml
 
-from kopf_operators import copyrator as logic
+from kopf_operators.copyrator import decisions as logic
 from tests.kube import REPO, OperatorProcess, delete_namespaces, kubectl, stays, wait_for
 
 ARTICLE_RULE = REPO / "manifests" / "examples" / "copyrator-article-rule.yaml"

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import kubernetes
 import pytest
 
-from kopf_operators import copyrator as logic
+from kopf_operators.copyrator import decisions as logic
 from tests.e2e.test_copyrator import (
     G,
     P,

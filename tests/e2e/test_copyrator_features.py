@@ -17,7 +17,7 @@ import pytest
 import urllib3
 import yaml
 
-from kopf_operators import copyrator as logic
+from kopf_operators.copyrator import decisions as logic
 from tests.e2e.test_copyrator import (
     G,
     P,

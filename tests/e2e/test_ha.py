@@ -14,8 +14,8 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators import immortal as ic
-from kopf_operators import runtime
+from kopf_operators.core import process
+from kopf_operators.immortal import decisions as ic
 from tests.e2e.realnode import (
     IMAGE_REPO,
     RESUMED,
@@ -122,7 +122,7 @@ def test_two_replicas_one_acts_the_standby_writes_nothing(
     peers = peering_entries()
     priorities = [peer["priority"] for peer in peers.values()]
     assert len(set(priorities)) == 2, peers  # distinct, with no --priority in the chart
-    assert all(peer["lifetime"] == runtime.PEERING_LIFETIME_SECONDS for peer in peers.values()), peers
+    assert all(peer["lifetime"] == process.PEERING_LIFETIME_SECONDS for peer in peers.values()), peers
     budget = kubectl("get", "pdb", "-n", NAMESPACE, "-o", "jsonpath={.items[0].status.disruptionsAllowed}").stdout
     assert budget == "1", "the PodDisruptionBudget lets a drain take one replica at a time"
     assert {p.spec.node_name for p in pods} == {"kopf-real-node"}
@@ -155,7 +155,7 @@ def test_sigkill_of_the_active_pod_the_standby_acts_within_15s_nothing_twice(
                  what="the standby to start a pod for an object created after the kill")
         took = time.monotonic() - killed
         print(f"\nSIGKILL of the active pod -> the standby created a pod for a new object in {took:.1f}s "
-              f"(peering lifetime {runtime.PEERING_LIFETIME_SECONDS}s)")
+              f"(peering lifetime {process.PEERING_LIFETIME_SECONDS}s)")
         assert took <= TAKEOVER_LIMIT, f"takeover took {took:.1f}s"
         # Nothing done twice: one pod and one start each, the old object's pod untouched.
         stays(lambda: (starts(custom, space, "first") == 1 and pod_uid(core, space, "first") == first_pod

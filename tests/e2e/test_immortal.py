@@ -9,7 +9,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators import immortal as logic
+from kopf_operators.immortal import decisions as logic
 from tests.kube import (
     REPO,
     OperatorProcess,

@@ -14,7 +14,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators import immortal as logic
+from kopf_operators.immortal import decisions as logic
 from tests.e2e.test_immortal import (
     G,
     P,

@@ -19,7 +19,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators import copyrator as logic
+from kopf_operators.copyrator import decisions as logic
 from tests.kube import CLUSTER_DIR, KUBECONFIG, REPO, OperatorProcess, delete_namespaces, kubectl, stays, wait_for
 
 G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL

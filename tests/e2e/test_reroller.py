@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kopf_operators import reroller as logic
+from kopf_operators.reroller import decisions as logic
 from tests.kube import OperatorProcess, kubectl, stays, wait_for
 from testsupport.audit import AuditLog, audit_now
 from testsupport.stats import percentile

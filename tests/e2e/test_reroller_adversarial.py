@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from kopf_operators import reroller as logic
+from kopf_operators.reroller import decisions as logic
 from tests.e2e.test_reroller import (
     AUTO,
     NGINX_CONF,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kopf_operators.common import namespace_shard, shard_selector
+from kopf_operators.core.conventions import namespace_shard, shard_selector
 from tests.kube import OperatorProcess, apply_yaml, delete_namespaces, kubectl, wait_for
 
 SHARDS = 2

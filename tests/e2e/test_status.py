@@ -24,7 +24,9 @@ import kubernetes
 import pytest
 from lupa import lua51
 
-from kopf_operators import blackadder, copyrator, immortal
+from kopf_operators.blackadder import decisions as blackadder
+from kopf_operators.copyrator import decisions as copyrator
+from kopf_operators.immortal import decisions as immortal
 from tests.e2e.realnode import NODE, script
 from tests.kube import REPO, OperatorProcess, delete_namespaces, kubectl, kubectl_json, wait_for
 

@@ -15,7 +15,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators import immortal as ic
+from kopf_operators.immortal import decisions as ic
 from tests.e2e.realnode import (
     IMAGE_REPO,
     TAG,

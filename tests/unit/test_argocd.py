@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import yaml
 
-from kopf_operators import blackadder, copyrator, immortal
+from kopf_operators.blackadder import decisions as blackadder
+from kopf_operators.copyrator import decisions as copyrator
+from kopf_operators.immortal import decisions as immortal
 from tests.kube import REPO
 
 ARGOCD = REPO / "docs" / "argocd"

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from kopf_operators import blackadder as logic
-from kopf_operators.blackadder import AgentSettings, ConfigMapRef, DeploymentRef, PodRef
+from kopf_operators.blackadder import decisions as logic
+from kopf_operators.blackadder.decisions import AgentSettings, ConfigMapRef, DeploymentRef, PodRef
 
 
 def pods(n: int, ns: str = "ns", terminating: int = 0) -> list[PodRef]:
@@ -195,7 +195,7 @@ def test_label_selectors_per_kind_with_opt_in_and_copies() -> None:
 
 
 def test_copyrator_copy_label_is_copyrators_own() -> None:
-    from kopf_operators import copyrator
+    from kopf_operators.copyrator import decisions as copyrator
     assert logic.COPYRATOR_COPY_LABEL == copyrator.RULE_UID_LABEL
 
 

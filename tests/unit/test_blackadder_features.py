@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from kopf_operators import blackadder as logic
-from kopf_operators.blackadder import AgentSettings, Inventory, PodRef
-from kopf_operators.blackadder_controller import BlackadderController
-from kopf_operators.common import Config
+from kopf_operators.blackadder import decisions as logic
+from kopf_operators.blackadder.controller import BlackadderController
+from kopf_operators.blackadder.decisions import AgentSettings, Inventory, PodRef
+from kopf_operators.core.conventions import Config
 
 
 def epoch(text: str, zone: str = "UTC") -> float:

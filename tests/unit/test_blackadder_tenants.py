@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from kopf_operators import blackadder as logic
-from kopf_operators.blackadder_controller import BlackadderController, TenantChaosController
-from kopf_operators.common import Config
+from kopf_operators.blackadder import decisions as logic
+from kopf_operators.blackadder.controller import BlackadderController, TenantChaosController
+from kopf_operators.core.conventions import Config
 
 ON = logic.Settings(tenants=True, tenant_max_kills=2, tenant_min_pause=60)
 ALLOWED = {logic.TENANT_NAMESPACE_LABEL: logic.TENANT_NAMESPACE_VALUE}

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from kopf_operators import copyrator as logic
+from kopf_operators.copyrator import decisions as logic
 
 UID = "rule-uid-1"
 

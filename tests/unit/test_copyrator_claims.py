@@ -9,8 +9,8 @@ import contextlib
 from collections.abc import AsyncIterator, Hashable
 from typing import Any
 
-from kopf_operators import copyrator as logic
-from kopf_operators.copyrator_controller import CopyratorController, copy_index_keys
+from kopf_operators.copyrator import decisions as logic
+from kopf_operators.copyrator.controller import CopyratorController, copy_index_keys
 
 
 class FakeAccess:

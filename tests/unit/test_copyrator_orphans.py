@@ -8,9 +8,9 @@ import contextlib
 from collections.abc import AsyncIterator, Hashable
 from typing import Any
 
-from kopf_operators import copyrator as logic
-from kopf_operators.access import ApiError
-from kopf_operators.copyrator_controller import CopyratorController, copy_index_keys
+from kopf_operators.copyrator import decisions as logic
+from kopf_operators.copyrator.controller import CopyratorController, copy_index_keys
+from kopf_operators.core.access import ApiError
 
 
 class FakeAccess:

@@ -8,8 +8,8 @@ from typing import Any, Final
 
 import pytest
 
-from kopf_operators import reroller as logic
-from kopf_operators.reroller import Source
+from kopf_operators.reroller import decisions as logic
+from kopf_operators.reroller.decisions import Source
 
 CM: Final = "ConfigMap"
 SEC: Final = "Secret"

@@ -36,11 +36,11 @@ import munch
 import pykube
 import requests
 
-from kopf_operators import access as k8s
-from kopf_operators import blackadder as logic
-from kopf_operators import metrics
-from kopf_operators.access import Access, ApiError
-from kopf_operators.common import DOMAIN, Config, now_iso, stall_event
+from kopf_operators.blackadder import decisions as logic
+from kopf_operators.core import access as k8s
+from kopf_operators.core import metrics
+from kopf_operators.core.access import Access, ApiError
+from kopf_operators.core.conventions import DOMAIN, Config, now_iso, stall_event
 
 OPERATOR = "blackadder"
 NAMESPACES_INDEX = "blackadder-namespaces"

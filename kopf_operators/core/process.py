@@ -6,7 +6,7 @@ selector for a resource that only it watches, in its own startup handler). Every
 ``operators/`` imports this module, and Python imports a module once, so it registers once whatever
 subset of operator files ``kopf run`` is given.
 
-Handlers reach shared things through Kopf's ``memo``: ``memo.config`` (common.Config) and
+Handlers reach shared things through Kopf's ``memo``: ``memo.config`` (conventions.Config) and
 ``memo.access`` (the access layer); each operator keeps its controller there too.
 """
 
@@ -21,9 +21,9 @@ from typing import Any
 
 import kopf
 
-from kopf_operators import metrics
-from kopf_operators.access import Access
-from kopf_operators.common import Config, shard_selector
+from kopf_operators.core import metrics
+from kopf_operators.core.access import Access
+from kopf_operators.core.conventions import Config, shard_selector
 
 logger = logging.getLogger("kopf_operators")
 

@@ -20,7 +20,7 @@ import zoneinfo
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from kopf_operators.common import (
+from kopf_operators.core.conventions import (
     DOMAIN,
     env_bool,
     env_float,

@@ -21,11 +21,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from kopf_operators import access as k8s
-from kopf_operators import immortal as logic
-from kopf_operators import metrics
-from kopf_operators.access import Access, ApiError
-from kopf_operators.common import stall_event
+from kopf_operators.core import access as k8s
+from kopf_operators.core import metrics
+from kopf_operators.core.access import Access, ApiError
+from kopf_operators.core.conventions import stall_event
+from kopf_operators.immortal import decisions as logic
 
 OPERATOR = "immortal"
 OBJECTS_INDEX = "immortal-objects"

@@ -35,7 +35,7 @@ import kopf
 import kubernetes
 import urllib3
 
-from kopf_operators import metrics
+from kopf_operators.core import metrics
 
 logger = logging.getLogger("kopf_operators.access")
 

@@ -21,7 +21,7 @@ import re
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from kopf_operators.common import (
+from kopf_operators.core.conventions import (
     DOMAIN,
     env_bool,
     env_float,

@@ -1,6 +1,6 @@
 """What the four operators share that is pure: environment parsing, the shared configuration,
 status conditions, label selectors and hashing. No API calls and no Kopf registrations here
-(those live in ``access`` and ``runtime``).
+(those live in ``access`` and ``process``).
 """
 
 from __future__ import annotations

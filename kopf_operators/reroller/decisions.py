@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
-from kopf_operators.common import DOMAIN, env_bool, env_float, env_list
+from kopf_operators.core.conventions import DOMAIN, env_bool, env_float, env_list
 
 PREFIX = f"reroller.{DOMAIN}"
 

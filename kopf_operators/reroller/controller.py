@@ -24,11 +24,11 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from kopf_operators import access as k8s
-from kopf_operators import metrics
-from kopf_operators import reroller as logic
-from kopf_operators.access import Access, ApiError
-from kopf_operators.reroller_alerts import Alert, Alerts, AlertSettings
+from kopf_operators.core import access as k8s
+from kopf_operators.core import metrics
+from kopf_operators.core.access import Access, ApiError
+from kopf_operators.reroller import decisions as logic
+from kopf_operators.reroller.alerts import Alert, Alerts, AlertSettings
 
 OPERATOR = "reroller"
 SOURCE_INDEXES = {"ConfigMap": "reroller-configmaps", "Secret": "reroller-secrets"}
