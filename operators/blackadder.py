@@ -51,6 +51,7 @@ async def start(memo: kopf.Memo, **kwargs: Any) -> None:
 @kopf.on.cleanup(id="blackadder-cleanup")
 async def stop(memo: kopf.Memo, **_: Any) -> None:
     await memo.blackadder.stop()
+    await memo.blackadder_tenants.stop()  # its webhooks too
 
 
 @kopf.index("namespaces", id=NAMESPACES_INDEX)

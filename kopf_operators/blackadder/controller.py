@@ -40,6 +40,7 @@ from kopf_operators.blackadder import decisions as logic
 from kopf_operators.core import access as k8s
 from kopf_operators.core import metrics
 from kopf_operators.core.access import Access, ApiError
+from kopf_operators.core.controller import Background
 from kopf_operators.core.conventions import DOMAIN, Config, now_iso, stall_event
 
 OPERATOR = "blackadder"
@@ -141,7 +142,7 @@ class BlackadderController:
         self.namespaces = namespaces  # Kopf's live index: name -> {"labels": ..., "terminating": bool}
         # Kopf's live index: Copyrator rule -> its ConfigMap sources (an empty index is falsy: no `or`).
         self.sources = {} if sources is None else sources
-        self._webhooks: set[asyncio.Task[None]] = set()
+        self.background = Background(OPERATOR)  # webhook notifications in flight
         self._ledgers: dict[str, LedgerHandle] = {}  # agent uid -> its ledger as we last wrote it
         self._pykube: pykube.HTTPClient | None = None
         self._pykube_guard = threading.Lock()  # one requests session, one listing at a time
@@ -420,8 +421,7 @@ class BlackadderController:
 
     async def stop(self) -> None:
         """Notifications still in flight are dropped when the operator exits."""
-        for task in list(self._webhooks):
-            task.cancel()
+        await self.background.stop()
 
     def _notify(self, body: Mapping[str, Any], secret: str, entries: list[Mapping[str, Any]], log: Logger) -> None:
         """One POST per action of the cycle, in the background (a slow receiver never delays chaos).
@@ -473,9 +473,7 @@ class BlackadderController:
                     return
             metrics.action(OPERATOR, "webhook", len(payloads))
 
-        task = asyncio.create_task(post_all())
-        self._webhooks.add(task)
-        task.add_done_callback(self._webhooks.discard)
+        self.background.spawn(post_all())
 
     # --- the actions (each True when done, False when skipped) ------------------------------------
 

@@ -27,7 +27,6 @@ import collections
 import contextlib
 import dataclasses
 import logging
-import random
 import time
 from collections.abc import Awaitable, Iterable, Iterator, Mapping
 from typing import Any
@@ -36,6 +35,7 @@ from kopf_operators.copyrator import decisions as logic
 from kopf_operators.core import access as k8s
 from kopf_operators.core import metrics
 from kopf_operators.core.access import Access, ApiError
+from kopf_operators.core.controller import Background, Backoff, KeyedTimers, first, values
 from kopf_operators.core.conventions import stall_event
 
 OPERATOR = "copyrator"
@@ -49,6 +49,7 @@ RETRY_SECONDS = (2.0, 300.0)
 
 logger = logging.getLogger("kopf_operators.copyrator")
 CopyKey = tuple[str, str, str]  # (kind, namespace, name)
+RuleKey = tuple[str, str]  # (namespace, name) of a rule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,16 +64,6 @@ def copy_index_keys(view: logic.CopyView) -> dict[Any, logic.CopyView]:
     namespace (each a lookup some trigger needs)."""
     return {("at", view.namespace, view.name): view, ("rule", view.rule_uid): view,
             ("rule-name", view.rule_uid, view.name): view, ("rule-ns", view.rule_uid, view.namespace): view}
-
-
-def _first(index: Mapping[Any, Any], key: Any) -> Any:
-    for value in index.get(key) or ():
-        return value
-    return None
-
-
-def _values(index: Mapping[Any, Any], key: Any) -> list[Any]:
-    return list(index.get(key) or ())
 
 
 def _rv(value: Any) -> int:
@@ -104,11 +95,10 @@ class CopyratorController:
         self._deleting: set[str] = set()  # rule uids being deleted: they write nothing any more
         self._inflight: collections.Counter[str] = collections.Counter()  # rule uid -> syncs running
         self._parsed: dict[str, tuple[Any, logic.Rule | logic.RuleError]] = {}
-        self._flush: dict[tuple[str, str], asyncio.TimerHandle] = {}
-        self._retry: dict[tuple[str, str], asyncio.TimerHandle] = {}
-        self._attempts: dict[tuple[str, str], int] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._resync: asyncio.Task[None] | None = None
+        self.background = Background(OPERATOR)
+        self._flush: KeyedTimers[RuleKey] = self.background.timers()  # a rule's status, once per burst
+        self._retry: KeyedTimers[RuleKey] = self.background.timers()
+        self._backoff: Backoff[RuleKey] = Backoff(*RETRY_SECONDS)
         # Set by the first handled event: Kopf calls handlers only once every index is filled.
         self._indexed = asyncio.Event()
         self._limit = asyncio.Semaphore(settings.write_concurrency)
@@ -137,7 +127,7 @@ class CopyratorController:
         result = [(self.sources[k].get((r.namespace, r.name)) or {}, r)
                   for k in (KINDS if kind is None else (kind,)) for r in self.pushes[k].values()]
         for key in list(self.rules):
-            snapshot = _first(self.rules, key)
+            snapshot = first(self.rules, key)
             if snapshot is None or snapshot["metadata"].get("deletionTimestamp"):
                 continue
             rule = self.rule(snapshot)
@@ -146,14 +136,14 @@ class CopyratorController:
         return result
 
     def namespace(self, name: str) -> logic.NamespaceInfo | None:
-        return _first(self.namespaces, name)
+        return first(self.namespaces, name)
 
     def all_namespaces(self) -> list[logic.NamespaceInfo]:
-        return [info for name in list(self.namespaces) if (info := _first(self.namespaces, name)) is not None]
+        return [info for name in list(self.namespaces) if (info := first(self.namespaces, name)) is not None]
 
     def copy(self, kind: str, namespace: str, name: str) -> logic.CopyView | None:
         """The copy at a place: the index, or the answer to our own newer write."""
-        indexed: logic.CopyView | None = _first(self.copies[kind], ("at", namespace, name))
+        indexed: logic.CopyView | None = first(self.copies[kind], ("at", namespace, name))
         key = (kind, namespace, name)
         written = self._written.get(key)
         if written is None:
@@ -177,7 +167,7 @@ class CopyratorController:
             key = ("rule-ns", rule_uid, namespace)
         else:
             key = ("rule", rule_uid)
-        places = {(v.namespace, v.name) for v in _values(self.copies[kind], key)}
+        places = {(v.namespace, v.name) for v in values(self.copies[kind], key)}
         for (k, ns, nm), written in list(self._written.items()):
             if k == kind and isinstance(written, logic.CopyView) and written.rule_uid == rule_uid \
                     and name in (None, nm) and namespace in (None, ns):
@@ -326,7 +316,7 @@ class CopyratorController:
         self._failed[rule.uid].discard(key)
         metrics.error(OPERATOR, "copy-refused")
         logger.warning(f"Copyrator {rule.key}: the API server refuses the copy {why}")
-        snapshot = None if rule.push else _first(self.rules, (rule.namespace, rule.name))  # a push: on its source
+        snapshot = None if rule.push else first(self.rules, (rule.namespace, rule.name))  # a push: on its source
         if snapshot is not None:
             self.access.event(snapshot, "Warning", "CopyRefused", f"the API server refuses the copy {why}")
 
@@ -505,10 +495,8 @@ class CopyratorController:
                 break
             await asyncio.sleep(0.05)
         key = (str(meta.get("namespace")), str(meta.get("name")))
-        for handles in (self._flush, self._retry):
-            handle = handles.pop(key, None)
-            if handle:
-                handle.cancel()
+        for timers in (self._flush, self._retry):
+            timers.cancel(key)
         count = await self._prune(uid, f"{key[0]}/{key[1]}", "rule deleted")
         for store in (self._failed, self._rejected, self._done, self._status, self._parsed, self._triggers):
             store.pop(uid, None)
@@ -553,14 +541,14 @@ class CopyratorController:
             return 0
         live = set()
         for key in list(self.rules):
-            snapshot = _first(self.rules, key)
+            snapshot = first(self.rules, key)
             if snapshot is not None and not snapshot["metadata"].get("deletionTimestamp"):
                 live.add(str(snapshot["metadata"].get("uid")))
         by_rule: dict[str, list[logic.CopyView]] = collections.defaultdict(list)
         for kind in KINDS:
             for key in list(self.copies[kind]):
                 if key[0] == "rule" and key[1] not in live:  # pushed copies: _resync_pushes prunes them
-                    by_rule[key[1]].extend(v for v in _values(self.copies[kind], key) if not v.pushed)
+                    by_rule[key[1]].extend(v for v in values(self.copies[kind], key) if not v.pushed)
         by_rule = {uid: views for uid, views in by_rule.items() if views}
         count = 0
         for uid, rule_key in logic.orphan_suspects(by_rule, live).items():
@@ -734,32 +722,17 @@ class CopyratorController:
 
     # --- retries and the periodic sweep ---------------------------------------------------------------
 
-    def _spawn(self, coro: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     def _retry_later(self, rule: logic.Rule) -> None:
         key = (rule.namespace, rule.name)
-        if key in self._retry:
-            return
-        first, cap = RETRY_SECONDS
-        attempts = self._attempts.get(key, 0)
-        self._attempts[key] = attempts + 1
-        delay = min(cap, first * 2 ** min(attempts, 16)) * random.uniform(0.8, 1.2)
-
-        def fire() -> None:
-            self._retry.pop(key, None)
-            self._spawn(self._guarded(key, "retry"))
-
-        self._retry[key] = asyncio.get_running_loop().call_later(delay, fire)
+        if not self._retry.pending(key):
+            self._retry.start(key, self._backoff.next_delay(key), lambda: self._guarded(key, "retry"))
 
     async def _guarded(self, key: tuple[str, str], trigger: str) -> None:
         """One rule's sweep outside Kopf's handlers (retries, resync): failures retry with backoff.
         Nothing while Kopf has paused this process (a standby)."""
         if self.access.paused:
             return
-        snapshot = _first(self.rules, key)
+        snapshot = first(self.rules, key)
         if snapshot is None or snapshot["metadata"].get("deletionTimestamp"):
             return
         rule = self.rule(snapshot)
@@ -774,25 +747,26 @@ class CopyratorController:
         if errors:
             self._retry_later(rule)
         else:
-            self._attempts.pop(key, None)
+            self._backoff.reset(key)
 
     def start_resync(self) -> None:
-        self._resync = asyncio.create_task(self._resync_loop(), name="copyrator resync")
-
-    async def _resync_loop(self) -> None:
         """Level-triggered: a sweep over the indexes, no request unless something must change. The
         orphan sweep runs at start (once the indexes are filled) and after every pass."""
+        self.background.resync(self.settings.resync_seconds, self._resync, paused=lambda: self.access.paused,
+                               initial=self._initial_sweep)
+
+    async def _initial_sweep(self) -> None:
         # No event within a period: the indexes may be partial, which only makes the sweep find less.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._indexed.wait(), timeout=self.settings.resync_seconds)
         await self._resync_pushes()
         await self.prune_orphans()
-        while True:
-            await asyncio.sleep(self.settings.resync_seconds * random.uniform(0.8, 1.2))
-            for key in list(self.rules):
-                await self._guarded(key, "resync")
-            await self._resync_pushes()
-            await self.prune_orphans()
+
+    async def _resync(self) -> None:
+        for key in list(self.rules):
+            await self._guarded(key, "resync")
+        await self._resync_pushes()
+        await self.prune_orphans()
 
     async def _resync_pushes(self) -> None:
         """Push sources' copies, like a rule's; and copies made by a push whose source is gone or
@@ -843,13 +817,7 @@ class CopyratorController:
                 or not isinstance(logic.push_rule(source), logic.Rule))
 
     async def stop(self) -> None:
-        if self._resync:
-            self._resync.cancel()
-        for handles in (self._flush, self._retry):
-            for handle in handles.values():
-                handle.cancel()
-        for task in list(self._tasks):
-            task.cancel()
+        await self.background.stop()
 
     # --- status and events ---------------------------------------------------------------------------
 
@@ -902,16 +870,12 @@ class CopyratorController:
     def schedule_status(self, snapshot: Mapping[str, Any]) -> None:
         """Write the rule's status (and its Synced event) once per burst of changes."""
         key = (snapshot["metadata"]["namespace"], snapshot["metadata"]["name"])
-        if key in self._flush:
-            return
+        self._flush.start(key, self.settings.status_delay_seconds, lambda: self._flush_due(key))
 
-        def fire() -> None:
-            self._flush.pop(key, None)
-            current = _first(self.rules, key)
-            if current is not None:
-                self._spawn(self._flush_guarded(current))
-
-        self._flush[key] = asyncio.get_running_loop().call_later(self.settings.status_delay_seconds, fire)
+    async def _flush_due(self, key: RuleKey) -> None:
+        current = first(self.rules, key)
+        if current is not None:
+            await self._flush_guarded(current)
 
     async def _flush_guarded(self, snapshot: Mapping[str, Any]) -> None:
         if self.access.paused:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 import uuid
 from collections.abc import Mapping
@@ -27,6 +26,7 @@ from typing import Any
 from kopf_operators.core import access as k8s
 from kopf_operators.core import metrics
 from kopf_operators.core.access import Access, ApiError
+from kopf_operators.core.controller import Background, Backoff, KeyedTimers, first
 from kopf_operators.reroller import decisions as logic
 from kopf_operators.reroller.alerts import Alert, Alerts, AlertSettings
 
@@ -51,12 +51,6 @@ logger = logging.getLogger("kopf_operators.reroller")
 Key = logic.WorkloadKey
 
 
-def _first(index: Mapping[Any, Any] | None, key: Any) -> Any:
-    for value in (index or {}).get(key) or ():
-        return value
-    return None
-
-
 class RerollerController:
     def __init__(self, access: Access, settings: logic.Settings, indexes: Mapping[str, Mapping[Any, Any]],
                  alerts: AlertSettings | None = None) -> None:
@@ -75,18 +69,17 @@ class RerollerController:
         self._pending: dict[Key, dict[str, str]] = {}      # first-sighting baselines not yet written
         self._last_roll: dict[Key, float] = {}             # monotonic time of each workload's last rollout
         self._reserved: set[Key] = set()                   # holding a token-bucket slot
-        self._timers: dict[Key, tuple[float, asyncio.TimerHandle]] = {}
-        self._attempts: dict[Key, int] = {}
+        self.background = Background(OPERATOR)
+        self._timers: KeyedTimers[Key] = self.background.timers()  # the next look at a workload (earliest wins)
+        self._backoff: Backoff[Key] = Backoff(*RETRY_SECONDS)
         self._warned: dict[Key, tuple[str, ...]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._resync: asyncio.Task[None] | None = None
         self._limit = asyncio.Semaphore(CONCURRENCY)
 
     # --- state ---------------------------------------------------------------------------------------
 
     def current(self, key: Key, event_view: logic.WorkloadView | None = None) -> logic.WorkloadView | None:
         """The newest known view: the index, our own last write's answer, or the event's body."""
-        indexed = _first(self.workloads.get(key[0]), ("view", *key))
+        indexed = first(self.workloads.get(key[0]), ("view", *key))
         written = self._written.get(key)
         if written is not None and (indexed is None or indexed.uid != written.uid or indexed.rv >= written.rv):
             self._written.pop(key, None)
@@ -100,14 +93,14 @@ class RerollerController:
         """(kind, name) -> SourceView of the existing sources the workload may watch."""
         result: dict[tuple[str, str], logic.SourceView] = {}
         for source in (*view.sources, *view.search):
-            found = _first(self.sources[source.kind], (source.kind, view.namespace, source.name))
+            found = first(self.sources[source.kind], (source.kind, view.namespace, source.name))
             if found is not None:
                 result[(source.kind, source.name)] = found
         for source_kind in {kind for kind, _ in view.patterns}:
             # Patterns: every source of the kind in the namespace (a scan; only for pattern users).
             for (kind, namespace, name) in list(self.sources[source_kind].keys()):
                 if namespace == view.namespace:
-                    found = _first(self.sources[source_kind], (kind, namespace, name))
+                    found = first(self.sources[source_kind], (kind, namespace, name))
                     if found is not None:
                         result[(kind, name)] = found
         return result
@@ -122,7 +115,7 @@ class RerollerController:
     def namespace_selected(self, namespace: str) -> bool:
         if not self.namespace_selector:
             return True
-        return logic.selector_matches(self.namespace_selector, _first(self.namespaces, namespace))
+        return logic.selector_matches(self.namespace_selector, first(self.namespaces, namespace))
 
     def _count(self, key: Key, outcome: str) -> None:
         if self.settings.metrics_by_namespace:
@@ -134,11 +127,9 @@ class RerollerController:
         self._pending.pop(key, None)
         self._last_roll.pop(key, None)
         self._warned.pop(key, None)
-        self._attempts.pop(key, None)
+        self._backoff.reset(key)
         self._release(key)
-        timer = self._timers.pop(key, None)
-        if timer:
-            timer[1].cancel()
+        self._timers.cancel(key)
 
     def _release(self, key: Key) -> None:
         if key in self._reserved:
@@ -171,40 +162,24 @@ class RerollerController:
         try:
             async with self._limit:
                 await self.reconcile(key, trigger, event_view)
-            self._attempts.pop(key, None)
+            self._backoff.reset(key)
         except ApiError as exc:
             metrics.error(OPERATOR, "api")
             self._count(key, "failed")
-            attempts = self._attempts.get(key, 0)
-            self._attempts[key] = attempts + 1
+            attempts = self._backoff.failures(key)
+            delay = self._backoff.next_delay(key)
             if not (exc.transient or exc.status == 409):
                 # Refused (403, 422: say, annotations over the size limit): retrying will not help;
                 # said once, and the next change of the workload or its sources (or the sweep) retries.
                 if not attempts:
                     logger.warning(f"{key[0]} {key[1]}/{key[2]}: {trigger}: {exc}; not retrying until it changes")
                 return
-            first, cap = RETRY_SECONDS
-            delay = min(cap, first * 2 ** min(attempts, 16))
             logger.warning(f"{key[0]} {key[1]}/{key[2]}: {trigger}: {exc}; retrying in {delay:.0f}s")
             self._schedule(key, delay)
 
     def _schedule(self, key: Key, delay: float) -> None:
         """Look at the workload again after ``delay`` (an earlier pending look wins)."""
-        loop = asyncio.get_running_loop()
-        when = loop.time() + max(0.0, delay)
-        pending = self._timers.get(key)
-        if pending is not None:
-            if pending[0] <= when:
-                return
-            pending[1].cancel()
-
-        def fire() -> None:
-            self._timers.pop(key, None)
-            task = asyncio.create_task(self.guarded(key, "timer"))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-        self._timers[key] = (when, loop.call_at(when, fire))
+        self._timers.start(key, delay, lambda: self.guarded(key, "timer"), if_pending="earlier")
 
     # --- one level-triggered pass ----------------------------------------------------------------------
 
@@ -260,22 +235,23 @@ class RerollerController:
             newer = [s.ref for s in sources if (found := lookup.get((s.kind, s.name))) and found.rv > first_rv]
             plan = logic.plan({}, snap, newer=newer, reload_on_create=on_create,
                               reload_on_delete=on_delete)
-            if plan.action == "baseline":
+            if plan.action is logic.Action.BASELINE:
                 self._pending[key] = logic.baseline_annotations(plan, snap)
         else:
             plan = logic.plan(pending, snap, reload_on_create=on_create, reload_on_delete=on_delete)
-            if plan.action in ("none", "wait-missing"):  # unchanged since the first sighting: persist it
-                plan = logic.Plan("baseline", new_hash=pending[logic.OBSERVED_HASH], missing=plan.missing)
+            # Unchanged since the first sighting: persist it.
+            if plan.action in (logic.Action.NONE, logic.Action.WAIT_MISSING):
+                plan = logic.Plan(logic.Action.BASELINE, new_hash=pending[logic.OBSERVED_HASH], missing=plan.missing)
                 snap = logic.Snapshot(per_source=dict(logic.parse_observed(pending)[1]) or snap.per_source,
                                       missing=snap.missing, optional=snap.optional)
         self._warn_missing(view, plan)
         if logic.held_by_suspend(view, plan):
             return await self._record_suspended(view, plan, snap)
 
-        if plan.action in ("none", "wait-missing"):
+        if plan.action in (logic.Action.NONE, logic.Action.WAIT_MISSING):
             self._release(key)
             return False
-        if plan.action == "baseline":
+        if plan.action is logic.Action.BASELINE:
             self._release(key)
             # A Job's status changes all the time and only we write these keys (serialised per
             # workload); its rollout is a uid-guarded delete: no resourceVersion, so no 409 and no read.
@@ -432,23 +408,15 @@ class RerollerController:
     # --- the periodic sweep ----------------------------------------------------------------------------
 
     def start_resync(self) -> None:
-        self._resync = asyncio.create_task(self._resync_loop(), name="reroller resync")
+        self.background.resync(self.settings.resync_seconds, self._resync, paused=lambda: self.access.paused)
         self.alerts.start()
 
-    async def _resync_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.resync_seconds * random.uniform(0.8, 1.2))
-            for kind, index in self.workloads.items():
-                for entry in list(index.keys()):
-                    if isinstance(entry, tuple) and entry and entry[0] == "view":
-                        await self.guarded((kind, entry[2], entry[3]), "resync")
+    async def _resync(self) -> None:
+        for kind, index in self.workloads.items():
+            for entry in list(index.keys()):
+                if isinstance(entry, tuple) and entry and entry[0] == "view":
+                    await self.guarded((kind, entry[2], entry[3]), "resync")
 
     async def stop(self) -> None:
         await self.alerts.stop()
-        if self._resync:
-            self._resync.cancel()
-        for _, handle in self._timers.values():
-            handle.cancel()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.background.stop()

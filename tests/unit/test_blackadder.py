@@ -194,11 +194,6 @@ def test_label_selectors_per_kind_with_opt_in_and_copies() -> None:
     assert logic.label_selector_for("ConfigMap", opted) == "blackadder.io/chaos=true"
 
 
-def test_copyrator_copy_label_is_copyrators_own() -> None:
-    from kopf_operators.copyrator import decisions as copyrator
-    assert logic.COPYRATOR_COPY_LABEL == copyrator.RULE_UID_LABEL
-
-
 def test_namespace_selector_lists_only_matching_allowed_namespaces() -> None:
     labels = {"a": {"chaos": "yes"}, "b": {"chaos": "no"}, "c": {"chaos": "yes"}, "kube-system": {"chaos": "yes"}}
     settings = AgentSettings(namespace_selector={"matchLabels": {"chaos": "yes"}}, excluded=("c",))
