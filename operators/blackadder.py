@@ -16,8 +16,10 @@ import kopf
 
 from kopf_operators.blackadder import decisions as logic
 from kopf_operators.blackadder.controller import (
+    AGENTS,
     NAMESPACES_INDEX,
     SOURCES_INDEX,
+    TENANT_AGENTS,
     BlackadderController,
     Logger,
     RevertIncomplete,
@@ -38,20 +40,20 @@ REVERT_RETRY_SECONDS = 5
 async def start(memo: kopf.Memo, **kwargs: Any) -> None:
     config, access = process.shared(memo)
     settings = logic.Settings.from_env(os.environ)
-    memo.blackadder = BlackadderController(access, config, settings, kwargs[NAMESPACES_INDEX], kwargs[SOURCES_INDEX])
-    memo.blackadder_tenants = TenantChaosController(access, config, settings, kwargs[NAMESPACES_INDEX],
-                                                    kwargs[SOURCES_INDEX])
+    namespaces, sources = kwargs[NAMESPACES_INDEX], kwargs[SOURCES_INDEX]
+    AGENTS.set(memo, BlackadderController(access, config, settings, namespaces, sources))
+    tenants = TENANT_AGENTS.set(memo, TenantChaosController(access, config, settings, namespaces, sources))
     if settings.tenants:
         try:
-            await memo.blackadder_tenants.sweep_ledgers()
+            await tenants.sweep_ledgers()
         except ApiError as exc:  # not fatal: a leftover ledger is a small Secret, swept at the next start
             logging.getLogger("kopf_operators.blackadder").warning(f"tenant ledgers not swept: {exc}")
 
 
 @kopf.on.cleanup(id="blackadder-cleanup")
 async def stop(memo: kopf.Memo, **_: Any) -> None:
-    await memo.blackadder.stop()
-    await memo.blackadder_tenants.stop()  # its webhooks too
+    await AGENTS(memo).stop()
+    await TENANT_AGENTS(memo).stop()  # its webhooks too
 
 
 @kopf.index("namespaces", id=NAMESPACES_INDEX)
@@ -73,7 +75,7 @@ async def agent_daemon(body: kopf.Body, stopped: kopf.DaemonStopped, logger: Log
                        **_: Any) -> None:
     """Async: a sleeping agent holds no worker thread. ``stopped`` is set at once when the agent is
     deleted or the operator exits; the cycle checks it before every single action."""
-    await memo.blackadder.agent_loop(body, lambda: bool(stopped), stopped.wait, logger)
+    await AGENTS(memo).agent_loop(body, lambda: bool(stopped), stopped.wait, logger)
 
 
 @kopf.on.delete(*RESOURCE, id="blackadder-revert-on-delete", backoff=REVERT_RETRY_SECONDS)
@@ -82,7 +84,7 @@ async def revert_on_delete(body: kopf.Body, logger: Logger, memo: kopf.Memo, ret
     did (scaled Deployments, overwritten ConfigMaps); then its ledger goes. A revert that keeps being
     refused lets go after logic.REVERT_ATTEMPTS tries (the ledger then stays, see the controller)."""
     try:
-        await memo.blackadder.revert_on_delete(body, logger, attempt=retry)
+        await AGENTS(memo).revert_on_delete(body, logger, attempt=retry)
     except RevertIncomplete as exc:
         raise kopf.TemporaryError(f"revert incomplete (attempt {retry + 1} of {logic.REVERT_ATTEMPTS}), "
                                   f"retrying: {exc}", delay=REVERT_RETRY_SECONDS) from None
@@ -96,13 +98,13 @@ if TENANTS:
     async def tenant_agent_daemon(body: kopf.Body, stopped: kopf.DaemonStopped, logger: Logger, memo: kopf.Memo,
                                   **_: Any) -> None:
         """A TenantChaosAgent: the same loop, confined to its namespace and the administrator's limits."""
-        await memo.blackadder_tenants.agent_loop(body, lambda: bool(stopped), stopped.wait, logger)
+        await TENANT_AGENTS(memo).agent_loop(body, lambda: bool(stopped), stopped.wait, logger)
 
     @kopf.on.delete(*TENANT_RESOURCE, id="blackadder-tenant-delete", backoff=REVERT_RETRY_SECONDS)
     async def tenant_delete(body: kopf.Body, logger: Logger, memo: kopf.Memo, retry: int, **_: Any) -> None:
         """Its ledger lives in the operator's namespace (no ownerReference can cross namespaces): it is
         deleted here. Tantrum only, so there is nothing to revert."""
         try:
-            await memo.blackadder_tenants.revert_on_delete(body, logger, attempt=retry)
+            await TENANT_AGENTS(memo).revert_on_delete(body, logger, attempt=retry)
         except ApiError as exc:
             raise kopf.TemporaryError(f"ledger not deleted, retrying: {exc}", delay=REVERT_RETRY_SECONDS) from None

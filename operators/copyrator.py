@@ -17,6 +17,7 @@ import kopf
 
 from kopf_operators.copyrator import decisions as logic
 from kopf_operators.copyrator.controller import (
+    CONTROLLER,
     COPIES_INDEXES,
     NAMESPACES_INDEX,
     RULES_INDEX,
@@ -33,14 +34,15 @@ RULES = (logic.GROUP, logic.VERSION, logic.PLURAL)
 async def start(memo: kopf.Memo, **kwargs: Any) -> None:
     _, access = process.shared(memo)
     settings = logic.Settings.from_env(os.environ)  # fails fast on a malformed variable
-    memo.copyrator = CopyratorController(access, settings, kwargs[RULES_INDEX], kwargs[NAMESPACES_INDEX],
-                                         {kind: kwargs[index] for kind, index in COPIES_INDEXES.items()})
-    memo.copyrator.start_resync()
+    copies = {kind: kwargs[index] for kind, index in COPIES_INDEXES.items()}
+    controller = CONTROLLER.set(memo, CopyratorController(access, settings, kwargs[RULES_INDEX],
+                                                          kwargs[NAMESPACES_INDEX], copies))
+    controller.start_resync()
 
 
 @kopf.on.cleanup(id="copyrator-cleanup")
 async def stop(memo: kopf.Memo, **_: Any) -> None:
-    await memo.copyrator.stop()
+    await CONTROLLER(memo).stop()
 
 
 # --- indexes (small entries: never whole bodies of unrelated objects) -----------------------------
@@ -74,7 +76,7 @@ def copyrator_secret_copies(body: kopf.Body, **_: Any) -> Any:
 @kopf.on.update(*RULES, id="copyrator-update", backoff=10)
 async def reconcile_rule(body: kopf.Body, reason: Any, memo: kopf.Memo, **_: Any) -> None:
     try:
-        await memo.copyrator.rule_changed(body, f"rule {getattr(reason, 'value', reason)}")
+        await CONTROLLER(memo).rule_changed(body, f"rule {getattr(reason, 'value', reason)}")
     except ApiError as exc:
         raise exc.for_kopf("converging the rule's copies failed", delay=10) from None
 
@@ -86,22 +88,22 @@ async def reconcile_rule(body: kopf.Body, reason: Any, memo: kopf.Memo, **_: Any
 # own finalizer when no handler requires it).
 @kopf.on.event(*RULES, id="copyrator-rule-event")
 async def rule_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    await memo.copyrator.rule_event(type, body)
+    await CONTROLLER(memo).rule_event(type, body)
 
 
 # --- watched built-in objects (events only; the controller logs and retries its own failures) ---
 
 @kopf.on.event("", "v1", "configmaps", id="copyrator-configmap-event")
 async def configmap_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    await memo.copyrator.object_event("ConfigMap", type, body)
+    await CONTROLLER(memo).object_event("ConfigMap", type, body)
 
 
 @kopf.on.event("", "v1", "secrets", id="copyrator-secret-event")
 async def secret_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    await memo.copyrator.object_event("Secret", type, body)
+    await CONTROLLER(memo).object_event("Secret", type, body)
 
 
 @kopf.on.event("", "v1", "namespaces", id="copyrator-namespace-event")
 async def namespace_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     if type in ("ADDED", "MODIFIED"):
-        await memo.copyrator.namespace_event(type, body)
+        await CONTROLLER(memo).namespace_event(type, body)

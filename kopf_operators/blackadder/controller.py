@@ -40,7 +40,7 @@ from kopf_operators.blackadder import decisions as logic
 from kopf_operators.core import access as k8s
 from kopf_operators.core import metrics
 from kopf_operators.core.access import Access, ApiError
-from kopf_operators.core.controller import Background
+from kopf_operators.core.controller import Background, Index, MemoSlot
 from kopf_operators.core.conventions import DOMAIN, Config, now_iso, stall_event
 
 OPERATOR = "blackadder"
@@ -135,7 +135,8 @@ class BlackadderController:
     kind = CHAOSAGENT
 
     def __init__(self, access: Access, config: Config, settings: logic.Settings,
-                 namespaces: Mapping[Any, Any], sources: Mapping[Any, Any] | None = None) -> None:
+                 namespaces: Index[str, dict[str, Any]],
+                 sources: Index[tuple[str, str], list[dict[str, Any]]] | None = None) -> None:
         self.access = access
         self.config = config
         self.settings = settings
@@ -915,3 +916,9 @@ class TenantChaosController(BlackadderController):
             if await self.access.delete(k8s.SECRET, namespace, meta["name"], uid=meta.get("uid")):
                 logger.info(f"deleted the ledger {namespace}/{meta['name']}: its TenantChaosAgent is gone")
         return len(orphans)
+
+
+# The controllers in Kopf's memo, typed: operators/blackadder.py reaches them as ``AGENTS(memo)`` and
+# ``TENANT_AGENTS(memo)``.
+AGENTS = MemoSlot("blackadder", BlackadderController)
+TENANT_AGENTS = MemoSlot("blackadder_tenants", TenantChaosController)

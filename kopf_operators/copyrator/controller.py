@@ -29,13 +29,13 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from kopf_operators.copyrator import decisions as logic
 from kopf_operators.core import access as k8s
 from kopf_operators.core import metrics
 from kopf_operators.core.access import Access, ApiError
-from kopf_operators.core.controller import Background, Backoff, KeyedTimers, first, values
+from kopf_operators.core.controller import Background, Backoff, Index, KeyedTimers, MemoSlot, first, values
 from kopf_operators.core.conventions import stall_event
 
 OPERATOR = "copyrator"
@@ -50,6 +50,14 @@ RETRY_SECONDS = (2.0, 300.0)
 logger = logging.getLogger("kopf_operators.copyrator")
 CopyKey = tuple[str, str, str]  # (kind, namespace, name)
 RuleKey = tuple[str, str]  # (namespace, name) of a rule
+# A copies index answers four lookups, so it holds each copy under four key shapes (one indexer per
+# watched kind: Kopf calls every indexer on every event of its resource):
+CopyAt = tuple[Literal["at"], str, str]               # ("at", namespace, name): the copy at a place
+CopiesOf = tuple[Literal["rule"], str]                # ("rule", rule uid): all of a rule's copies
+CopiesNamed = tuple[Literal["rule-name"], str, str]   # ("rule-name", rule uid, name)
+CopiesIn = tuple[Literal["rule-ns"], str, str]        # ("rule-ns", rule uid, namespace)
+CopyIndexKey = CopyAt | CopiesOf | CopiesNamed | CopiesIn
+CopiesIndex = Index[CopyIndexKey, logic.CopyView]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +67,7 @@ class Gone:
     uid: str
 
 
-def copy_index_keys(view: logic.CopyView) -> dict[Any, logic.CopyView]:
+def copy_index_keys(view: logic.CopyView) -> dict[CopyIndexKey, logic.CopyView]:
     """The keys of one copy in its copies index: by place, by rule, by rule and name, by rule and
     namespace (each a lookup some trigger needs)."""
     return {("at", view.namespace, view.name): view, ("rule", view.rule_uid): view,
@@ -74,8 +82,8 @@ def _rv(value: Any) -> int:
 
 
 class CopyratorController:
-    def __init__(self, access: Access, settings: logic.Settings, rules: Mapping[Any, Any],
-                 namespaces: Mapping[Any, Any], copies: Mapping[str, Mapping[Any, Any]]) -> None:
+    def __init__(self, access: Access, settings: logic.Settings, rules: Index[RuleKey, dict[str, Any]],
+                 namespaces: Index[str, logic.NamespaceInfo], copies: Mapping[str, CopiesIndex]) -> None:
         self.access = access
         self.settings = settings
         self.rules = rules            # Kopf's live index: (namespace, name) -> rule snapshot
@@ -162,7 +170,7 @@ class CopyratorController:
                   namespace: str | None = None) -> list[logic.CopyView]:
         """A rule's copies (all, or of one name, or in one namespace), our pending writes included."""
         if name is not None:
-            key: Any = ("rule-name", rule_uid, name)
+            key: CopyIndexKey = ("rule-name", rule_uid, name)
         elif namespace is not None:
             key = ("rule-ns", rule_uid, namespace)
         else:
@@ -546,9 +554,9 @@ class CopyratorController:
                 live.add(str(snapshot["metadata"].get("uid")))
         by_rule: dict[str, list[logic.CopyView]] = collections.defaultdict(list)
         for kind in KINDS:
-            for key in list(self.copies[kind]):
-                if key[0] == "rule" and key[1] not in live:  # pushed copies: _resync_pushes prunes them
-                    by_rule[key[1]].extend(v for v in values(self.copies[kind], key) if not v.pushed)
+            for copy_key in list(self.copies[kind]):
+                if copy_key[0] == "rule" and copy_key[1] not in live:  # pushed copies: _resync_pushes prunes them
+                    by_rule[copy_key[1]].extend(v for v in values(self.copies[kind], copy_key) if not v.pushed)
         by_rule = {uid: views for uid, views in by_rule.items() if views}
         count = 0
         for uid, rule_key in logic.orphan_suspects(by_rule, live).items():
@@ -944,3 +952,7 @@ class CopyratorController:
             logger.warning(f"Copyrator {meta['namespace']}/{meta['name']}: {problem.reason}: {problem}")
             self.access.event(snapshot, "Warning", problem.reason, str(problem))
         await self._write_status(snapshot, previous, status)
+
+
+# The controller in Kopf's memo, typed: operators/copyrator.py reaches it as ``CONTROLLER(memo)``.
+CONTROLLER = MemoSlot("copyrator", CopyratorController)

@@ -8,7 +8,9 @@ backoff's end, a burst's status flush) and from a periodic resync. Those live he
   that keys failing together do not retry together), and ``Backoff`` counting failures per key;
 - ``Background``: the controller's tasks (referenced until done), its keyed timers (``KeyedTimers``:
   at most one pending per key; when one fires, its coroutine runs as a task) and its resync loop
-  (jittered, skipped while Kopf has paused the process); ``stop()`` cancels all of them and waits.
+  (jittered, skipped while Kopf has paused the process); ``stop()`` cancels all of them and waits;
+- ``MemoSlot``: one typed entry of Kopf's ``memo`` (handlers reach their controller as ``SLOT(memo)``,
+  so mypy checks every call from a handler into a controller; ``memo.x`` would be ``Any``).
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Awaitable, Callable, Collection, Coroutine, Hashable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Hashable, Mapping, MutableMapping
 from typing import Any, Generic, Literal, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
+T = TypeVar("T")
 
 # What a controller reads a Kopf index as: Kopf's ``kopf.Index[K, V]`` is a Mapping from a key to a
 # store (a collection) of values; a plain ``dict[K, list[V]]`` is one too (unit tests).
@@ -179,3 +182,23 @@ class Background:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class MemoSlot(Generic[T]):
+    """One typed entry of Kopf's ``memo`` (a dict with attribute access, shared by all handlers)."""
+
+    def __init__(self, name: str, kind: type[T]) -> None:
+        self.name, self.kind = name, kind
+
+    def set(self, memo: MutableMapping[str, Any], value: T) -> T:
+        memo[self.name] = value
+        return value
+
+    def __call__(self, memo: Mapping[str, Any]) -> T:
+        value = memo.get(self.name)
+        if not isinstance(value, self.kind):
+            raise RuntimeError(f"memo.{self.name} is not a {self.kind.__name__}: its startup handler has not run")
+        return value
+
+    def present(self, memo: Mapping[str, Any]) -> bool:
+        return isinstance(memo.get(self.name), self.kind)

@@ -22,7 +22,7 @@ from typing import Any
 from kopf_operators.core import access as k8s
 from kopf_operators.core import metrics
 from kopf_operators.core.access import Access, ApiError
-from kopf_operators.core.controller import Background, Backoff, Index, KeyedTimers, first
+from kopf_operators.core.controller import Background, Backoff, Index, KeyedTimers, MemoSlot, first
 from kopf_operators.core.conventions import stall_event
 from kopf_operators.immortal import decisions as logic
 
@@ -309,3 +309,7 @@ class ImmortalController:
 
     async def stop(self) -> None:
         await self.background.stop()
+
+
+# The controller in Kopf's memo, typed: operators/immortal.py reaches it as ``CONTROLLER(memo)``.
+CONTROLLER = MemoSlot("immortal", ImmortalController)

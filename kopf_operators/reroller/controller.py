@@ -21,12 +21,12 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from kopf_operators.core import access as k8s
 from kopf_operators.core import metrics
 from kopf_operators.core.access import Access, ApiError
-from kopf_operators.core.controller import Background, Backoff, KeyedTimers, first
+from kopf_operators.core.controller import Background, Backoff, Index, KeyedTimers, MemoSlot, first
 from kopf_operators.reroller import decisions as logic
 from kopf_operators.reroller.alerts import Alert, Alerts, AlertSettings
 
@@ -49,18 +49,26 @@ CONCURRENCY = 16  # writes in flight for one source event (independent workloads
 
 logger = logging.getLogger("kopf_operators.reroller")
 Key = logic.WorkloadKey
+# The indexes' keys and values (Kopf hands them over as kwargs, untyped: their types are stated here).
+SourceKey = tuple[str, str, str]  # (source kind, namespace, name) in a sources index
+# A workload index holds two shapes, told apart by their length: the reverse lookup
+# (source kind, namespace, source name or "*") -> workload key, and ("view", *workload key) -> its view.
+ViewKey = tuple[Literal["view"], str, str, str]
+WorkloadIndex = Index[SourceKey | ViewKey, Key | logic.WorkloadView]
 
 
 class RerollerController:
-    def __init__(self, access: Access, settings: logic.Settings, indexes: Mapping[str, Mapping[Any, Any]],
+    def __init__(self, access: Access, settings: logic.Settings, indexes: Mapping[str, Index[Any, Any]],
                  alerts: AlertSettings | None = None) -> None:
         self.access = access
         self.settings = settings
         self.alerts = Alerts(alerts or AlertSettings())
-        self.sources = {kind: indexes[index_id] for kind, index_id in SOURCE_INDEXES.items()}
+        self.sources: dict[str, Index[SourceKey, logic.SourceView]] = {
+            kind: indexes[index_id] for kind, index_id in SOURCE_INDEXES.items()}
         # The Rollout index exists only with REROLLER_ARGO_ROLLOUTS (its handlers are registered then).
-        self.workloads = {kind: indexes[index_id] for kind, index_id in WORKLOAD_INDEXES.items() if index_id in indexes}
-        self.namespaces = indexes[NAMESPACES_INDEX]
+        self.workloads: dict[str, WorkloadIndex] = {
+            kind: indexes[index_id] for kind, index_id in WORKLOAD_INDEXES.items() if index_id in indexes}
+        self.namespaces: Index[str, Mapping[str, str]] = indexes[NAMESPACES_INDEX]  # name -> labels
         self.namespace_selector = logic.parse_selector(settings.namespace_selector)
         self.resource_selector = logic.parse_selector(settings.resource_label_selector)
         self.bucket = logic.TokenBucket(settings.cluster_rate, settings.cluster_burst, time.monotonic())
@@ -80,6 +88,8 @@ class RerollerController:
     def current(self, key: Key, event_view: logic.WorkloadView | None = None) -> logic.WorkloadView | None:
         """The newest known view: the index, our own last write's answer, or the event's body."""
         indexed = first(self.workloads.get(key[0]), ("view", *key))
+        if not isinstance(indexed, logic.WorkloadView):
+            indexed = None
         written = self._written.get(key)
         if written is not None and (indexed is None or indexed.uid != written.uid or indexed.rv >= written.rv):
             self._written.pop(key, None)
@@ -108,8 +118,8 @@ class RerollerController:
     def affected(self, kind: str, namespace: str, name: str) -> set[Key]:
         keys: set[Key] = set()
         for index in self.workloads.values():
-            keys.update(index.get((kind, namespace, name)) or ())
-            keys.update(index.get((kind, namespace, "*")) or ())
+            for ref in ((kind, namespace, name), (kind, namespace, "*")):
+                keys.update(key for key in index.get(ref) or () if isinstance(key, tuple))
         return keys
 
     def namespace_selected(self, namespace: str) -> bool:
@@ -414,9 +424,14 @@ class RerollerController:
     async def _resync(self) -> None:
         for kind, index in self.workloads.items():
             for entry in list(index.keys()):
-                if isinstance(entry, tuple) and entry and entry[0] == "view":
-                    await self.guarded((kind, entry[2], entry[3]), "resync")
+                if len(entry) == 4 and entry[0] == "view":
+                    _, _kind, namespace, name = entry
+                    await self.guarded((kind, namespace, name), "resync")
 
     async def stop(self) -> None:
         await self.alerts.stop()
         await self.background.stop()
+
+
+# The controller in Kopf's memo, typed: operators/reroller.py reaches it as ``CONTROLLER(memo)``.
+CONTROLLER = MemoSlot("reroller", RerollerController)

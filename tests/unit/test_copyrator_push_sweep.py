@@ -57,8 +57,8 @@ def controller(access: FakeAccess, views: list[logic.CopyView],
                in_view: list[dict[str, Any]]) -> CopyratorController:
     index: dict[Any, list[logic.CopyView]] = {}
     for view in views:
-        for key, value in copy_index_keys(view).items():
-            index.setdefault(key, []).append(value)
+        for copy_key, value in copy_index_keys(view).items():
+            index.setdefault(copy_key, []).append(value)
     namespaces = {name: [logic.NamespaceInfo(name, {}, True)] for name in ("src", "t")}
     ctl = CopyratorController(access, logic.Settings(), {}, namespaces,  # type: ignore[arg-type]
                               {"ConfigMap": index, "Secret": {}})
