@@ -32,18 +32,18 @@ RESOURCE = (logic.GROUP, logic.VERSION, logic.PLURAL)
 TENANT_RESOURCE = (logic.GROUP, logic.VERSION, logic.TENANT_PLURAL)
 # Chaos for tenants is opt-in (chart: operators.blackadder.tenants.enabled, which also grants the RBAC):
 # without it Kopf must not even watch TenantChaosAgents, so the handlers below are registered only then.
-TENANTS = logic.Settings.from_env(os.environ).tenants
+TENANTS = logic.Options.from_env(os.environ).tenants
 REVERT_RETRY_SECONDS = 5
 
 
 @kopf.on.startup(id="blackadder-startup")
 async def start(memo: kopf.Memo, **kwargs: Any) -> None:
     config, access = process.shared(memo)
-    settings = logic.Settings.from_env(os.environ)
+    options = logic.Options.from_env(os.environ)
     namespaces, sources = kwargs[NAMESPACES_INDEX], kwargs[SOURCES_INDEX]
-    AGENTS.set(memo, BlackadderController(access, config, settings, namespaces, sources))
-    tenants = TENANT_AGENTS.set(memo, TenantChaosController(access, config, settings, namespaces, sources))
-    if settings.tenants:
+    AGENTS.set(memo, BlackadderController(access, config, options, namespaces, sources))
+    tenants = TENANT_AGENTS.set(memo, TenantChaosController(access, config, options, namespaces, sources))
+    if options.tenants:
         try:
             await tenants.sweep_ledgers()
         except ApiError as exc:  # not fatal: a leftover ledger is a small Secret, swept at the next start

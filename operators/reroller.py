@@ -30,10 +30,10 @@ from kopf_operators.reroller.controller import (
 @kopf.on.startup(id="reroller-startup")
 async def start(memo: kopf.Memo, **kwargs: Any) -> None:
     _, access = process.shared(memo)
-    settings = logic.Settings.from_env(os.environ)  # fails fast on a malformed option
+    options = logic.Options.from_env(os.environ)  # fails fast on a malformed option
     alerts = AlertSettings.from_env(os.environ)
     indexes = {index_id: kwargs[index_id] for index_id in INDEXES if index_id in kwargs}
-    controller = CONTROLLER.set(memo, RerollerController(access, settings, indexes, alerts))
+    controller = CONTROLLER.set(memo, RerollerController(access, options, indexes, alerts))
     controller.start_resync()
 
 
@@ -57,7 +57,7 @@ kopf.index("secrets", id=SOURCE_INDEXES["Secret"])(_source_index("Secret"))
 
 def _workload_index(kind: str) -> Any:
     def index(body: kopf.Body, memo: kopf.Memo, **_: Any) -> Any:
-        return logic.workload_index_entries(logic.workload_view(kind, body, CONTROLLER(memo).settings))
+        return logic.workload_index_entries(logic.workload_view(kind, body, CONTROLLER(memo).options))
     return index
 
 

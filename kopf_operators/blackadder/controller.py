@@ -134,12 +134,12 @@ def spec_view(body: Mapping[str, Any]) -> munch.Munch:
 class BlackadderController:
     kind = CHAOSAGENT
 
-    def __init__(self, access: Access, config: Config, settings: logic.Settings,
+    def __init__(self, access: Access, config: Config, options: logic.Options,
                  namespaces: Index[str, dict[str, Any]],
                  sources: Index[tuple[str, str], list[dict[str, Any]]] | None = None) -> None:
         self.access = access
         self.config = config
-        self.settings = settings
+        self.options = options
         self.namespaces = namespaces  # Kopf's live index: name -> {"labels": ..., "terminating": bool}
         # Kopf's live index: Copyrator rule -> its ConfigMap sources (an empty index is falsy: no `or`).
         self.sources = {} if sources is None else sources
@@ -151,7 +151,7 @@ class BlackadderController:
     # --- settings and scope -----------------------------------------------------------------------
 
     def agent_settings(self, body: Mapping[str, Any]) -> logic.AgentSettings:
-        return logic.settings_from_spec(spec_view(body), self.settings.dry_run)
+        return logic.settings_from_spec(spec_view(body), self.options.dry_run)
 
     def agent_id(self, meta: Mapping[str, Any]) -> str:
         """The agent's name in its ledger, Events and logs."""
@@ -174,7 +174,7 @@ class BlackadderController:
         operator's namespace (from the namespaces index: no request)."""
         entries = self.namespaces.get(self._ledger_namespace()) or ()
         labels = next((entry.get("labels") for entry in entries), None)
-        return logic.kill_switch_on(labels, self.settings.stop_all)
+        return logic.kill_switch_on(labels, self.options.stop_all)
 
     def _halt_state(self, body: Mapping[str, Any]) -> tuple[bool, bool, bool]:
         return logic.halt_state(self.agent_settings(body), self.kill_switch())
@@ -352,7 +352,7 @@ class BlackadderController:
         ledger = handle.data
         cycle = int(ledger.get("cycle", 0)) + 1
         # The cluster-wide cap on replicas cancer adds: what all agents added and did not revert.
-        budget = self.settings.max_added_replicas - logic.added_replicas(h.data for h in self._ledgers.values())
+        budget = self.options.max_added_replicas - logic.added_replicas(h.data for h in self._ledgers.values())
         clock = time.time()
         elapsed = logic.frequency_elapsed(ledger.get("lastCycleEpoch"), clock, settings.pause)
         plan = logic.plan_cycle(inventory, settings, cycle, replica_budget=budget, elapsed=elapsed)
@@ -458,7 +458,7 @@ class BlackadderController:
                               f"no webhook sent: Secret {where} " + ("has no key " + repr(logic.WEBHOOK_SECRET_KEY)
                                                                      if obj else "does not exist"), log)
                 return
-            refusal = logic.webhook_refusal(url, self.settings.webhook_hosts)
+            refusal = logic.webhook_refusal(url, self.options.webhook_hosts)
             if refusal:
                 self.announce(body, None, "Warning", "WebhookRefused", f"{refusal} (Secret {where})", log)
                 return
@@ -890,7 +890,7 @@ class TenantChaosController(BlackadderController):
 
     def agent_settings(self, body: Mapping[str, Any]) -> logic.AgentSettings:
         namespace = str(body["metadata"]["namespace"])
-        return logic.tenant_settings(spec_view(body), namespace, self.settings, self.config.operator_namespace,
+        return logic.tenant_settings(spec_view(body), namespace, self.options, self.config.operator_namespace,
                                      self._namespace_labels().get(namespace))
 
     def agent_id(self, meta: Mapping[str, Any]) -> str:

@@ -95,11 +95,11 @@ DEFAULT_TENANT_MIN_PAUSE = 60
 WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 
 
-# --- Settings -----------------------------------------------------------------------------------
+# --- Options -----------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings:
+class Options:
     """Operator-wide options of Blackadder (environment variables, documented in docs/blackadder.md)."""
 
     dry_run: bool = False  # CHAOS_DRY_RUN: forces dry-run on every agent (the chart sets it)
@@ -116,7 +116,7 @@ class Settings:
     tenant_min_pause: int = DEFAULT_TENANT_MIN_PAUSE  # CHAOS_TENANTS_MIN_PAUSE_SECONDS
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Settings:
+    def from_env(cls, env: Mapping[str, str]) -> Options:
         return cls(dry_run=env_bool(env, "CHAOS_DRY_RUN", False),
                    max_added_replicas=int(env_float(env, "CHAOS_MAX_ADDED_REPLICAS", DEFAULT_MAX_ADDED_REPLICAS)),
                    webhook_hosts=tuple(h.lower() for h in env_list(env, "CHAOS_WEBHOOK_HOSTS")),
@@ -217,7 +217,7 @@ def settings_from_spec(spec: Mapping[str, Any], forced_dry_run: bool = False) ->
     )
 
 
-def tenant_settings(spec: Mapping[str, Any], namespace: str, settings: Settings, operator_namespace: str,
+def tenant_settings(spec: Mapping[str, Any], namespace: str, settings: Options, operator_namespace: str,
                     namespace_labels: Mapping[str, str] | None) -> AgentSettings:
     """A TenantChaosAgent's effective settings: its spec read as a ChaosAgent's, then confined to its
     own namespace (whatever the spec says: the schema has no namespace field, this is the second
@@ -235,7 +235,7 @@ def tenant_settings(spec: Mapping[str, Any], namespace: str, settings: Settings,
         scope_problem=problem)
 
 
-def tenant_scope_problem(namespace: str, settings: Settings, operator_namespace: str,
+def tenant_scope_problem(namespace: str, settings: Options, operator_namespace: str,
                          namespace_labels: Mapping[str, str] | None) -> str:
     """Why a TenantChaosAgent in ``namespace`` may not act ("" when it may)."""
     if not settings.tenants:

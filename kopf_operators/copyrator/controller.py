@@ -82,10 +82,10 @@ def _rv(value: Any) -> int:
 
 
 class CopyratorController:
-    def __init__(self, access: Access, settings: logic.Settings, rules: Index[RuleKey, dict[str, Any]],
+    def __init__(self, access: Access, options: logic.Options, rules: Index[RuleKey, dict[str, Any]],
                  namespaces: Index[str, logic.NamespaceInfo], copies: Mapping[str, CopiesIndex]) -> None:
         self.access = access
-        self.settings = settings
+        self.options = options
         self.rules = rules            # Kopf's live index: (namespace, name) -> rule snapshot
         self.namespaces = namespaces  # Kopf's live index: name -> NamespaceInfo
         self.copies = copies          # kind -> Kopf's live index of copies (see copy_index_keys)
@@ -109,7 +109,7 @@ class CopyratorController:
         self._backoff: Backoff[RuleKey] = Backoff(*RETRY_SECONDS)
         # Set by the first handled event: Kopf calls handlers only once every index is filled.
         self._indexed = asyncio.Event()
-        self._limit = asyncio.Semaphore(settings.write_concurrency)
+        self._limit = asyncio.Semaphore(options.write_concurrency)
         # Push sources (a push annotation, no rule): kind -> (namespace, name) -> their implicit rule.
         self.pushes: dict[str, dict[tuple[str, str], logic.Rule]] = {"ConfigMap": {}, "Secret": {}}
         self._push_reports: dict[str, str] = {}  # source uid -> the problems last reported on it
@@ -236,7 +236,7 @@ class CopyratorController:
         source, problem = self.source_for(rule, name)
         if problem:
             return None, True
-        if source is None or not logic.allowed_into(rule, source, ns.name, self.settings):
+        if source is None or not logic.allowed_into(rule, source, ns.name, self.options):
             return None, False
         return logic.desired_copy(rule, source, ns.name), False
 
@@ -246,7 +246,7 @@ class CopyratorController:
         if rule.kind != kind or ns is None or not logic.is_target(rule, ns):
             return False
         source, problem = self.source_for(rule, name)
-        return source is not None and not problem and logic.allowed_into(rule, source, namespace, self.settings)
+        return source is not None and not problem and logic.allowed_into(rule, source, namespace, self.options)
 
     def claimed(self, rule: logic.Rule, kind: str, namespace: str, name: str) -> logic.Rule | None:
         """Another rule that gets this free target name before ``rule`` (the older one), if any."""
@@ -760,13 +760,13 @@ class CopyratorController:
     def start_resync(self) -> None:
         """Level-triggered: a sweep over the indexes, no request unless something must change. The
         orphan sweep runs at start (once the indexes are filled) and after every pass."""
-        self.background.resync(self.settings.resync_seconds, self._resync, paused=lambda: self.access.paused,
+        self.background.resync(self.options.resync_seconds, self._resync, paused=lambda: self.access.paused,
                                initial=self._initial_sweep)
 
     async def _initial_sweep(self) -> None:
         # No event within a period: the indexes may be partial, which only makes the sweep find less.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._indexed.wait(), timeout=self.settings.resync_seconds)
+            await asyncio.wait_for(self._indexed.wait(), timeout=self.options.resync_seconds)
         await self._resync_pushes()
         await self.prune_orphans()
 
@@ -836,7 +836,7 @@ class CopyratorController:
         targets = [ns.name for ns in self.all_namespaces() if logic.is_target(rule, ns)]
         tally.targets = len(targets)
         for ns_name in rule.source_namespaces:
-            if self.namespace(ns_name) is None and logic.needs_consent(rule, ns_name, self.settings):
+            if self.namespace(ns_name) is None and logic.needs_consent(rule, ns_name, self.options):
                 tally.refusals.append(f"source namespace {ns_name} does not exist: nothing there consents "
                                       f"to this rule ({logic.ALLOWED_NAMESPACES_ANNOTATION})")
         tally.skipped = sum(1 for e in self.selected(rule) if logic.skip_reason(rule, e) is not None)
@@ -847,7 +847,7 @@ class CopyratorController:
             if source is None:
                 continue
             tally.sources += 1
-            problem = logic.consent_problem(rule, source, targets, self.settings)
+            problem = logic.consent_problem(rule, source, targets, self.options)
             if problem:
                 tally.refusals.append(problem)
                 continue
@@ -857,7 +857,7 @@ class CopyratorController:
                 continue
             wanted = logic.desired_copy(rule, source, "")
             for ns in targets:
-                if not logic.allowed_into(rule, source, ns, self.settings):
+                if not logic.allowed_into(rule, source, ns, self.options):
                     tally.withheld += 1
                     continue
                 tally.desired += 1
@@ -878,7 +878,7 @@ class CopyratorController:
     def schedule_status(self, snapshot: Mapping[str, Any]) -> None:
         """Write the rule's status (and its Synced event) once per burst of changes."""
         key = (snapshot["metadata"]["namespace"], snapshot["metadata"]["name"])
-        self._flush.start(key, self.settings.status_delay_seconds, lambda: self._flush_due(key))
+        self._flush.start(key, self.options.status_delay_seconds, lambda: self._flush_due(key))
 
     async def _flush_due(self, key: RuleKey) -> None:
         current = first(self.rules, key)

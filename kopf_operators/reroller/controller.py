@@ -58,10 +58,10 @@ WorkloadIndex = Index[SourceKey | ViewKey, Key | logic.WorkloadView]
 
 
 class RerollerController:
-    def __init__(self, access: Access, settings: logic.Settings, indexes: Mapping[str, Index[Any, Any]],
+    def __init__(self, access: Access, options: logic.Options, indexes: Mapping[str, Index[Any, Any]],
                  alerts: AlertSettings | None = None) -> None:
         self.access = access
-        self.settings = settings
+        self.options = options
         self.alerts = Alerts(alerts or AlertSettings())
         self.sources: dict[str, Index[SourceKey, logic.SourceView]] = {
             kind: indexes[index_id] for kind, index_id in SOURCE_INDEXES.items()}
@@ -69,9 +69,9 @@ class RerollerController:
         self.workloads: dict[str, WorkloadIndex] = {
             kind: indexes[index_id] for kind, index_id in WORKLOAD_INDEXES.items() if index_id in indexes}
         self.namespaces: Index[str, Mapping[str, str]] = indexes[NAMESPACES_INDEX]  # name -> labels
-        self.namespace_selector = logic.parse_selector(settings.namespace_selector)
-        self.resource_selector = logic.parse_selector(settings.resource_label_selector)
-        self.bucket = logic.TokenBucket(settings.cluster_rate, settings.cluster_burst, time.monotonic())
+        self.namespace_selector = logic.parse_selector(options.namespace_selector)
+        self.resource_selector = logic.parse_selector(options.resource_label_selector)
+        self.bucket = logic.TokenBucket(options.cluster_rate, options.cluster_burst, time.monotonic())
         self._written: dict[Key, logic.WorkloadView] = {}  # answers to our writes, until the watch catches up
         self._first_rv: dict[Key, int] = {}                # resourceVersion at the first sighting
         self._pending: dict[Key, dict[str, str]] = {}      # first-sighting baselines not yet written
@@ -128,7 +128,7 @@ class RerollerController:
         return logic.selector_matches(self.namespace_selector, first(self.namespaces, namespace))
 
     def _count(self, key: Key, outcome: str) -> None:
-        if self.settings.metrics_by_namespace:
+        if self.options.metrics_by_namespace:
             metrics.reload_by_namespace(key[1], key[0], outcome)
 
     def forget(self, key: Key) -> None:
@@ -158,7 +158,7 @@ class RerollerController:
         if event_type == "DELETED":
             self.forget(key)
             return
-        view = logic.workload_view(key[0], body, self.settings)
+        view = logic.workload_view(key[0], body, self.options)
         if view is None:
             self.forget(key)  # not (or no longer) opted in
             return
@@ -209,7 +209,7 @@ class RerollerController:
                     # The workload changed since the version we know: read that one, decide again.
                     metrics.error(OPERATOR, "conflict")
                     fresh = await self.access.read(KINDS[key[0]], key[1], key[2])
-                    view = logic.workload_view(key[0], fresh, self.settings) if fresh else None
+                    view = logic.workload_view(key[0], fresh, self.options) if fresh else None
                     if view is None or view.deleting:
                         self.forget(key)
                         return
@@ -232,9 +232,9 @@ class RerollerController:
             self._schedule(key, due)
 
         lookup = self.lookup(view)
-        sources = logic.effective_sources(view, lookup, self.settings)
+        sources = logic.effective_sources(view, lookup, self.options)
         snap = logic.snapshot(sources, lookup, view.key_scopes)
-        on_create, on_delete = self.settings.reload_on_create, self.settings.reload_on_delete
+        on_create, on_delete = self.options.reload_on_create, self.options.reload_on_delete
         pending = self._pending.get(key) if view.observed_hash is None else None
         if view.observed_hash is not None:
             plan = logic.plan(view.baseline, snap, reload_on_create=on_create, reload_on_delete=on_delete)
@@ -277,7 +277,7 @@ class RerollerController:
 
         # A rollout: paced per workload (leading edge, then one merged trailing rollout) and cluster-wide.
         now = time.monotonic()
-        at = logic.next_rollout_at(self._last_roll.get(key), now, self.settings)
+        at = logic.next_rollout_at(self._last_roll.get(key), now, self.options)
         if at > now:
             self._schedule(key, at - now)
             return False
@@ -302,14 +302,14 @@ class RerollerController:
         if answer is None:  # gone meanwhile
             self.forget(view.key)
             return
-        written = logic.workload_view(view.kind, answer, self.settings)
+        written = logic.workload_view(view.kind, answer, self.options)
         if written is not None:
             self._written[view.key] = written
 
     async def _roll(self, view: logic.WorkloadView, plan: logic.Plan, snap: logic.Snapshot, wall: float) -> None:
         where = f"{view.kind} {view.namespace}/{view.name}"
         kind = KINDS[view.kind]
-        if view.kind in logic.TEMPLATED and self.settings.env_vars:
+        if view.kind in logic.TEMPLATED and self.options.env_vars:
             answer = await self.access.patch(kind, view.namespace, view.name,
                                              logic.env_vars_patch(view, plan, snap, wall, view.rv), json_patch=True)
             self._after_write(view, answer)
@@ -418,7 +418,7 @@ class RerollerController:
     # --- the periodic sweep ----------------------------------------------------------------------------
 
     def start_resync(self) -> None:
-        self.background.resync(self.settings.resync_seconds, self._resync, paused=lambda: self.access.paused)
+        self.background.resync(self.options.resync_seconds, self._resync, paused=lambda: self.access.paused)
         self.alerts.start()
 
     async def _resync(self) -> None:

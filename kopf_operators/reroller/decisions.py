@@ -75,7 +75,7 @@ ABSENT = "absent"
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings:
+class Options:
     """The re-roller's options (environment variables, README's table); Reloader's flags in brackets."""
 
     debounce_seconds: float = 2.0        # merge window after a rollout (changes in it: one more rollout)
@@ -96,7 +96,7 @@ class Settings:
     argo_rollouts: bool = False           # [--is-Argo-Rollouts] Argo Rollouts (argoproj.io/v1alpha1) too
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Settings:
+    def from_env(cls, env: Mapping[str, str]) -> Options:
         resources = tuple(r.lower() for r in env_list(env, "REROLLER_RESOURCES_TO_IGNORE"))
         for r in resources:
             if r not in ("configmaps", "secrets"):
@@ -466,9 +466,9 @@ def _reloader_keys(kind: SourceKind, workload: Mapping[str, str], template: Mapp
     return workload if any(k in workload for k in keys) else template
 
 
-def workload_view(kind: str, body: Mapping[str, Any], settings: Settings | None = None) -> WorkloadView | None:
+def workload_view(kind: str, body: Mapping[str, Any], settings: Options | None = None) -> WorkloadView | None:
     """The index entry of a workload; None when it has not opted in (or is excluded by the options)."""
-    settings = settings or Settings()
+    settings = settings or Options()
     metadata = body.get("metadata") or {}
     namespace = str(metadata.get("namespace") or "")
     if settings.ignores_kind(kind) or namespace in settings.namespaces_to_ignore:
@@ -589,11 +589,11 @@ def parse_duration(value: object) -> float | None:
 
 
 def effective_sources(view: WorkloadView, lookup: Mapping[tuple[str, str], SourceView],
-                      settings: Settings | None = None) -> set[Source]:
+                      settings: Options | None = None) -> set[Source]:
     """The sources whose data rolls the workload now: its exact names, the referenced sources marked
     match (search mode), the existing sources its patterns match; minus excluded, ignored, unselected
     and ignored kinds. ``lookup``: (kind, name) -> SourceView of the namespace's existing sources."""
-    settings = settings or Settings()
+    settings = settings or Options()
     result = set(view.sources)
     result |= {s for s in view.search if (found := lookup.get((s.kind, s.name))) is not None and found.match}
     for source_kind, pattern in view.patterns:
@@ -955,7 +955,7 @@ def suspended_message(name: str, changed: Iterable[str]) -> str:
 # --- pacing: leading edge, per-workload interval, cluster-wide token bucket -------------------------
 
 
-def next_rollout_at(last_roll: float | None, now: float, settings: Settings) -> float:
+def next_rollout_at(last_roll: float | None, now: float, settings: Options) -> float:
     """When the workload may roll: at once after a quiet period (leading edge); otherwise when the
     merge window / minimum interval since its last rollout has passed (one trailing rollout, which
     takes every change made meanwhile)."""

@@ -257,7 +257,7 @@ def test_cluster_wide_cap_on_added_replicas() -> None:
     picked = logic.pick_deployments(deps(4, 4, 4), 100, logic.rng_for(1, 1, "cancer"), budget=6)
     assert [(d.name, r) for d, r in picked] == [("d0", 8), ("d1", 6)]  # 4 + 2 added, then nothing left
     assert logic.pick_deployments(deps(4), 100, logic.rng_for(1, 1, "cancer"), budget=0) == []
-    env = logic.Settings.from_env({"CHAOS_MAX_ADDED_REPLICAS": "10", "CHAOS_WEBHOOK_HOSTS": "127.0.0.1, Hooks.local"})
+    env = logic.Options.from_env({"CHAOS_MAX_ADDED_REPLICAS": "10", "CHAOS_WEBHOOK_HOSTS": "127.0.0.1, Hooks.local"})
     assert env.max_added_replicas == 10 and env.webhook_hosts == ("127.0.0.1", "hooks.local")
 
 
@@ -393,7 +393,7 @@ def test_kill_switch_and_emergency_stops() -> None:
     assert logic.kill_switch_on({logic.KILL_SWITCH_LABEL: "true"}, False)
     assert not logic.kill_switch_on({logic.KILL_SWITCH_LABEL: "false"}, False)
     assert logic.kill_switch_on({}, True)  # CHAOS_STOP_ALL
-    assert logic.Settings.from_env({"CHAOS_STOP_ALL": "true"}).stop_all
+    assert logic.Options.from_env({"CHAOS_STOP_ALL": "true"}).stop_all
     settings = logic.AgentSettings(cancer=True, eagerness=100)
     assert logic.cycle_step(settings, 0, kill_switch=True) == logic.STOPPED_STEP
     assert logic.cycle_step(dataclasses.replace(settings, revert=True), 0, kill_switch=True) == logic.REVERT_STEP

@@ -240,7 +240,7 @@ def test_new_filters_add_no_listing_and_filter_the_listed_pods() -> None:
     calls: list[tuple[Any, ...]] = []
 
     def inventory(spec: dict[str, Any]) -> list[str]:
-        controller = BlackadderController(None, Config(), logic.Settings(), {})  # type: ignore[arg-type]
+        controller = BlackadderController(None, Config(), logic.Options(), {})  # type: ignore[arg-type]
 
         async def fake_list(*args: Any) -> list[dict[str, Any]]:
             calls.append(args)

@@ -54,7 +54,7 @@ def controller(access: FakeAccess, rules: list[dict[str, Any]], views: list[logi
             index.setdefault(key, []).append(value)
     namespaces = {name: [logic.NamespaceInfo(name, {}, True)] for name in ("src", "t")}
     snapshots = {(r["metadata"]["namespace"], r["metadata"]["name"]): [logic.rule_snapshot(r)] for r in rules}
-    ctl = CopyratorController(access, logic.Settings(), snapshots, namespaces,  # type: ignore[arg-type]
+    ctl = CopyratorController(access, logic.Options(), snapshots, namespaces,  # type: ignore[arg-type]
                               {"ConfigMap": index, "Secret": {}})
     for body in (source("blue", "blue"), source("green", "green")):
         ctl.sources["ConfigMap"][("src", body["metadata"]["name"])] = logic.source_entry(body)

@@ -53,7 +53,7 @@ def controller(access: FakeAccess, live: dict[tuple[str, str], str],
     for view in views:
         for key, value in copy_index_keys(view).items():
             index.setdefault(key, []).append(value)
-    return CopyratorController(access, logic.Settings(), rules, {}, {"ConfigMap": index, "Secret": {}})  # type: ignore[arg-type]
+    return CopyratorController(access, logic.Options(), rules, {}, {"ConfigMap": index, "Secret": {}})  # type: ignore[arg-type]
 
 
 def test_only_copies_of_rules_confirmed_gone_are_pruned() -> None:

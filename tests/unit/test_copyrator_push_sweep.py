@@ -60,7 +60,7 @@ def controller(access: FakeAccess, views: list[logic.CopyView],
         for copy_key, value in copy_index_keys(view).items():
             index.setdefault(copy_key, []).append(value)
     namespaces = {name: [logic.NamespaceInfo(name, {}, True)] for name in ("src", "t")}
-    ctl = CopyratorController(access, logic.Settings(), {}, namespaces,  # type: ignore[arg-type]
+    ctl = CopyratorController(access, logic.Options(), {}, namespaces,  # type: ignore[arg-type]
                               {"ConfigMap": index, "Secret": {}})
     for body in in_view:
         rule = logic.push_rule(body)

@@ -71,7 +71,7 @@ POD = {"volumes": [{"name": "v", "configMap": {"name": "nginx-conf"}}],
 
 
 def watched(body: dict[str, Any], lookup: dict[tuple[str, str], logic.SourceView] | None = None,
-            settings: logic.Settings | None = None) -> set[Source]:
+            settings: logic.Options | None = None) -> set[Source]:
     view = logic.workload_view("Deployment", body, settings)
     return set() if view is None else logic.effective_sources(view, lookup or {}, settings)
 
@@ -135,19 +135,19 @@ def test_regex_names_are_anchored() -> None:
 
 
 def test_operator_wide_options() -> None:
-    settings = logic.Settings(auto_reload_all=True)
+    settings = logic.Options(auto_reload_all=True)
     assert watched(workload(pod_spec=POD), settings=settings) == {Source(CM, "nginx-conf"), Source(SEC, "creds")}
     assert watched(workload({logic.RELOADER_AUTO: "false"}, pod_spec=POD), settings=settings) == set()
     assert logic.workload_view("Job", workload({logic.AUTO: "true"}, pod_spec=POD),
-                               logic.Settings(ignored_workload_types=("jobs",))) is None
+                               logic.Options(ignored_workload_types=("jobs",))) is None
     assert logic.workload_view("Deployment", workload({logic.AUTO: "true"}, pod_spec=POD),
-                               logic.Settings(namespaces_to_ignore=("ns",))) is None
+                               logic.Options(namespaces_to_ignore=("ns",))) is None
     assert watched(workload({logic.AUTO: "true"}, pod_spec=POD),
-                   settings=logic.Settings(resources_to_ignore=("secrets",))) == {Source(CM, "nginx-conf")}
+                   settings=logic.Options(resources_to_ignore=("secrets",))) == {Source(CM, "nginx-conf")}
 
 
 def test_settings_from_env() -> None:
-    settings = logic.Settings.from_env({
+    settings = logic.Options.from_env({
         "REROLLER_DEBOUNCE_SECONDS": "0", "REROLLER_AUTO_RELOAD_ALL": "true",
         "REROLLER_NAMESPACES_TO_IGNORE": "a, b", "REROLLER_IGNORED_WORKLOAD_TYPES": "jobs,cronjobs",
         "REROLLER_NAMESPACE_SELECTOR": "team=web,env in (prod, stage),!legacy"})
@@ -156,7 +156,7 @@ def test_settings_from_env() -> None:
     for bad in ({"REROLLER_RESOURCES_TO_IGNORE": "configmaps,secrets"}, {"REROLLER_IGNORED_WORKLOAD_TYPES": "pods"},
                 {"REROLLER_NAMESPACE_SELECTOR": "a=(b"}, {"REROLLER_MIN_INTERVAL_SECONDS": "soon"}):
         with pytest.raises(ValueError):
-            logic.Settings.from_env(bad)
+            logic.Options.from_env(bad)
 
 
 @pytest.mark.parametrize(("selector", "labels", "expected"), [
@@ -363,7 +363,7 @@ def test_suspended_cronjob_holds_the_rollout() -> None:
 
 
 def test_pacing_leading_edge_then_one_trailing_rollout() -> None:
-    settings = logic.Settings(debounce_seconds=2, min_interval_seconds=10)
+    settings = logic.Options(debounce_seconds=2, min_interval_seconds=10)
     assert logic.next_rollout_at(None, 100.0, settings) == 100.0          # first change: at once
     assert logic.next_rollout_at(100.0, 100.5, settings) == 110.0         # within the window: later
     assert logic.next_rollout_at(100.0, 200.0, settings) == 200.0         # quiet again: at once
@@ -436,13 +436,13 @@ def test_env_var_name_is_reloaders(kind: str, name: str, expected: str) -> None:
 
 
 def test_reload_strategy_setting() -> None:
-    assert logic.Settings.from_env({}).reload_strategy == "annotations"
-    assert logic.Settings.from_env({"REROLLER_RELOAD_STRATEGY": "env-vars"}).env_vars
+    assert logic.Options.from_env({}).reload_strategy == "annotations"
+    assert logic.Options.from_env({"REROLLER_RELOAD_STRATEGY": "env-vars"}).env_vars
     with pytest.raises(ValueError, match="REROLLER_RELOAD_STRATEGY"):
-        logic.Settings.from_env({"REROLLER_RELOAD_STRATEGY": "envvars"})
+        logic.Options.from_env({"REROLLER_RELOAD_STRATEGY": "envvars"})
 
 
-ENV_SETTINGS = logic.Settings(reload_strategy="env-vars")
+ENV_SETTINGS = logic.Options(reload_strategy="env-vars")
 
 
 def env_view(pod_spec: dict[str, Any], annotations: dict[str, str] | None = None) -> logic.WorkloadView:
