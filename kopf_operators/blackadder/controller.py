@@ -34,7 +34,6 @@ from typing import Any
 import lorem
 import munch
 import pykube
-import requests
 
 from kopf_operators.blackadder import decisions as logic
 from kopf_operators.core import access as k8s
@@ -791,7 +790,10 @@ class BlackadderController:
                 if not self.config.operator_namespace:  # local run: the default namespace may be missing
                     await self._ensure_namespace(handle.namespace)
                 body["metadata"].pop("resourceVersion", None)
-                answer = await self.access.create(k8s.SECRET, body)
+                try:
+                    answer = await self.access.create(k8s.SECRET, body)
+                except k8s.AlreadyExists:
+                    answer = None
             if answer is not None:
                 handle.exists = True
                 handle.resource_version = answer["metadata"]["resourceVersion"]
@@ -810,18 +812,16 @@ class BlackadderController:
         """Only for the local default (blackadder-system); in a cluster the operator's namespace exists."""
         if namespace in self.namespaces:
             return
-        await self.access.create(k8s.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {
-            "name": namespace, "labels": {f"{DOMAIN}/owner": OPERATOR}}})
+        with contextlib.suppress(k8s.AlreadyExists):
+            await self.access.create(k8s.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {
+                "name": namespace, "labels": {f"{DOMAIN}/owner": OPERATOR}}})
 
     # --- inventory listing with pykube-ng ----------------------------------------------------------
 
     async def _list(self, kind: type[pykube.objects.NamespacedAPIObject], namespaces: Iterable[str] | None,
                     field_selector: str, label_selector: str = "") -> list[dict[str, Any]]:
-        try:
-            return await asyncio.to_thread(self._list_sync, kind, None if namespaces is None else list(namespaces),
-                                           field_selector, label_selector)
-        except (pykube.exceptions.PyKubeError, requests.RequestException) as exc:
-            raise k8s.from_pykube(exc) from None
+        wanted = None if namespaces is None else list(namespaces)
+        return await self.access.call(lambda: self._list_sync(kind, wanted, field_selector, label_selector))
 
     def _list_sync(self, kind: type[pykube.objects.NamespacedAPIObject], namespaces: list[str] | None,
                    field_selector: str, label_selector: str) -> list[dict[str, Any]]:

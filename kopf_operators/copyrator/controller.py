@@ -350,16 +350,18 @@ class CopyratorController:
         if action is logic.Action.RECREATE and view is not None:
             await self.access.delete(api_kind, namespace, name, uid=view.uid)
             self._written[key] = Gone(view.uid)
-            created = await self.access.create(api_kind, desired)
-            if created is None:
+            try:
+                created = await self.access.create(api_kind, desired)
+            except k8s.AlreadyExists:
                 return 1 + await self._in_the_way(rule, key, desired)
             self._written[key] = logic.copy_view(created, kind)
             self._count(rule, "updated")
             logger.info(f"{where} updated {kind} {namespace}/{name} (re-created: type or immutability)")
             return 2
         if action is logic.Action.CREATE:
-            created = await self.access.create(api_kind, desired)
-            if created is None:
+            try:
+                created = await self.access.create(api_kind, desired)
+            except k8s.AlreadyExists:
                 return 1 + await self._in_the_way(rule, key, desired)
             self._written[key] = logic.copy_view(created, kind)
             self._count(rule, "created")

@@ -162,7 +162,9 @@ class ImmortalController:
 
         if decision.action is logic.Action.CREATE:
             try:
-                created = await self.access.create(k8s.POD, logic.build_pod(ic))
+                created: dict[str, Any] | None = await self.access.create(k8s.POD, logic.build_pod(ic))
+            except k8s.AlreadyExists:
+                created = None
             except ApiError as exc:
                 if exc.namespace_terminating:  # the namespace (and this object with it) is going away
                     return logic.Decision(logic.Action.NONE, "NamespaceTerminating",
@@ -216,6 +218,8 @@ class ImmortalController:
             return logic.refused(pod, known[1])
         try:
             await self.access.create(k8s.POD, logic.build_pod(ic), dry_run=True)
+        except k8s.AlreadyExists:
+            pass  # acceptable: validation and admission come before the name check
         except ApiError as exc:
             if logic.refuses_pod(exc.status, exc.message):
                 message = exc.message or str(exc)

@@ -17,6 +17,7 @@ one more rollout, and a cluster-wide token bucket spreads out mass rollouts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -330,17 +331,20 @@ class RerollerController:
             if answer is None:
                 return
             job = logic.cronjob_job(view, uuid.uuid4().hex[:5], {})
-            await self.access.create(k8s.JOB, job)
+            with contextlib.suppress(k8s.AlreadyExists):  # a random suffix: taken only by a Job of ours
+                await self.access.create(k8s.JOB, job)
             how = f"Job {job['metadata']['name']} created from its template"
         else:  # Job: recreated with the new baseline
             await self.access.delete(kind, view.namespace, view.name, uid=view.uid, propagation="Background")
             job = logic.recreated_job(view, logic.baseline_annotations(plan, snap))
             for delay in (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2):
-                created = await self.access.create(k8s.JOB, job)
-                if created is not None:
-                    self._after_write(view, created)
-                    break
-                await asyncio.sleep(delay)  # the old Job is still being removed
+                try:
+                    created = await self.access.create(k8s.JOB, job)
+                except k8s.AlreadyExists:
+                    await asyncio.sleep(delay)  # the old Job is still being removed
+                    continue
+                self._after_write(view, created)
+                break
             else:
                 raise ApiError(409, "Conflict", "the old Job is still there")
             how = "recreated"

@@ -379,7 +379,7 @@ class FakeAccess:
         self.calls.append(("create", dry_run))
         if self.refuse:
             raise ApiError(422, "Unprocessable Entity", 'Pod "x" is invalid: Bad_Name')
-        return None if dry_run else body
+        return body
 
     async def delete(self, *args: Any, **kwargs: Any) -> bool:
         self.calls.append(("delete", False))
