@@ -264,28 +264,16 @@ class BlackadderController:
                     await self._patch_status(meta, logic.simple_status(previous, settings, generation, True,
                                                                        "Paused", "paused: true — no chaos"), body)
                     return
-                if step == logic.INVALID_STEP:
-                    problem = logic.spec_problem(settings) or "invalid spec"
-                    if _ready_reason(previous) != "InvalidSpec":
-                        self.announce(body, None, "Warning", "InvalidSpec", problem, log)
-                    await self._patch_status(meta, logic.simple_status(previous, settings, generation, False,
-                                                                       "InvalidSpec", problem), body)
-                    return
-                if step == logic.EXCLUDED_DATE_STEP:
-                    date = logic.excluded_date(settings.excluded_dates, settings.time_zone, now)
-                    message = f"today is an excluded date ({date} in {settings.time_zone}): no chaos"
-                    if _ready_reason(previous) != "ExcludedDate":
-                        log.info(message)
-                    await self._patch_status(meta, logic.simple_status(previous, settings, generation, True,
-                                                                       "ExcludedDate", message), body)
-                    return
-                if step == logic.IDLE_STEP:
-                    opens = logic.next_window_start(settings.windows, settings.time_zone, now)
-                    message = f"outside activeWindows ({settings.time_zone}); idle until {opens or 'never'}"
-                    if _ready_reason(previous) != "OutsideWindow":
-                        log.info(message)
-                    await self._patch_status(meta, logic.simple_status(previous, settings, generation, True,
-                                                                       "OutsideWindow", message), body)
+                waiting = self._waiting(step, settings, now)
+                if waiting is not None:  # no chaos this cycle, for a reason said once per episode
+                    ready, reason, message = waiting
+                    if _ready_reason(previous) != reason:
+                        if ready:
+                            log.info(message)
+                        else:
+                            self.announce(body, None, "Warning", reason, message, log)
+                    await self._patch_status(meta, logic.simple_status(previous, settings, generation, ready,
+                                                                       reason, message), body)
                     return
                 inventory = await self.inventory(settings, now)
 
@@ -306,6 +294,19 @@ class BlackadderController:
             await self._patch_status(meta, logic.cycle_status(
                 previous, settings, generation, handle.data, outcome.done, outcome.skipped, inventory.counts(),
                 f"{handle.namespace}/{handle.name}", outcome.frequency_problems), body)
+
+    @staticmethod
+    def _waiting(step: str, settings: logic.AgentSettings, now: float) -> tuple[bool, str, str] | None:
+        """Why a cycle makes no chaos, as (ready, reason, message), or None when it does."""
+        if step == logic.INVALID_STEP:
+            return False, "InvalidSpec", logic.spec_problem(settings) or "invalid spec"
+        if step == logic.EXCLUDED_DATE_STEP:
+            date = logic.excluded_date(settings.excluded_dates, settings.time_zone, now)
+            return True, "ExcludedDate", f"today is an excluded date ({date} in {settings.time_zone}): no chaos"
+        if step == logic.IDLE_STEP:
+            opens = logic.next_window_start(settings.windows, settings.time_zone, now)
+            return True, "OutsideWindow", f"outside activeWindows ({settings.time_zone}); idle until {opens or 'never'}"
+        return None
 
     async def inventory(self, settings: logic.AgentSettings, now: float) -> logic.Inventory:
         """The cycle's candidates, listed with pykube-ng and scoped server-side: only the allowed
@@ -522,21 +523,13 @@ class BlackadderController:
             note(logic.CANCER, "Deployment", dep, "would-scale", dep.replicas, replicas)
             self.announce(body, target, "Normal", "WouldScaleDeployment", f"dry-run: would scale {msg}", log)
             return True
-        try:
-            # Through the scale subresource, conditional on the replicas we decided on (not on the
-            # resourceVersion: the Deployment's status moves it all the time).
-            answer = await self.access.patch(k8s.DEPLOYMENT, dep.namespace, dep.name,
-                                             logic.scale_patch(dep.replicas, replicas), subresource="scale",
-                                             json_patch=True)
-        except ApiError as exc:
-            logic.forget_undo(ledger, previous_undo, key)
-            note(logic.CANCER, "Deployment", dep, f"skipped: HTTP {exc.status}")
+        # Through the scale subresource, conditional on the replicas we decided on (not on the
+        # resourceVersion: the Deployment's status moves it all the time).
+        write = self.access.patch(k8s.DEPLOYMENT, dep.namespace, dep.name, logic.scale_patch(dep.replicas, replicas),
+                                  subresource="scale", json_patch=True)
+        if not await self._undoable(write, ledger, previous_undo, key, lambda skipped: note(
+                logic.CANCER, "Deployment", dep, skipped)):
             return False
-        if answer is None:
-            logic.forget_undo(ledger, previous_undo, key)
-            note(logic.CANCER, "Deployment", dep, "skipped: gone")
-            return False
-        ledger["undo"].get(key, {}).pop("pending", None)
         metrics.action(OPERATOR, "deployment-scaled")
         note(logic.CANCER, "Deployment", dep, "scaled", dep.replicas, replicas)
         self.announce(body, target, "Normal", "DeploymentScaled", f"scaled {msg}", log)
@@ -555,23 +548,34 @@ class BlackadderController:
                           f"dry-run: would overwrite ConfigMap {cm.namespace}/{cm.name} keys [{keys}] with lorem ipsum",
                           log)
             return True
-        try:
-            answer = await self.access.patch(k8s.CONFIGMAP, cm.namespace, cm.name,
-                                             {"metadata": {"resourceVersion": cm.resource_version}, "data": new_data})
-        except ApiError as exc:
-            logic.forget_undo(ledger, previous_undo, key)
-            note(logic.IPSUM, "ConfigMap", cm, f"skipped: HTTP {exc.status}")
+        write = self.access.patch(k8s.CONFIGMAP, cm.namespace, cm.name,
+                                  {"metadata": {"resourceVersion": cm.resource_version}, "data": new_data})
+        if not await self._undoable(write, ledger, previous_undo, key, lambda skipped: note(
+                logic.IPSUM, "ConfigMap", cm, skipped)):
             return False
-        if answer is None:
-            logic.forget_undo(ledger, previous_undo, key)
-            note(logic.IPSUM, "ConfigMap", cm, "skipped: gone")
-            return False
-        ledger["undo"].get(key, {}).pop("pending", None)
         metrics.action(OPERATOR, "configmap-ipsumed")
         note(logic.IPSUM, "ConfigMap", cm, "ipsumed", before_hash, logic.data_fingerprint(new_data))
         self.announce(body, target, "Normal", "ConfigMapIpsumed",
                       f"overwrote ConfigMap {cm.namespace}/{cm.name} keys [{keys}] with lorem ipsum (revertible)", log)
         return True
+
+    @staticmethod
+    async def _undoable(write: Awaitable[dict[str, Any] | None], ledger: dict[str, Any],
+                        previous_undo: Mapping[str, Any], key: str, skipped: Callable[[str], None]) -> bool:
+        """A revertible change whose undo entry is already in the ledger: True when written; when it
+        fails or the target is gone, the entry goes again and ``skipped`` says why."""
+        try:
+            answer = await write
+        except ApiError as exc:
+            why = f"skipped: HTTP {exc.status}"
+        else:
+            if answer is not None:
+                ledger["undo"].get(key, {}).pop("pending", None)
+                return True
+            why = "skipped: gone"
+        logic.forget_undo(ledger, previous_undo, key)
+        skipped(why)
+        return False
 
     # --- revert ------------------------------------------------------------------------------------
 

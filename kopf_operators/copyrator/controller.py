@@ -81,6 +81,16 @@ def _rv(value: Any) -> int:
         return 0
 
 
+async def _said_once(work: Awaitable[Any], meta: Mapping[str, Any], kind: str, failed: str, retry: str) -> None:
+    """``work`` outside Kopf's retrying handlers: an API failure is counted and logged once (``retry``
+    says who tries again)."""
+    try:
+        await work
+    except ApiError as exc:
+        metrics.error(OPERATOR, kind)
+        logger.warning(f"Copyrator {meta.get('namespace')}/{meta.get('name')}: {failed} ({exc}); {retry}")
+
+
 class CopyratorController:
     def __init__(self, access: Access, options: logic.Options, rules: Index[RuleKey, dict[str, Any]],
                  namespaces: Index[str, logic.NamespaceInfo], copies: Mapping[str, CopiesIndex]) -> None:
@@ -347,23 +357,20 @@ class CopyratorController:
             return 1
         assert desired is not None
         source = desired["metadata"]["annotations"][logic.SOURCE_ANNOTATION]
-        if action is logic.Action.RECREATE and view is not None:
-            await self.access.delete(api_kind, namespace, name, uid=view.uid)
-            self._written[key] = Gone(view.uid)
+        recreate = action is logic.Action.RECREATE and view is not None
+        if recreate or action is logic.Action.CREATE:
+            if recreate and view is not None:
+                await self.access.delete(api_kind, namespace, name, uid=view.uid)
+                self._written[key] = Gone(view.uid)
             try:
                 created = await self.access.create(api_kind, desired)
             except k8s.AlreadyExists:
-                return 1 + await self._in_the_way(rule, key, desired)
+                return int(recreate) + 1 + await self._in_the_way(rule, key, desired)
             self._written[key] = logic.copy_view(created, kind)
-            self._count(rule, "updated")
-            logger.info(f"{where} updated {kind} {namespace}/{name} (re-created: type or immutability)")
-            return 2
-        if action is logic.Action.CREATE:
-            try:
-                created = await self.access.create(api_kind, desired)
-            except k8s.AlreadyExists:
-                return 1 + await self._in_the_way(rule, key, desired)
-            self._written[key] = logic.copy_view(created, kind)
+            if recreate:
+                self._count(rule, "updated")
+                logger.info(f"{where} updated {kind} {namespace}/{name} (re-created: type or immutability)")
+                return 2
             self._count(rule, "created")
             logger.info(f"{where} copied {kind} {source} into {namespace}")
             return 1
@@ -426,11 +433,8 @@ class CopyratorController:
         """A rule created, updated or resumed: list its sources once, then converge all its copies.
         Raises ApiError (Kopf retries the handler)."""
         snapshot = logic.rule_snapshot(body)
-        if snapshot["metadata"].get("deletionTimestamp"):
-            return
-        rule = self.rule(snapshot)
-        if isinstance(rule, logic.RuleError):
-            await self._report_problem(snapshot, rule)
+        rule = await self._valid_rule(snapshot)
+        if rule is None:
             return
         await self._list_sources(rule)
         errors = await self._sweep(rule, trigger)
@@ -534,12 +538,8 @@ class CopyratorController:
         meta = body.get("metadata") or {}
         if event_type != "DELETED" and not meta.get("deletionTimestamp"):
             return
-        try:
-            await self.rule_deleted(body)
-        except ApiError as exc:
-            metrics.error(OPERATOR, "prune")
-            logger.warning(f"Copyrator {meta.get('namespace')}/{meta.get('name')}: pruning the copies of the "
-                           f"deleted rule failed ({exc}); the periodic sweep retries")
+        await _said_once(self.rule_deleted(body), meta, "prune", "pruning the copies of the deleted rule failed",
+                         "the periodic sweep retries")
 
     async def prune_orphans(self) -> int:
         """Copies whose rule is gone (deleted while the operator was down, or a prune that failed).
@@ -890,25 +890,27 @@ class CopyratorController:
     async def _flush_guarded(self, snapshot: Mapping[str, Any]) -> None:
         if self.access.paused:
             return
-        try:
-            await self.flush_status(snapshot)
-        except ApiError as exc:
-            metrics.error(OPERATOR, "status")
-            logger.warning(f"Copyrator {snapshot['metadata']['namespace']}/{snapshot['metadata']['name']}: "
-                           f"status not written ({exc}); the next pass retries")
+        await _said_once(self.flush_status(snapshot), snapshot["metadata"], "status", "status not written",
+                         "the next pass retries")
 
     def _previous(self, snapshot: Mapping[str, Any]) -> dict[str, Any]:
         uid = snapshot["metadata"].get("uid")
         return dict(self._status.get(str(uid)) or snapshot.get("status") or {})
 
-    async def flush_status(self, snapshot: Mapping[str, Any]) -> None:
+    async def _valid_rule(self, snapshot: Mapping[str, Any]) -> logic.Rule | None:
+        """The rule, or None when it is being deleted or invalid (an invalid rule's problem is reported
+        in its status)."""
         if snapshot["metadata"].get("deletionTimestamp"):
-            return
+            return None
         rule = self.rule(snapshot)
         if isinstance(rule, logic.RuleError):
             await self._report_problem(snapshot, rule)
-            return
-        if rule.uid in self._deleting:
+            return None
+        return rule
+
+    async def flush_status(self, snapshot: Mapping[str, Any]) -> None:
+        rule = await self._valid_rule(snapshot)
+        if rule is None or rule.uid in self._deleting:
             return
         previous = self._previous(snapshot)
         status = logic.build_status(rule, previous, self.tally(rule))

@@ -96,6 +96,11 @@ class KeyedTimers(Generic[K]):
     def __len__(self) -> int:
         return len(self._handles)
 
+    def due_in(self, key: K) -> float | None:
+        """Seconds until the pending timer of ``key`` fires (None: none pending)."""
+        pending = self._handles.get(key)
+        return None if pending is None else pending[0] - asyncio.get_running_loop().time()
+
     def start(self, key: K, delay: float, run: Callable[[], Coroutine[Any, Any, None]], *,
               if_pending: IfPending = "keep") -> bool:
         """Run ``run()`` in ``delay`` seconds; False when a pending timer was kept instead."""

@@ -126,15 +126,8 @@ def now_iso() -> str:
     return datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
-def set_condition(
-    conditions: Iterable[Mapping[str, Any]] | None,
-    type_: str,
-    status: bool,
-    reason: str,
-    message: str,
-    observed_generation: int | None = None,
-    now: str | None = None,
-) -> list[dict[str, Any]]:
+def set_condition(conditions: Iterable[Mapping[str, Any]] | None, type_: str, status: bool, reason: str, message: str,
+                  observed_generation: int | None = None, now: str | None = None) -> list[dict[str, Any]]:
     """Return ``conditions`` with one condition replaced, keeping ``lastTransitionTime`` when the
     status did not change (the Kubernetes API conventions)."""
     status_str = "True" if status else "False"

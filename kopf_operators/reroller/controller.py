@@ -308,7 +308,6 @@ class RerollerController:
             self._written[view.key] = written
 
     async def _roll(self, view: logic.WorkloadView, plan: logic.Plan, snap: logic.Snapshot, wall: float) -> None:
-        where = f"{view.kind} {view.namespace}/{view.name}"
         kind = KINDS[view.kind]
         if view.kind in logic.TEMPLATED and self.options.env_vars:
             answer = await self.access.patch(kind, view.namespace, view.name,
@@ -348,13 +347,8 @@ class RerollerController:
             else:
                 raise ApiError(409, "Conflict", "the old Job is still there")
             how = "recreated"
-        self._last_roll[view.key] = time.monotonic()
         message = logic.rollout_message(view.kind, view.name, plan.changed)
-        metrics.action(OPERATOR, "rollout")
-        self._count(view.key, "rolled")
-        logger.info(f"{where}: {message} ({how})")
-        self.access.event(self._ref(view), "Normal", "Rerolled", message)
-        self.alerts.notify(Alert(view.kind, view.namespace, view.name, plan.changed, "rolled", message))
+        self._done(view, plan, message, ("rollout", "rolled", "Rerolled"), how)
         if view.kind == "Deployment" and view.pause_period:
             self._schedule(view.key, view.pause_period)
 
@@ -367,13 +361,20 @@ class RerollerController:
         self._after_write(view, answer)
         if answer is None:
             return
+        self._done(view, plan, logic.notify_only_message(view.kind, view.name, plan.changed),
+                   ("notify-only", "notified", "ChangeNotified"))
+
+    def _done(self, view: logic.WorkloadView, plan: logic.Plan, message: str, names: tuple[str, str, str],
+              how: str = "") -> None:
+        """A rollout (or its notify-only stand-in) is done: paced from now, counted, logged once,
+        announced as an Event and alerted. ``names``: (metric action, outcome, Event reason)."""
+        action, outcome, reason = names
         self._last_roll[view.key] = time.monotonic()
-        message = logic.notify_only_message(view.kind, view.name, plan.changed)
-        metrics.action(OPERATOR, "notify-only")
-        self._count(view.key, "notified")
-        logger.info(f"{view.kind} {view.namespace}/{view.name}: {message}")
-        self.access.event(self._ref(view), "Normal", "ChangeNotified", message)
-        self.alerts.notify(Alert(view.kind, view.namespace, view.name, plan.changed, "notified", message))
+        metrics.action(OPERATOR, action)
+        self._count(view.key, outcome)
+        logger.info(f"{view.kind} {view.namespace}/{view.name}: {message}" + (f" ({how})" if how else ""))
+        self.access.event(self._ref(view), "Normal", reason, message)
+        self.alerts.notify(Alert(view.kind, view.namespace, view.name, plan.changed, outcome, message))
 
     async def _record_suspended(self, view: logic.WorkloadView, plan: logic.Plan, snap: logic.Snapshot) -> bool:
         """A suspended CronJob: the change becomes its baseline (with the resourceVersion: a resume

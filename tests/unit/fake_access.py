@@ -3,11 +3,13 @@ a script (per method, a queue of results or exceptions; without one, a plausible
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Hashable, Mapping
 from typing import Any, TypeVar
 
 from kopf_operators.core.access import AlreadyExists, ApiError, Kind
+from kopf_operators.core.controller import Background
 
 T = TypeVar("T")
 
@@ -18,6 +20,20 @@ def conflict_on_create() -> AlreadyExists:
 
 def server_error() -> ApiError:
     return ApiError(503, "Service Unavailable")
+
+
+def in_flight(background: Background) -> asyncio.Event:
+    """A task of ``background`` that runs until cancelled; the Event is set once it has finished."""
+    finished = asyncio.Event()
+
+    async def run() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            finished.set()
+
+    background.spawn(run())
+    return finished
 
 
 class FakeAccess:

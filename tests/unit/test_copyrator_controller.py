@@ -94,15 +94,14 @@ def test_a_foreign_object_in_the_way_is_read_once_and_left_untouched() -> None:
 
 
 def test_a_failed_sweep_is_retried_with_doubling_backoff_and_a_success_resets_it() -> None:
-    async def scenario() -> tuple[list[float], int]:
+    async def scenario() -> tuple[list[float | None], int]:
         access = FakeAccess()
         access.answer("create", server_error(), server_error())
         ctl = controller(access)
-        delays = []
+        delays: list[float | None] = []
         for _ in range(2):
             await ctl._guarded(RULE_KEY, "retry")
-            assert ctl._retry.pending(RULE_KEY)
-            delays.append(ctl._retry._handles[RULE_KEY][0] - asyncio.get_running_loop().time())
+            delays.append(ctl._retry.due_in(RULE_KEY))
             ctl._retry.cancel(RULE_KEY)  # as if it had fired
         await ctl._guarded(RULE_KEY, "retry")  # the third try succeeds
         failures = ctl._backoff.failures(RULE_KEY)

@@ -13,7 +13,7 @@ from kopf_operators.core import controller as toolkit
 from kopf_operators.immortal import controller as immortal
 from kopf_operators.immortal import decisions as logic
 from kopf_operators.immortal.controller import ImmortalController
-from tests.unit.fake_access import FakeAccess, conflict_on_create, server_error
+from tests.unit.fake_access import FakeAccess, conflict_on_create, in_flight, server_error
 
 T = TypeVar("T")
 KEY = ("ns1", "app")
@@ -76,19 +76,18 @@ def test_a_pod_running_the_wrong_image_is_replaced_after_a_dry_run() -> None:
 
 
 def test_a_foreign_pod_in_the_way_blocks_and_is_retried_with_doubling_backoff() -> None:
-    async def scenario() -> tuple[list[float], list[tuple[Any, ...]]]:
+    async def scenario() -> tuple[list[float | None], list[tuple[Any, ...]]]:
         access = FakeAccess()
         foreign = {"metadata": {"name": logic.pod_name("app"), "uid": "someone-else", "resourceVersion": "3"},
                    "spec": {"containers": [{"name": "c", "image": "busybox"}]}, "status": {"phase": "Running"}}
         access.answer("create", conflict_on_create(), conflict_on_create())
         access.answer("read", foreign, foreign)
         ctl = controller(access)
-        delays = []
+        delays: list[float | None] = []
         for _ in range(2):
             decision = await ctl.converge(KEY)
             assert decision is not None and decision.action is logic.Action.BLOCKED
-            assert ctl._retries.pending(KEY)
-            delays.append(ctl._retries._handles[KEY][0] - asyncio.get_running_loop().time())
+            delays.append(ctl._retries.due_in(KEY))
             ctl._retries.cancel(KEY)  # as if it had fired
         await ctl.stop()
         return delays, access.calls
@@ -143,16 +142,7 @@ def test_stop_cancels_pending_retries_and_waits_for_passes_in_flight() -> None:
         access = FakeAccess()
         ctl = controller(access)
         ctl._retry_later(KEY)
-        gate = asyncio.Event()
-        finished = asyncio.Event()
-
-        async def in_flight() -> None:
-            try:
-                await gate.wait()
-            finally:
-                finished.set()
-
-        ctl.background.spawn(in_flight())
+        finished = in_flight(ctl.background)
         await asyncio.sleep(0)
         await ctl.stop()
         return ctl._retries.pending(KEY), finished.is_set()

@@ -14,7 +14,7 @@ from kopf_operators.core.access import ApiError
 from kopf_operators.reroller import controller as reroller
 from kopf_operators.reroller import decisions as logic
 from kopf_operators.reroller.controller import RerollerController
-from tests.unit.fake_access import FakeAccess, server_error
+from tests.unit.fake_access import FakeAccess, in_flight, server_error
 
 T = TypeVar("T")
 KEY = ("Deployment", "ns", "web")
@@ -88,15 +88,14 @@ def test_a_changed_source_rolls_the_workload_once() -> None:
 
 
 def test_a_transient_failure_is_retried_with_doubling_backoff() -> None:
-    async def scenario() -> list[float]:
+    async def scenario() -> list[float | None]:
         access = FakeAccess()
         access.answer("patch", server_error(), server_error())
         ctl = controller(access, deployment(), configmap("v1"))
-        delays = []
+        delays: list[float | None] = []
         for _ in range(2):
             await ctl.guarded(KEY, "workload event")
-            assert ctl._timers.pending(KEY)
-            delays.append(ctl._timers._handles[KEY][0] - asyncio.get_running_loop().time())
+            delays.append(ctl._timers.due_in(KEY))
             ctl._timers.cancel(KEY)  # as if it had fired
         await ctl.stop()
         return delays
@@ -129,15 +128,7 @@ def test_stop_cancels_pending_looks_and_waits_for_passes_in_flight() -> None:
     async def scenario() -> tuple[bool, bool]:
         ctl = controller(FakeAccess(), deployment(), configmap("v1"))
         ctl._schedule(KEY, 60)
-        finished = asyncio.Event()
-
-        async def in_flight() -> None:
-            try:
-                await asyncio.sleep(60)
-            finally:
-                finished.set()
-
-        ctl.background.spawn(in_flight())
+        finished = in_flight(ctl.background)
         await asyncio.sleep(0)
         await ctl.stop()
         return ctl._timers.pending(KEY), finished.is_set()
