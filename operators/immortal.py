@@ -13,7 +13,7 @@ import kopf
 
 from kopf_operators.core import process
 from kopf_operators.immortal import decisions as logic
-from kopf_operators.immortal.controller import CONTROLLER, OBJECTS_INDEX, PODS_INDEX, ImmortalController
+from kopf_operators.immortal.controller import CONTROLLER, OBJECTS_INDEX, PODS_INDEX, ImmortalController, Key, Snapshot
 
 
 @kopf.on.startup(id="immortal-startup")
@@ -31,13 +31,13 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.index(logic.GROUP, logic.PLURAL, id=OBJECTS_INDEX)
-def immortal_objects(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> Any:
+def immortal_objects(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Key, Snapshot] | None:
     return {(namespace, name): logic.snapshot(body)} if namespace else None
 
 
 @kopf.index("pods", labels={logic.OWNER_LABEL: kopf.PRESENT}, id=PODS_INDEX)
-def immortal_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
-    return {(namespace, labels[logic.OWNER_LABEL]): logic.pod_summary(body)}
+def immortal_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, Snapshot] | None:
+    return {(namespace, labels[logic.OWNER_LABEL]): logic.pod_summary(body)} if namespace else None
 
 
 # Events only: Kopf's create/update/resume handlers would keep the last handled spec in an
