@@ -1,13 +1,13 @@
-"""Blackadder: the controller of ChaosAgents (a cycle as steps; decisions in ``blackadder``; API via ``access``).
+"""Blackadder: the controller of ChaosAgents (a cycle as steps; decisions in ``decisions``; API via ``core.access``).
 
 Packages, each with one role, as in the article:
 - pykube-ng lists the cycle's inventory (Pods, Deployments, ConfigMaps). A cycle is periodic, so its
   listing is a legitimate periodic read; it is scoped server-side (label and field selectors, only the
-  namespaces an agent may touch) and runs in a thread (pykube is blocking).
+  namespaces an agent may touch) and runs in a thread (pykube is blocking) through ``Access.call``.
 - munch gives the agent's spec its attribute view (``spec.tantrumMode``) before it is normalised.
 - lorem writes the text of ipsum mode.
 Every write (delete, scale, patch, the ledger Secret), every Event and every status patch goes through
-``memo.access``; pykube's errors are mapped onto the same ``ApiError`` with ``access.from_pykube``.
+the access layer; the listings share its retries, metrics and ``ApiError`` (``Access.call``).
 
 Namespaces (labels, terminating) come from a Kopf index, not from a listing per cycle. Each agent's
 ledger is read once (the first cycle after a start) and then kept in memory with the resourceVersion

@@ -1,4 +1,4 @@
-"""Copyrator: the controller (state from watches, decisions in ``copyrator``, API via ``access``).
+"""Copyrator: the controller (state from watches, decisions in ``copyrator.decisions``, API via ``core.access``).
 
 What it decides on, and where that comes from (never a read per event):
 - rules: Kopf's ``copyrator-rules`` index (fields, uid, generation, status);

@@ -53,7 +53,7 @@ RETRIES = 3
 BACKOFF_SECONDS = 0.2
 REQUEST_TIMEOUT_SECONDS = 30.0
 MAX_EVENT_MESSAGE = 1000
-# As many pooled connections as runtime.WORKER_THREADS (the threads that make the requests).
+# As many pooled connections as process.WORKER_THREADS (the threads that make the requests).
 POOL_CONNECTIONS = 16
 
 
@@ -139,7 +139,7 @@ class Access:
 
     def __init__(self, client: kubernetes.client.ApiClient) -> None:
         self._client = client
-        # Kopf's peering pause, followed by runtime.PeeringState: True while another replica acts.
+        # Kopf's peering pause, followed by process.PeeringState: True while another replica acts.
         self.paused = False
         self._locks: dict[Hashable, asyncio.Lock] = {}
         self._lock_users: collections.Counter[Hashable] = collections.Counter()

@@ -1,4 +1,4 @@
-"""Immortal containers: the controller (state from watches, decisions in ``immortal``, API via ``access``).
+"""Immortal containers: the controller (state from watches, decisions in ``decisions``, API via ``core.access``).
 
 State comes from two Kopf indexes, never from a read per event:
 - ``immortal-objects``: each ImmortalContainer's spec, uid, generation, resourceVersion and status;

@@ -1,4 +1,4 @@
-"""Re-roller: the controller (state from watches, decisions in ``reroller``, API via ``access``).
+"""Re-roller: the controller (state from watches, decisions in ``reroller.decisions``, API via ``core.access``).
 
 State comes from Kopf indexes, never from a read per event:
 - ``reroller-configmaps`` / ``reroller-secrets``: (kind, namespace, name) -> SourceView (a data hash,
