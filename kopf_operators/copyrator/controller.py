@@ -365,7 +365,7 @@ class CopyratorController:
             try:
                 created = await self.access.create(api_kind, desired)
             except k8s.AlreadyExists:
-                return int(recreate) + 1 + await self._in_the_way(rule, key, desired)
+                return 1 + await self._in_the_way(rule, key, desired)
             self._written[key] = logic.copy_view(created, kind)
             if recreate:
                 self._count(rule, "updated")
