@@ -14,15 +14,9 @@ from collections.abc import Iterator
 import kubernetes
 import pytest
 
-from tests.kube import (
-    KUBECONFIG,
-    REPO,
-    OperatorProcess,
-    delete_namespaces,
-    kubectl,
-    service_account_kubeconfig,
-    wait_for,
-)
+from tests.kube import OperatorProcess, delete_namespaces, service_account_kubeconfig, wait_for
+from testsupport.kubectl import kubectl
+from testsupport.paths import KUBECONFIG, REPO
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

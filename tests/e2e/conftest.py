@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.e2e.realnode import IMAGE_REPO, TAG, script
-from tests.kube import CLUSTER_DIR, REPO, OperatorProcess
+from tests.kube import OperatorProcess
+from testsupport.paths import CLUSTER_DIR, REPO
 
 
 @pytest.fixture(scope="session")

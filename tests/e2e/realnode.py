@@ -11,7 +11,8 @@ from typing import Any
 
 import kubernetes
 
-from tests.kube import CLUSTER_DIR, REPO, helm_binary, kubectl
+from testsupport.kubectl import kubectl
+from testsupport.paths import CLUSTER_DIR, REPO, helm_binary
 
 NODE = "kopf-real-node"
 IMAGE_REPO = "localhost/kopf-operators"

@@ -26,18 +26,10 @@ import kubernetes
 import pytest
 
 from kopf_operators import blackadder as logic
-from tests.kube import (
-    KUBECONFIG,
-    REPO,
-    OperatorProcess,
-    apply_yaml,
-    delete_namespaces,
-    free_port,
-    kubectl,
-    operator_namespace,
-    stays,
-    wait_for,
-)
+from tests.kube import OperatorProcess, delete_namespaces, operator_namespace, stays, wait_for
+from testsupport.kubectl import apply_yaml, kubectl
+from testsupport.launcher import free_port
+from testsupport.paths import KUBECONFIG, REPO
 
 G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL
 PAUSE = logic.MIN_PAUSE_SECONDS

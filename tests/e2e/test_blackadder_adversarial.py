@@ -25,7 +25,8 @@ from tests.e2e.test_blackadder import (  # noqa: F401 (fixtures)
     other_namespace,
     replicas,
 )
-from tests.kube import OperatorProcess, apply_yaml, kubectl, operator_namespace, stays, wait_for
+from tests.kube import OperatorProcess, operator_namespace, stays, wait_for
+from testsupport.kubectl import apply_yaml, kubectl
 
 STOP_SECONDS = 8
 

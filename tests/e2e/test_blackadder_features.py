@@ -26,7 +26,9 @@ from tests.e2e.test_blackadder import (  # noqa: F401 (fixtures)
     make_pod,
     next_cycles,
 )
-from tests.kube import REPO, kubectl, stays, wait_for
+from tests.kube import stays, wait_for
+from testsupport.kubectl import kubectl
+from testsupport.paths import REPO
 
 HOLD = "kopf-operators.dev/test-hold"
 

@@ -34,18 +34,9 @@ from tests.e2e.test_blackadder import (  # noqa: F401 (fixtures)
     other_namespace,
     replicas,
 )
-from tests.kube import (
-    CLUSTER_DIR,
-    KUBECONFIG,
-    REPO,
-    OperatorProcess,
-    apply_yaml,
-    kubectl,
-    kubectl_json,
-    operator_namespace,
-    stays,
-    wait_for,
-)
+from tests.kube import OperatorProcess, operator_namespace, stays, wait_for
+from testsupport.kubectl import apply_yaml, kubectl, kubectl_json
+from testsupport.paths import CLUSTER_DIR, KUBECONFIG, REPO
 
 # An emergency stop must act within seconds (the agents below sleep 10 minutes between cycles).
 STOP_SECONDS = 8

@@ -18,7 +18,9 @@ import pytest
 import yaml
 
 from kopf_operators import copyrator as logic
-from tests.kube import REPO, OperatorProcess, delete_namespaces, kubectl, stays, wait_for
+from tests.kube import OperatorProcess, delete_namespaces, stays, wait_for
+from testsupport.kubectl import kubectl
+from testsupport.paths import REPO
 
 ARTICLE_RULE = REPO / "manifests" / "examples" / "copyrator-article-rule.yaml"
 G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL

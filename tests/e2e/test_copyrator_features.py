@@ -35,7 +35,9 @@ from tests.e2e.test_copyrator import (
     wait_condition,
     wait_data,
 )
-from tests.kube import REPO, OperatorProcess, kubectl, stays, wait_for
+from tests.kube import OperatorProcess, stays, wait_for
+from testsupport.kubectl import kubectl
+from testsupport.paths import REPO
 
 EXAMPLES = REPO / "manifests" / "examples"
 

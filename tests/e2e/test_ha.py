@@ -31,7 +31,10 @@ from tests.e2e.realnode import (
     restricted_namespace,
     sigkill,
 )
-from tests.kube import REPO, OperatorProcess, PodCreations, apply_yaml, audit_now, kubectl, stays, wait_for
+from tests.kube import OperatorProcess, PodCreations, stays, wait_for
+from testsupport.audit import audit_now
+from testsupport.kubectl import apply_yaml, kubectl
+from testsupport.paths import REPO
 
 RELEASE = NAMESPACE = "kopf-ha"
 PEERING = "kopf-operators"  # the chart's ClusterKopfPeering

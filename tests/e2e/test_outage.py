@@ -20,7 +20,9 @@ import kubernetes
 import pytest
 
 from kopf_operators import copyrator as logic
-from tests.kube import CLUSTER_DIR, KUBECONFIG, REPO, OperatorProcess, delete_namespaces, kubectl, stays, wait_for
+from tests.kube import OperatorProcess, delete_namespaces, stays, wait_for
+from testsupport.kubectl import kubectl
+from testsupport.paths import CLUSTER_DIR, KUBECONFIG, REPO
 
 G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL
 OLD_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"  # what the previous version put on every rule

@@ -24,14 +24,9 @@ import kubernetes
 import pytest
 
 from tests.e2e.realnode import helm, script
-from tests.kube import (
-    CLUSTER_DIR,
-    REPO,
-    apply_yaml,
-    kubectl,
-    stays,
-    wait_for,
-)
+from tests.kube import stays, wait_for
+from testsupport.kubectl import apply_yaml, kubectl
+from testsupport.paths import CLUSTER_DIR, REPO
 
 NODE = "kopf-real-node"
 RELEASE = "kopf-real"

@@ -26,7 +26,9 @@ from lupa import lua51
 
 from kopf_operators import blackadder, copyrator, immortal
 from tests.e2e.realnode import NODE, script
-from tests.kube import REPO, OperatorProcess, delete_namespaces, kubectl, kubectl_json, wait_for
+from tests.kube import OperatorProcess, delete_namespaces, wait_for
+from testsupport.kubectl import kubectl, kubectl_json
+from testsupport.paths import REPO
 
 CHECKER_SOURCE = REPO / "tests" / "kstatus"
 HEALTH_LUA = REPO / "docs" / "argocd" / "health.lua"

@@ -19,7 +19,9 @@ from typing import Any
 import kubernetes
 import pytest
 
-from tests.kube import CLUSTER_DIR, KUBECONFIG, REPO, apply_yaml, kubectl, wait_for
+from tests.kube import wait_for
+from testsupport.kubectl import apply_yaml, kubectl
+from testsupport.paths import CLUSTER_DIR, KUBECONFIG, REPO
 
 RELEASE = NAMESPACE = "kopf-uninstall"
 TEST_LABEL = "kopf-operators.dev/uninstall-test"

@@ -28,7 +28,9 @@ from tests.e2e.realnode import (
     restricted_namespace,
     script,
 )
-from tests.kube import REPO, apply_yaml, kubectl, stays, wait_for
+from tests.kube import stays, wait_for
+from testsupport.kubectl import apply_yaml, kubectl
+from testsupport.paths import REPO
 
 BASE_COMMIT = "0d890bd"
 BASE_TAG = f"base-{BASE_COMMIT}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 
 from kopf_operators import blackadder, copyrator, immortal
-from tests.kube import REPO
+from testsupport.paths import REPO
 
 ARGOCD = REPO / "docs" / "argocd"
 
