@@ -1,5 +1,6 @@
-"""Fixtures of the tests on the real node (test_real_node, test_ha, test_upgrade): the node itself,
-the image built from this tree (once per session), and the session's host operator paused."""
+"""Fixtures of the tests on the real node (test_real_node, test_ha, test_upgrade, test_uninstall; their
+shared set-up is in realnode.py): the node itself, the image built from this tree (once per session), and
+the session's host operator paused."""
 
 from __future__ import annotations
 
