@@ -321,6 +321,11 @@ def test_sigkill_during_replacements_never_double_counts(core: Any, custom: Any,
     ('  image: "nginx latest"', "spec.image must be a non-empty image reference without spaces"),
 ])
 def test_bad_input_is_rejected_with_a_readable_message(namespace: str, crds: None, spec: str, needle: str) -> None:
+    assert_rejected(namespace, spec, needle)
+
+
+def assert_rejected(namespace: str, spec: str, needle: str) -> None:
+    """An ImmortalContainer with this ``spec`` (YAML lines) is refused by the API server, saying ``needle``."""
     text = f"apiVersion: {logic.API_VERSION}\nkind: {logic.KIND}\nmetadata:\n  name: bad\nspec:\n{spec}\n"
     result = apply_yaml(text, namespace, check=False)
     assert result.returncode != 0
@@ -446,10 +451,7 @@ def test_template_refused_by_the_api_server_is_reported_not_retried_hot(
     ("  template: {spec: {containers: [{name: c}]}}", "every container in spec.template.spec.containers needs"),
 ])
 def test_bad_template_is_rejected_with_a_readable_message(namespace: str, crds: None, spec: str, needle: str) -> None:
-    text = f"apiVersion: {logic.API_VERSION}\nkind: {logic.KIND}\nmetadata:\n  name: bad\nspec:\n{spec}\n"
-    result = apply_yaml(text, namespace, check=False)
-    assert result.returncode != 0
-    assert needle in result.stderr, result.stderr
+    assert_rejected(namespace, spec, needle)
 
 
 def fail_pod(core: Any, namespace: str, name: str) -> Any:
