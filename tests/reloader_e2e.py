@@ -49,7 +49,6 @@ import yaml
 
 from tests.kube import wait_for
 from testsupport import peer_build
-from testsupport.kubectl import kubectl
 from testsupport.launcher import KopfProcess
 from testsupport.paths import KUBECONFIG, REPO, helm_binary
 
@@ -57,8 +56,6 @@ SUITES = ("core", "annotations", "flags", "advanced", "argo")
 LABEL_FILTER = "!argo && !csi && !openshift"
 ARGO_LABEL_FILTER = "!csi && !openshift"
 ARGO_ROLLOUTS_GIT_DIR = Path(os.environ.get("ARGO_ROLLOUTS_GIT_DIR", "/work/.mirror/argoproj+argo-rollouts/repo"))
-# The cluster the suites run against: $KUBECONFIG (`make reloader-e2e` sets the local one), else the local one.
-TARGET = Path(os.environ.get("KUBECONFIG", str(KUBECONFIG)))
 SETTLE_SECONDS = 3.0
 # Reloader's Helm values -> our environment (docs/reroller.md, README's table).
 VALUE_ENV = {
@@ -168,7 +165,8 @@ def install_argo_rollouts_crds(git_dir: Path = ARGO_ROLLOUTS_GIT_DIR) -> tuple[s
                             text=True, check=True).stdout.strip()
     files = subprocess.run(["git", "--git-dir", str(git_dir), "ls-tree", "--name-only", "HEAD", "manifests/crds/"],
                            capture_output=True, text=True, check=True).stdout.split()
-    existing = set(kubectl("get", "crd", "-o", "name", kubeconfig=TARGET).stdout.split())
+    existing = set(subprocess.run(["kubectl", "get", "crd", "-o", "name"], capture_output=True, text=True,
+                                  check=True).stdout.split())
     created: list[str] = []
     for path in files:
         if not path.endswith("-crd.yaml"):
@@ -179,9 +177,10 @@ def install_argo_rollouts_crds(git_dir: Path = ARGO_ROLLOUTS_GIT_DIR) -> tuple[s
         if name in existing:
             continue
         created.append(name)
-        kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=text, kubeconfig=TARGET)
-    wait_for(lambda: kubectl("wait", "--for=condition=Established", "--timeout=10s", "crd/rollouts.argoproj.io",
-                             check=False, kubeconfig=TARGET).returncode == 0,
+        subprocess.run(["kubectl", "apply", "--server-side", "--force-conflicts", "-f", "-"], input=text, text=True,
+                       check=True, capture_output=True)
+    wait_for(lambda: subprocess.run(["kubectl", "wait", "--for=condition=Established", "--timeout=10s",
+                                     "crd/rollouts.argoproj.io"], capture_output=True).returncode == 0,
              timeout=60, interval=1, what="the Rollout CRD established")
     return commit, created
 
@@ -238,7 +237,7 @@ class Harness:
         self.operator: KopfProcess | None = None
         self.log_path = workdir / "operator.log"
         self.unmapped: set[str] = set()
-        self.kubeconfig = TARGET
+        self.kubeconfig = Path(os.environ.get("KUBECONFIG", str(KUBECONFIG)))
 
     def start_reloader(self, flags: list[str]) -> None:
         self.stop_operator()
@@ -367,7 +366,7 @@ def main() -> int:
         stand_in.stop()
         # The cluster as found: the CRDs this run added go again (and every Rollout with them).
         for name in created:
-            kubectl("delete", "--ignore-not-found", name, check=False, kubeconfig=TARGET)
+            subprocess.run(["kubectl", "delete", "--ignore-not-found", name], capture_output=True)
     print(json.dumps(results, indent=2))
     print(f"logs: {workdir}", file=sys.stderr)
     return 1 if any(r["failed"] or not r["passed"] for r in results) else 0
