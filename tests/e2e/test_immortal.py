@@ -10,18 +10,10 @@ import kubernetes
 import pytest
 
 from kopf_operators import immortal as logic
-from tests.kube import (
-    REPO,
-    OperatorProcess,
-    PodCreations,
-    Timeout,
-    apply_yaml,
-    audit_now,
-    kubectl,
-    operator_requests,
-    stays,
-    wait_for,
-)
+from tests.kube import OperatorProcess, PodCreations, Timeout, stays, wait_for
+from testsupport.audit import audit_now, operator_requests
+from testsupport.kubectl import apply_yaml, kubectl
+from testsupport.paths import REPO
 from testsupport.stats import percentile
 
 ARTICLE_YAML = (REPO / "manifests" / "examples" / "immortal.yaml").read_text()
