@@ -28,6 +28,8 @@ CHART = REPO / "charts" / "kopf-operators"
 CRDS = REPO / "manifests" / "crds"
 REROLLER = "reroller.kopf-operators.dev"  # the re-roller's annotation prefix
 TEST_NAMESPACE_LABEL = "kopf-operators.dev/test"
+# The namespaced custom resources whose deletion the operator handles (a finalizer may wait for it).
+CUSTOM_RESOURCES = "copyrators.flant.com,immortalcontainers.immortalcontainer.flugel.it"
 WRITES = {"create", "update", "patch", "delete", "deletecollection"}
 RESUMED = "Resuming operations after the pause"
 PAUSED = "Pausing operations in favour of"
@@ -182,9 +184,6 @@ def apply_crds(crds: Path = CRDS) -> None:
 
 
 # --- one object for each operator, and what they report --------------------------------------------------
-
-CUSTOM_RESOURCES = "copyrators.flant.com,immortalcontainers.immortalcontainer.flugel.it"
-
 
 def immortal_yaml(name: str) -> str:
     return f"""
