@@ -21,7 +21,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.kube import REPO, OperatorProcess, chart_objects, helm_binary, kube_version, kubectl, wait_for
+from tests.kube import OperatorProcess, chart_objects, wait_for
+from testsupport.kubectl import kubectl
+from testsupport.paths import REPO, helm_binary, kube_version
 
 CHART = REPO / "charts" / "kopf-operators"
 PRIORITY_CLASS = "kopf-operators-chart-test"

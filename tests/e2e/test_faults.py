@@ -22,7 +22,8 @@ from kopf_operators.core import process
 from kopf_operators.immortal import decisions as ic
 from kopf_operators.reroller import decisions as rr
 from tests.e2e.faultkit import ApiProxy, LogWindow, proxied_kubeconfig, upstream_of
-from tests.kube import CLUSTER_DIR, OperatorProcess, PodCreations, delete_namespaces, stays, wait_for
+from tests.kube import OperatorProcess, PodCreations, delete_namespaces, stays, wait_for
+from testsupport.paths import CLUSTER_DIR
 
 SEED = int(os.environ.get("FAULT_SEED", "20240509"))
 TEST_LABEL = {"kopf-operators.dev/test": "true"}

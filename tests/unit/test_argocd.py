@@ -7,7 +7,7 @@ import yaml
 from kopf_operators.blackadder import decisions as blackadder
 from kopf_operators.copyrator import decisions as copyrator
 from kopf_operators.immortal import decisions as immortal
-from tests.kube import REPO
+from testsupport.paths import REPO
 
 ARGOCD = REPO / "docs" / "argocd"
 
