@@ -15,7 +15,7 @@ RUN python -m venv /opt/venv
 COPY pyproject.toml README.md ./
 COPY kopf_operators/ kopf_operators/
 RUN /opt/venv/bin/pip install --no-compile . \
- && /opt/venv/bin/python -c "import kopf, kubernetes, pykube, lorem, munch, kopf_operators.common"
+ && /opt/venv/bin/python -c "import kopf, kubernetes, pykube, lorem, munch, kopf_operators.core.conventions"
 
 FROM ${BASE_IMAGE} AS runtime
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1

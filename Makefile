@@ -12,7 +12,7 @@ RUN_ARGS ?= --all-namespaces --verbose
 
 .PHONY: help setup cluster cluster-down image install uninstall run test unit lint bench manifests deploy undeploy \
 	revert-agents \
-	peers-test known-issues reloader-e2e reloader-bench
+	peers-test reloader-e2e reloader-bench
 
 help: ## list the verbs
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -74,10 +74,6 @@ reloader-e2e: setup ## stakater Reloader's own e2e suites against our re-roller 
 reloader-bench: setup ## re-roller vs stakater Reloader (built from source): isolated ConfigMap edit -> rollout
 	@cluster/cluster.sh up
 	$(BIN)/python -m bench.reloader_bench
-
-known-issues: setup ## tests of known, not yet fixed intermittent failures (README, Known issues)
-	@cluster/cluster.sh up
-	$(BIN)/pytest -m known_issue
 
 peers-test: setup ## tests side by side with Go peers built from source (their sources: docs/blackadder.md)
 	@cluster/cluster.sh up

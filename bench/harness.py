@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
@@ -244,6 +245,39 @@ def latency(op: list[float], floor: list[float], audit: Counter[str], n: int, wh
             "ratio_p50": round(o["p50_ms"] / f["p50_ms"], 2), "ratio_p99": round(o["p99_ms"] / f["p99_ms"], 2),
             "target_p50_2x_floor": o["p50_ms"] <= 2 * f["p50_ms"], "target_p99_250ms": o["p99_ms"] <= 250,
             "api_per_change": api_per_change(audit, n)}
+
+
+async def timed_change(b: Bench, change: Awaitable[Any], done: asyncio.Future[float], seen: asyncio.Future[float],
+                       what: str, into: list[float], audit: Counter[str] | None) -> None:
+    """One measured change: the write ``change`` (a coroutine, run here), then its effect ``done`` (60 s at
+    most). The latency, from the write's response or its own event ``seen`` (``origin``), goes into
+    ``into``; with ``audit``, the operator's requests meanwhile are counted there (50 ms later, so that
+    the last ones are in the log)."""
+    mark = b.a.mark()
+    await change
+    t0 = time.monotonic()
+    t1 = await within(done, 60, what)
+    t0 = await origin(t0, seen)
+    into.append(t1 - t0)
+    if audit is not None:
+        await asyncio.sleep(0.05)
+        audit.update(b.a.requests(mark, b.a.mark()))
+
+
+async def sub_sections(b: Bench, section: str,
+                       parts: Iterable[tuple[str, Callable[[Bench], Awaitable[dict[str, Any]]]]]) -> dict[str, Any]:
+    """A section made of parts run one after the other: each part's figures and seconds, or its error
+    (logged with its traceback); one part failing keeps the others' figures."""
+    results: dict[str, Any] = {}
+    for name, fn in parts:
+        started = time.monotonic()
+        try:
+            results[name] = await fn(b)
+        except Exception as exc:
+            log(f"  {section}/{name} FAILED: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        results[name]["seconds"] = round(time.monotonic() - started, 1)
+    return results
 
 
 def convergence(op_s: float, floor_s: float, extra: dict[str, Any], what: str) -> dict[str, Any]:

@@ -7,39 +7,37 @@
 # Prints the folder holding the binaries. Rebuilds only when versions.env changes.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-# shellcheck source=versions.env
-source "$here/versions.env"
+# shellcheck source=cache.sh
+source "$here/cache.sh"
 
-export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
-cache_root=${KOPF_OPERATORS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kopf-operators}
 key="k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}"
 bin="$cache_root/$key/bin"
 binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok kwokctl helm kubelet pause)
 
 have_all() { for b in "${binaries[@]}"; do [ -x "$bin/$b" ] || return 1; done; }
-if have_all; then echo "$bin"; exit 0; fi
-
 # One build at a time per version set: later callers wait for the first, then find it done.
-mkdir -p "$cache_root"
-exec 9>"$cache_root/$key.lock"
-if ! flock -n 9; then
-  echo "[build] another build of $key is running; waiting for it" >&2
-  flock 9
-fi
-if have_all; then echo "$bin"; exit 0; fi
+cached_or_lock build "$key" "$bin"
 
-log() { echo "[build $(date +%T)] $*" >&2; }
-start=$(date +%s)
 mkdir -p "$bin"
 work="$cache_root/$key/src"
+
+# -ldflags for a Kubernetes binary: stripped, with the version stamp a release build puts in.
+k8s_ldflags() {
+  local minor ld="-s -w" pkg
+  minor=$(echo "$KUBERNETES_VERSION" | cut -d. -f2)
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "$ld"
+}
 
 # Kubernetes: the root module maps ~30 staging modules to ./staging with replace directives,
 # which Go ignores in a dependency. A wrapper module replaces each with its published v0.X.Y.
 build_kubernetes() {
-  local k8s="$work/kubernetes" minor staging_version
+  local k8s="$work/kubernetes" staging_version
   [ -x "$bin/kube-apiserver" ] && [ -x "$bin/kube-controller-manager" ] && [ -x "$bin/kube-scheduler" ] && return
   mkdir -p "$k8s"
-  minor=$(echo "$KUBERNETES_VERSION" | cut -d. -f2)
   staging_version="v0.${KUBERNETES_VERSION#v1.}"
   local gomod
   gomod=$(cd "$k8s" && go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
@@ -53,11 +51,8 @@ build_kubernetes() {
   (cd "$k8s" && go get "k8s.io/kubernetes/cmd/kube-apiserver@$KUBERNETES_VERSION" \
       "k8s.io/kubernetes/cmd/kube-controller-manager@$KUBERNETES_VERSION" \
       "k8s.io/kubernetes/cmd/kube-scheduler@$KUBERNETES_VERSION" >&2)
-  local ld="-s -w" pkg
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ld+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-    ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-  done
+  local ld
+  ld=$(k8s_ldflags)
   log "kubernetes $KUBERNETES_VERSION: compiling (the long part of a cold build)"
   (cd "$k8s" && go build -trimpath -ldflags "$ld" -o "$bin/" \
       k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
@@ -96,15 +91,10 @@ build_helm() {
 
 # The real node's kubelet: same wrapper module and version stamp as the control plane.
 build_kubelet() {
-  local k8s="$work/kubernetes" minor ld pkg
+  local k8s="$work/kubernetes" ld
   [ -x "$bin/kubelet" ] && return
   [ -f "$k8s/go.mod" ] || { log "kubelet needs the kubernetes wrapper module"; return 1; }
-  minor=$(echo "$KUBERNETES_VERSION" | cut -d. -f2)
-  ld="-s -w"
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ld+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-    ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-  done
+  ld=$(k8s_ldflags)
   log "kubelet $KUBERNETES_VERSION: building"
   (cd "$k8s" && go get "k8s.io/kubernetes/cmd/kubelet@$KUBERNETES_VERSION" >&2 \
       && go build -trimpath -ldflags "$ld" -o "$bin/" k8s.io/kubernetes/cmd/kubelet >&2)

@@ -7,11 +7,9 @@
 # Prints the folder holding both. Rebuilds only when versions.env changes.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-# shellcheck source=versions.env
-source "$here/versions.env"
+# shellcheck source=cache.sh
+source "$here/cache.sh"
 
-export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
-cache_root=${KOPF_OPERATORS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kopf-operators}
 key="monitoring_prometheus-operator-${PROMETHEUS_OPERATOR_VERSION}_prometheus-${PROMETHEUS_VERSION}"
 out="$cache_root/$key"
 crds=(servicemonitors podmonitors prometheusrules)
@@ -20,18 +18,8 @@ have_all() {
   [ -x "$out/promtool" ] || return 1
   for c in "${crds[@]}"; do [ -f "$out/crds/monitoring.coreos.com_$c.yaml" ] || return 1; done
 }
-if have_all; then echo "$out"; exit 0; fi
+cached_or_lock monitoring "$key" "$out"
 
-mkdir -p "$cache_root"
-exec 9>"$cache_root/$key.lock"
-if ! flock -n 9; then
-  echo "[monitoring] another build of $key is running; waiting for it" >&2
-  flock 9
-fi
-if have_all; then echo "$out"; exit 0; fi
-
-log() { echo "[monitoring $(date +%T)] $*" >&2; }
-start=$(date +%s)
 mkdir -p "$out/crds"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -1,8 +1,8 @@
 """Blackadder: a chaos agent operator (after oz123/blackadder), made safe to run.
 
 Thin handlers: one Kopf daemon per ChaosAgent (our own cluster-scoped CR) runs a cycle every
-``pauseDuration`` through the controller (kopf_operators.blackadder_controller), which decides with
-kopf_operators.blackadder (pure). Built-in objects are only listed (periodically, per cycle) and acted
+``pauseDuration`` through the controller (kopf_operators.blackadder.controller), which decides with
+kopf_operators.blackadder.decisions (pure). Built-in objects are only listed (periodically, per cycle) and acted
 on, never annotated or watched with state; namespaces reach the controller through a small index.
 """
 
@@ -14,55 +14,59 @@ from typing import Any
 
 import kopf
 
-from kopf_operators import blackadder as logic
-from kopf_operators import runtime
-from kopf_operators.access import ApiError
-from kopf_operators.blackadder_controller import (
+from kopf_operators.blackadder import decisions as logic
+from kopf_operators.blackadder.controller import (
+    AGENTS,
     NAMESPACES_INDEX,
     SOURCES_INDEX,
+    TENANT_AGENTS,
     BlackadderController,
     Logger,
     RevertIncomplete,
     TenantChaosController,
 )
+from kopf_operators.core import process
+from kopf_operators.core.access import ApiError
 
 RESOURCE = (logic.GROUP, logic.VERSION, logic.PLURAL)
 TENANT_RESOURCE = (logic.GROUP, logic.VERSION, logic.TENANT_PLURAL)
 # Chaos for tenants is opt-in (chart: operators.blackadder.tenants.enabled, which also grants the RBAC):
 # without it Kopf must not even watch TenantChaosAgents, so the handlers below are registered only then.
-TENANTS = logic.Settings.from_env(os.environ).tenants
+TENANTS = logic.Options.from_env(os.environ).tenants
 REVERT_RETRY_SECONDS = 5
 
 
 @kopf.on.startup(id="blackadder-startup")
 async def start(memo: kopf.Memo, **kwargs: Any) -> None:
-    config, access = runtime.shared(memo)
-    settings = logic.Settings.from_env(os.environ)
-    memo.blackadder = BlackadderController(access, config, settings, kwargs[NAMESPACES_INDEX], kwargs[SOURCES_INDEX])
-    memo.blackadder_tenants = TenantChaosController(access, config, settings, kwargs[NAMESPACES_INDEX],
-                                                    kwargs[SOURCES_INDEX])
-    if settings.tenants:
+    config, access = process.shared(memo)
+    options = logic.Options.from_env(os.environ)
+    namespaces, sources = kwargs[NAMESPACES_INDEX], kwargs[SOURCES_INDEX]
+    AGENTS.set(memo, BlackadderController(access, config, options, namespaces, sources))
+    tenants = TENANT_AGENTS.set(memo, TenantChaosController(access, config, options, namespaces, sources))
+    if options.tenants:
         try:
-            await memo.blackadder_tenants.sweep_ledgers()
+            await tenants.sweep_ledgers()
         except ApiError as exc:  # not fatal: a leftover ledger is a small Secret, swept at the next start
             logging.getLogger("kopf_operators.blackadder").warning(f"tenant ledgers not swept: {exc}")
 
 
 @kopf.on.cleanup(id="blackadder-cleanup")
 async def stop(memo: kopf.Memo, **_: Any) -> None:
-    await memo.blackadder.stop()
+    await AGENTS(memo).stop()
+    await TENANT_AGENTS(memo).stop()  # its webhooks too
 
 
 @kopf.index("namespaces", id=NAMESPACES_INDEX)
-def blackadder_namespaces(name: str, labels: kopf.Labels, status: kopf.Status, **_: Any) -> Any:
+def blackadder_namespaces(name: str, labels: kopf.Labels, status: kopf.Status, **_: Any) -> dict[str, dict[str, Any]]:
     return {name: {"labels": dict(labels), "terminating": status.get("phase") == "Terminating"}}
 
 
 @kopf.index("flant.com", "v1", "copyrators", id=SOURCES_INDEX)
-def blackadder_copyrator_sources(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> Any:
+def blackadder_copyrator_sources(namespace: str | None, name: str, body: kopf.Body,
+                                 **_: Any) -> dict[tuple[str, str], list[dict[str, Any]]] | None:
     """Which ConfigMaps Copyrator rules copy (sharedConfigMaps: Skip keeps ipsum off them)."""
     sources = logic.copyrator_sources(body)
-    return {(namespace, name): sources} if sources else None
+    return {(namespace or "", name): sources} if sources else None
 
 
 # cancellation_polling: Kopf re-checks an exiting daemon this often (default 60 s would hold
@@ -72,7 +76,7 @@ async def agent_daemon(body: kopf.Body, stopped: kopf.DaemonStopped, logger: Log
                        **_: Any) -> None:
     """Async: a sleeping agent holds no worker thread. ``stopped`` is set at once when the agent is
     deleted or the operator exits; the cycle checks it before every single action."""
-    await memo.blackadder.agent_loop(body, lambda: bool(stopped), stopped.wait, logger)
+    await AGENTS(memo).agent_loop(body, lambda: bool(stopped), stopped.wait, logger)
 
 
 @kopf.on.delete(*RESOURCE, id="blackadder-revert-on-delete", backoff=REVERT_RETRY_SECONDS)
@@ -81,7 +85,7 @@ async def revert_on_delete(body: kopf.Body, logger: Logger, memo: kopf.Memo, ret
     did (scaled Deployments, overwritten ConfigMaps); then its ledger goes. A revert that keeps being
     refused lets go after logic.REVERT_ATTEMPTS tries (the ledger then stays, see the controller)."""
     try:
-        await memo.blackadder.revert_on_delete(body, logger, attempt=retry)
+        await AGENTS(memo).revert_on_delete(body, logger, attempt=retry)
     except RevertIncomplete as exc:
         raise kopf.TemporaryError(f"revert incomplete (attempt {retry + 1} of {logic.REVERT_ATTEMPTS}), "
                                   f"retrying: {exc}", delay=REVERT_RETRY_SECONDS) from None
@@ -95,13 +99,13 @@ if TENANTS:
     async def tenant_agent_daemon(body: kopf.Body, stopped: kopf.DaemonStopped, logger: Logger, memo: kopf.Memo,
                                   **_: Any) -> None:
         """A TenantChaosAgent: the same loop, confined to its namespace and the administrator's limits."""
-        await memo.blackadder_tenants.agent_loop(body, lambda: bool(stopped), stopped.wait, logger)
+        await TENANT_AGENTS(memo).agent_loop(body, lambda: bool(stopped), stopped.wait, logger)
 
     @kopf.on.delete(*TENANT_RESOURCE, id="blackadder-tenant-delete", backoff=REVERT_RETRY_SECONDS)
     async def tenant_delete(body: kopf.Body, logger: Logger, memo: kopf.Memo, retry: int, **_: Any) -> None:
         """Its ledger lives in the operator's namespace (no ownerReference can cross namespaces): it is
         deleted here. Tantrum only, so there is nothing to revert."""
         try:
-            await memo.blackadder_tenants.revert_on_delete(body, logger, attempt=retry)
+            await TENANT_AGENTS(memo).revert_on_delete(body, logger, attempt=retry)
         except ApiError as exc:
             raise kopf.TemporaryError(f"ledger not deleted, retrying: {exc}", delay=REVERT_RETRY_SECONDS) from None

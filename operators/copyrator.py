@@ -1,7 +1,7 @@
 """Copyrator: copies labelled ConfigMaps/Secrets into other namespaces, per CopyratorRule.
 
-Thin handlers: indexes and events feed the controller (kopf_operators.copyrator_controller), which
-decides with kopf_operators.copyrator (pure). Kopf keeps state only on the rules (our CRD), in
+Thin handlers: indexes and events feed the controller (kopf_operators.copyrator.controller), which
+decides with kopf_operators.copyrator.decisions (pure). Kopf keeps state only on the rules (our CRD), in
 annotations: no finalizer (nothing about deleting a rule needs the operator running).
 ConfigMaps, Secrets and Namespaces are watched with ``on.event`` and ``@kopf.index`` only (nothing
 is stored on them). The ConfigMap/Secret streams are shared with the re-roller, so they are not
@@ -15,54 +15,59 @@ from typing import Any
 
 import kopf
 
-from kopf_operators import copyrator as logic
-from kopf_operators import runtime
-from kopf_operators.access import ApiError
-from kopf_operators.copyrator_controller import (
+from kopf_operators.copyrator import decisions as logic
+from kopf_operators.copyrator.controller import (
+    CONTROLLER,
     COPIES_INDEXES,
     NAMESPACES_INDEX,
     RULES_INDEX,
+    CopyIndexKey,
     CopyratorController,
+    RuleKey,
     copy_index_keys,
 )
+from kopf_operators.core import process
+from kopf_operators.core.access import ApiError
 
 RULES = (logic.GROUP, logic.VERSION, logic.PLURAL)
 
 
 @kopf.on.startup(id="copyrator-startup")
 async def start(memo: kopf.Memo, **kwargs: Any) -> None:
-    _, access = runtime.shared(memo)
-    settings = logic.Settings.from_env(os.environ)  # fails fast on a malformed variable
-    memo.copyrator = CopyratorController(access, settings, kwargs[RULES_INDEX], kwargs[NAMESPACES_INDEX],
-                                         {kind: kwargs[index] for kind, index in COPIES_INDEXES.items()})
-    memo.copyrator.start_resync()
+    _, access = process.shared(memo)
+    options = logic.Options.from_env(os.environ)  # fails fast on a malformed variable
+    copies = {kind: kwargs[index] for kind, index in COPIES_INDEXES.items()}
+    controller = CONTROLLER.set(memo, CopyratorController(access, options, kwargs[RULES_INDEX],
+                                                          kwargs[NAMESPACES_INDEX], copies))
+    controller.start_resync()
 
 
 @kopf.on.cleanup(id="copyrator-cleanup")
 async def stop(memo: kopf.Memo, **_: Any) -> None:
-    await memo.copyrator.stop()
+    await CONTROLLER(memo).stop()
 
 
 # --- indexes (small entries: never whole bodies of unrelated objects) -----------------------------
 
 @kopf.index(*RULES, id=RULES_INDEX)
-def copyrator_rules(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> Any:
+def copyrator_rules(namespace: str | None, name: str, body: kopf.Body,
+                    **_: Any) -> dict[RuleKey, dict[str, Any]] | None:
     return {(namespace, name): logic.rule_snapshot(body)} if namespace else None
 
 
 @kopf.index("", "v1", "namespaces", id=NAMESPACES_INDEX)
-def copyrator_namespaces(name: str, body: kopf.Body, **_: Any) -> Any:
+def copyrator_namespaces(name: str, body: kopf.Body, **_: Any) -> dict[str, logic.NamespaceInfo]:
     return {name: logic.namespace_info(body)}
 
 
 @kopf.index("", "v1", "configmaps", labels={logic.RULE_UID_LABEL: kopf.PRESENT},
             id=COPIES_INDEXES["ConfigMap"])
-def copyrator_configmap_copies(body: kopf.Body, **_: Any) -> Any:
+def copyrator_configmap_copies(body: kopf.Body, **_: Any) -> dict[CopyIndexKey, logic.CopyView]:
     return copy_index_keys(logic.copy_view(body, "ConfigMap"))
 
 
 @kopf.index("", "v1", "secrets", labels={logic.RULE_UID_LABEL: kopf.PRESENT}, id=COPIES_INDEXES["Secret"])
-def copyrator_secret_copies(body: kopf.Body, **_: Any) -> Any:
+def copyrator_secret_copies(body: kopf.Body, **_: Any) -> dict[CopyIndexKey, logic.CopyView]:
     return copy_index_keys(logic.copy_view(body, "Secret"))
 
 
@@ -74,7 +79,7 @@ def copyrator_secret_copies(body: kopf.Body, **_: Any) -> Any:
 @kopf.on.update(*RULES, id="copyrator-update", backoff=10)
 async def reconcile_rule(body: kopf.Body, reason: Any, memo: kopf.Memo, **_: Any) -> None:
     try:
-        await memo.copyrator.rule_changed(body, f"rule {getattr(reason, 'value', reason)}")
+        await CONTROLLER(memo).rule_changed(body, f"rule {getattr(reason, 'value', reason)}")
     except ApiError as exc:
         raise exc.for_kopf("converging the rule's copies failed", delay=10) from None
 
@@ -86,22 +91,22 @@ async def reconcile_rule(body: kopf.Body, reason: Any, memo: kopf.Memo, **_: Any
 # own finalizer when no handler requires it).
 @kopf.on.event(*RULES, id="copyrator-rule-event")
 async def rule_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    await memo.copyrator.rule_event(type, body)
+    await CONTROLLER(memo).rule_event(type, body)
 
 
 # --- watched built-in objects (events only; the controller logs and retries its own failures) ---
 
 @kopf.on.event("", "v1", "configmaps", id="copyrator-configmap-event")
 async def configmap_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    await memo.copyrator.object_event("ConfigMap", type, body)
+    await CONTROLLER(memo).object_event("ConfigMap", type, body)
 
 
 @kopf.on.event("", "v1", "secrets", id="copyrator-secret-event")
 async def secret_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    await memo.copyrator.object_event("Secret", type, body)
+    await CONTROLLER(memo).object_event("Secret", type, body)
 
 
 @kopf.on.event("", "v1", "namespaces", id="copyrator-namespace-event")
 async def namespace_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     if type in ("ADDED", "MODIFIED"):
-        await memo.copyrator.namespace_event(type, body)
+        await CONTROLLER(memo).namespace_event(type, body)

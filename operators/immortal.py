@@ -1,7 +1,7 @@
 """Immortal containers operator: keep one pod per ImmortalContainer running forever.
 
-Thin handlers: indexes feed the controller (kopf_operators.immortal_controller), which decides with
-kopf_operators.immortal (pure). Kopf keeps state only on the ImmortalContainer; pods are watched with
+Thin handlers: indexes feed the controller (kopf_operators.immortal.controller), which decides with
+kopf_operators.immortal.decisions (pure). Kopf keeps state only on the ImmortalContainer; pods are watched with
 a server-side label selector (only ours reach the process) and store nothing.
 """
 
@@ -11,33 +11,33 @@ from typing import Any
 
 import kopf
 
-from kopf_operators import immortal as logic
-from kopf_operators import runtime
-from kopf_operators.immortal_controller import OBJECTS_INDEX, PODS_INDEX, ImmortalController
+from kopf_operators.core import process
+from kopf_operators.immortal import decisions as logic
+from kopf_operators.immortal.controller import CONTROLLER, OBJECTS_INDEX, PODS_INDEX, ImmortalController, Key, Snapshot
 
 
 @kopf.on.startup(id="immortal-startup")
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
-    _, access = runtime.shared(memo)
+    _, access = process.shared(memo)
     # Only our pods are streamed (immortal is the only operator that watches pods).
     settings.watching.label_selectors["pods"] = logic.OWNER_LABEL
-    memo.immortal = ImmortalController(access, kwargs[OBJECTS_INDEX], kwargs[PODS_INDEX])
-    memo.immortal.start_resync()
+    controller = CONTROLLER.set(memo, ImmortalController(access, kwargs[OBJECTS_INDEX], kwargs[PODS_INDEX]))
+    controller.start_resync()
 
 
 @kopf.on.cleanup(id="immortal-cleanup")
 async def stop(memo: kopf.Memo, **_: Any) -> None:
-    await memo.immortal.stop()
+    await CONTROLLER(memo).stop()
 
 
 @kopf.index(logic.GROUP, logic.PLURAL, id=OBJECTS_INDEX)
-def immortal_objects(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> Any:
+def immortal_objects(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Key, Snapshot] | None:
     return {(namespace, name): logic.snapshot(body)} if namespace else None
 
 
 @kopf.index("pods", labels={logic.OWNER_LABEL: kopf.PRESENT}, id=PODS_INDEX)
-def immortal_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
-    return {(namespace, labels[logic.OWNER_LABEL]): logic.pod_summary(body)}
+def immortal_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, Snapshot] | None:
+    return {(namespace, labels[logic.OWNER_LABEL]): logic.pod_summary(body)} if namespace else None
 
 
 # Events only: Kopf's create/update/resume handlers would keep the last handled spec in an
@@ -51,9 +51,9 @@ async def object_event(type: str | None, namespace: str | None, name: str, body:
         return
     key = (namespace, name)
     if type == "DELETED":
-        await memo.immortal.deleted(key)
+        await CONTROLLER(memo).deleted(key)
         return
-    await memo.immortal.guarded(key, "object", body=logic.snapshot(body))
+    await CONTROLLER(memo).guarded(key, "object", body=logic.snapshot(body))
 
 
 @kopf.on.event("pods", labels={logic.OWNER_LABEL: kopf.PRESENT}, id="immortal-pod-event")
@@ -62,4 +62,5 @@ async def pod_event(type: str | None, namespace: str | None, labels: kopf.Labels
     if namespace:  # type None: the initial listing after a (re)connect; level-triggered and cheap
         event_type = type or "LISTED"
         key = (namespace, str(labels[logic.OWNER_LABEL]))
-        await memo.immortal.guarded(key, f"pod {event_type.lower()}", pod_event=(event_type, logic.pod_summary(body)))
+        pod = logic.pod_summary(body)
+        await CONTROLLER(memo).guarded(key, f"pod {event_type.lower()}", pod_event=(event_type, pod))

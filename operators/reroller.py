@@ -1,7 +1,7 @@
 """Re-roller: re-roll workloads when the ConfigMaps/Secrets they use change.
 
-Thin handlers: indexes feed the controller (kopf_operators.reroller_controller), which decides with
-kopf_operators.reroller (pure). Only ``@kopf.index`` and ``@kopf.on.event`` on built-in objects: Kopf
+Thin handlers: indexes feed the controller (kopf_operators.reroller.controller), which decides with
+kopf_operators.reroller.decisions (pure). Only ``@kopf.index`` and ``@kopf.on.event`` on built-in objects: Kopf
 stores nothing on them. Kopf fills the indexes from the initial listing before any event handler
 runs, so the first look after a start compares stored baselines with the real data (changes made
 while the operator was down roll exactly once).
@@ -14,10 +14,11 @@ from typing import Any
 
 import kopf
 
-from kopf_operators import reroller as logic
-from kopf_operators import runtime
-from kopf_operators.reroller_alerts import AlertSettings
-from kopf_operators.reroller_controller import (
+from kopf_operators.core import process
+from kopf_operators.reroller import decisions as logic
+from kopf_operators.reroller.alerts import AlertSettings
+from kopf_operators.reroller.controller import (
+    CONTROLLER,
     INDEXES,
     NAMESPACES_INDEX,
     SOURCE_INDEXES,
@@ -28,17 +29,17 @@ from kopf_operators.reroller_controller import (
 
 @kopf.on.startup(id="reroller-startup")
 async def start(memo: kopf.Memo, **kwargs: Any) -> None:
-    _, access = runtime.shared(memo)
-    settings = logic.Settings.from_env(os.environ)  # fails fast on a malformed option
+    _, access = process.shared(memo)
+    options = logic.Options.from_env(os.environ)  # fails fast on a malformed option
     alerts = AlertSettings.from_env(os.environ)
-    memo.reroller = RerollerController(access, settings, {index_id: kwargs[index_id] for index_id in INDEXES
-                                                          if index_id in kwargs}, alerts)
-    memo.reroller.start_resync()
+    indexes = {index_id: kwargs[index_id] for index_id in INDEXES if index_id in kwargs}
+    controller = CONTROLLER.set(memo, RerollerController(access, options, indexes, alerts))
+    controller.start_resync()
 
 
 @kopf.on.cleanup(id="reroller-cleanup")
 async def stop(memo: kopf.Memo, **_: Any) -> None:
-    await memo.reroller.stop()
+    await CONTROLLER(memo).stop()
 
 
 # --- indexes: hashes, names and flags, never data -------------------------------------------------
@@ -46,7 +47,7 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
 
 def _source_index(kind: str) -> Any:
     def index(namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> Any:
-        return {(kind, namespace or "", name): logic.source_view(kind, body, memo.reroller.resource_selector)}
+        return {(kind, namespace or "", name): logic.source_view(kind, body, CONTROLLER(memo).resource_selector)}
     return index
 
 
@@ -56,7 +57,7 @@ kopf.index("secrets", id=SOURCE_INDEXES["Secret"])(_source_index("Secret"))
 
 def _workload_index(kind: str) -> Any:
     def index(body: kopf.Body, memo: kopf.Memo, **_: Any) -> Any:
-        return logic.workload_index_entries(logic.workload_view(kind, body, memo.reroller.settings))
+        return logic.workload_index_entries(logic.workload_view(kind, body, CONTROLLER(memo).options))
     return index
 
 
@@ -84,13 +85,13 @@ def namespace_labels(name: str, labels: kopf.Labels, **_: Any) -> Any:
 async def source_event(resource: kopf.Resource, namespace: str | None, name: str, memo: kopf.Memo,
                        **_: Any) -> None:
     kind = "ConfigMap" if resource.plural == "configmaps" else "Secret"
-    await memo.reroller.source_event(kind, namespace or "", name)
+    await CONTROLLER(memo).source_event(kind, namespace or "", name)
 
 
 def _workload_event(kind: str) -> Any:
     async def handler(type: str | None, namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo,
                       **_: Any) -> None:
-        await memo.reroller.workload_event((kind, namespace or "", name), type, body)
+        await CONTROLLER(memo).workload_event((kind, namespace or "", name), type, body)
     return handler
 
 

@@ -9,20 +9,14 @@ import os
 import re
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import kubernetes
 import pytest
 
-from tests.kube import (
-    KUBECONFIG,
-    REPO,
-    OperatorProcess,
-    delete_namespaces,
-    kubectl,
-    service_account_kubeconfig,
-    wait_for,
-)
+from tests.kube import OperatorProcess, delete_namespaces, service_account_kubeconfig, wait_for
+from testsupport.kubectl import kubectl
+from testsupport.paths import KUBECONFIG, REPO
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -90,6 +84,23 @@ def operator(operator_process: OperatorProcess) -> Iterator[OperatorProcess]:
     operator_process.start()
     yield operator_process
     operator_process.start()
+
+
+@pytest.fixture
+def make_namespace(core: kubernetes.client.CoreV1Api) -> Iterator[Callable[..., str]]:
+    """Extra namespaces for one test (the ``namespace`` fixture gives one): ``make(prefix, **labels)``;
+    deleted afterwards."""
+    made: list[str] = []
+
+    def make(prefix: str = "extra", **labels: str) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        core.create_namespace({"metadata": {"name": name,
+                                            "labels": {"kopf-operators.dev/test": "true", **labels}}})
+        made.append(name)
+        return name
+
+    yield make
+    delete_namespaces(core, made)
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
-"""The tests' side of testsupport/: waiting (wait_for, stays), watches, namespaces, the chart's objects,
-the operator process with the tests' defaults; and, re-exported for the test modules that import them
-from here, the shared helpers (paths, kubectl, tokens, the audit log).
+"""The tests' own helpers on top of testsupport/: waiting (wait_for, stays), a pod-creation watch,
+namespaces, the chart's objects and ServiceAccount, the operator process with the tests' defaults.
+Paths, kubectl, tokens, the launcher and the audit log come from testsupport/ directly.
 
 Nothing here mocks the API server: every call goes to the cluster started by ``cluster/cluster.sh``.
 """
@@ -17,21 +17,15 @@ from typing import Any, TypeVar
 
 import kubernetes
 
-from testsupport.audit import audit_now, operator_requests
-from testsupport.kubectl import apply_yaml, kubectl, kubectl_json
-from testsupport.launcher import TRANSIENT_API_RETRY, KopfProcess, all_operator_files, free_port
+from testsupport.kubectl import kubectl
+from testsupport.launcher import KopfProcess, all_operator_files
 from testsupport.paths import CLUSTER_DIR, KUBECONFIG, LOGS, REPO, helm_binary, kube_version
 from testsupport.tokens import token_kubeconfig
 
-# Public: the tests' own helpers and, re-exported while test modules still import them from here,
-# testsupport's (CLUSTER_DIR, KUBECONFIG, REPO, TRANSIENT_API_RETRY, apply_yaml, audit_now, free_port,
-# helm_binary, kube_version, kubectl, kubectl_json, operator_requests, token_kubeconfig).
 __all__ = [
-    "CLUSTER_DIR", "E2E_RELEASE", "KUBECONFIG", "OPERATOR_KUBECONFIG", "REPO", "TRANSIENT_API_RETRY",
-    "OperatorProcess", "PodCreations", "Timeout",
-    "apply_yaml", "as_service_account", "audit_now", "chart_objects", "delete_namespaces", "free_port",
-    "helm_binary", "kube_version", "kubectl", "kubectl_json", "operator_namespace", "operator_requests",
-    "service_account_kubeconfig", "stays", "token_kubeconfig", "wait_for",
+    "E2E_RELEASE", "OPERATOR_KUBECONFIG", "OperatorProcess", "PodCreations", "Timeout",
+    "as_service_account", "chart_objects", "delete_namespaces", "operator_namespace",
+    "service_account_kubeconfig", "stays", "wait_for",
 ]
 
 # The operator's own identity in tests: the chart's ServiceAccount, RBAC and all (see conftest).

@@ -41,6 +41,18 @@ def port_free(port: int) -> bool:
             return False
 
 
+def stop_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+    """Send ``sig`` to the process group ``proc`` leads (started with ``start_new_session``), wait
+    ``timeout`` s, then SIGKILL the group. No-op when it has exited."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def all_operator_files(root: Path = REPO) -> list[str]:
     """operators/*.py of a checkout, sorted, absolute."""
     return sorted(str(p) for p in (root / "operators").glob("*.py"))
@@ -126,15 +138,8 @@ class KopfProcess:
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
         """Signal the process group, wait ``timeout`` s, then SIGKILL it."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        if self.proc is not None:
+            stop_group(self.proc, sig, timeout)
         self.proc = None
 
     def kill(self) -> None:

@@ -32,6 +32,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from testsupport.launcher import stop_group
+
 CACHE = Path(os.environ.get("KOPF_OPERATORS_CACHE", Path.home() / ".cache" / "kopf-operators")) / "peers"
 MIRROR = Path(os.environ.get("BENCH_PEER_MIRROR", "/work/.mirror"))
 
@@ -236,13 +238,8 @@ class PeerProcess:
 
     def stop(self, timeout: float = 20) -> None:
         """SIGTERM to its process group, then SIGKILL after ``timeout`` s."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        if self.proc is not None:
+            stop_group(self.proc, signal.SIGTERM, timeout)
         self.proc = None
 
     def __enter__(self) -> PeerProcess:

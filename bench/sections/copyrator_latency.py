@@ -4,11 +4,10 @@ Operator and floor alternate event by event, each on objects of its own."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
 from typing import Any
 
-from bench.harness import BENCH_LABEL, FLOOR_LABEL, RULE_PATH, Bench, Floor, latency, origin, within
+from bench.harness import BENCH_LABEL, FLOOR_LABEL, RULE_PATH, Bench, Floor, latency, timed_change, within
 from bench.kube import Watcher
 
 
@@ -63,15 +62,10 @@ async def run(b: Bench) -> dict[str, Any]:
                 done = watcher.expect(all_updated)
                 edited = sources.expect(lambda t, o, _, name=name, value=value: o["metadata"]["name"] == name
                                         and (o.get("data") or {}).get("v") == value)
-                mark = b.a.mark()
-                await b.kube.merge_patch(f"/api/v1/namespaces/{src}/configmaps/{name}", {"data": {"v": value}})
-                t0 = time.monotonic()
-                t1 = await within(done, 60, f"{side} copies of v={value}")
-                t0 = await origin(t0, edited)
-                (op_lat if side == "op" else floor_lat).append(t1 - t0)
-                if side == "op":
-                    await asyncio.sleep(0.05)
-                    audit.update(b.a.requests(mark, b.a.mark()))
+                await timed_change(b, b.kube.merge_patch(f"/api/v1/namespaces/{src}/configmaps/{name}",
+                                                         {"data": {"v": value}}),
+                                   done, edited, f"{side} copies of v={value}",
+                                   op_lat if side == "op" else floor_lat, audit if side == "op" else None)
         results["source_edited"] = latency(
             op_lat, floor_lat, audit, n,
             f"source ConfigMap edited (from the PATCH response) -> all {k} copies show the new data on a watch")
@@ -84,16 +78,10 @@ async def run(b: Bench) -> dict[str, Any]:
                 ns = f"bench-cpn-{run_id}-{side}-{i}"
                 done = watcher.expect(lambda t, o, _, ns=ns: o["metadata"]["namespace"] == ns)
                 added = nss.expect(lambda t, o, _, ns=ns: t == "ADDED" and o["metadata"]["name"] == ns)
-                mark = b.a.mark()
-                await b.namespace(ns, {"bench-cpl-target": f"{side}-{run_id}"})
-                t0 = time.monotonic()
-                t1 = await within(done, 60, f"the {side} copy in {ns}")
-                t0 = await origin(t0, added)
+                await timed_change(b, b.namespace(ns, {"bench-cpl-target": f"{side}-{run_id}"}),
+                                   done, added, f"the {side} copy in {ns}",
+                                   op_lat if side == "op" else floor_lat, audit if side == "op" else None)
                 created.append(ns)
-                (op_lat if side == "op" else floor_lat).append(t1 - t0)
-                if side == "op":
-                    await asyncio.sleep(0.05)
-                    audit.update(b.a.requests(mark, b.a.mark()))
         results["namespace_created"] = latency(
             op_lat, floor_lat, audit, n, "namespace created (from the POST response) -> the copy ADDED on a watch")
     for w in (op_cms, floor_cms, sources, nss):

@@ -35,6 +35,7 @@ from bench.harness import (
     deployment,
     log,
     origin,
+    sub_sections,
     within,
 )
 from bench.kube import Watcher
@@ -45,17 +46,7 @@ from testsupport.stats import percentile, summary_ms
 
 
 async def run(b: Bench) -> dict[str, Any]:
-    results: dict[str, Any] = {}
-    for name, fn in (("reloader", reloader), ("replicator", replicator)):
-        started = time.monotonic()
-        try:
-            results[name] = await fn(b)
-        except Exception as exc:
-            import traceback
-            log(f"  peers/{name} FAILED: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
-        results[name]["seconds"] = round(time.monotonic() - started, 1)
-    return results
+    return await sub_sections(b, "peers", (("reloader", reloader), ("replicator", replicator)))
 
 
 class GoPeer(peer_build.PeerProcess):

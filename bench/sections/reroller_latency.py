@@ -4,12 +4,11 @@ alternating; reroller_latency_defaults: the same with the shipped debounce (2 s)
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from bench.harness import FLOOR_LABEL, RR, Bench, Floor, deployment, latency, log, origin, within
+from bench.harness import FLOOR_LABEL, RR, Bench, Floor, deployment, latency, log, timed_change
 from bench.kube import Watcher
 
 
@@ -74,15 +73,10 @@ async def run(b: Bench, n: int | None = None, label: str = "", pause: float = 0.
                 done = deps.expect(template_changed(dep_name, last))
                 edited = cms.expect(lambda t, o, _, cm=cm, v=str(i): o["metadata"]["name"] == cm
                                     and (o.get("data") or {}).get("v") == v)
-                mark = b.a.mark()
-                await b.kube.merge_patch(f"/api/v1/namespaces/{ns}/configmaps/{cm}", {"data": {"v": str(i)}})
-                t0 = time.monotonic()
-                t1 = await within(done, 60, f"{dep_name}'s pod template to change")
-                t0 = await origin(t0, edited)
-                (op_lat if side == "op" else floor_lat).append(t1 - t0)
-                if side == "op":
-                    await asyncio.sleep(0.05)
-                    audit.update(b.a.requests(mark, b.a.mark()))
+                await timed_change(b, b.kube.merge_patch(f"/api/v1/namespaces/{ns}/configmaps/{cm}",
+                                                         {"data": {"v": str(i)}}),
+                                   done, edited, f"{dep_name}'s pod template to change",
+                                   op_lat if side == "op" else floor_lat, audit if side == "op" else None)
             await asyncio.sleep(pause)
     await deps.stop()
     await cms.stop()

@@ -31,6 +31,7 @@ from bench.harness import (
     api_per_change,
     log,
     origin,
+    sub_sections,
     within,
 )
 from bench.kube import Watcher, bounded
@@ -42,17 +43,7 @@ NS_MEMORY_TARGET_MB = 25
 
 
 async def run(b: Bench) -> dict[str, Any]:
-    results: dict[str, Any] = {}
-    for name, fn in (("immortal", immortal), ("copyrator", copyrator)):
-        started = time.monotonic()
-        try:
-            results[name] = await fn(b)
-        except Exception as exc:  # one half failing keeps the other's figures
-            import traceback
-            log(f"  scale/{name} FAILED: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
-        results[name]["seconds"] = round(time.monotonic() - started, 1)
-    return results
+    return await sub_sections(b, "scale", (("immortal", immortal), ("copyrator", copyrator)))
 
 
 def cpu_ms(values: list[float]) -> dict[str, float]:

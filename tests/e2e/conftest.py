@@ -1,5 +1,6 @@
-"""Fixtures of the tests on the real node (test_real_node, test_ha, test_upgrade): the node itself,
-the image built from this tree (once per session), and the session's host operator paused."""
+"""Fixtures of the tests on the real node (test_real_node, test_ha, test_upgrade, test_uninstall; their
+shared set-up is in realnode.py): the node itself, the image built from this tree (once per session), and
+the session's host operator paused."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.e2e.realnode import IMAGE_REPO, TAG, script
-from tests.kube import CLUSTER_DIR, REPO, OperatorProcess
+from tests.kube import OperatorProcess
+from testsupport.paths import CLUSTER_DIR, REPO
 
 
 @pytest.fixture(scope="session")

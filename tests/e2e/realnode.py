@@ -1,22 +1,35 @@
-"""Helpers for the tests that deploy the chart on the local cluster's real node (cluster/node.sh):
-scripts, Helm, the release's pods, their logs, a SIGKILL from the host, and the API server's audit
-log per pod (a kubelet-mounted token names its pod in every audit line)."""
+"""What the tests that deploy the chart on the local cluster's real node (cluster/node.sh) share
+(test_real_node, test_ha, test_upgrade, test_uninstall): scripts, podman, Helm; the namespaces a release
+watches; the chart installed with the image built here and torn down again; one object for each
+operator; the objects' status; the release's pods, their logs, a SIGKILL from the host, and the API
+server's audit log per pod (a kubelet-mounted token names its pod in every audit line)."""
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import subprocess
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import kubernetes
 
-from tests.kube import CLUSTER_DIR, REPO, helm_binary, kubectl
+from tests.kube import wait_for
+from testsupport.audit import AuditLog, resource_of
+from testsupport.kubectl import kubectl
+from testsupport.paths import CLUSTER_DIR, REPO, helm_binary
 
 NODE = "kopf-real-node"
 IMAGE_REPO = "localhost/kopf-operators"
 TAG = "e2e"  # the image built from this tree, once per session (tests/e2e/conftest.py)
 VALUES = REPO / "cluster" / "real-node-values.yaml"
+CHART = REPO / "charts" / "kopf-operators"
+CRDS = REPO / "manifests" / "crds"
+REROLLER = "reroller.kopf-operators.dev"  # the re-roller's annotation prefix
+TEST_NAMESPACE_LABEL = "kopf-operators.dev/test"
+# The namespaced custom resources whose deletion the operator handles (a finalizer may wait for it).
+CUSTOM_RESOURCES = "copyrators.flant.com,immortalcontainers.immortalcontainer.flugel.it"
 WRITES = {"create", "update", "patch", "delete", "deletecollection"}
 RESUMED = "Resuming operations after the pause"
 PAUSED = "Pausing operations in favour of"
@@ -36,9 +49,13 @@ def helm(*args: str) -> str:
     return result.stdout
 
 
+def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(["podman", "--cgroup-manager=cgroupfs", "--events-backend=file", *args],
+                          check=check, capture_output=True, timeout=300)
+
+
 def image_exists(image: str) -> bool:
-    return subprocess.run(["podman", "--cgroup-manager=cgroupfs", "--events-backend=file", "image", "exists",
-                           image], capture_output=True).returncode == 0
+    return podman("image", "exists", image, check=False).returncode == 0
 
 
 def restricted_namespace(name: str) -> None:
@@ -89,20 +106,173 @@ def sigkill(pod: Any) -> None:
 def audit_writes(since: str, pod: str) -> list[tuple[str, str, str, str]]:
     """(time, verb, resource, name) of every write request made with the token of ``pod`` after
     ``since`` (audit_now()), from the API server's audit log."""
-    path = script("cluster.sh", "audit-log")
-    writes = []
-    with open(path) as log:
-        for line in log:
-            entry = json.loads(line)
-            extra = entry.get("user", {}).get("extra", {})
-            if (entry.get("verb") in WRITES and entry.get("requestReceivedTimestamp", "") > since
-                    and extra.get("authentication.kubernetes.io/pod-name") == [pod]):
-                ref = entry.get("objectRef") or {}
-                resource = ref.get("resource", "") + ("/" + ref["subresource"] if ref.get("subresource") else "")
-                writes.append((entry["requestReceivedTimestamp"], entry["verb"], resource, ref.get("name", "")))
-    return writes
+    return [(entry["requestReceivedTimestamp"], entry["verb"], resource_of(entry),
+             (entry.get("objectRef") or {}).get("name", ""))
+            for entry in AuditLog().entries()
+            if entry.get("verb") in WRITES and entry.get("requestReceivedTimestamp", "") > since
+            and entry.get("user", {}).get("extra", {}).get("authentication.kubernetes.io/pod-name") == [pod]]
 
 
 def not_peering(writes: list[tuple[str, str, str, str]]) -> list[tuple[str, str, str, str]]:
     """Writes other than Kopf's keep-alives in the ClusterKopfPeering (every replica renews its own entry)."""
     return [w for w in writes if not (w[1] == "patch" and w[2] == "clusterkopfpeerings")]
+
+
+# --- the namespaces a release watches, the release itself ---------------------------------------------
+
+
+@contextlib.contextmanager
+def watched_namespaces(core: kubernetes.client.CoreV1Api, names: Sequence[str],
+                       labels: dict[str, str] | None = None) -> Iterator[tuple[str, ...]]:
+    """Namespaces for a release to watch (with ``labels``), each ready once its default ServiceAccount
+    exists; deleted afterwards without waiting (normally gone already: ``uninstall_release``)."""
+    for name in names:
+        core.create_namespace({"metadata": {"name": name, "labels": {**(labels or {}), TEST_NAMESPACE_LABEL: "true"}}})
+    for name in names:
+        wait_for(lambda n=name: core.read_namespaced_service_account("default", n), timeout=30,  # type: ignore[misc]
+                 what=f"the default ServiceAccount in {name}")
+    try:
+        yield tuple(names)
+    finally:
+        for name in names:
+            kubectl("delete", "namespace", name, "--ignore-not-found", "--wait=false", check=False)
+
+
+def chart_values(tag: str, watch: Sequence[str]) -> list[str]:
+    """What a user gives Helm on the real node: the image loaded there under ``tag``, the namespaces to
+    watch, and no debounce before a rollout (so that tests wait for nothing)."""
+    return ["-f", str(VALUES), "--set", f"image.repository={IMAGE_REPO}", "--set", f"image.tag={tag}",
+            "--set", f"watchNamespaces={{{','.join(watch)}}}", "--set", "operators.reroller.debounceSeconds=0"]
+
+
+def install_release(core: kubernetes.client.CoreV1Api, release: str, namespace: str, watch: Sequence[str],
+                    *sets: str, replicas: int, tag: str = TAG, chart: Path = CHART) -> None:
+    """The chart (this tree's, or ``chart``) installed into a namespace that enforces the restricted Pod
+    Security level, with ``chart_values`` and ``sets`` ("key=value"); its ``replicas`` pods Ready."""
+    restricted_namespace(namespace)
+    helm("upgrade", "--install", release, str(chart), "--namespace", namespace, *chart_values(tag, watch),
+         *[arg for item in sets for arg in ("--set", item)])
+    wait_for(lambda: all_ready(core, namespace, release, replicas), timeout=120,
+             what=f"{replicas} Ready operator pod(s) of {release} on the real node")
+
+
+def uninstall_release(release: str, namespace: str, watched: Sequence[str], agents: str = "") -> None:
+    """Tear a release down while its operator still runs, so that it releases its own finalizers: the
+    ChaosAgents labelled ``agents`` (a label selector) and the custom resources in the watched namespaces
+    first (their deletion handlers still have their sources and targets), then the namespaces, the release
+    and its namespace. Whatever still waits for a finalizer then has no operator: released, loudly."""
+    if agents:
+        kubectl("delete", "chaosagents.blackadder.io", "-l", agents, "--timeout=60s", check=False, timeout=70)
+    for name in watched:
+        kubectl("delete", "-n", name, CUSTOM_RESOURCES, "--all", "--timeout=60s", check=False, timeout=70)
+    for name in watched:
+        kubectl("delete", "namespace", name, "--wait=false", check=False)
+    for name in watched:
+        kubectl("wait", "--for=delete", f"namespace/{name}", "--timeout=60s", check=False, timeout=70)
+    helm("uninstall", release, "--namespace", namespace, "--wait", "--timeout", "90s")
+    kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=90s", check=False, timeout=100)
+    for name in watched:
+        for obj in kubectl("get", CUSTOM_RESOURCES, "-n", name, "-o", "name", check=False).stdout.split():
+            print(f"teardown: releasing the finalizers of {name}/{obj}")
+            kubectl("patch", obj, "-n", name, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False)
+
+
+def apply_crds(crds: Path = CRDS) -> None:
+    """CRDs as a user applies them (this tree's by default), established."""
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
+    kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(crds), timeout=70)
+
+
+# --- one object for each operator, and what they report --------------------------------------------------
+
+def immortal_yaml(name: str) -> str:
+    return f"""
+apiVersion: immortalcontainer.flugel.it/v1alpha1
+kind: ImmortalContainer
+metadata: {{name: {name}}}
+spec: {{image: "busybox:1.36"}}
+"""
+
+
+def copy_rule_yaml(source: str, label: str, run: str) -> str:
+    """A labelled ConfigMap ``shared`` and a CopyratorRule that copies it from ``source`` into every
+    namespace labelled ``label=run``."""
+    return f"""
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: shared, labels: {{copy-me: "yes"}}}}
+data: {{greeting: hello}}
+---
+apiVersion: flant.com/v1
+kind: CopyratorRule
+metadata: {{name: to-b}}
+spec:
+  ruleType: configmap
+  selector: {{copy-me: "yes"}}
+  namespace: [{source}]
+  namespaceSelector: {{matchLabels: {{{label}: "{run}"}}}}
+"""
+
+
+def rerolled_app_yaml(config: str = "app-conf") -> str:
+    """A ConfigMap ``config`` and a Deployment ``app`` that uses it, annotated for the re-roller."""
+    return f"""
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: {config}}}
+data: {{level: "1"}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: app
+  annotations: {{{REROLLER}/auto: "true"}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: app}}}}
+  template:
+    metadata: {{labels: {{app: app}}}}
+    spec:
+      containers: [{{name: app, image: "busybox:1.36", envFrom: [{{configMapRef: {{name: {config}}}}}]}}]
+"""
+
+
+def one_of_each_yaml(source: str, label: str, run: str, immortal: str = "sleeper") -> str:
+    """An object for each namespaced operator, all in namespace ``source``."""
+    return "---".join([immortal_yaml(immortal), copy_rule_yaml(source, label, run), rerolled_app_yaml()])
+
+
+def dry_run_agent_yaml(name: str, label: str, run: str, target: str) -> str:
+    """A ChaosAgent (cluster-scoped, labelled ``label=run``) that acts in dry run on namespace ``target``."""
+    return f"""
+apiVersion: blackadder.io/v1beta1
+kind: ChaosAgent
+metadata: {{name: {name}, labels: {{{label}: "{run}"}}}}
+spec: {{tantrumMode: true, eagerness: 100, podTolerance: 0, pauseDuration: 5, dryRun: true,
+        targetNamespaces: [{target}]}}
+"""
+
+
+def ic_status(custom: kubernetes.client.CustomObjectsApi, ns: str, name: str) -> dict[str, Any]:
+    body = custom.get_namespaced_custom_object("immortalcontainer.flugel.it", "v1alpha1", ns,
+                                               "immortalcontainers", name)
+    return dict(body.get("status") or {})
+
+
+def agent_status(custom: kubernetes.client.CustomObjectsApi, name: str) -> dict[str, Any]:
+    return dict(custom.get_cluster_custom_object("blackadder.io", "v1beta1", "chaosagents", name).get("status") or {})
+
+
+def agent_cycle(custom: kubernetes.client.CustomObjectsApi, name: str) -> int:
+    return int(agent_status(custom, name).get("cycle") or 0)
+
+
+def template_hash(apps: kubernetes.client.AppsV1Api, ns: str, name: str = "app") -> str | None:
+    """The hash the re-roller put on the Deployment's pod template (its last rollout), if any."""
+    annotations = apps.read_namespaced_deployment(name, ns).spec.template.metadata.annotations or {}
+    return annotations.get(f"{REROLLER}/config-hash")
+
+
+def observed_hash(apps: kubernetes.client.AppsV1Api, ns: str, name: str = "app") -> str | None:
+    """The re-roller's baseline for the Deployment (set when it first sees it), if any."""
+    return (apps.read_namespaced_deployment(name, ns).metadata.annotations or {}).get(f"{REROLLER}/observed-hash")

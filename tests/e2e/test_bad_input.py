@@ -18,10 +18,10 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators import blackadder as ba
-from kopf_operators import copyrator as cr
-from kopf_operators import immortal as ic
-from kopf_operators import reroller as rr
+from kopf_operators.blackadder import decisions as ba
+from kopf_operators.copyrator import decisions as cr
+from kopf_operators.immortal import decisions as ic
+from kopf_operators.reroller import decisions as rr
 from tests.e2e.faultkit import LogWindow
 from tests.kube import OperatorProcess, stays, wait_for
 

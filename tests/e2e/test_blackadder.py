@@ -25,19 +25,11 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators import blackadder as logic
-from tests.kube import (
-    KUBECONFIG,
-    REPO,
-    OperatorProcess,
-    apply_yaml,
-    delete_namespaces,
-    free_port,
-    kubectl,
-    operator_namespace,
-    stays,
-    wait_for,
-)
+from kopf_operators.blackadder import decisions as logic
+from tests.kube import OperatorProcess, delete_namespaces, operator_namespace, stays, wait_for
+from testsupport.kubectl import apply_yaml, kubectl
+from testsupport.launcher import free_port
+from testsupport.paths import KUBECONFIG, REPO
 
 G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL
 PAUSE = logic.MIN_PAUSE_SECONDS
@@ -648,10 +640,15 @@ def test_ipsum_leaves_copyrator_sources_and_copies_alone_unless_included(
     ("sharedConfigMaps: Maybe", 'supported values: "Skip", "Include"'),
 ])
 def test_bad_guard_fields_are_rejected_with_a_readable_message(crds: None, field: str, needle: str) -> None:
+    assert_field_rejected("bad-guard", field, needle)
+
+
+def assert_field_rejected(name: str, field: str, needle: str) -> None:
+    """A harmless ChaosAgent with one more spec ``field`` (a YAML line) is refused, saying ``needle``."""
     result = kubectl("apply", "-f", "-", check=False, input=f"""
 apiVersion: blackadder.io/v1beta1
 kind: ChaosAgent
-metadata: {{name: bad-guard}}
+metadata: {{name: {name}}}
 spec:
   eagerness: 0
   paused: true

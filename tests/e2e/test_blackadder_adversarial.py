@@ -6,12 +6,13 @@ Real local API server, KWOK-backed pods; every agent is confined to its test's n
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import kubernetes
 import pytest
 
-from kopf_operators import blackadder as logic
+from kopf_operators.blackadder import decisions as logic
 from tests.e2e.test_blackadder import (  # noqa: F401 (fixtures)
     PAUSE,
     Agents,
@@ -25,7 +26,8 @@ from tests.e2e.test_blackadder import (  # noqa: F401 (fixtures)
     other_namespace,
     replicas,
 )
-from tests.kube import OperatorProcess, apply_yaml, kubectl, operator_namespace, stays, wait_for
+from tests.kube import OperatorProcess, operator_namespace, stays, wait_for
+from testsupport.kubectl import apply_yaml, kubectl
 
 STOP_SECONDS = 8
 
@@ -73,10 +75,10 @@ def test_two_long_names_with_the_same_prefix_keep_separate_ledgers() -> None:
     assert logic.ledger_label(a) != logic.ledger_label(b)
 
 
-def test_pause_in_the_middle_of_a_cycle_stops_before_the_next_action_and_revert_is_exact(
-        agents: Agents, namespace: str, core: kubernetes.client.CoreV1Api) -> None:
-    """An edit mid-cycle: 60 ConfigMaps in one cycle, paused while it writes. No write after the pause
-    is seen; the ledger has exactly the ConfigMaps written, so the revert restores every one of them."""
+def ipsum_cycle_under_way(agents: Agents, namespace: str, core: kubernetes.client.CoreV1Api
+                          ) -> tuple[str, dict[str, dict[str, str]], Callable[[], set[str]]]:
+    """60 ConfigMaps and an ipsum agent writing them all in one cycle, its first write seen: the agent's
+    name, the ConfigMaps' original data, and a probe of the names written so far."""
     originals = {f"cm-{i:02d}": {"k": f"v{i}"} for i in range(60)}
     for cm, data in originals.items():
         make_cm(core, namespace, cm, data)
@@ -88,6 +90,14 @@ def test_pause_in_the_middle_of_a_cycle_stops_before_the_next_action_and_revert_
                 if cm.metadata.name in originals and cm.data != originals[cm.metadata.name]}
 
     wait_for(lambda: len(written()) >= 1, timeout=30, what="the cycle under way")
+    return name, originals, written
+
+
+def test_pause_in_the_middle_of_a_cycle_stops_before_the_next_action_and_revert_is_exact(
+        agents: Agents, namespace: str, core: kubernetes.client.CoreV1Api) -> None:
+    """An edit mid-cycle: 60 ConfigMaps in one cycle, paused while it writes. No write after the pause
+    is seen; the ledger has exactly the ConfigMaps written, so the revert restores every one of them."""
+    name, originals, written = ipsum_cycle_under_way(agents, namespace, core)
     agents.patch_spec(name, {"paused": True})
     wait_for(lambda: agents.status(name).get("state") == "Paused", timeout=STOP_SECONDS, what="paused")
     after_pause = written()
@@ -203,17 +213,7 @@ def test_operator_killed_mid_cycle_then_revert_restores_exactly_what_was_written
     """SIGKILL between a write-ahead and its action: the ledger may hold entries for writes that never
     happened; the revert must restore what was written and leave the rest alone, reporting nothing as
     changed by someone else."""
-    originals = {f"cm-{i:02d}": {"k": f"v{i}"} for i in range(60)}
-    for cm, data in originals.items():
-        make_cm(core, namespace, cm, data)
-    name = agents.create({"ipsumMode": True, "eagerness": 100, "pauseDuration": 600,
-                          "targetNamespaces": [namespace]})
-
-    def written() -> set[str]:
-        return {cm.metadata.name for cm in core.list_namespaced_config_map(namespace).items
-                if cm.metadata.name in originals and cm.data != originals[cm.metadata.name]}
-
-    wait_for(lambda: len(written()) >= 1, timeout=30, what="the cycle under way")
+    name, originals, written = ipsum_cycle_under_way(agents, namespace, core)
     operator.kill()
     assert 0 < len(written()) < len(originals)  # killed mid-cycle
     assert len(ledger(core, name)["undo"]) == len(originals)  # every write was recorded ahead

@@ -14,19 +14,22 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators import blackadder as logic
+from kopf_operators.blackadder import decisions as logic
 from tests.e2e.test_blackadder import (  # noqa: F401 (fixtures)
     GREEDY,
     PAUSE,
     Agents,
     agents,
+    assert_field_rejected,
     condition,
     events,
     live_pods,
     make_pod,
     next_cycles,
 )
-from tests.kube import REPO, kubectl, stays, wait_for
+from tests.kube import stays, wait_for
+from testsupport.kubectl import kubectl
+from testsupport.paths import REPO
 
 HOLD = "kopf-operators.dev/test-hold"
 
@@ -220,15 +223,4 @@ def test_examples_of_issue_23_are_accepted(crds: Any) -> None:
     ("targetFrequency: Sometimes", 'supported values: "Honour", "Ignore"'),
 ])
 def test_bad_filter_fields_are_rejected_with_a_readable_message(crds: Any, field: str, needle: str) -> None:
-    result = kubectl("apply", "-f", "-", check=False, input=f"""
-apiVersion: blackadder.io/v1beta1
-kind: ChaosAgent
-metadata: {{name: bad-filter}}
-spec:
-  eagerness: 0
-  paused: true
-  dryRun: true
-  targetNamespaces: [nowhere]
-  {field}
-""")
-    assert result.returncode != 0 and needle in result.stderr, result.stderr
+    assert_field_rejected("bad-filter", field, needle)

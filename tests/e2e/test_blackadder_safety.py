@@ -21,7 +21,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators import blackadder as logic
+from kopf_operators.blackadder import decisions as logic
 from tests.e2e.test_blackadder import (  # noqa: F401 (fixtures)
     PAUSE,
     Agents,
@@ -34,18 +34,9 @@ from tests.e2e.test_blackadder import (  # noqa: F401 (fixtures)
     other_namespace,
     replicas,
 )
-from tests.kube import (
-    CLUSTER_DIR,
-    KUBECONFIG,
-    REPO,
-    OperatorProcess,
-    apply_yaml,
-    kubectl,
-    kubectl_json,
-    operator_namespace,
-    stays,
-    wait_for,
-)
+from tests.kube import OperatorProcess, operator_namespace, stays, wait_for
+from testsupport.kubectl import apply_yaml, kubectl, kubectl_json
+from testsupport.paths import CLUSTER_DIR, KUBECONFIG, REPO
 
 # An emergency stop must act within seconds (the agents below sleep 10 minutes between cycles).
 STOP_SECONDS = 8
@@ -83,6 +74,21 @@ def webhook_secret(core: kubernetes.client.CoreV1Api, namespace: str, name: str,
 
 
 # --- #18 item 4: nothing secret in a custom resource -------------------------------------------------
+
+
+def scaled_and_ipsumed(agents: Agents, namespace: str, core: kubernetes.client.CoreV1Api,
+                       apps: kubernetes.client.AppsV1Api, deployment: str, start_replicas: int) -> str:
+    """A Deployment of ``start_replicas`` and a ConfigMap ``settings``, and an agent (cancer and ipsum)
+    that has doubled the one and rewritten the other: the agent's name."""
+    make_deployment(apps, namespace, deployment, start_replicas)
+    make_cm(core, namespace, "settings", {"k": "original"})
+    name = agents.create({"cancerMode": True, "ipsumMode": True, "eagerness": 100, "pauseDuration": PAUSE,
+                          "targetNamespaces": [namespace]})
+    wait_for(lambda: replicas(apps, namespace, deployment) >= 2 * start_replicas, timeout=30,
+             what="the agent's chaos")
+    wait_for(lambda: core.read_namespaced_config_map("settings", namespace).data["k"] != "original", timeout=30,
+             what="the ConfigMap ipsumed")
+    return name
 
 
 def test_webhook_url_inline_is_refused_with_a_readable_message(crds: None) -> None:
@@ -166,13 +172,7 @@ def test_revert_first_uninstall_path(
         core: kubernetes.client.CoreV1Api, apps: kubernetes.client.AppsV1Api) -> None:
     """`make revert-agents` (docs/blackadder.md, "Uninstalling"): with the operator running, every agent
     is deleted, reverts first, and the command returns once they are gone."""
-    make_deployment(apps, namespace, "grow", 2)
-    make_cm(core, namespace, "settings", {"k": "original"})
-    name = agents.create({"cancerMode": True, "ipsumMode": True, "eagerness": 100, "pauseDuration": PAUSE,
-                          "targetNamespaces": [namespace]})
-    wait_for(lambda: replicas(apps, namespace, "grow") >= 4, timeout=30, what="the agent's chaos")
-    wait_for(lambda: core.read_namespaced_config_map("settings", namespace).data["k"] != "original", timeout=30,
-             what="the ConfigMap ipsumed")
+    name = scaled_and_ipsumed(agents, namespace, core, apps, "grow", 2)
     ledger_ns, ledger_name = ledger_location(name)
     result = subprocess.run(["make", "revert-agents"], cwd=REPO, capture_output=True, text=True, timeout=240,
                             env={**os.environ, "KUBECONFIG": str(KUBECONFIG)})
@@ -255,13 +255,7 @@ spec:
 def test_a_revert_refused_again_and_again_lets_go_and_keeps_the_ledger(
         operator: OperatorProcess, agents: Agents, namespace: str,
         core: kubernetes.client.CoreV1Api, apps: kubernetes.client.AppsV1Api) -> None:
-    make_deployment(apps, namespace, "frozen", 1)
-    make_cm(core, namespace, "settings", {"k": "original"})
-    name = agents.create({"cancerMode": True, "ipsumMode": True, "eagerness": 100, "pauseDuration": PAUSE,
-                          "targetNamespaces": [namespace]})
-    wait_for(lambda: replicas(apps, namespace, "frozen") >= 2, timeout=30, what="the agent's chaos")
-    wait_for(lambda: core.read_namespaced_config_map("settings", namespace).data["k"] != "original", timeout=30,
-             what="the ConfigMap ipsumed")
+    name = scaled_and_ipsumed(agents, namespace, core, apps, "frozen", 1)
     agents.patch_spec(name, {"paused": True})
     wait_for(lambda: agents.status(name).get("state") == "Paused", timeout=STOP_SECONDS, what="paused")
     grown = replicas(apps, namespace, "frozen")

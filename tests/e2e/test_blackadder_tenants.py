@@ -17,22 +17,13 @@ import kubernetes
 import pytest
 import yaml
 
-from kopf_operators import blackadder as logic
+from kopf_operators.blackadder import decisions as logic
 from tests.e2e.test_blackadder import condition, events, live_pods, make_pod
 from tests.e2e.test_chart import CHART, helm, render
-from tests.kube import (
-    CLUSTER_DIR,
-    KUBECONFIG,
-    REPO,
-    OperatorProcess,
-    chart_objects,
-    delete_namespaces,
-    kube_version,
-    kubectl,
-    stays,
-    token_kubeconfig,
-    wait_for,
-)
+from tests.kube import OperatorProcess, chart_objects, delete_namespaces, stays, wait_for
+from testsupport.kubectl import kubectl
+from testsupport.paths import CLUSTER_DIR, KUBECONFIG, REPO, kube_version
+from testsupport.tokens import token_kubeconfig
 
 G, V, P = logic.GROUP, logic.VERSION, logic.TENANT_PLURAL
 RELEASE = "kopf-operators-tenants"  # its own release: the session's operator keeps the default RBAC

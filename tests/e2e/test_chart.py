@@ -21,7 +21,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.kube import REPO, OperatorProcess, chart_objects, helm_binary, kube_version, kubectl, wait_for
+from tests.kube import OperatorProcess, chart_objects, wait_for
+from testsupport.kubectl import kubectl
+from testsupport.paths import REPO, helm_binary, kube_version
 
 CHART = REPO / "charts" / "kopf-operators"
 PRIORITY_CLASS = "kopf-operators-chart-test"
@@ -264,7 +266,7 @@ def test_every_alert_and_dashboard_query_names_a_metric_the_operator_serves(oper
     chaos = next(rule["expr"] for group in alert_groups() for rule in group["rules"]
                  if rule["alert"] == "KopfOperatorsChaosWhileDryRun")
     counted = set(re.findall(r'metrics\.action\(OPERATOR, "([a-z-]+)"\)',
-                             (REPO / "kopf_operators" / "blackadder_controller.py").read_text()))
+                             (REPO / "kopf_operators" / "blackadder" / "controller.py").read_text()))
     actions = set(re.search(r'action=~"([^"]+)"', chaos).group(1).split("|"))  # type: ignore[union-attr]
     assert actions <= counted, actions - counted
 

@@ -17,27 +17,13 @@ import kubernetes
 import pytest
 import yaml
 
-from kopf_operators import copyrator as logic
-from tests.kube import REPO, OperatorProcess, delete_namespaces, kubectl, stays, wait_for
+from kopf_operators.copyrator import decisions as logic
+from tests.kube import OperatorProcess, delete_namespaces, stays, wait_for
+from testsupport.kubectl import kubectl
+from testsupport.paths import REPO
 
 ARTICLE_RULE = REPO / "manifests" / "examples" / "copyrator-article-rule.yaml"
 G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL
-
-
-@pytest.fixture
-def make_namespace(core: kubernetes.client.CoreV1Api) -> Iterator[Callable[..., str]]:
-    """Extra namespaces for one test (the ``namespace`` fixture gives one), deleted afterwards."""
-    made: list[str] = []
-
-    def make(prefix: str = "copyr", **labels: str) -> str:
-        name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-        core.create_namespace({"metadata": {"name": name,
-                                            "labels": {"kopf-operators.dev/test": "true", **labels}}})
-        made.append(name)
-        return name
-
-    yield make
-    delete_namespaces(core, made)
 
 
 def get(core: kubernetes.client.CoreV1Api, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
@@ -78,6 +64,16 @@ def condition(custom: kubernetes.client.CustomObjectsApi, namespace: str, name: 
     return next((c for c in status(custom, namespace, name).get("conditions") or [] if c["type"] == type_), {})
 
 
+def rule_gone(custom: kubernetes.client.CustomObjectsApi, namespace: str, name: str) -> bool:
+    try:
+        custom.get_namespaced_custom_object(G, V, namespace, P, name)
+    except kubernetes.client.ApiException as exc:
+        if exc.status == 404:
+            return True
+        raise
+    return False
+
+
 def delete_rule(custom: kubernetes.client.CustomObjectsApi, namespace: str, name: str) -> None:
     """Delete a rule, wait until it is gone, then until its copies are pruned (a rule has no
     finalizer: the operator prunes its copies from the rule's DELETED event, after the rule is gone)."""
@@ -88,17 +84,7 @@ def delete_rule(custom: kubernetes.client.CustomObjectsApi, namespace: str, name
         if exc.status != 404:
             raise
         return
-
-    def gone() -> bool:
-        try:
-            custom.get_namespaced_custom_object(G, V, namespace, P, name)
-        except kubernetes.client.ApiException as exc:
-            if exc.status == 404:
-                return True
-            raise
-        return False
-
-    wait_for(gone, timeout=60, what=f"rule {namespace}/{name} to be deleted")
+    wait_for(lambda: rule_gone(custom, namespace, name), timeout=60, what=f"rule {namespace}/{name} to be deleted")
     core = kubernetes.client.CoreV1Api(custom.api_client)
     wait_for(lambda: not any(copies(core, kind, f"{logic.RULE_UID_LABEL}={uid}") for kind in ("ConfigMap", "Secret")),
              timeout=60, what=f"the copies of rule {namespace}/{name} to be pruned")

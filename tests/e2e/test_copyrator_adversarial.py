@@ -15,7 +15,7 @@ from collections.abc import Callable
 import kubernetes
 import pytest
 
-from kopf_operators import copyrator as logic
+from kopf_operators.copyrator import decisions as logic
 from tests.e2e.test_copyrator import (
     G,
     P,
@@ -25,9 +25,9 @@ from tests.e2e.test_copyrator import (
     delete_rule,
     events,
     get,
-    make_namespace,  # noqa: F401  (a fixture)
     make_rule,
     put_cm,
+    rule_gone,
     wait_condition,
     wait_data,
 )
@@ -63,7 +63,7 @@ def rule_uid(custom: kubernetes.client.CustomObjectsApi, namespace: str, name: s
 def test_253_character_rule_and_source_names_work(
         operator: OperatorProcess, core: kubernetes.client.CoreV1Api,
         custom: kubernetes.client.CustomObjectsApi, namespace: str,
-        make_namespace: Callable[..., str]) -> None:  # noqa: F811
+        make_namespace: Callable[..., str]) -> None:
     """The rule's name is never a label value (copies carry its uid) and the source's name only the
     copy's own name and annotations: every name the API server accepts works."""
     target = make_namespace()
@@ -102,7 +102,7 @@ def test_253_character_rule_and_source_names_work(
 def test_objects_of_one_mib_are_copied_and_updated(
         operator: OperatorProcess, core: kubernetes.client.CoreV1Api,
         custom: kubernetes.client.CustomObjectsApi, namespace: str,
-        make_namespace: Callable[..., str], kind: str) -> None:  # noqa: F811
+        make_namespace: Callable[..., str], kind: str) -> None:
     targets = [make_namespace(), make_namespace()]
     labels = {"share": "big"}
 
@@ -146,7 +146,7 @@ def test_objects_of_one_mib_are_copied_and_updated(
 def test_copied_annotations_over_the_api_limit_are_reported_not_retried_hot(
         operator: OperatorProcess, core: kubernetes.client.CoreV1Api,
         custom: kubernetes.client.CustomObjectsApi, namespace: str,
-        make_namespace: Callable[..., str]) -> None:  # noqa: F811
+        make_namespace: Callable[..., str]) -> None:
     """A source whose annotations fill the API's 256 KiB: with copyAnnotations, the copy would carry
     them plus the operator's own, which the API server refuses. The rule says so; the other source
     is still copied."""
@@ -178,7 +178,7 @@ def test_copied_annotations_over_the_api_limit_are_reported_not_retried_hot(
 def test_objects_in_the_way_are_never_touched_whatever_they_carry(
         operator: OperatorProcess, core: kubernetes.client.CoreV1Api,
         custom: kubernetes.client.CustomObjectsApi, namespace: str,
-        make_namespace: Callable[..., str]) -> None:  # noqa: F811
+        make_namespace: Callable[..., str]) -> None:
     """A plain ConfigMap, one carrying another rule's marker, and one that is a source's namesake in
     the target: none is updated or deleted, not by a source edit, nor by the rule's deletion. When
     the plain one goes away, the copy takes its place."""
@@ -213,7 +213,7 @@ def test_objects_in_the_way_are_never_touched_whatever_they_carry(
 def test_a_burst_of_edits_ends_with_the_last_content(
         operator: OperatorProcess, core: kubernetes.client.CoreV1Api,
         custom: kubernetes.client.CustomObjectsApi, namespace: str,
-        make_namespace: Callable[..., str]) -> None:  # noqa: F811
+        make_namespace: Callable[..., str]) -> None:
     targets = [make_namespace() for _ in range(3)]
     put_cm(core, namespace, "hot", {"v": "0"})
     make_rule(custom, namespace, "r", ruleType="configmap", selector={"copyrator": "true"},
@@ -241,16 +241,6 @@ def test_a_burst_of_edits_ends_with_the_last_content(
     assert not own_errors_about(operator, namespace)
 
 
-def rule_gone(custom: kubernetes.client.CustomObjectsApi, namespace: str, name: str) -> bool:
-    try:
-        custom.get_namespaced_custom_object(G, V, namespace, P, name)
-    except kubernetes.client.ApiException as exc:
-        if exc.status == 404:
-            return True
-        raise
-    return False
-
-
 # --- the operator stopped at each step --------------------------------------------------------------
 
 
@@ -258,7 +248,7 @@ def rule_gone(custom: kubernetes.client.CustomObjectsApi, namespace: str, name: 
 def test_operator_stopped_while_things_change_converges_on_start(
         operator: OperatorProcess, core: kubernetes.client.CoreV1Api,
         custom: kubernetes.client.CustomObjectsApi, namespace: str,
-        make_namespace: Callable[..., str], step: str) -> None:  # noqa: F811
+        make_namespace: Callable[..., str], step: str) -> None:
     a, b = make_namespace(), make_namespace()
     put_cm(core, namespace, "s", {"k": "v"})
     make_rule(custom, namespace, "r", ruleType="configmap", selector={"copyrator": "true"},
@@ -302,7 +292,7 @@ def test_operator_stopped_while_things_change_converges_on_start(
 def test_the_same_change_applied_twice_writes_nothing_more(
         operator: OperatorProcess, core: kubernetes.client.CoreV1Api,
         custom: kubernetes.client.CustomObjectsApi, namespace: str,
-        make_namespace: Callable[..., str]) -> None:  # noqa: F811
+        make_namespace: Callable[..., str]) -> None:
     targets = [make_namespace(), make_namespace()]
     put_cm(core, namespace, "s", {"k": "v"})
     body = {"apiVersion": f"{G}/{V}", "kind": logic.KIND, "metadata": {"name": "r", "namespace": namespace},

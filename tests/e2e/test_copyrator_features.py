@@ -17,7 +17,7 @@ import pytest
 import urllib3
 import yaml
 
-from kopf_operators import copyrator as logic
+from kopf_operators.copyrator import decisions as logic
 from tests.e2e.test_copyrator import (
     G,
     P,
@@ -27,7 +27,6 @@ from tests.e2e.test_copyrator import (
     delete_rule,
     events,
     get,
-    make_namespace,  # noqa: F401  (a fixture)
     make_rule,
     own_errors,
     put_cm,
@@ -35,7 +34,9 @@ from tests.e2e.test_copyrator import (
     wait_condition,
     wait_data,
 )
-from tests.kube import REPO, OperatorProcess, kubectl, stays, wait_for
+from tests.kube import OperatorProcess, stays, wait_for
+from testsupport.kubectl import kubectl
+from testsupport.paths import REPO
 
 EXAMPLES = REPO / "manifests" / "examples"
 
@@ -82,7 +83,7 @@ def patch_rule(custom: kubernetes.client.CustomObjectsApi, namespace: str, name:
 def test_a_copy_under_another_name_and_renaming_it(
         operator: OperatorProcess, core: kubernetes.client.CoreV1Api,
         custom: kubernetes.client.CustomObjectsApi, namespace: str,
-        make_namespace: Callable[..., str], recorder: Callable[[str], Recorder]) -> None:  # noqa: F811
+        make_namespace: Callable[..., str], recorder: Callable[[str], Recorder]) -> None:
     target = make_namespace()
     put_cm(core, namespace, "settings", {"k": "v"})
     make_rule(custom, namespace, "r", ruleType="configmap", selector={"copyrator": "true"},
@@ -132,7 +133,7 @@ def test_a_copy_under_another_name_and_renaming_it(
 def test_target_name_for_one_source_and_the_schema_refuses_impossible_names(
         operator: OperatorProcess, core: kubernetes.client.CoreV1Api,
         custom: kubernetes.client.CustomObjectsApi, namespace: str,
-        make_namespace: Callable[..., str]) -> None:  # noqa: F811
+        make_namespace: Callable[..., str]) -> None:
     def refused(spec: dict[str, Any]) -> str:
         body = {"apiVersion": f"{G}/{V}", "kind": logic.KIND, "metadata": {"name": "bad"},
                 "spec": {"ruleType": "configmap", "selector": {"a": "b"}, "namespace": namespace, **spec}}
@@ -172,7 +173,7 @@ def test_target_name_for_one_source_and_the_schema_refuses_impossible_names(
 def test_keys_selected_and_renamed(
         operator: OperatorProcess, core: kubernetes.client.CoreV1Api,
         custom: kubernetes.client.CustomObjectsApi, namespace: str,
-        make_namespace: Callable[..., str]) -> None:  # noqa: F811
+        make_namespace: Callable[..., str]) -> None:
     target = make_namespace()
     put_cm(core, namespace, "tls", {"tls.crt": "C", "tls.key": "K", "ca.crt": "A"})
     make_rule(custom, namespace, "r", ruleType="configmap", selector={"copyrator": "true"},
@@ -211,7 +212,7 @@ def test_keys_selected_and_renamed(
 
 def test_a_source_pushes_itself_into_the_namespaces_it_names(
         operator: OperatorProcess, core: kubernetes.client.CoreV1Api, namespace: str,
-        make_namespace: Callable[..., str]) -> None:  # noqa: F811
+        make_namespace: Callable[..., str]) -> None:
     token = namespace[-5:]
     one, two, labelled, other = (make_namespace(), make_namespace(), make_namespace(push=token),
                                  make_namespace())
@@ -275,7 +276,7 @@ def test_a_malformed_push_annotation_is_reported_on_the_source(
 
 def test_a_pushed_secret_keeps_its_type_and_tokens_are_never_pushed(
         operator: OperatorProcess, core: kubernetes.client.CoreV1Api, namespace: str,
-        make_namespace: Callable[..., str]) -> None:  # noqa: F811
+        make_namespace: Callable[..., str]) -> None:
     target = make_namespace()
     push = {logic.PUSH_TO_ANNOTATION: target}
     core.create_namespaced_secret(namespace, {"metadata": {"name": "tls", "annotations": push},
@@ -332,7 +333,7 @@ def _exists(core: kubernetes.client.CoreV1Api, name: str) -> bool:
 def test_two_rules_for_one_target_name_the_later_is_refused_without_flapping(
         operator: OperatorProcess, core: kubernetes.client.CoreV1Api,
         custom: kubernetes.client.CustomObjectsApi, namespace: str,
-        make_namespace: Callable[..., str]) -> None:  # noqa: F811
+        make_namespace: Callable[..., str]) -> None:
     target = make_namespace()
     put_cm(core, namespace, "blue", {"colour": "blue"}, labels={"colour": "blue"})
     put_cm(core, namespace, "green", {"colour": "green"}, labels={"colour": "green"})

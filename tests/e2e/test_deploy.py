@@ -14,7 +14,10 @@ import kubernetes
 import pytest
 import yaml
 
-from tests.kube import REPO, helm_binary, kube_version, kubectl, token_kubeconfig, wait_for
+from tests.kube import wait_for
+from testsupport.kubectl import kubectl
+from testsupport.paths import REPO, helm_binary, kube_version
+from testsupport.tokens import token_kubeconfig
 
 CHART = REPO / "charts" / "kopf-operators"
 OPERATORS = ("immortal", "copyrator", "blackadder", "reroller")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import yaml
 
-from tests.kube import REPO
 from testsupport.kubectl import kubectl
+from testsupport.paths import REPO
 
 EXAMPLES = REPO / "manifests" / "examples"
 NAMESPACES_FILE = EXAMPLES / "copyrator-namespaces.yaml"

@@ -17,12 +17,13 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators import copyrator as cr
-from kopf_operators import immortal as ic
-from kopf_operators import reroller as rr
-from kopf_operators import runtime
+from kopf_operators.copyrator import decisions as cr
+from kopf_operators.core import process
+from kopf_operators.immortal import decisions as ic
+from kopf_operators.reroller import decisions as rr
 from tests.e2e.faultkit import ApiProxy, LogWindow, proxied_kubeconfig, upstream_of
-from tests.kube import CLUSTER_DIR, OperatorProcess, PodCreations, delete_namespaces, stays, wait_for
+from tests.kube import OperatorProcess, PodCreations, delete_namespaces, stays, wait_for
+from testsupport.paths import CLUSTER_DIR
 
 SEED = int(os.environ.get("FAULT_SEED", "20240509"))
 TEST_LABEL = {"kopf-operators.dev/test": "true"}
@@ -422,7 +423,7 @@ def test_two_replicas_only_one_acts_and_the_other_takes_over(
         wait_for(lambda: low_log.lines(RESUMED), timeout=30, interval=0.5,
                  what="the remaining replica to take over")
         print(f"takeover {time.monotonic() - killed:.1f}s after SIGKILL of the active replica "
-              f"(peering lifetime {runtime.PEERING_LIFETIME_SECONDS} s)")
+              f"(peering lifetime {process.PEERING_LIFETIME_SECONDS} s)")
         assert delete_counted_pod(custom, core, namespace, names[0])
         make_ics(custom, namespace, ["ic-after"])
 

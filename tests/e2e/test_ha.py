@@ -14,24 +14,29 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators import immortal as ic
-from kopf_operators import runtime
+from kopf_operators.core import process
+from kopf_operators.immortal import decisions as ic
 from tests.e2e.realnode import (
-    IMAGE_REPO,
     RESUMED,
-    TAG,
-    VALUES,
     acting,
     all_ready,
     audit_writes,
-    helm,
+    ic_status,
+    immortal_yaml,
+    install_release,
     logs,
     not_peering,
+    observed_hash,
     release_pods,
-    restricted_namespace,
+    rerolled_app_yaml,
     sigkill,
+    template_hash,
+    uninstall_release,
+    watched_namespaces,
 )
-from tests.kube import REPO, OperatorProcess, PodCreations, apply_yaml, audit_now, kubectl, stays, wait_for
+from tests.kube import OperatorProcess, PodCreations, stays, wait_for
+from testsupport.audit import audit_now
+from testsupport.kubectl import apply_yaml, kubectl
 
 RELEASE = NAMESPACE = "kopf-ha"
 PEERING = "kopf-operators"  # the chart's ClusterKopfPeering
@@ -41,33 +46,20 @@ MIN_INTERVAL = 30  # the re-roller's least time between two rollouts here: a tim
 
 @pytest.fixture(scope="module")
 def space(core: kubernetes.client.CoreV1Api, crds: None) -> Iterator[str]:
-    name = f"ha-{uuid.uuid4().hex[:5]}"
-    core.create_namespace({"metadata": {"name": name, "labels": {"kopf-operators.dev/test": "true"}}})
-    wait_for(lambda: core.read_namespaced_service_account("default", name), timeout=30,
-             what=f"the default ServiceAccount in {name}")
-    yield name
-    kubectl("delete", "namespace", name, "--ignore-not-found", "--wait=false", check=False)
+    with watched_namespaces(core, [f"ha-{uuid.uuid4().hex[:5]}"]) as names:
+        yield names[0]
 
 
 @pytest.fixture(scope="module")
 def release(operator_image: str, host_operator_paused: None, space: str,
             core: kubernetes.client.CoreV1Api) -> Iterator[str]:
-    restricted_namespace(NAMESPACE)
     # The chart's defaults for replicas and peering; this module's namespace only; short resyncs and a
     # long re-roller interval, so that a paused replica has loops and a timer that would act.
-    helm("upgrade", "--install", RELEASE, str(REPO / "charts" / "kopf-operators"), "--namespace", NAMESPACE,
-         "-f", str(VALUES), "--set", f"image.repository={IMAGE_REPO}", "--set", f"image.tag={TAG}",
-         "--set", f"watchNamespaces={{{space}}}",
-         "--set", "operators.copyrator.resyncSeconds=5", "--set", "operators.reroller.resyncSeconds=5",
-         "--set", "operators.reroller.debounceSeconds=0",
-         "--set", f"operators.reroller.minIntervalSeconds={MIN_INTERVAL}")
-    wait_for(lambda: all_ready(core, NAMESPACE, RELEASE, 2), timeout=120, what="two Ready operator pods")
+    install_release(core, RELEASE, NAMESPACE, [space],
+                    "operators.copyrator.resyncSeconds=5", "operators.reroller.resyncSeconds=5",
+                    f"operators.reroller.minIntervalSeconds={MIN_INTERVAL}", replicas=2)
     yield RELEASE
-    kubectl("delete", "-n", space, "immortalcontainers.immortalcontainer.flugel.it", "--all", "--timeout=60s",
-            check=False, timeout=70)
-    kubectl("delete", "namespace", space, "--wait=true", "--timeout=60s", check=False, timeout=70)
-    helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "90s")
-    kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=90s", check=False, timeout=100)
+    uninstall_release(RELEASE, NAMESPACE, [space])
 
 
 def roles(core: kubernetes.client.CoreV1Api) -> tuple[Any, Any] | None:
@@ -88,17 +80,11 @@ def wait_roles(core: kubernetes.client.CoreV1Api) -> tuple[Any, Any]:
 
 
 def make_ic(space: str, name: str) -> None:
-    apply_yaml(f"""
-apiVersion: immortalcontainer.flugel.it/v1alpha1
-kind: ImmortalContainer
-metadata: {{name: {name}}}
-spec: {{image: "busybox:1.36"}}
-""", namespace=space)
+    apply_yaml(immortal_yaml(name), namespace=space)
 
 
 def starts(custom: kubernetes.client.CustomObjectsApi, space: str, name: str) -> int:
-    body = custom.get_namespaced_custom_object(ic.GROUP, ic.VERSION, space, ic.PLURAL, name)
-    return int((body.get("status") or {}).get("startTimes") or 0)
+    return int(ic_status(custom, space, name).get("startTimes") or 0)
 
 
 def pod_uid(core: kubernetes.client.CoreV1Api, space: str, name: str) -> str | None:
@@ -122,7 +108,7 @@ def test_two_replicas_one_acts_the_standby_writes_nothing(
     peers = peering_entries()
     priorities = [peer["priority"] for peer in peers.values()]
     assert len(set(priorities)) == 2, peers  # distinct, with no --priority in the chart
-    assert all(peer["lifetime"] == runtime.PEERING_LIFETIME_SECONDS for peer in peers.values()), peers
+    assert all(peer["lifetime"] == process.PEERING_LIFETIME_SECONDS for peer in peers.values()), peers
     budget = kubectl("get", "pdb", "-n", NAMESPACE, "-o", "jsonpath={.items[0].status.disruptionsAllowed}").stdout
     assert budget == "1", "the PodDisruptionBudget lets a drain take one replica at a time"
     assert {p.spec.node_name for p in pods} == {"kopf-real-node"}
@@ -155,7 +141,7 @@ def test_sigkill_of_the_active_pod_the_standby_acts_within_15s_nothing_twice(
                  what="the standby to start a pod for an object created after the kill")
         took = time.monotonic() - killed
         print(f"\nSIGKILL of the active pod -> the standby created a pod for a new object in {took:.1f}s "
-              f"(peering lifetime {runtime.PEERING_LIFETIME_SECONDS}s)")
+              f"(peering lifetime {process.PEERING_LIFETIME_SECONDS}s)")
         assert took <= TAKEOVER_LIMIT, f"takeover took {took:.1f}s"
         # Nothing done twice: one pod and one start each, the old object's pod untouched.
         stays(lambda: (starts(custom, space, "first") == 1 and pod_uid(core, space, "first") == first_pod
@@ -185,37 +171,17 @@ def test_a_replica_paused_after_acting_writes_nothing(
     the operators' own resync loops and a re-roller timer set before the pause then run in a process
     that must not write."""
     active, standby = wait_roles(core)
-    apply_yaml("""
-apiVersion: v1
-kind: ConfigMap
-metadata: {name: conf}
-data: {level: "1"}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: app
-  annotations: {reroller.kopf-operators.dev/auto: "true"}
-spec:
-  replicas: 1
-  selector: {matchLabels: {app: app}}
-  template:
-    metadata: {labels: {app: app}}
-    spec:
-      containers: [{name: app, image: "busybox:1.36", envFrom: [{configMapRef: {name: conf}}]}]
-""", namespace=space)
+    apply_yaml(rerolled_app_yaml("conf"), namespace=space)
 
-    def template_hash() -> str | None:
-        annotations = apps.read_namespaced_deployment("app", space).spec.template.metadata.annotations or {}
-        return annotations.get("reroller.kopf-operators.dev/config-hash")
+    def current_hash() -> str | None:
+        return template_hash(apps, space)
 
     def generation() -> int:
         return int(apps.read_namespaced_deployment("app", space).metadata.generation)
 
-    wait_for(lambda: (apps.read_namespaced_deployment("app", space).metadata.annotations or {}).get(
-        "reroller.kopf-operators.dev/observed-hash"), timeout=60, what="the re-roller's baseline")
+    wait_for(lambda: observed_hash(apps, space), timeout=60, what="the re-roller's baseline")
     core.patch_namespaced_config_map("conf", space, {"data": {"level": "2"}})
-    rolled = wait_for(lambda: template_hash(), timeout=60, what="the first rollout (at once)")
+    rolled = wait_for(current_hash, timeout=60, what="the first rollout (at once)")
     rolled_at = time.monotonic()
     # A second change within the interval: the active replica holds it in a timer until the interval ends.
     core.patch_namespaced_config_map("conf", space, {"data": {"level": "3"}})
@@ -228,11 +194,11 @@ spec:
         since = audit_now()
         wait_for(lambda: RESUMED in dev.output(), timeout=30, what="the higher priority to act")
         # The new actor rolls the second change (once), from its own listing.
-        wait_for(lambda: template_hash() not in (None, rolled), timeout=60, what="the second rollout")
-        after = (template_hash(), generation())
+        wait_for(lambda: current_hash() not in (None, rolled), timeout=60, what="the second rollout")
+        after = (current_hash(), generation())
         # Past the paused replica's timer, and a few of its 5-s resync passes: no second rollout...
         remaining = MIN_INTERVAL - (time.monotonic() - rolled_at) + 10
-        stays(lambda: (template_hash(), generation()) == after, seconds=max(remaining, 12), interval=0.5,
+        stays(lambda: (current_hash(), generation()) == after, seconds=max(remaining, 12), interval=0.5,
               what="one rollout for the second change")
         # ...and no write at all from the paused replica, nor from the standby.
         paused_writes = audit_writes(since, active.metadata.name)

@@ -9,18 +9,11 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators import immortal as logic
-from tests.kube import (
-    REPO,
-    OperatorProcess,
-    PodCreations,
-    apply_yaml,
-    audit_now,
-    kubectl,
-    operator_requests,
-    stays,
-    wait_for,
-)
+from kopf_operators.immortal import decisions as logic
+from tests.kube import OperatorProcess, PodCreations, Timeout, stays, wait_for
+from testsupport.audit import audit_now, operator_requests
+from testsupport.kubectl import apply_yaml, kubectl
+from testsupport.paths import REPO
 from testsupport.stats import percentile
 
 ARTICLE_YAML = (REPO / "manifests" / "examples" / "immortal.yaml").read_text()
@@ -288,14 +281,30 @@ def test_crash_between_create_and_status_counts_once(core: Any, custom: Any, nam
           what="the existing pod adopted as start #2, not recreated, not counted twice")
 
 
-# Failed once in 3 full runs on 2026-11-24 (the start count or currentPodUID did not match the pods
-# created within 30 s after four SIGKILLs mid-replacement); the cause is not found yet: README, Known issues.
-@pytest.mark.known_issue
 def test_sigkill_during_replacements_never_double_counts(core: Any, custom: Any, namespace: str,
                                                          operator: OperatorProcess) -> None:
     # Ground truth from a pod watch: KWOK sometimes deletes a just-recreated pod, and its replacement
     # is a real start too (seen in a full run: three pods within 100 ms after one deletion).
     creations = PodCreations(core, namespace, field_selector="metadata.name=victim-immortalpod")
+
+    def counted_exactly() -> bool:
+        current = pod_or_none(core, namespace, "victim-immortalpod")
+        created = creations.uids("victim-immortalpod")
+        st = status(custom, namespace, "victim")
+        return (current is not None and bool(created) and created[-1] == current.metadata.uid
+                and st.get("startTimes") == len(created) and st.get("currentPodUID") == created[-1])
+
+    def seen() -> str:
+        st = status(custom, namespace, "victim")
+        return (f"pods created {creations.uids('victim-immortalpod')}, "
+                f"status startTimes={st.get('startTimes')} currentPodUID={st.get('currentPodUID')}")
+
+    def wait_counted_exactly() -> None:
+        try:
+            wait_for(counted_exactly, what="every pod created counted once")
+        except Timeout as exc:
+            raise AssertionError(f"{exc}: {seen()}") from None
+
     create_ic(custom, namespace, "victim")
     pod = wait_pod(core, namespace, "victim-immortalpod")
     wait_counted(custom, namespace, "victim", 1, pod.metadata.uid)
@@ -305,15 +314,10 @@ def test_sigkill_during_replacements_never_double_counts(core: Any, custom: Any,
         operator.kill()
         operator.start()
         pod = wait_pod(core, namespace, "victim-immortalpod", not_uid=pod.metadata.uid)
-
-    def counted_exactly() -> bool:
-        current = pod_or_none(core, namespace, "victim-immortalpod")
-        created = creations.uids("victim-immortalpod")
-        st = status(custom, namespace, "victim")
-        return (current is not None and bool(created) and created[-1] == current.metadata.uid
-                and st.get("startTimes") == len(created) and st.get("currentPodUID") == created[-1])
-
-    wait_for(counted_exactly, what="every pod created counted once")
+        # The next deletion waits until a running operator has seen this pod. A pod created just
+        # before a SIGKILL and deleted before any operator ran again leaves no trace to count
+        # (docs/immortal.md, "What the start count can miss"); that is not what this test is about.
+        wait_counted_exactly()
     stays(counted_exactly, 2, what="one start per pod created")
     creations.stop()
     assert len(creations.uids("victim-immortalpod")) >= 5
@@ -328,6 +332,11 @@ def test_sigkill_during_replacements_never_double_counts(core: Any, custom: Any,
     ('  image: "nginx latest"', "spec.image must be a non-empty image reference without spaces"),
 ])
 def test_bad_input_is_rejected_with_a_readable_message(namespace: str, crds: None, spec: str, needle: str) -> None:
+    assert_rejected(namespace, spec, needle)
+
+
+def assert_rejected(namespace: str, spec: str, needle: str) -> None:
+    """An ImmortalContainer with this ``spec`` (YAML lines) is refused by the API server, saying ``needle``."""
     text = f"apiVersion: {logic.API_VERSION}\nkind: {logic.KIND}\nmetadata:\n  name: bad\nspec:\n{spec}\n"
     result = apply_yaml(text, namespace, check=False)
     assert result.returncode != 0
@@ -453,10 +462,7 @@ def test_template_refused_by_the_api_server_is_reported_not_retried_hot(
     ("  template: {spec: {containers: [{name: c}]}}", "every container in spec.template.spec.containers needs"),
 ])
 def test_bad_template_is_rejected_with_a_readable_message(namespace: str, crds: None, spec: str, needle: str) -> None:
-    text = f"apiVersion: {logic.API_VERSION}\nkind: {logic.KIND}\nmetadata:\n  name: bad\nspec:\n{spec}\n"
-    result = apply_yaml(text, namespace, check=False)
-    assert result.returncode != 0
-    assert needle in result.stderr, result.stderr
+    assert_rejected(namespace, spec, needle)
 
 
 def fail_pod(core: Any, namespace: str, name: str) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators import immortal as logic
+from kopf_operators.immortal import decisions as logic
 from tests.e2e.test_immortal import (
     G,
     P,
@@ -31,16 +31,9 @@ from tests.e2e.test_immortal import (
     wait_counted,
     wait_pod,
 )
-from tests.kube import (
-    OperatorProcess,
-    PodCreations,
-    apply_yaml,
-    audit_now,
-    kubectl,
-    operator_requests,
-    stays,
-    wait_for,
-)
+from tests.kube import OperatorProcess, PodCreations, stays, wait_for
+from testsupport.audit import audit_now, operator_requests
+from testsupport.kubectl import apply_yaml, kubectl
 
 GOOD: dict[str, Any] = {"spec": {"containers": [{"name": "web", "image": "nginx:1.27"}]}}
 # Passes the CRD's schema, not the API server's pod validation.

@@ -18,7 +18,9 @@ from pathlib import Path
 import kubernetes
 import pytest
 
-from tests.kube import CLUSTER_DIR, KUBECONFIG, REPO, helm_binary, kubectl, wait_for
+from tests.kube import wait_for
+from testsupport.kubectl import kubectl
+from testsupport.paths import CLUSTER_DIR, KUBECONFIG, REPO, helm_binary
 
 NAMESPACE = RELEASE = "kopf-operators"  # what manifests/ is rendered for, and `make deploy`'s defaults
 # The chart's objects, as kubectl names them (kind/name; namespaced ones in NAMESPACE).

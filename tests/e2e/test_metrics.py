@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tests.kube import OperatorProcess, apply_yaml, wait_for
+from tests.kube import OperatorProcess, wait_for
+from testsupport.kubectl import apply_yaml
 
 
 def counter(text: str, name: str, **labels: str) -> float:

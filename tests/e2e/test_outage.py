@@ -13,31 +13,18 @@ from __future__ import annotations
 import os
 import subprocess
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import kubernetes
-import pytest
 
-from kopf_operators import copyrator as logic
-from tests.kube import CLUSTER_DIR, KUBECONFIG, REPO, OperatorProcess, delete_namespaces, kubectl, stays, wait_for
+from kopf_operators.copyrator import decisions as logic
+from tests.kube import OperatorProcess, stays, wait_for
+from testsupport.kubectl import kubectl
+from testsupport.paths import CLUSTER_DIR, KUBECONFIG, REPO
 
 G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL
 OLD_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"  # what the previous version put on every rule
-
-
-@pytest.fixture
-def make_namespace(core: kubernetes.client.CoreV1Api) -> Iterator[Callable[[str], str]]:
-    made: list[str] = []
-
-    def make(prefix: str) -> str:
-        name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-        core.create_namespace({"metadata": {"name": name, "labels": {"kopf-operators.dev/test": "true"}}})
-        made.append(name)
-        return name
-
-    yield make
-    delete_namespaces(core, made)
 
 
 def namespace_gone(core: kubernetes.client.CoreV1Api, name: str) -> bool:
@@ -69,7 +56,7 @@ def copy_in(core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> Any
 
 def test_namespaces_holding_rules_are_deleted_while_the_operator_is_down_and_copies_are_pruned_at_start(
         operator: OperatorProcess, core: kubernetes.client.CoreV1Api, custom: kubernetes.client.CustomObjectsApi,
-        make_namespace: Callable[[str], str]) -> None:
+        make_namespace: Callable[..., str]) -> None:
     target, current, upgraded, kept = (make_namespace(p) for p in ("out-target", "out-new", "out-old", "out-kept"))
     uids = {ns: source_and_rule(core, custom, ns, ns, target) for ns in (current, upgraded, kept)}
     foreign = core.create_namespaced_config_map(target, {"metadata": {"name": "foreign"}, "data": {"k": "v"}})

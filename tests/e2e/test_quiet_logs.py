@@ -7,7 +7,8 @@ import re
 import time
 from typing import Any
 
-from tests.kube import OperatorProcess, apply_yaml, stays, wait_for
+from tests.kube import OperatorProcess, stays, wait_for
+from testsupport.kubectl import apply_yaml
 
 
 def settled(proc: OperatorProcess, quiet_for: float = 2.0, timeout: float = 60) -> int:

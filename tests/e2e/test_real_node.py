@@ -23,31 +23,39 @@ from typing import Any
 import kubernetes
 import pytest
 
-from tests.e2e.realnode import helm, script
-from tests.kube import (
-    CLUSTER_DIR,
-    REPO,
-    apply_yaml,
-    kubectl,
-    stays,
-    wait_for,
+from tests.e2e.realnode import (
+    CHART,
+    IMAGE_REPO,
+    NODE,
+    TAG,
+    agent_status,
+    all_ready,
+    copy_rule_yaml,
+    dry_run_agent_yaml,
+    helm,
+    ic_status,
+    immortal_yaml,
+    install_release,
+    observed_hash,
+    podman,
+    rerolled_app_yaml,
+    script,
+    template_hash,
+    uninstall_release,
+    watched_namespaces,
 )
+from tests.kube import stays, wait_for
+from testsupport.kubectl import apply_yaml, kubectl
+from testsupport.paths import CLUSTER_DIR
 
-NODE = "kopf-real-node"
 RELEASE = "kopf-real"
 DEPLOYMENT = f"{RELEASE}-kopf-operators"  # the chart's fullname
 NAMESPACE = "kopf-real"
-IMAGE_REPO = "localhost/kopf-operators"
-TAG, NEXT_TAG = "e2e", "e2e-next"
+NEXT_TAG = "e2e-next"
 SELECTOR = f"app.kubernetes.io/instance={RELEASE}"
 TEST_LABEL = "kopf-operators.dev/real-node-test"
 POD_CIDR_PREFIX = "10.245.0."
 GRACE = 30  # the pod's terminationGracePeriodSeconds (Kubernetes' default; the chart keeps it)
-
-
-def podman(*args: str) -> None:
-    subprocess.run(["podman", "--cgroup-manager=cgroupfs", "--events-backend=file", *args],
-                   check=True, capture_output=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -63,75 +71,26 @@ def images(operator_image: str) -> tuple[str, str]:
 def spaces(core: kubernetes.client.CoreV1Api, crds: None) -> Iterator[tuple[str, str]]:
     """Two namespaces only this module uses: the in-cluster operator watches exactly these."""
     run = uuid.uuid4().hex[:5]
-    names = (f"real-a-{run}", f"real-b-{run}")
-    for name in names:
-        core.create_namespace({"metadata": {"name": name, "labels": {TEST_LABEL: run,
-                                                                      "kopf-operators.dev/test": "true"}}})
-    for name in names:
-        wait_for(lambda n=name: core.read_namespaced_service_account("default", n), timeout=30,  # type: ignore[misc]
-                 what=f"the default ServiceAccount in {name}")
-    yield names
-    for name in names:  # normally gone already (the release's teardown); this covers a failed set-up
-        kubectl("delete", "namespace", name, "--ignore-not-found", "--wait=false", check=False)
+    with watched_namespaces(core, (f"real-a-{run}", f"real-b-{run}"), {TEST_LABEL: run}) as names:
+        yield names[0], names[1]
 
 
 @pytest.fixture(scope="module")
 def release(images: tuple[str, str], host_operator_paused: None, spaces: tuple[str, str],
             core: kubernetes.client.CoreV1Api, custom: kubernetes.client.CustomObjectsApi) -> Iterator[str]:
-    kubectl("apply", "-f", "-", input=f"""
-apiVersion: v1
-kind: Namespace
-metadata:
-  name: {NAMESPACE}
-  labels:
-    pod-security.kubernetes.io/enforce: restricted
-    pod-security.kubernetes.io/enforce-version: latest
-""")
-    helm("upgrade", "--install", RELEASE, str(REPO / "charts" / "kopf-operators"), "--namespace", NAMESPACE,
-         "-f", str(REPO / "cluster" / "real-node-values.yaml"),
-         "--set", f"image.repository={IMAGE_REPO}", "--set", f"image.tag={TAG}",
-         "--set", f"watchNamespaces={{{spaces[0]},{spaces[1]}}}",
-         # Not peered with anything: the session's operators are standalone, and this one is alone.
-         "--set", "peering.enabled=false", "--set", "replicaCount=1",
-         # The chart forces dry-run for every agent; the self-protection test needs real chaos.
-         "--set", "operators.blackadder.dryRun=false",
-         "--set", "operators.reroller.debounceSeconds=0")
-    wait_for(lambda: ready_pod(core), timeout=120, what="the operator pod to be Ready on the real node")
+    install_release(core, RELEASE, NAMESPACE, spaces,
+                    # Not peered with anything: the session's operators are standalone, and this one is alone.
+                    "peering.enabled=false", "replicaCount=1",
+                    # The chart forces dry-run for every agent; the self-protection test needs real chaos.
+                    "operators.blackadder.dryRun=false", replicas=1)
     yield RELEASE
-    # Teardown while the operator still runs, so that it releases its own finalizers: the custom
-    # resources first (their deletion handlers still have their sources and targets), then the rest.
-    kubectl("delete", "chaosagents.blackadder.io", "-l", TEST_LABEL, "--timeout=60s", check=False, timeout=70)
-    for name in spaces:
-        kubectl("delete", "-n", name, "copyrators.flant.com,immortalcontainers.immortalcontainer.flugel.it",
-                "--all", "--timeout=60s", check=False, timeout=70)
-    for name in spaces:
-        kubectl("delete", "namespace", name, "--wait=false", check=False)
-    for name in spaces:
-        kubectl("wait", "--for=delete", f"namespace/{name}", "--timeout=60s", check=False, timeout=70)
-    helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "90s")
-    kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=90s", check=False, timeout=100)
-    # Whatever still waits for a finalizer now has no operator to remove it: release it, loudly.
-    for name in spaces:
-        for kind in ("copyrators.flant.com", "immortalcontainers.immortalcontainer.flugel.it"):
-            for obj in kubectl("get", kind, "-n", name, "-o", "name", check=False).stdout.split():
-                print(f"teardown: releasing the finalizers of {name}/{obj}")
-                kubectl("patch", obj, "-n", name, "--type=merge", "-p", '{"metadata":{"finalizers":null}}',
-                        check=False)
-
-
-def operator_pods(core: kubernetes.client.CoreV1Api) -> list[Any]:
-    return [p for p in core.list_namespaced_pod(NAMESPACE, label_selector=SELECTOR).items
-            if p.metadata.deletion_timestamp is None]
-
-
-def is_ready(pod: Any) -> bool:
-    conditions = {c.type: c.status for c in (pod.status.conditions or [])}
-    return conditions.get("Ready") == "True"
+    uninstall_release(RELEASE, NAMESPACE, spaces, agents=TEST_LABEL)
 
 
 def ready_pod(core: kubernetes.client.CoreV1Api) -> Any:
-    pods = operator_pods(core)
-    return pods[0] if len(pods) == 1 and is_ready(pods[0]) else None
+    """The release's one operator pod when it is Ready (else None)."""
+    pods = all_ready(core, NAMESPACE, RELEASE, 1)
+    return pods[0] if pods else None
 
 
 def restarts(pod: Any) -> int:
@@ -225,16 +184,6 @@ def test_pod_network_reaches_only_this_machine(release: str, core: kubernetes.cl
 # --- the operator in the pod at work ------------------------------------------------------------------
 
 
-def ic_status(custom: kubernetes.client.CustomObjectsApi, ns: str, name: str) -> dict[str, Any]:
-    body = custom.get_namespaced_custom_object("immortalcontainer.flugel.it", "v1alpha1", ns,
-                                               "immortalcontainers", name)
-    return dict(body.get("status") or {})
-
-
-def agent_status(custom: kubernetes.client.CustomObjectsApi, name: str) -> dict[str, Any]:
-    return dict(custom.get_cluster_custom_object("blackadder.io", "v1beta1", "chaosagents", name).get("status") or {})
-
-
 def agent_reported(custom: kubernetes.client.CustomObjectsApi, name: str) -> dict[str, Any]:
     """The agent's status once a cycle and its conditions are in it (else empty: not yet)."""
     status = agent_status(custom, name)
@@ -245,81 +194,29 @@ def dry_run_condition(status: dict[str, Any]) -> str:
     return next((c["status"] for c in status.get("conditions", []) if c["type"] == "DryRun"), "")
 
 
-def config_hash(apps: kubernetes.client.AppsV1Api, ns: str, name: str) -> str | None:
-    annotations = apps.read_namespaced_deployment(name, ns).spec.template.metadata.annotations or {}
-    return annotations.get("reroller.kopf-operators.dev/config-hash")
-
-
 def test_in_cluster_operator_serves_all_four_operators(
         release: str, spaces: tuple[str, str], core: kubernetes.client.CoreV1Api,
         apps: kubernetes.client.AppsV1Api, custom: kubernetes.client.CustomObjectsApi) -> None:
     ns_a, ns_b = spaces
     run = ns_a.rsplit("-", 1)[1]
     # Immortal: one pod (on the KWOK node: it does not tolerate the real node's taint), one start.
-    apply_yaml("""
-apiVersion: immortalcontainer.flugel.it/v1alpha1
-kind: ImmortalContainer
-metadata: {name: sleeper}
-spec: {image: "busybox:1.36"}
-""", namespace=ns_a)
+    apply_yaml(immortal_yaml("sleeper"), namespace=ns_a)
     wait_for(lambda: ic_status(custom, ns_a, "sleeper").get("startTimes") == 1, timeout=60, what="immortal start")
     assert core.read_namespaced_pod("sleeper-immortalpod", ns_a).spec.node_name != NODE
     # Copyrator: a labelled ConfigMap in A copied into B (selected by label).
-    apply_yaml(f"""
-apiVersion: v1
-kind: ConfigMap
-metadata: {{name: shared, labels: {{copy-me: "yes"}}}}
-data: {{greeting: hello}}
----
-apiVersion: flant.com/v1
-kind: CopyratorRule
-metadata: {{name: to-b}}
-spec:
-  ruleType: configmap
-  selector: {{copy-me: "yes"}}
-  namespace: [{ns_a}]
-  namespaceSelector: {{matchLabels: {{{TEST_LABEL}: "{run}"}}}}
-""", namespace=ns_a)
+    apply_yaml(copy_rule_yaml(ns_a, TEST_LABEL, run), namespace=ns_a)
     wait_for(lambda: core.read_namespaced_config_map("shared", ns_b).data == {"greeting": "hello"},
              timeout=60, what="the copy in namespace B")
     # Re-roller: a ConfigMap change rolls the Deployment that uses it.
-    apply_yaml("""
-apiVersion: v1
-kind: ConfigMap
-metadata: {name: app-conf}
-data: {level: "1"}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: app
-  annotations: {reroller.kopf-operators.dev/auto: "true"}
-spec:
-  replicas: 1
-  selector: {matchLabels: {app: app}}
-  template:
-    metadata: {labels: {app: app}}
-    spec:
-      containers:
-        - name: app
-          image: busybox:1.36
-          envFrom: [{configMapRef: {name: app-conf}}]
-""", namespace=ns_a)
-    baseline = wait_for(lambda: apps.read_namespaced_deployment("app", ns_a).metadata.annotations.get(
-        "reroller.kopf-operators.dev/observed-hash"), timeout=60, what="the re-roller's baseline")
-    before = config_hash(apps, ns_a, "app")
+    apply_yaml(rerolled_app_yaml(), namespace=ns_a)
+    baseline = wait_for(lambda: observed_hash(apps, ns_a), timeout=60, what="the re-roller's baseline")
+    before = template_hash(apps, ns_a)
     core.patch_namespaced_config_map("app-conf", ns_a, {"data": {"level": "2"}})
-    wait_for(lambda: config_hash(apps, ns_a, "app") not in (None, before), timeout=60, what="the rollout")
+    wait_for(lambda: template_hash(apps, ns_a) not in (None, before), timeout=60, what="the rollout")
     assert baseline
     # Blackadder: a dry-run agent confined to namespace A reports a cycle in its status.
     name = f"real-dry-{run}"
-    apply_yaml(f"""
-apiVersion: blackadder.io/v1beta1
-kind: ChaosAgent
-metadata: {{name: {name}, labels: {{{TEST_LABEL}: "{run}"}}}}
-spec: {{tantrumMode: true, eagerness: 100, podTolerance: 0, pauseDuration: 5, dryRun: true,
-        targetNamespaces: [{ns_a}]}}
-""")
+    apply_yaml(dry_run_agent_yaml(name, TEST_LABEL, run, ns_a))
     status = wait_for(lambda: agent_reported(custom, name), timeout=60, what="a dry-run cycle in the agent's status")
     assert dry_run_condition(status) == "True"
     assert status["lastCycle"]["candidates"]["pods"] >= 1
@@ -383,7 +280,7 @@ def test_deleted_pod_exits_on_sigterm_and_its_replacement_resumes_without_duplic
     old = ready_pod(core)
     immortal_pod = core.read_namespaced_pod("sleeper-immortalpod", ns_a).metadata.uid
     copy_version = core.read_namespaced_config_map("shared", ns_b).metadata.resource_version
-    rolled = config_hash(apps, ns_a, "app")
+    rolled = template_hash(apps, ns_a)
     generation = apps.read_namespaced_deployment("app", ns_a).metadata.generation
     logs = subprocess.Popen(["kubectl", "--kubeconfig", str(CLUSTER_DIR / "kubeconfig"), "logs", "-f", "-n",
                              NAMESPACE, old.metadata.name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -409,7 +306,7 @@ def test_deleted_pod_exits_on_sigterm_and_its_replacement_resumes_without_duplic
     stays(lambda: (ic_status(custom, ns_a, "sleeper").get("startTimes") == 1
                    and core.read_namespaced_pod("sleeper-immortalpod", ns_a).metadata.uid == immortal_pod
                    and core.read_namespaced_config_map("shared", ns_b).metadata.resource_version == copy_version
-                   and config_hash(apps, ns_a, "app") == rolled
+                   and template_hash(apps, ns_a) == rolled
                    and apps.read_namespaced_deployment("app", ns_a).metadata.generation == generation),
           seconds=15, interval=0.5, what="no duplicate work after the restart")
     # ...and it is really at work: a new change is handled by the new pod.
@@ -424,7 +321,7 @@ def test_helm_upgrade_to_a_new_tag_recreates_the_pod(release: str, core: kuberne
     assert apps.read_namespaced_deployment(DEPLOYMENT, NAMESPACE).spec.strategy.type == "Recreate"
     events = PodEvents(core)
     try:
-        helm("upgrade", RELEASE, str(REPO / "charts" / "kopf-operators"), "--namespace", NAMESPACE,
+        helm("upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE,
              "--reuse-values", "--set", f"image.tag={NEXT_TAG}")
         new = wait_for(lambda: (p := ready_pod(core)) and p.metadata.uid != old.metadata.uid and p,
                        timeout=120, what="the upgraded pod to be Ready")

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from kopf_operators import reroller as logic
-from tests.kube import OperatorProcess, kubectl, stays, wait_for
+from kopf_operators.reroller import decisions as logic
+from tests.kube import OperatorProcess, stays, wait_for
 from testsupport.audit import AuditLog, audit_now
+from testsupport.kubectl import kubectl
 from testsupport.stats import percentile
 
 AUTO = {logic.AUTO: "true"}

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from kopf_operators import reroller as logic
+from kopf_operators.reroller import decisions as logic
 from tests.e2e.test_reroller import (
     AUTO,
     NGINX_CONF,
@@ -33,7 +33,8 @@ from tests.e2e.test_reroller import (
     stakater,
     template_hash,
 )
-from tests.kube import OperatorProcess, kubectl, stays, wait_for
+from tests.kube import OperatorProcess, stays, wait_for
+from testsupport.kubectl import kubectl
 
 LONG = 253  # the longest object name the API server accepts (a DNS subdomain)
 NEAR_ONE_MIB = 1024 * 1024 - 64  # ConfigMap data may total 1 MiB (keys and values)

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from kopf_operators.common import namespace_shard, shard_selector
-from tests.kube import OperatorProcess, apply_yaml, delete_namespaces, kubectl, wait_for
+from kopf_operators.core.conventions import namespace_shard, shard_selector
+from tests.kube import OperatorProcess, delete_namespaces, wait_for
+from testsupport.kubectl import apply_yaml, kubectl
 
 SHARDS = 2
 

@@ -24,9 +24,13 @@ import kubernetes
 import pytest
 from lupa import lua51
 
-from kopf_operators import blackadder, copyrator, immortal
+from kopf_operators.blackadder import decisions as blackadder
+from kopf_operators.copyrator import decisions as copyrator
+from kopf_operators.immortal import decisions as immortal
 from tests.e2e.realnode import NODE, script
-from tests.kube import REPO, OperatorProcess, delete_namespaces, kubectl, kubectl_json, wait_for
+from tests.kube import OperatorProcess, wait_for
+from testsupport.kubectl import kubectl, kubectl_json
+from testsupport.paths import REPO
 
 CHECKER_SOURCE = REPO / "tests" / "kstatus"
 HEALTH_LUA = REPO / "docs" / "argocd" / "health.lua"
@@ -145,20 +149,6 @@ def events(core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> list
     return [(e.type, e.reason) for e in items]
 
 
-@pytest.fixture
-def make_namespace(core: kubernetes.client.CoreV1Api) -> Iterator[Callable[[], str]]:
-    made: list[str] = []
-
-    def make() -> str:
-        name = f"status-{uuid.uuid4().hex[:6]}"
-        core.create_namespace({"metadata": {"name": name, "labels": {"kopf-operators.dev/test": "true"}}})
-        made.append(name)
-        return name
-
-    yield make
-    delete_namespaces(core, made)
-
-
 # --- ImmortalContainer ------------------------------------------------------------------------------
 
 
@@ -216,8 +206,8 @@ def config_map(core: kubernetes.client.CoreV1Api, namespace: str, name: str, lab
 
 
 def test_copyrator_rule_states(operator: OperatorProcess, namespace: str, kstatus_checker: Path,
-                               core: kubernetes.client.CoreV1Api, make_namespace: Callable[[], str]) -> None:
-    target, crowded, quota, elsewhere = (make_namespace() for _ in range(4))
+                               core: kubernetes.client.CoreV1Api, make_namespace: Callable[..., str]) -> None:
+    target, crowded, quota, elsewhere = (make_namespace("status") for _ in range(4))
     # Current: every wanted copy in sync.
     config_map(core, namespace, "shared", {"copy": "shared"})
     rule(namespace, "synced", {"ruleType": "configmap", "selector": {"copy": "shared"}, "namespace": namespace,

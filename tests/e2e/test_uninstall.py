@@ -14,16 +14,26 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import kubernetes
 import pytest
 
-from tests.kube import CLUSTER_DIR, KUBECONFIG, REPO, apply_yaml, kubectl, wait_for
+from tests.e2e.realnode import (
+    CRDS,
+    agent_cycle,
+    all_ready,
+    apply_crds,
+    dry_run_agent_yaml,
+    observed_hash,
+    one_of_each_yaml,
+    watched_namespaces,
+)
+from tests.kube import wait_for
+from testsupport.kubectl import apply_yaml, kubectl
+from testsupport.paths import CLUSTER_DIR, KUBECONFIG, REPO
 
 RELEASE = NAMESPACE = "kopf-uninstall"
 TEST_LABEL = "kopf-operators.dev/uninstall-test"
-CRDS = REPO / "manifests" / "crds"
 BOUND = 180  # seconds each of `make undeploy` and `make uninstall` may take
 
 
@@ -43,25 +53,11 @@ def gone(*args: str) -> bool:
 @pytest.fixture
 def spaces(core: kubernetes.client.CoreV1Api, crds: None) -> Iterator[tuple[str, str]]:
     run = uuid.uuid4().hex[:5]
-    names = (f"uninst-a-{run}", f"uninst-b-{run}")
-    for name in names:
-        core.create_namespace({"metadata": {"name": name, "labels": {TEST_LABEL: run,
-                                                                      "kopf-operators.dev/test": "true"}}})
-    for name in names:
-        wait_for(lambda n=name: core.read_namespaced_service_account("default", n), timeout=30,  # type: ignore[misc]
-                 what=f"the default ServiceAccount in {name}")
-    yield names
-    for name in (*names, NAMESPACE):
-        kubectl("delete", "namespace", name, "--ignore-not-found", "--wait=false", check=False)
+    with watched_namespaces(core, (f"uninst-a-{run}", f"uninst-b-{run}"), {TEST_LABEL: run}) as names:
+        yield names[0], names[1]
+    kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
     # The CRDs back, for whatever runs next in the session.
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS), check=False)
-    kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRDS), check=False, timeout=70)
-
-
-def agent_cycled(custom: kubernetes.client.CustomObjectsApi, name: str) -> bool:
-    status: dict[str, Any] = custom.get_cluster_custom_object("blackadder.io", "v1beta1", "chaosagents",
-                                                              name).get("status") or {}
-    return int(status.get("cycle") or 0) >= 1
+    apply_crds()
 
 
 def test_undeploy_then_uninstall_completes_with_live_objects_of_every_kind(
@@ -75,55 +71,17 @@ def test_undeploy_then_uninstall_completes_with_live_objects_of_every_kind(
                           HELM_ARGS=f"--set watchNamespaces={{{ns_a},{ns_b}}} --set peering.enabled=false "
                                     "--set replicaCount=1")  # one standalone replica: nothing acts twice
     assert deployed.returncode == 0, deployed.stderr
-    wait_for(lambda: [p for p in core.list_namespaced_pod(NAMESPACE).items
-                      if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])],
-             timeout=120, what="the operator pod Ready on the real node")
+    wait_for(lambda: all_ready(core, NAMESPACE, RELEASE, 1), timeout=120,
+             what="the operator pod Ready on the real node")
 
     # Live objects of every kind, each handled by the operator in the pod.
     agent = f"uninst-{run}"
-    apply_yaml(f"""
-apiVersion: immortalcontainer.flugel.it/v1alpha1
-kind: ImmortalContainer
-metadata: {{name: sleeper}}
-spec: {{image: "busybox:1.36"}}
----
-apiVersion: v1
-kind: ConfigMap
-metadata: {{name: shared, labels: {{copy-me: "yes"}}}}
-data: {{greeting: hello}}
----
-apiVersion: flant.com/v1
-kind: CopyratorRule
-metadata: {{name: to-b}}
-spec: {{ruleType: configmap, selector: {{copy-me: "yes"}}, namespace: [{ns_a}], targetNamespaces: [{ns_b}]}}
----
-apiVersion: v1
-kind: ConfigMap
-metadata: {{name: app-conf}}
-data: {{level: "1"}}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: app, annotations: {{reroller.kopf-operators.dev/auto: "true"}}}}
-spec:
-  replicas: 1
-  selector: {{matchLabels: {{app: app}}}}
-  template:
-    metadata: {{labels: {{app: app}}}}
-    spec: {{containers: [{{name: app, image: "busybox:1.36", envFrom: [{{configMapRef: {{name: app-conf}}}}]}}]}}
-""", namespace=ns_a)
-    apply_yaml(f"""
-apiVersion: blackadder.io/v1beta1
-kind: ChaosAgent
-metadata: {{name: {agent}, labels: {{{TEST_LABEL}: "{run}"}}}}
-spec: {{tantrumMode: true, eagerness: 100, podTolerance: 0, pauseDuration: 5, dryRun: true,
-        targetNamespaces: [{ns_a}]}}
-""")
+    apply_yaml(one_of_each_yaml(ns_a, TEST_LABEL, run), namespace=ns_a)
+    apply_yaml(dry_run_agent_yaml(agent, TEST_LABEL, run, ns_a))
     wait_for(lambda: core.read_namespaced_pod("sleeper-immortalpod", ns_a), timeout=60, what="the immortal pod")
     wait_for(lambda: core.read_namespaced_config_map("shared", ns_b), timeout=60, what="the copy in B")
-    wait_for(lambda: (apps.read_namespaced_deployment("app", ns_a).metadata.annotations or {}).get(
-        "reroller.kopf-operators.dev/observed-hash"), timeout=60, what="the re-roller's baseline")
-    wait_for(lambda: agent_cycled(custom, agent), timeout=60, what="the agent's first cycle")
+    wait_for(lambda: observed_hash(apps, ns_a), timeout=60, what="the re-roller's baseline")
+    wait_for(lambda: agent_cycle(custom, agent) >= 1, timeout=60, what="the agent's first cycle")
     agent_body = custom.get_cluster_custom_object("blackadder.io", "v1beta1", "chaosagents", agent)
     assert agent_body["metadata"].get("finalizers"), "the agent holds a finalizer (its revert needs the operator)"
     rule = custom.get_namespaced_custom_object("flant.com", "v1", ns_a, "copyrators", "to-b")

@@ -15,26 +15,38 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators import immortal as ic
+from kopf_operators.immortal import decisions as ic
 from tests.e2e.realnode import (
+    CHART,
     IMAGE_REPO,
     TAG,
-    VALUES,
     acting,
+    agent_cycle,
     all_ready,
+    apply_crds,
+    chart_values,
+    dry_run_agent_yaml,
     helm,
+    ic_status,
     image_exists,
+    immortal_yaml,
+    install_release,
     logs,
-    restricted_namespace,
+    observed_hash,
+    one_of_each_yaml,
     script,
+    template_hash,
+    uninstall_release,
+    watched_namespaces,
 )
-from tests.kube import REPO, apply_yaml, kubectl, stays, wait_for
+from tests.kube import stays, wait_for
+from testsupport.kubectl import apply_yaml
+from testsupport.paths import REPO
 
 BASE_COMMIT = "0d890bd"
 BASE_TAG = f"base-{BASE_COMMIT}"
 RELEASE = NAMESPACE = "kopf-upgrade"
 TEST_LABEL = "kopf-operators.dev/upgrade-test"
-REROLLER = "reroller.kopf-operators.dev"
 
 
 @pytest.fixture(scope="module")
@@ -60,60 +72,26 @@ def base_image(real_node: str, base_tree: Path) -> str:
 @pytest.fixture(scope="module")
 def spaces(core: kubernetes.client.CoreV1Api, crds: None) -> Iterator[tuple[str, str, str]]:
     run = uuid.uuid4().hex[:5]
-    names = (f"up-a-{run}", f"up-b-{run}")
-    for name in names:
-        core.create_namespace({"metadata": {"name": name, "labels": {TEST_LABEL: run,
-                                                                      "kopf-operators.dev/test": "true"}}})
-    for name in names:
-        wait_for(lambda n=name: core.read_namespaced_service_account("default", n), timeout=30,  # type: ignore[misc]
-                 what=f"the default ServiceAccount in {name}")
-    yield names[0], names[1], run
-    for name in names:
-        kubectl("delete", "namespace", name, "--ignore-not-found", "--wait=false", check=False)
-
-
-def user_values(spaces: tuple[str, str, str], tag: str) -> list[str]:
-    """What the user gives Helm, at install and again at upgrade (only the image tag changes)."""
-    return ["-f", str(VALUES), "--set", f"image.repository={IMAGE_REPO}", "--set", f"image.tag={tag}",
-            "--set", f"watchNamespaces={{{spaces[0]},{spaces[1]}}}", "--set", "operators.reroller.debounceSeconds=0"]
+    with watched_namespaces(core, (f"up-a-{run}", f"up-b-{run}"), {TEST_LABEL: run}) as names:
+        yield names[0], names[1], run
 
 
 @pytest.fixture(scope="module")
 def base_release(base_image: str, operator_image: str, base_tree: Path, host_operator_paused: None,
                  spaces: tuple[str, str, str], core: kubernetes.client.CoreV1Api) -> Iterator[str]:
-    restricted_namespace(NAMESPACE)
-    # The CRDs of that commit, as its users had them (Helm installs crds/ only when absent).
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(base_tree / "manifests" / "crds"))
-    helm("install", RELEASE, str(base_tree / "charts" / "kopf-operators"), "--namespace", NAMESPACE,
-         *user_values(spaces, BASE_TAG))
-    wait_for(lambda: all_ready(core, NAMESPACE, RELEASE, 1), timeout=120, what="the base release's pod")
-    yield RELEASE
     ns_a, ns_b, run = spaces
-    kubectl("delete", "chaosagents.blackadder.io", "-l", f"{TEST_LABEL}={run}", "--timeout=60s", check=False,
-            timeout=70)
-    for name in (ns_a, ns_b):
-        kubectl("delete", "-n", name, "copyrators.flant.com,immortalcontainers.immortalcontainer.flugel.it",
-                "--all", "--timeout=60s", check=False, timeout=70)
-        kubectl("delete", "namespace", name, "--wait=false", check=False)
-    for name in (ns_a, ns_b):
-        kubectl("wait", "--for=delete", f"namespace/{name}", "--timeout=60s", check=False, timeout=70)
-    helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "90s")
-    kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=90s", check=False, timeout=100)
+    # The CRDs of that commit, as its users had them (Helm installs crds/ only when absent).
+    apply_crds(base_tree / "manifests" / "crds")
+    install_release(core, RELEASE, NAMESPACE, (ns_a, ns_b), replicas=1, tag=BASE_TAG,
+                    chart=base_tree / "charts" / "kopf-operators")
+    yield RELEASE
+    uninstall_release(RELEASE, NAMESPACE, (ns_a, ns_b), agents=f"{TEST_LABEL}={run}")
     # The session's CRDs again (this tree's), whatever happened above.
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "manifests" / "crds"))
-
-
-def ic_status(custom: kubernetes.client.CustomObjectsApi, ns: str, name: str) -> dict[str, Any]:
-    return dict(custom.get_namespaced_custom_object(ic.GROUP, ic.VERSION, ns, ic.PLURAL, name).get("status") or {})
+    apply_crds()
 
 
 def ic_pods(core: kubernetes.client.CoreV1Api, ns: str, name: str) -> list[str]:
     return [p.metadata.uid for p in core.list_namespaced_pod(ns, label_selector=f"{ic.OWNER_LABEL}={name}").items]
-
-
-def agent_cycle(custom: kubernetes.client.CustomObjectsApi, name: str) -> int:
-    status = custom.get_cluster_custom_object("blackadder.io", "v1beta1", "chaosagents", name).get("status") or {}
-    return int(status.get("cycle") or 0)
 
 
 def test_helm_upgrade_from_the_base_commit_keeps_every_object_and_acts(
@@ -122,63 +100,18 @@ def test_helm_upgrade_from_the_base_commit_keeps_every_object_and_acts(
     ns_a, ns_b, run = spaces
     agent = f"upgrade-dry-{run}"
     # --- objects of all four operators, handled by the base release -----------------------------------
-    apply_yaml(f"""
-apiVersion: immortalcontainer.flugel.it/v1alpha1
-kind: ImmortalContainer
-metadata: {{name: keeper}}
-spec: {{image: "busybox:1.36"}}
----
-apiVersion: v1
-kind: ConfigMap
-metadata: {{name: shared, labels: {{copy-me: "yes"}}}}
-data: {{greeting: hello}}
----
-apiVersion: flant.com/v1
-kind: CopyratorRule
-metadata: {{name: to-b}}
-spec:
-  ruleType: configmap
-  selector: {{copy-me: "yes"}}
-  namespace: [{ns_a}]
-  namespaceSelector: {{matchLabels: {{{TEST_LABEL}: "{run}"}}}}
----
-apiVersion: v1
-kind: ConfigMap
-metadata: {{name: app-conf}}
-data: {{level: "1"}}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: app
-  annotations: {{{REROLLER}/auto: "true"}}
-spec:
-  replicas: 1
-  selector: {{matchLabels: {{app: app}}}}
-  template:
-    metadata: {{labels: {{app: app}}}}
-    spec:
-      containers: [{{name: app, image: "busybox:1.36", envFrom: [{{configMapRef: {{name: app-conf}}}}]}}]
-""", namespace=ns_a)
-    apply_yaml(f"""
-apiVersion: blackadder.io/v1beta1
-kind: ChaosAgent
-metadata: {{name: {agent}, labels: {{{TEST_LABEL}: "{run}"}}}}
-spec: {{tantrumMode: true, eagerness: 100, podTolerance: 0, pauseDuration: 5, dryRun: true,
-        targetNamespaces: [{ns_a}]}}
-""")
+    apply_yaml(one_of_each_yaml(ns_a, TEST_LABEL, run, immortal="keeper"), namespace=ns_a)
+    apply_yaml(dry_run_agent_yaml(agent, TEST_LABEL, run, ns_a))
 
-    def template_hash() -> str | None:
-        annotations = apps.read_namespaced_deployment("app", ns_a).spec.template.metadata.annotations or {}
-        return annotations.get(f"{REROLLER}/config-hash")
+    def current_hash() -> str | None:
+        return template_hash(apps, ns_a)
 
     wait_for(lambda: ic_status(custom, ns_a, "keeper").get("startTimes") == 1, timeout=60, what="the start")
     wait_for(lambda: core.read_namespaced_config_map("shared", ns_b).data == {"greeting": "hello"},
              timeout=60, what="the copy in namespace B")
-    wait_for(lambda: (apps.read_namespaced_deployment("app", ns_a).metadata.annotations or {}).get(
-        f"{REROLLER}/observed-hash"), timeout=60, what="the re-roller's baseline")
+    wait_for(lambda: observed_hash(apps, ns_a), timeout=60, what="the re-roller's baseline")
     core.patch_namespaced_config_map("app-conf", ns_a, {"data": {"level": "2"}})
-    wait_for(template_hash, timeout=60, what="a rollout by the base release")
+    wait_for(current_hash, timeout=60, what="a rollout by the base release")
     wait_for(lambda: agent_cycle(custom, agent) >= 1, timeout=60, what="a dry-run cycle of the agent")
 
     def state() -> dict[str, Any]:
@@ -190,7 +123,7 @@ spec: {{tantrumMode: true, eagerness: 100, podTolerance: 0, pauseDuration: 5, dr
             "copy": (copy.uid, copy.resource_version),
             "copies": sorted(cm.metadata.namespace for cm in core.list_config_map_for_all_namespaces(
                 label_selector="copy-me=yes").items if cm.metadata.namespace in (ns_a, ns_b)),
-            "rollout": (template_hash(), deployment.metadata.generation),
+            "rollout": (current_hash(), deployment.metadata.generation),
             "replicasets": len(apps.list_namespaced_replica_set(ns_a, label_selector="app=app").items),
             "rules": [r["metadata"]["name"] for r in custom.list_namespaced_custom_object(
                 "flant.com", "v1", ns_a, "copyrators")["items"]],
@@ -201,10 +134,9 @@ spec: {{tantrumMode: true, eagerness: 100, podTolerance: 0, pauseDuration: 5, dr
     stays(lambda: state() == before, seconds=5, interval=0.5, what="the base release at rest")
 
     # --- the upgrade, as a user does it: this tree's CRDs, then the chart with the same values ---------
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "manifests" / "crds"))
+    apply_crds()
     old_pod = all_ready(core, NAMESPACE, RELEASE, 1)[0].metadata.uid  # type: ignore[index]
-    helm("upgrade", RELEASE, str(REPO / "charts" / "kopf-operators"), "--namespace", NAMESPACE,
-         *user_values(spaces, TAG))
+    helm("upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, *chart_values(TAG, (ns_a, ns_b)))
     def upgraded() -> list[Any]:
         now = all_ready(core, NAMESPACE, RELEASE, 2) or []
         return now if old_pod not in {p.metadata.uid for p in now} else []
@@ -218,17 +150,12 @@ spec: {{tantrumMode: true, eagerness: 100, podTolerance: 0, pauseDuration: 5, dr
     stays(lambda: state() == before, seconds=20, interval=0.5, what="every object as it was")
     # The upgraded operators act: the agent cycles, a new object gets its pod, changes are followed.
     wait_for(lambda: agent_cycle(custom, agent) > cycle, timeout=60, what="the agent's next cycle")
-    apply_yaml("""
-apiVersion: immortalcontainer.flugel.it/v1alpha1
-kind: ImmortalContainer
-metadata: {name: newcomer}
-spec: {image: "busybox:1.36"}
-""", namespace=ns_a)
+    apply_yaml(immortal_yaml("newcomer"), namespace=ns_a)
     wait_for(lambda: ic_status(custom, ns_a, "newcomer").get("startTimes") == 1, timeout=60, what="a new start")
     core.patch_namespaced_config_map("shared", ns_a, {"data": {"greeting": "again"}})
     wait_for(lambda: core.read_namespaced_config_map("shared", ns_b).data == {"greeting": "again"},
              timeout=60, what="the copy updated")
     core.patch_namespaced_config_map("app-conf", ns_a, {"data": {"level": "3"}})
-    wait_for(lambda: template_hash() != before["rollout"][0], timeout=60, what="a rollout after the upgrade")
+    wait_for(lambda: current_hash() != before["rollout"][0], timeout=60, what="a rollout after the upgrade")
     assert ic_status(custom, ns_a, "keeper").get("startTimes") == 1
     assert ic_pods(core, ns_a, "keeper") == before["pods"]

@@ -8,8 +8,8 @@ import logging
 import kopf
 import pytest
 
-from kopf_operators import access
-from kopf_operators.runtime import QuietBookkeeping
+from kopf_operators.core import access
+from kopf_operators.core.process import QuietBookkeeping
 
 
 def test_paths_of_core_group_and_namespaced_resources() -> None:

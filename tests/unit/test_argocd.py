@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import yaml
 
-from kopf_operators import blackadder, copyrator, immortal
-from tests.kube import REPO
+from kopf_operators.blackadder import decisions as blackadder
+from kopf_operators.copyrator import decisions as copyrator
+from kopf_operators.immortal import decisions as immortal
+from testsupport.paths import REPO
 
 ARGOCD = REPO / "docs" / "argocd"
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from kopf_operators import blackadder as logic
-from kopf_operators.blackadder import AgentSettings, ConfigMapRef, DeploymentRef, PodRef
+from kopf_operators.blackadder import decisions as logic
+from kopf_operators.blackadder.decisions import AgentSettings, ConfigMapRef, DeploymentRef, PodRef
 
 
 def pods(n: int, ns: str = "ns", terminating: int = 0) -> list[PodRef]:
@@ -194,11 +194,6 @@ def test_label_selectors_per_kind_with_opt_in_and_copies() -> None:
     assert logic.label_selector_for("ConfigMap", opted) == "blackadder.io/chaos=true"
 
 
-def test_copyrator_copy_label_is_copyrators_own() -> None:
-    from kopf_operators import copyrator
-    assert logic.COPYRATOR_COPY_LABEL == copyrator.RULE_UID_LABEL
-
-
 def test_namespace_selector_lists_only_matching_allowed_namespaces() -> None:
     labels = {"a": {"chaos": "yes"}, "b": {"chaos": "no"}, "c": {"chaos": "yes"}, "kube-system": {"chaos": "yes"}}
     settings = AgentSettings(namespace_selector={"matchLabels": {"chaos": "yes"}}, excluded=("c",))
@@ -262,7 +257,7 @@ def test_cluster_wide_cap_on_added_replicas() -> None:
     picked = logic.pick_deployments(deps(4, 4, 4), 100, logic.rng_for(1, 1, "cancer"), budget=6)
     assert [(d.name, r) for d, r in picked] == [("d0", 8), ("d1", 6)]  # 4 + 2 added, then nothing left
     assert logic.pick_deployments(deps(4), 100, logic.rng_for(1, 1, "cancer"), budget=0) == []
-    env = logic.Settings.from_env({"CHAOS_MAX_ADDED_REPLICAS": "10", "CHAOS_WEBHOOK_HOSTS": "127.0.0.1, Hooks.local"})
+    env = logic.Options.from_env({"CHAOS_MAX_ADDED_REPLICAS": "10", "CHAOS_WEBHOOK_HOSTS": "127.0.0.1, Hooks.local"})
     assert env.max_added_replicas == 10 and env.webhook_hosts == ("127.0.0.1", "hooks.local")
 
 
@@ -398,7 +393,7 @@ def test_kill_switch_and_emergency_stops() -> None:
     assert logic.kill_switch_on({logic.KILL_SWITCH_LABEL: "true"}, False)
     assert not logic.kill_switch_on({logic.KILL_SWITCH_LABEL: "false"}, False)
     assert logic.kill_switch_on({}, True)  # CHAOS_STOP_ALL
-    assert logic.Settings.from_env({"CHAOS_STOP_ALL": "true"}).stop_all
+    assert logic.Options.from_env({"CHAOS_STOP_ALL": "true"}).stop_all
     settings = logic.AgentSettings(cancer=True, eagerness=100)
     assert logic.cycle_step(settings, 0, kill_switch=True) == logic.STOPPED_STEP
     assert logic.cycle_step(dataclasses.replace(settings, revert=True), 0, kill_switch=True) == logic.REVERT_STEP

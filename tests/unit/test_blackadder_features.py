@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from kopf_operators import blackadder as logic
-from kopf_operators.blackadder import AgentSettings, Inventory, PodRef
-from kopf_operators.blackadder_controller import BlackadderController
-from kopf_operators.common import Config
+from kopf_operators.blackadder import decisions as logic
+from kopf_operators.blackadder.controller import BlackadderController
+from kopf_operators.blackadder.decisions import AgentSettings, Inventory, PodRef
+from kopf_operators.core.conventions import Config
 
 
 def epoch(text: str, zone: str = "UTC") -> float:
@@ -240,7 +240,7 @@ def test_new_filters_add_no_listing_and_filter_the_listed_pods() -> None:
     calls: list[tuple[Any, ...]] = []
 
     def inventory(spec: dict[str, Any]) -> list[str]:
-        controller = BlackadderController(None, Config(), logic.Settings(), {})  # type: ignore[arg-type]
+        controller = BlackadderController(None, Config(), logic.Options(), {})  # type: ignore[arg-type]
 
         async def fake_list(*args: Any) -> list[dict[str, Any]]:
             calls.append(args)

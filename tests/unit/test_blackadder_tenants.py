@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from kopf_operators import blackadder as logic
-from kopf_operators.blackadder_controller import BlackadderController, TenantChaosController
-from kopf_operators.common import Config
+from kopf_operators.blackadder import decisions as logic
+from kopf_operators.blackadder.controller import BlackadderController, TenantChaosController
+from kopf_operators.core.conventions import Config
 
-ON = logic.Settings(tenants=True, tenant_max_kills=2, tenant_min_pause=60)
+ON = logic.Options(tenants=True, tenant_max_kills=2, tenant_min_pause=60)
 ALLOWED = {logic.TENANT_NAMESPACE_LABEL: logic.TENANT_NAMESPACE_VALUE}
 # Every field a ChaosAgent knows, including those the TenantChaosAgent schema prunes (a stored object
 # from before a schema change, or a CRD edited by hand, must still not reach another namespace).
@@ -26,7 +26,7 @@ EVERY_FIELD: dict[str, Any] = {
 }
 
 
-def tenant(spec: dict[str, Any], namespace: str = "team-a", settings: logic.Settings = ON,
+def tenant(spec: dict[str, Any], namespace: str = "team-a", settings: logic.Options = ON,
            labels: dict[str, str] | None = ALLOWED, operator_namespace: str = "ops") -> logic.AgentSettings:
     return logic.tenant_settings(spec, namespace, settings, operator_namespace, labels)
 
@@ -55,14 +55,14 @@ def test_the_administrators_limits_cap_the_spec(spec: dict[str, Any], kills: int
 
 
 @pytest.mark.parametrize(("namespace", "settings", "labels", "problem"), [
-    ("team-a", logic.Settings(tenants=False), ALLOWED, "chaos for tenants is switched off"),
+    ("team-a", logic.Options(tenants=False), ALLOWED, "chaos for tenants is switched off"),
     ("kube-system", ON, ALLOWED, "deny-list"),
     ("ops", ON, ALLOWED, "deny-list"),  # the operator's own namespace (the ledgers live there)
     ("team-a", ON, {}, "does not allow chaos for tenants"),
     ("team-a", ON, {logic.TENANT_NAMESPACE_LABEL: "yes"}, "does not allow chaos for tenants"),
     ("team-a", ON, None, "does not allow chaos for tenants"),
 ])
-def test_an_agent_outside_an_allowed_namespace_does_nothing(namespace: str, settings: logic.Settings,
+def test_an_agent_outside_an_allowed_namespace_does_nothing(namespace: str, settings: logic.Options,
                                                             labels: dict[str, str] | None, problem: str) -> None:
     agent = tenant({"eagerness": 100}, namespace, settings, labels)
     assert problem in agent.scope_problem
@@ -73,7 +73,7 @@ def test_an_agent_outside_an_allowed_namespace_does_nothing(namespace: str, sett
 
 
 def test_dry_run_and_the_kill_switch_apply_to_tenants() -> None:
-    forced = tenant({"eagerness": 100, "dryRun": False}, settings=logic.Settings(
+    forced = tenant({"eagerness": 100, "dryRun": False}, settings=logic.Options(
         tenants=True, dry_run=True))
     assert forced.dry_run and forced.dry_run_reason == "OperatorForced"
     agent = tenant({"eagerness": 100})
@@ -83,11 +83,11 @@ def test_dry_run_and_the_kill_switch_apply_to_tenants() -> None:
 
 
 def test_limits_come_from_the_environment() -> None:
-    settings = logic.Settings.from_env({"CHAOS_TENANTS": "true", "CHAOS_TENANTS_MAX_KILLS_PER_CYCLE": "3",
+    settings = logic.Options.from_env({"CHAOS_TENANTS": "true", "CHAOS_TENANTS_MAX_KILLS_PER_CYCLE": "3",
                                         "CHAOS_TENANTS_MIN_PAUSE_SECONDS": "1"})
     assert (settings.tenants, settings.tenant_max_kills) == (True, 3)
     assert settings.tenant_min_pause == logic.MIN_PAUSE_SECONDS
-    default = logic.Settings.from_env({})
+    default = logic.Options.from_env({})
     assert (default.tenants, default.tenant_max_kills, default.tenant_min_pause) == (False, 1, 60)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kopf_operators.common import (
+from kopf_operators.core.conventions import (
     Config,
     kstatus_conditions,
     matches_label_selector,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from kopf_operators import copyrator as logic
+from kopf_operators.copyrator import decisions as logic
 
 UID = "rule-uid-1"
 
@@ -52,7 +52,7 @@ def view_of(rule: logic.Rule, source: dict[str, Any], namespace: str) -> logic.C
     return logic.copy_view(copy_of(rule, source, namespace))
 
 
-SETTINGS = logic.Settings()
+SETTINGS = logic.Options()
 
 
 # --- parsing ----------------------------------------------------------------------------------
@@ -164,7 +164,7 @@ def test_a_cross_namespace_rule_without_consent_copies_nothing_and_says_why() ->
     assert problem and "shared/settings" in problem and logic.ALLOWED_NAMESPACES_ANNOTATION in problem
     assert "COPYRATOR_ALLOW_CROSS_NAMESPACE" in problem
     # The operator-wide switch waives consent.
-    waived = logic.Settings(allow_cross_namespace=True)
+    waived = logic.Options(allow_cross_namespace=True)
     assert logic.allowed_into(rule, source, "a", waived) and logic.consent_problem(rule, source, ["a"], waived) is None
 
 
@@ -376,11 +376,11 @@ def test_a_copy_the_api_server_refuses_is_reported_not_called_a_retry() -> None:
 
 
 def test_settings_from_env() -> None:
-    assert logic.Settings.from_env({}) == logic.Settings()
-    settings = logic.Settings.from_env({"COPYRATOR_ALLOW_CROSS_NAMESPACE": "true", "COPYRATOR_RESYNC_SECONDS": "2"})
+    assert logic.Options.from_env({}) == logic.Options()
+    settings = logic.Options.from_env({"COPYRATOR_ALLOW_CROSS_NAMESPACE": "true", "COPYRATOR_RESYNC_SECONDS": "2"})
     assert settings.allow_cross_namespace and settings.resync_seconds == 2
     with pytest.raises(ValueError, match="COPYRATOR_ALLOW_CROSS_NAMESPACE"):
-        logic.Settings.from_env({"COPYRATOR_ALLOW_CROSS_NAMESPACE": "maybe"})
+        logic.Options.from_env({"COPYRATOR_ALLOW_CROSS_NAMESPACE": "maybe"})
 
 
 @pytest.mark.parametrize(("tally", "expected"), [

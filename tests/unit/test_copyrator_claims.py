@@ -9,8 +9,8 @@ import contextlib
 from collections.abc import AsyncIterator, Hashable
 from typing import Any
 
-from kopf_operators import copyrator as logic
-from kopf_operators.copyrator_controller import CopyratorController, copy_index_keys
+from kopf_operators.copyrator import decisions as logic
+from kopf_operators.copyrator.controller import CopyratorController, copy_index_keys
 
 
 class FakeAccess:
@@ -54,7 +54,7 @@ def controller(access: FakeAccess, rules: list[dict[str, Any]], views: list[logi
             index.setdefault(key, []).append(value)
     namespaces = {name: [logic.NamespaceInfo(name, {}, True)] for name in ("src", "t")}
     snapshots = {(r["metadata"]["namespace"], r["metadata"]["name"]): [logic.rule_snapshot(r)] for r in rules}
-    ctl = CopyratorController(access, logic.Settings(), snapshots, namespaces,  # type: ignore[arg-type]
+    ctl = CopyratorController(access, logic.Options(), snapshots, namespaces,  # type: ignore[arg-type]
                               {"ConfigMap": index, "Secret": {}})
     for body in (source("blue", "blue"), source("green", "green")):
         ctl.sources["ConfigMap"][("src", body["metadata"]["name"])] = logic.source_entry(body)

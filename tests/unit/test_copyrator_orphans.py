@@ -8,9 +8,9 @@ import contextlib
 from collections.abc import AsyncIterator, Hashable
 from typing import Any
 
-from kopf_operators import copyrator as logic
-from kopf_operators.access import ApiError
-from kopf_operators.copyrator_controller import CopyratorController, copy_index_keys
+from kopf_operators.copyrator import decisions as logic
+from kopf_operators.copyrator.controller import CopyratorController, copy_index_keys
+from kopf_operators.core.access import ApiError
 
 
 class FakeAccess:
@@ -53,7 +53,7 @@ def controller(access: FakeAccess, live: dict[tuple[str, str], str],
     for view in views:
         for key, value in copy_index_keys(view).items():
             index.setdefault(key, []).append(value)
-    return CopyratorController(access, logic.Settings(), rules, {}, {"ConfigMap": index, "Secret": {}})  # type: ignore[arg-type]
+    return CopyratorController(access, logic.Options(), rules, {}, {"ConfigMap": index, "Secret": {}})  # type: ignore[arg-type]
 
 
 def test_only_copies_of_rules_confirmed_gone_are_pruned() -> None:

@@ -9,8 +9,8 @@ import contextlib
 from collections.abc import AsyncIterator, Hashable
 from typing import Any
 
-from kopf_operators import copyrator as logic
-from kopf_operators.copyrator_controller import CopyratorController, copy_index_keys
+from kopf_operators.copyrator import decisions as logic
+from kopf_operators.copyrator.controller import CopyratorController, copy_index_keys
 
 
 class FakeAccess:
@@ -57,10 +57,10 @@ def controller(access: FakeAccess, views: list[logic.CopyView],
                in_view: list[dict[str, Any]]) -> CopyratorController:
     index: dict[Any, list[logic.CopyView]] = {}
     for view in views:
-        for key, value in copy_index_keys(view).items():
-            index.setdefault(key, []).append(value)
+        for copy_key, value in copy_index_keys(view).items():
+            index.setdefault(copy_key, []).append(value)
     namespaces = {name: [logic.NamespaceInfo(name, {}, True)] for name in ("src", "t")}
-    ctl = CopyratorController(access, logic.Settings(), {}, namespaces,  # type: ignore[arg-type]
+    ctl = CopyratorController(access, logic.Options(), {}, namespaces,  # type: ignore[arg-type]
                               {"ConfigMap": index, "Secret": {}})
     for body in in_view:
         rule = logic.push_rule(body)

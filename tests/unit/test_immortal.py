@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kopf_operators import immortal as logic
+from kopf_operators.immortal import decisions as logic
 
 IC: dict[str, Any] = {
     "apiVersion": "immortalcontainer.flugel.it/v1alpha1",
@@ -294,7 +294,7 @@ def test_status_shows_the_containers_restart_count() -> None:
 def test_a_late_event_of_a_replaced_pod_never_counts_as_a_new_start() -> None:
     """Kopf handles each pod (uid) on its own: the old pod's events may come after its successor's.
     The controller keeps the newest version per object; a deletion is remembered at its version."""
-    from kopf_operators.immortal_controller import ImmortalController
+    from kopf_operators.immortal.controller import ImmortalController
 
     def pod(uid: str, rv: int, **meta: Any) -> dict[str, Any]:
         return logic.pod_summary({"metadata": {"name": "x-immortalpod", "uid": uid, "resourceVersion": str(rv),
@@ -374,12 +374,12 @@ class FakeAccess:
         return hold()
 
     async def create(self, kind: Any, body: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any] | None:
-        from kopf_operators.access import ApiError
+        from kopf_operators.core.access import ApiError
 
         self.calls.append(("create", dry_run))
         if self.refuse:
             raise ApiError(422, "Unprocessable Entity", 'Pod "x" is invalid: Bad_Name')
-        return None if dry_run else body
+        return body
 
     async def delete(self, *args: Any, **kwargs: Any) -> bool:
         self.calls.append(("delete", False))
@@ -400,7 +400,7 @@ def test_a_running_pod_is_deleted_only_after_the_dry_run_accepts_its_replacement
     (pod events do not repeat it), the periodic sweep asks again."""
     import asyncio
 
-    from kopf_operators.immortal_controller import ImmortalController
+    from kopf_operators.immortal.controller import ImmortalController
 
     key = ("ns1", "example-immortalcontainer")
     ic = {**IC, "metadata": {**IC["metadata"], "resourceVersion": "5"}, "spec": {"image": "nginx:2"}}

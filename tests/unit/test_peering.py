@@ -15,8 +15,8 @@ from kopf._cogs.aiokits import aiotoggles
 from kopf._cogs.structs import references
 from kopf._core.engines import peering
 
-from kopf_operators import access as k8s
-from kopf_operators.runtime import PeeringState
+from kopf_operators.core import access as k8s
+from kopf_operators.core.process import PeeringState
 
 ME = peering.Identity("me")
 PEERINGS = references.Resource("kopf.dev", "v1", "clusterkopfpeerings", namespaced=False)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from collections import Counter
 
-from tests.kube import REPO
+from testsupport.paths import REPO
 
 # Loads the files the way `kopf run` does (kopf's own preload), then lists every handler id.
 _PROBE = """

@@ -8,8 +8,9 @@ from typing import Any, Final
 
 import pytest
 
-from kopf_operators import reroller as logic
-from kopf_operators.reroller import Source
+from kopf_operators.core.conventions import epoch_to_iso
+from kopf_operators.reroller import decisions as logic
+from kopf_operators.reroller.decisions import Action, Source
 
 CM: Final = "ConfigMap"
 SEC: Final = "Secret"
@@ -70,7 +71,7 @@ POD = {"volumes": [{"name": "v", "configMap": {"name": "nginx-conf"}}],
 
 
 def watched(body: dict[str, Any], lookup: dict[tuple[str, str], logic.SourceView] | None = None,
-            settings: logic.Settings | None = None) -> set[Source]:
+            settings: logic.Options | None = None) -> set[Source]:
     view = logic.workload_view("Deployment", body, settings)
     return set() if view is None else logic.effective_sources(view, lookup or {}, settings)
 
@@ -134,19 +135,19 @@ def test_regex_names_are_anchored() -> None:
 
 
 def test_operator_wide_options() -> None:
-    settings = logic.Settings(auto_reload_all=True)
+    settings = logic.Options(auto_reload_all=True)
     assert watched(workload(pod_spec=POD), settings=settings) == {Source(CM, "nginx-conf"), Source(SEC, "creds")}
     assert watched(workload({logic.RELOADER_AUTO: "false"}, pod_spec=POD), settings=settings) == set()
     assert logic.workload_view("Job", workload({logic.AUTO: "true"}, pod_spec=POD),
-                               logic.Settings(ignored_workload_types=("jobs",))) is None
+                               logic.Options(ignored_workload_types=("jobs",))) is None
     assert logic.workload_view("Deployment", workload({logic.AUTO: "true"}, pod_spec=POD),
-                               logic.Settings(namespaces_to_ignore=("ns",))) is None
+                               logic.Options(namespaces_to_ignore=("ns",))) is None
     assert watched(workload({logic.AUTO: "true"}, pod_spec=POD),
-                   settings=logic.Settings(resources_to_ignore=("secrets",))) == {Source(CM, "nginx-conf")}
+                   settings=logic.Options(resources_to_ignore=("secrets",))) == {Source(CM, "nginx-conf")}
 
 
 def test_settings_from_env() -> None:
-    settings = logic.Settings.from_env({
+    settings = logic.Options.from_env({
         "REROLLER_DEBOUNCE_SECONDS": "0", "REROLLER_AUTO_RELOAD_ALL": "true",
         "REROLLER_NAMESPACES_TO_IGNORE": "a, b", "REROLLER_IGNORED_WORKLOAD_TYPES": "jobs,cronjobs",
         "REROLLER_NAMESPACE_SELECTOR": "team=web,env in (prod, stage),!legacy"})
@@ -155,7 +156,7 @@ def test_settings_from_env() -> None:
     for bad in ({"REROLLER_RESOURCES_TO_IGNORE": "configmaps,secrets"}, {"REROLLER_IGNORED_WORKLOAD_TYPES": "pods"},
                 {"REROLLER_NAMESPACE_SELECTOR": "a=(b"}, {"REROLLER_MIN_INTERVAL_SECONDS": "soon"}):
         with pytest.raises(ValueError):
-            logic.Settings.from_env(bad)
+            logic.Options.from_env(bad)
 
 
 @pytest.mark.parametrize(("selector", "labels", "expected"), [
@@ -205,13 +206,13 @@ LOOKUP = {(CM, "nginx-conf"): "1111111111111111", (SEC, "creds"): "2222222222222
 
 
 def observed(snap: logic.Snapshot) -> dict[str, str]:
-    return logic.metadata_patch(logic.Plan("baseline", new_hash=snap.hash), snap)["metadata"]["annotations"]
+    return logic.metadata_patch(logic.Plan(Action.BASELINE, new_hash=snap.hash), snap)["metadata"]["annotations"]
 
 
 def test_first_sighting_records_the_baseline_without_rolling() -> None:
     snap = logic.snapshot(SOURCES, LOOKUP)
     plan = logic.plan({}, snap)
-    assert plan.action == "baseline"
+    assert plan.action is Action.BASELINE
     patch = logic.metadata_patch(plan, snap)
     assert "spec" not in patch  # the pod template is not touched: no rollout
     assert patch["metadata"]["annotations"][logic.OBSERVED_HASH] == snap.hash
@@ -219,14 +220,14 @@ def test_first_sighting_records_the_baseline_without_rolling() -> None:
 
 def test_unchanged_data_is_a_noop() -> None:
     snap = logic.snapshot(SOURCES, LOOKUP)
-    assert logic.plan(observed(snap), snap).action == "none"
+    assert logic.plan(observed(snap), snap).action is Action.NONE
 
 
 def test_changed_data_rolls_and_names_the_source() -> None:
     before = observed(logic.snapshot(SOURCES, LOOKUP))
     snap = logic.snapshot(SOURCES, {**LOOKUP, (CM, "nginx-conf"): "3333333333333333"})
     plan = logic.plan(before, snap)
-    assert plan.action == "roll" and plan.changed == ("configmap/nginx-conf",)
+    assert plan.action is Action.ROLL and plan.changed == ("configmap/nginx-conf",)
     view = logic.workload_view("Deployment", workload({logic.AUTO: "true"}, pod_spec=POD))
     assert view is not None
     patch = logic.roll_patch(view, plan, snap, 0.0)
@@ -238,9 +239,9 @@ def test_missing_required_source_waits_and_keeps_the_baseline() -> None:
     before = observed(logic.snapshot(SOURCES, LOOKUP))
     snap = logic.snapshot(SOURCES, {(SEC, "creds"): LOOKUP[(SEC, "creds")]})
     plan = logic.plan(before, snap)
-    assert plan.action == "wait-missing" and plan.missing == ("configmap/nginx-conf",)
+    assert plan.action is Action.WAIT_MISSING and plan.missing == ("configmap/nginx-conf",)
     # Recreated with the same data: nothing to do.
-    assert logic.plan(before, logic.snapshot(SOURCES, LOOKUP)).action == "none"
+    assert logic.plan(before, logic.snapshot(SOURCES, LOOKUP)).action is Action.NONE
 
 
 def test_missing_optional_source_is_hashed_as_absent() -> None:
@@ -248,19 +249,19 @@ def test_missing_optional_source_is_hashed_as_absent() -> None:
     snap = logic.snapshot(sources, {})
     assert snap.per_source == {"configmap/opt": logic.ABSENT} and not snap.missing
     later = logic.snapshot(sources, {(CM, "opt"): "4444444444444444"})
-    assert logic.plan(observed(snap), later).action == "roll"
+    assert logic.plan(observed(snap), later).action is Action.ROLL
 
 
 def test_changed_set_of_sources_rebaselines_without_a_second_rollout() -> None:
     before = observed(logic.snapshot({Source(CM, "nginx-conf")}, LOOKUP))
     plan = logic.plan(before, logic.snapshot(SOURCES, LOOKUP))
-    assert plan.action == "baseline"
+    assert plan.action is Action.BASELINE
 
 
 def test_foreign_baseline_without_per_source_hashes_rolls() -> None:
     snap = logic.snapshot(SOURCES, LOOKUP)
     plan = logic.plan({logic.OBSERVED_HASH: "something-else"}, snap)
-    assert plan.action == "roll" and set(plan.changed) == {"configmap/nginx-conf", "secret/creds"}
+    assert plan.action is Action.ROLL and set(plan.changed) == {"configmap/nginx-conf", "secret/creds"}
 
 
 def test_first_sighting_rolls_a_change_made_after_the_workload() -> None:
@@ -268,25 +269,25 @@ def test_first_sighting_rolls_a_change_made_after_the_workload() -> None:
     workload existed: never absorbed into the baseline."""
     snap = logic.snapshot(SOURCES, LOOKUP)
     plan = logic.plan({}, snap, newer=["configmap/nginx-conf"])
-    assert plan.action == "roll" and plan.changed == ("configmap/nginx-conf",)
+    assert plan.action is Action.ROLL and plan.changed == ("configmap/nginx-conf",)
 
 
 def test_first_sighting_with_a_missing_source_records_it_absent() -> None:
     snap = logic.snapshot(SOURCES, {(SEC, "creds"): LOOKUP[(SEC, "creds")]})
     plan = logic.plan({}, snap)
-    assert plan.action == "baseline" and plan.missing == ("configmap/nginx-conf",)
+    assert plan.action is Action.BASELINE and plan.missing == ("configmap/nginx-conf",)
     # It appears: re-baseline, no rollout (pods could not have run without it) ...
-    assert logic.plan(observed(snap), logic.snapshot(SOURCES, LOOKUP)).action == "baseline"
+    assert logic.plan(observed(snap), logic.snapshot(SOURCES, LOOKUP)).action is Action.BASELINE
     # ... unless reload-on-create.
-    assert logic.plan(observed(snap), logic.snapshot(SOURCES, LOOKUP), reload_on_create=True).action == "roll"
+    assert logic.plan(observed(snap), logic.snapshot(SOURCES, LOOKUP), reload_on_create=True).action is Action.ROLL
 
 
 def test_reload_on_delete_rolls_instead_of_holding() -> None:
     before = observed(logic.snapshot(SOURCES, LOOKUP))
     gone = logic.snapshot(SOURCES, {(SEC, "creds"): LOOKUP[(SEC, "creds")]})
-    assert logic.plan(before, gone).action == "wait-missing"
+    assert logic.plan(before, gone).action is Action.WAIT_MISSING
     plan = logic.plan(before, gone, reload_on_delete=True)
-    assert plan.action == "roll" and plan.changed == ("configmap/nginx-conf",)
+    assert plan.action is Action.ROLL and plan.changed == ("configmap/nginx-conf",)
 
 
 def test_last_reloaded_from_is_reloaders_format() -> None:
@@ -310,9 +311,9 @@ def test_pause_period_pauses_and_resumes() -> None:
     view = logic.workload_view("Deployment", body)
     assert view is not None and view.pause_period == 10
     snap = logic.snapshot(SOURCES, LOOKUP)
-    patch = logic.roll_patch(view, logic.Plan("roll", new_hash=snap.hash, changed=("secret/creds",)), snap, 1000.0)
+    patch = logic.roll_patch(view, logic.Plan(Action.ROLL, new_hash=snap.hash, changed=("secret/creds",)), snap, 1000.0)
     assert patch["spec"]["paused"] is True and patch["metadata"]["annotations"][logic.PAUSED_AT]
-    body["metadata"]["annotations"][logic.PAUSED_AT] = logic.iso(1000.0)
+    body["metadata"]["annotations"][logic.PAUSED_AT] = epoch_to_iso(1000.0)
     body["spec"]["paused"] = True
     paused = logic.workload_view("Deployment", body)
     assert paused is not None and logic.unpause_due(paused, 1004.0) == 6.0
@@ -347,10 +348,10 @@ def test_suspended_cronjob_holds_the_rollout() -> None:
     cron: dict[str, Any] = {
         "metadata": {"name": "nightly", "namespace": "ns", "uid": "u1", "annotations": {logic.AUTO: "true"}},
             "spec": {"suspend": True, "jobTemplate": {"spec": {"template": {"spec": POD}}}}}
-    roll = logic.Plan("roll", new_hash="h", changed=("configmap/nginx-conf",))
+    roll = logic.Plan(Action.ROLL, new_hash="h", changed=("configmap/nginx-conf",))
     suspended = logic.workload_view("CronJob", cron)
     assert suspended is not None and logic.held_by_suspend(suspended, roll)
-    assert not logic.held_by_suspend(suspended, logic.Plan("baseline", new_hash="h"))
+    assert not logic.held_by_suspend(suspended, logic.Plan(Action.BASELINE, new_hash="h"))
     cron["spec"]["suspend"] = False
     active = logic.workload_view("CronJob", cron)
     assert active is not None and not logic.held_by_suspend(active, roll)
@@ -362,7 +363,7 @@ def test_suspended_cronjob_holds_the_rollout() -> None:
 
 
 def test_pacing_leading_edge_then_one_trailing_rollout() -> None:
-    settings = logic.Settings(debounce_seconds=2, min_interval_seconds=10)
+    settings = logic.Options(debounce_seconds=2, min_interval_seconds=10)
     assert logic.next_rollout_at(None, 100.0, settings) == 100.0          # first change: at once
     assert logic.next_rollout_at(100.0, 100.5, settings) == 110.0         # within the window: later
     assert logic.next_rollout_at(100.0, 200.0, settings) == 200.0         # quiet again: at once
@@ -412,12 +413,12 @@ def test_many_long_named_sources_keep_per_source_hashes_by_digest() -> None:
     assert logic.ref_digest(f"configmap/{names[0]}") in stored[logic.OBSERVED_SOURCES]
 
     more = logic.snapshot({Source(CM, n) for n in [*names, "extra"]}, lookup)
-    assert logic.plan(stored, more).action == "baseline"
+    assert logic.plan(stored, more).action is Action.BASELINE
 
     lookup[(CM, names[99])] = logic.source_view(CM, {"metadata": {"name": names[99], "resourceVersion": "2"},
                                                      "data": {"k": "2"}})
     changed = logic.plan(stored, logic.snapshot({Source(CM, n) for n in names}, lookup))
-    assert changed.action == "roll" and changed.changed == (f"configmap/{names[99]}",)
+    assert changed.action is Action.ROLL and changed.changed == (f"configmap/{names[99]}",)
 
 
 # --- the env-vars strategy (Reloader's --reload-strategy=env-vars) -----------------------------------
@@ -435,13 +436,13 @@ def test_env_var_name_is_reloaders(kind: str, name: str, expected: str) -> None:
 
 
 def test_reload_strategy_setting() -> None:
-    assert logic.Settings.from_env({}).reload_strategy == "annotations"
-    assert logic.Settings.from_env({"REROLLER_RELOAD_STRATEGY": "env-vars"}).env_vars
+    assert logic.Options.from_env({}).reload_strategy == "annotations"
+    assert logic.Options.from_env({"REROLLER_RELOAD_STRATEGY": "env-vars"}).env_vars
     with pytest.raises(ValueError, match="REROLLER_RELOAD_STRATEGY"):
-        logic.Settings.from_env({"REROLLER_RELOAD_STRATEGY": "envvars"})
+        logic.Options.from_env({"REROLLER_RELOAD_STRATEGY": "envvars"})
 
 
-ENV_SETTINGS = logic.Settings(reload_strategy="env-vars")
+ENV_SETTINGS = logic.Options(reload_strategy="env-vars")
 
 
 def env_view(pod_spec: dict[str, Any], annotations: dict[str, str] | None = None) -> logic.WorkloadView:
@@ -457,7 +458,7 @@ def test_env_vars_patch_adds_then_replaces_the_variable() -> None:
                                           {"name": "app", "volumeMounts": [{"name": "v", "mountPath": "/c"}]}]}
     view = env_view(pod)
     snap = logic.Snapshot(per_source={"configmap/conf": "1a2b3c4d"}, missing=[])
-    plan = logic.Plan("roll", new_hash="h2", changed=("configmap/conf",))
+    plan = logic.Plan(Action.ROLL, new_hash="h2", changed=("configmap/conf",))
     ops = logic.env_vars_patch(view, plan, snap, 0.0, rv=7)
     assert ops[0] == {"op": "replace", "path": "/metadata/resourceVersion", "value": "7"}
     # The container mounting the volume (index 1), which had no env: the list is created.
@@ -477,7 +478,7 @@ def test_env_vars_patch_picks_containers_as_reloader_does() -> None:
            "containers": [{"name": "a", "env": []}, {"name": "b", "envFrom": [{"configMapRef": {"name": "c"}}]}]}
     view = env_view(pod, {logic.AUTO: "true", logic.CONFIGMAPS: "named"})
     snap = logic.Snapshot(per_source={"configmap/c": "11", "secret/s": "22", "configmap/named": "33"}, missing=[])
-    plan = logic.Plan("roll", new_hash="h", changed=("configmap/c", "configmap/named", "secret/s"))
+    plan = logic.Plan(Action.ROLL, new_hash="h", changed=("configmap/c", "configmap/named", "secret/s"))
     env_ops = [op for op in logic.env_vars_patch(view, plan, snap, 0.0) if "/env" in op["path"]]
     assert env_ops == [
         {"op": "add", "path": "/spec/template/spec/containers/1/env", "value": [{"name": "STAKATER_C_CONFIGMAP",
@@ -494,7 +495,8 @@ def test_env_vars_patch_without_annotations_and_with_a_pause_period() -> None:
     view = env_view(POD, {logic.AUTO: "true"})
     bare = dataclasses.replace(view, has_annotations=False, pause_period=60.0)
     snap = logic.Snapshot(per_source={"configmap/nginx-conf": "aa"}, missing=[])
-    ops = logic.env_vars_patch(bare, logic.Plan("roll", new_hash="h", changed=("configmap/nginx-conf",)), snap, 0.0)
+    roll = logic.Plan(Action.ROLL, new_hash="h", changed=("configmap/nginx-conf",))
+    ops = logic.env_vars_patch(bare, roll, snap, 0.0)
     added = next(op for op in ops if op["path"] == "/metadata/annotations")
     assert added["value"][logic.OBSERVED_HASH] == "h" and logic.PAUSED_AT in added["value"]
     assert {"op": "add", "path": "/spec/paused", "value": True} in ops
@@ -583,10 +585,10 @@ def test_key_scope_change_is_no_data_change() -> None:
         {"name": "B", "valueFrom": {"configMapKeyRef": {"name": "shared", "key": "b"}}}]}]}
     wider = keyed_snapshot(data, SCOPED, more)
     for old, new in ((plain, scoped), (scoped, plain), (scoped, wider)):
-        stored = logic.baseline_annotations(logic.Plan("baseline", new_hash=old.hash), old)
-        assert logic.plan(stored, new).action == "baseline"
-    stored = logic.baseline_annotations(logic.Plan("baseline", new_hash=scoped.hash), scoped)
-    assert logic.plan(stored, keyed_snapshot({"a": "2", "b": "1"}, SCOPED)).action == "roll"
+        stored = logic.baseline_annotations(logic.Plan(Action.BASELINE, new_hash=old.hash), old)
+        assert logic.plan(stored, new).action is Action.BASELINE
+    stored = logic.baseline_annotations(logic.Plan(Action.BASELINE, new_hash=scoped.hash), scoped)
+    assert logic.plan(stored, keyed_snapshot({"a": "2", "b": "1"}, SCOPED)).action is Action.ROLL
 
 
 def test_key_hashes_never_hold_values() -> None:
@@ -599,7 +601,7 @@ def test_argo_rollout_restart_strategy_sets_restart_at() -> None:
     view = logic.workload_view("Rollout", body)
     assert view is not None and view.restart
     snap = logic.Snapshot(per_source={"configmap/nginx-conf": "aa"}, missing=[])
-    patch = logic.roll_patch(view, logic.Plan("roll", new_hash="h", changed=("configmap/nginx-conf",)), snap,
+    patch = logic.roll_patch(view, logic.Plan(Action.ROLL, new_hash="h", changed=("configmap/nginx-conf",)), snap,
                              1_700_000_000.0, rv=3)
     assert patch["spec"] == {"restartAt": "2023-11-14T22:13:20Z"}
     assert patch["metadata"]["annotations"][logic.OBSERVED_HASH] == "h"
@@ -607,7 +609,7 @@ def test_argo_rollout_restart_strategy_sets_restart_at() -> None:
     body["metadata"]["annotations"][logic.ROLLOUT_STRATEGY] = "rollout"
     default = logic.workload_view("Rollout", body)
     assert default is not None and not default.restart
-    assert logic.LAST_RELOADED_FROM in logic.roll_patch(default, logic.Plan("roll", new_hash="h"), snap, 0.0)[
+    assert logic.LAST_RELOADED_FROM in logic.roll_patch(default, logic.Plan(Action.ROLL, new_hash="h"), snap, 0.0)[
         "spec"]["template"]["metadata"]["annotations"]
     body["metadata"]["annotations"][logic.ROLLOUT_STRATEGY] = "restart"
     deployment = logic.workload_view("Deployment", body)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kopf_operators.reroller_alerts import Alert, AlertSettings, payload
+from kopf_operators.reroller.alerts import Alert, AlertSettings, payload
 
 ALERT = Alert("Deployment", "web", "nginx", ("configmap/nginx-conf",), "rolled",
               "Re-rolled Deployment nginx: data changed in configmap/nginx-conf")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kopf_operators.common import HASH_SPACE, Config, fnv1a64, namespace_shard, shard_bounds, shard_selector
+from kopf_operators.core.conventions import HASH_SPACE, Config, fnv1a64, namespace_shard, shard_bounds, shard_selector
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 7, 16])

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from testsupport.audit import AuditLog, resource_of
+from testsupport.launcher import stop_group
 from testsupport.stats import percentile, summary_ms
 
 
@@ -57,3 +62,34 @@ def test_audit_entries_about_a_namespace_after_a_moment_leave_out_events(tmp_pat
         entry(chart, "patch", "ResponseComplete", resource="deployments")]) + "\n")
     found = AuditLog(log).about("ns", since="2026-01-01T00:00:00.500000Z")
     assert [(e["verb"], resource_of(e)) for e in found] == [("patch", "deployments")]
+
+
+def test_stop_group_ends_the_whole_group_and_kills_what_ignores_sigterm() -> None:
+    """The operator and the Go peers run in their own process group: stopping one must leave nothing
+    behind, even a child that ignores SIGTERM (it is killed once the timeout passes)."""
+    script = "import signal, subprocess, sys, time\n" \
+             "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" \
+             "child = subprocess.Popen([sys.executable, '-c', " \
+             "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'])\n" \
+             "print(child.pid, flush=True)\n" \
+             "time.sleep(60)\n"
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout is not None
+    child = int(proc.stdout.readline())
+    started = time.monotonic()
+    stop_group(proc, timeout=0.5)
+    assert proc.returncode == -signal.SIGKILL
+    assert time.monotonic() - started < 10
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and pid_alive(child):
+        time.sleep(0.05)
+    assert not pid_alive(child), "the child in the group survived"
+    stop_group(proc)  # already ended: nothing to do, no error
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"  # a zombie is dead, only not yet reaped
+    except FileNotFoundError:
+        return False

@@ -21,7 +21,7 @@ import re
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from kopf_operators.common import (
+from kopf_operators.core.conventions import (
     DOMAIN,
     env_bool,
     env_float,
@@ -96,7 +96,7 @@ RULE_FIELDS = ("ruleType", "selector", "namespace", "targetNamespaces", "namespa
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings:
+class Options:
     """Copyrator's options (environment variables, documented in docs/copyrator.md)."""
 
     # The operator-wide override: every rule may read every namespace, without consent on sources.
@@ -110,7 +110,7 @@ class Settings:
     status_delay_seconds: float = 0.5
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Settings:
+    def from_env(cls, env: Mapping[str, str]) -> Options:
         return cls(
             allow_cross_namespace=env_bool(env, "COPYRATOR_ALLOW_CROSS_NAMESPACE"),
             resync_seconds=env_float(env, "COPYRATOR_RESYNC_SECONDS", 60.0, minimum=1.0),
@@ -402,7 +402,7 @@ def consent(source: Mapping[str, Any]) -> tuple[str, ...] | None:
     return tuple(item.strip() for item in str(raw).split(",") if item.strip())
 
 
-def needs_consent(rule: Rule, source_namespace: str, settings: Settings) -> bool:
+def needs_consent(rule: Rule, source_namespace: str, settings: Options) -> bool:
     """A rule reading its own namespace needs none; the operator-wide switch waives it."""
     return source_namespace != rule.namespace and not settings.allow_cross_namespace
 
@@ -411,7 +411,7 @@ def consent_allows(patterns: Iterable[str], namespace: str) -> bool:
     return any(fnmatch.fnmatchcase(namespace, pattern) for pattern in patterns)
 
 
-def allowed_into(rule: Rule, source: Mapping[str, Any], namespace: str, settings: Settings) -> bool:
+def allowed_into(rule: Rule, source: Mapping[str, Any], namespace: str, settings: Options) -> bool:
     """Whether ``rule`` may put a copy of ``source`` into ``namespace`` (consent only)."""
     source_ns = (source.get("metadata") or {}).get("namespace", "")
     if not needs_consent(rule, source_ns, settings):
@@ -421,7 +421,7 @@ def allowed_into(rule: Rule, source: Mapping[str, Any], namespace: str, settings
 
 
 def consent_problem(rule: Rule, source: Mapping[str, Any], targets: Iterable[str],
-                    settings: Settings) -> str | None:
+                    settings: Options) -> str | None:
     """Why ``rule`` copies nothing of ``source`` (None when it copies it somewhere, or may)."""
     meta = source.get("metadata") or {}
     if not needs_consent(rule, meta.get("namespace", ""), settings):

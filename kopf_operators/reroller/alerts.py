@@ -21,7 +21,7 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
-from kopf_operators import metrics
+from kopf_operators.core import metrics
 
 OPERATOR = "reroller"
 SINKS = ("slack", "teams", "gchat", "webhook")

@@ -6,7 +6,7 @@ selector for a resource that only it watches, in its own startup handler). Every
 ``operators/`` imports this module, and Python imports a module once, so it registers once whatever
 subset of operator files ``kopf run`` is given.
 
-Handlers reach shared things through Kopf's ``memo``: ``memo.config`` (common.Config) and
+Handlers reach shared things through Kopf's ``memo``: ``memo.config`` (conventions.Config) and
 ``memo.access`` (the access layer); each operator keeps its controller there too.
 """
 
@@ -21,9 +21,10 @@ from typing import Any
 
 import kopf
 
-from kopf_operators import metrics
-from kopf_operators.access import Access
-from kopf_operators.common import Config, shard_selector
+from kopf_operators.core import metrics
+from kopf_operators.core.access import Access
+from kopf_operators.core.controller import MemoSlot
+from kopf_operators.core.conventions import Config, shard_selector
 
 logger = logging.getLogger("kopf_operators")
 
@@ -87,14 +88,18 @@ class QuietBookkeeping(logging.Filter):
         return not _BOOKKEEPING.match(record.getMessage())
 
 
-def shared(memo: Any) -> tuple[Config, Access]:
+CONFIG = MemoSlot("config", Config)
+ACCESS = MemoSlot("access", Access)
+
+
+def shared(memo: kopf.Memo) -> tuple[Config, Access]:
     """The shared configuration and access layer, created on first use (startup handlers of the
     operators may run before or after ``configure``)."""
-    if "config" not in memo:
-        memo.config = Config.from_env()  # fails fast on a malformed environment variable
-    if "access" not in memo:
-        memo.access = Access.from_environment()
-    return memo.config, memo.access
+    if not CONFIG.present(memo):
+        CONFIG.set(memo, Config.from_env())  # fails fast on a malformed environment variable
+    if not ACCESS.present(memo):
+        ACCESS.set(memo, Access.from_environment())
+    return CONFIG(memo), ACCESS(memo)
 
 
 async def serve_one_shard(settings: kopf.OperatorSettings, config: Config, access: Access) -> None:

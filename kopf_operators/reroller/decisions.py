@@ -15,14 +15,14 @@ token bucket), all unit-tested without a cluster.
 from __future__ import annotations
 
 import dataclasses
-import datetime
+import enum
 import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
-from kopf_operators.common import DOMAIN, env_bool, env_float, env_list
+from kopf_operators.core.conventions import DOMAIN, env_bool, env_float, env_list, epoch_to_iso, iso_to_epoch
 
 PREFIX = f"reroller.{DOMAIN}"
 
@@ -75,7 +75,7 @@ ABSENT = "absent"
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings:
+class Options:
     """The re-roller's options (environment variables, README's table); Reloader's flags in brackets."""
 
     debounce_seconds: float = 2.0        # merge window after a rollout (changes in it: one more rollout)
@@ -96,7 +96,7 @@ class Settings:
     argo_rollouts: bool = False           # [--is-Argo-Rollouts] Argo Rollouts (argoproj.io/v1alpha1) too
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Settings:
+    def from_env(cls, env: Mapping[str, str]) -> Options:
         resources = tuple(r.lower() for r in env_list(env, "REROLLER_RESOURCES_TO_IGNORE"))
         for r in resources:
             if r not in ("configmaps", "secrets"):
@@ -466,9 +466,9 @@ def _reloader_keys(kind: SourceKind, workload: Mapping[str, str], template: Mapp
     return workload if any(k in workload for k in keys) else template
 
 
-def workload_view(kind: str, body: Mapping[str, Any], settings: Settings | None = None) -> WorkloadView | None:
+def workload_view(kind: str, body: Mapping[str, Any], settings: Options | None = None) -> WorkloadView | None:
     """The index entry of a workload; None when it has not opted in (or is excluded by the options)."""
-    settings = settings or Settings()
+    settings = settings or Options()
     metadata = body.get("metadata") or {}
     namespace = str(metadata.get("namespace") or "")
     if settings.ignores_kind(kind) or namespace in settings.namespaces_to_ignore:
@@ -589,11 +589,11 @@ def parse_duration(value: object) -> float | None:
 
 
 def effective_sources(view: WorkloadView, lookup: Mapping[tuple[str, str], SourceView],
-                      settings: Settings | None = None) -> set[Source]:
+                      settings: Options | None = None) -> set[Source]:
     """The sources whose data rolls the workload now: its exact names, the referenced sources marked
     match (search mode), the existing sources its patterns match; minus excluded, ignored, unselected
     and ignored kinds. ``lookup``: (kind, name) -> SourceView of the namespace's existing sources."""
-    settings = settings or Settings()
+    settings = settings or Options()
     result = set(view.sources)
     result |= {s for s in view.search if (found := lookup.get((s.kind, s.name))) is not None and found.match}
     for source_kind, pattern in view.patterns:
@@ -664,7 +664,11 @@ def snapshot(sources: Iterable[Source], lookup: Mapping[tuple[str, str], Any],
     return Snapshot(per_source=per_source, missing=missing, optional=frozenset(optional))
 
 
-Action = Literal["none", "baseline", "roll", "wait-missing"]
+class Action(enum.Enum):
+    NONE = "none"
+    BASELINE = "baseline"          # record what the workload runs now, roll nothing
+    ROLL = "roll"
+    WAIT_MISSING = "wait-missing"  # a required source is missing: wait for it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -706,15 +710,15 @@ def plan(annotations: Mapping[str, str], snap: Snapshot, *, newer: Iterable[str]
     if observed is None:
         newer = tuple(sorted(r for r in newer if snap.per_source.get(r, ABSENT) != ABSENT))
         if newer:
-            return Plan("roll", new_hash=new_hash, changed=newer, missing=missing)
-        return Plan("baseline", new_hash=new_hash, missing=missing)
+            return Plan(Action.ROLL, new_hash=new_hash, changed=newer, missing=missing)
+        return Plan(Action.BASELINE, new_hash=new_hash, missing=missing)
     if snap.missing and not reload_on_delete:
-        return Plan("wait-missing" if observed != new_hash else "none", new_hash=new_hash, missing=missing)
+        return Plan(Action.WAIT_MISSING if observed != new_hash else Action.NONE, new_hash=new_hash, missing=missing)
     if observed == new_hash:
-        return Plan("none", new_hash=new_hash, missing=missing)
+        return Plan(Action.NONE, new_hash=new_hash, missing=missing)
     if not observed_sources:
         # A baseline without per-source hashes (edited by hand): the data may have changed; be safe.
-        return Plan("roll", new_hash=new_hash, changed=tuple(sorted(snap.per_source)), missing=missing)
+        return Plan(Action.ROLL, new_hash=new_hash, changed=tuple(sorted(snap.per_source)), missing=missing)
     changed = []
     for ref, h in sorted(snap.per_source.items()):
         old = observed_sources.get(ref) or observed_sources.get(ref_digest(ref))
@@ -725,15 +729,15 @@ def plan(annotations: Mapping[str, str], snap: Snapshot, *, newer: Iterable[str]
             continue  # appeared: pods could not have run without it; nothing to roll
         changed.append(ref)
     if not changed:
-        return Plan("baseline", new_hash=new_hash, missing=missing)
-    return Plan("roll", new_hash=new_hash, changed=tuple(changed), missing=missing)
+        return Plan(Action.BASELINE, new_hash=new_hash, missing=missing)
+    return Plan(Action.ROLL, new_hash=new_hash, changed=tuple(changed), missing=missing)
 
 
 def held_by_suspend(view: WorkloadView, plan_: Plan) -> bool:
     """A rollout a suspended CronJob must not get (issue #20): creating a Job would run what its owner
     suspended. The change becomes its baseline instead, so resuming it creates no Job either: its
     next scheduled Job reads the data of then."""
-    return plan_.action == "roll" and view.kind == "CronJob" and view.suspended
+    return plan_.action is Action.ROLL and view.kind == "CronJob" and view.suspended
 
 
 def _scope_changed(old: str, new: str) -> bool:
@@ -809,12 +813,12 @@ def roll_patch(view: WorkloadView, plan_: Plan, snap: Snapshot, now: float, rv: 
     if view.restart:
         # Reloader's rollout-strategy "restart" for Argo Rollouts: the Rollout controller restarts the
         # pods in place of a new revision; the pod template is not touched.
-        patch["spec"] = {"restartAt": iso(now)}
+        patch["spec"] = {"restartAt": epoch_to_iso(now)}
         return patch
     spec: dict[str, Any] = {"template": {"metadata": {"annotations": template_annotations(view, plan_, snap, now)}}}
     if view.kind == "Deployment" and view.pause_period:
         spec["paused"] = True
-        patch["metadata"]["annotations"][PAUSED_AT] = iso(now)
+        patch["metadata"]["annotations"][PAUSED_AT] = epoch_to_iso(now)
     patch["spec"] = spec
     return patch
 
@@ -855,7 +859,7 @@ def env_vars_patch(view: WorkloadView, plan_: Plan, snap: Snapshot, now: float,
         ops.append({"op": "replace", "path": "/metadata/resourceVersion", "value": str(rv)})
     annotations = baseline_annotations(plan_, snap)
     if view.kind == "Deployment" and view.pause_period:
-        annotations[PAUSED_AT] = iso(now)
+        annotations[PAUSED_AT] = epoch_to_iso(now)
         ops.append({"op": "add", "path": "/spec/paused", "value": True})
     if view.has_annotations:
         ops += [{"op": "add", "path": f"/metadata/annotations/{_pointer(key)}", "value": value}
@@ -890,22 +894,11 @@ def unpause_patch(rv: int | None = None) -> dict[str, Any]:
     return {"metadata": metadata, "spec": {"paused": False}}
 
 
-def iso(now: float) -> str:
-    return datetime.datetime.fromtimestamp(now, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_iso(value: str | None) -> float | None:
-    try:
-        return datetime.datetime.strptime(str(value), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC).timestamp()
-    except ValueError:
-        return None
-
-
 def unpause_due(view: WorkloadView, now: float) -> float | None:
     """Seconds until a Deployment we paused must be resumed (<= 0: now); None: not paused by us."""
     if view.kind != "Deployment" or not view.paused or not view.paused_at:
         return None
-    since = parse_iso(view.paused_at)
+    since = iso_to_epoch(view.paused_at)
     if since is None:
         return 0.0
     return since + (view.pause_period or 0.0) - now
@@ -962,7 +955,7 @@ def suspended_message(name: str, changed: Iterable[str]) -> str:
 # --- pacing: leading edge, per-workload interval, cluster-wide token bucket -------------------------
 
 
-def next_rollout_at(last_roll: float | None, now: float, settings: Settings) -> float:
+def next_rollout_at(last_roll: float | None, now: float, settings: Options) -> float:
     """When the workload may roll: at once after a quiet period (leading edge); otherwise when the
     merge window / minimum interval since its last rollout has passed (one trailing rollout, which
     takes every change made meanwhile)."""

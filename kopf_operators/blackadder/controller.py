@@ -1,13 +1,13 @@
-"""Blackadder: the controller of ChaosAgents (a cycle as steps; decisions in ``blackadder``; API via ``access``).
+"""Blackadder: the controller of ChaosAgents (a cycle as steps; decisions in ``decisions``; API via ``core.access``).
 
 Packages, each with one role, as in the article:
 - pykube-ng lists the cycle's inventory (Pods, Deployments, ConfigMaps). A cycle is periodic, so its
   listing is a legitimate periodic read; it is scoped server-side (label and field selectors, only the
-  namespaces an agent may touch) and runs in a thread (pykube is blocking).
+  namespaces an agent may touch) and runs in a thread (pykube is blocking) through ``Access.call``.
 - munch gives the agent's spec its attribute view (``spec.tantrumMode``) before it is normalised.
 - lorem writes the text of ipsum mode.
 Every write (delete, scale, patch, the ledger Secret), every Event and every status patch goes through
-``memo.access``; pykube's errors are mapped onto the same ``ApiError`` with ``access.from_pykube``.
+the access layer; the listings share its retries, metrics and ``ApiError`` (``Access.call``).
 
 Namespaces (labels, terminating) come from a Kopf index, not from a listing per cycle. Each agent's
 ledger is read once (the first cycle after a start) and then kept in memory with the resourceVersion
@@ -34,13 +34,13 @@ from typing import Any
 import lorem
 import munch
 import pykube
-import requests
 
-from kopf_operators import access as k8s
-from kopf_operators import blackadder as logic
-from kopf_operators import metrics
-from kopf_operators.access import Access, ApiError
-from kopf_operators.common import DOMAIN, Config, now_iso, stall_event
+from kopf_operators.blackadder import decisions as logic
+from kopf_operators.core import access as k8s
+from kopf_operators.core import metrics
+from kopf_operators.core.access import Access, ApiError
+from kopf_operators.core.controller import Background, Index, MemoSlot
+from kopf_operators.core.conventions import DOMAIN, Config, now_iso, stall_event
 
 OPERATOR = "blackadder"
 NAMESPACES_INDEX = "blackadder-namespaces"
@@ -133,15 +133,16 @@ def spec_view(body: Mapping[str, Any]) -> munch.Munch:
 class BlackadderController:
     kind = CHAOSAGENT
 
-    def __init__(self, access: Access, config: Config, settings: logic.Settings,
-                 namespaces: Mapping[Any, Any], sources: Mapping[Any, Any] | None = None) -> None:
+    def __init__(self, access: Access, config: Config, options: logic.Options,
+                 namespaces: Index[str, dict[str, Any]],
+                 sources: Index[tuple[str, str], list[dict[str, Any]]] | None = None) -> None:
         self.access = access
         self.config = config
-        self.settings = settings
+        self.options = options
         self.namespaces = namespaces  # Kopf's live index: name -> {"labels": ..., "terminating": bool}
         # Kopf's live index: Copyrator rule -> its ConfigMap sources (an empty index is falsy: no `or`).
         self.sources = {} if sources is None else sources
-        self._webhooks: set[asyncio.Task[None]] = set()
+        self.background = Background(OPERATOR)  # webhook notifications in flight
         self._ledgers: dict[str, LedgerHandle] = {}  # agent uid -> its ledger as we last wrote it
         self._pykube: pykube.HTTPClient | None = None
         self._pykube_guard = threading.Lock()  # one requests session, one listing at a time
@@ -149,7 +150,7 @@ class BlackadderController:
     # --- settings and scope -----------------------------------------------------------------------
 
     def agent_settings(self, body: Mapping[str, Any]) -> logic.AgentSettings:
-        return logic.settings_from_spec(spec_view(body), self.settings.dry_run)
+        return logic.settings_from_spec(spec_view(body), self.options.dry_run)
 
     def agent_id(self, meta: Mapping[str, Any]) -> str:
         """The agent's name in its ledger, Events and logs."""
@@ -172,7 +173,7 @@ class BlackadderController:
         operator's namespace (from the namespaces index: no request)."""
         entries = self.namespaces.get(self._ledger_namespace()) or ()
         labels = next((entry.get("labels") for entry in entries), None)
-        return logic.kill_switch_on(labels, self.settings.stop_all)
+        return logic.kill_switch_on(labels, self.options.stop_all)
 
     def _halt_state(self, body: Mapping[str, Any]) -> tuple[bool, bool, bool]:
         return logic.halt_state(self.agent_settings(body), self.kill_switch())
@@ -263,28 +264,16 @@ class BlackadderController:
                     await self._patch_status(meta, logic.simple_status(previous, settings, generation, True,
                                                                        "Paused", "paused: true — no chaos"), body)
                     return
-                if step == logic.INVALID_STEP:
-                    problem = logic.spec_problem(settings) or "invalid spec"
-                    if _ready_reason(previous) != "InvalidSpec":
-                        self.announce(body, None, "Warning", "InvalidSpec", problem, log)
-                    await self._patch_status(meta, logic.simple_status(previous, settings, generation, False,
-                                                                       "InvalidSpec", problem), body)
-                    return
-                if step == logic.EXCLUDED_DATE_STEP:
-                    date = logic.excluded_date(settings.excluded_dates, settings.time_zone, now)
-                    message = f"today is an excluded date ({date} in {settings.time_zone}): no chaos"
-                    if _ready_reason(previous) != "ExcludedDate":
-                        log.info(message)
-                    await self._patch_status(meta, logic.simple_status(previous, settings, generation, True,
-                                                                       "ExcludedDate", message), body)
-                    return
-                if step == logic.IDLE_STEP:
-                    opens = logic.next_window_start(settings.windows, settings.time_zone, now)
-                    message = f"outside activeWindows ({settings.time_zone}); idle until {opens or 'never'}"
-                    if _ready_reason(previous) != "OutsideWindow":
-                        log.info(message)
-                    await self._patch_status(meta, logic.simple_status(previous, settings, generation, True,
-                                                                       "OutsideWindow", message), body)
+                waiting = self._waiting(step, settings, now)
+                if waiting is not None:  # no chaos this cycle, for a reason said once per episode
+                    ready, reason, message = waiting
+                    if _ready_reason(previous) != reason:
+                        if ready:
+                            log.info(message)
+                        else:
+                            self.announce(body, None, "Warning", reason, message, log)
+                    await self._patch_status(meta, logic.simple_status(previous, settings, generation, ready,
+                                                                       reason, message), body)
                     return
                 inventory = await self.inventory(settings, now)
 
@@ -305,6 +294,19 @@ class BlackadderController:
             await self._patch_status(meta, logic.cycle_status(
                 previous, settings, generation, handle.data, outcome.done, outcome.skipped, inventory.counts(),
                 f"{handle.namespace}/{handle.name}", outcome.frequency_problems), body)
+
+    @staticmethod
+    def _waiting(step: str, settings: logic.AgentSettings, now: float) -> tuple[bool, str, str] | None:
+        """Why a cycle makes no chaos, as (ready, reason, message), or None when it does."""
+        if step == logic.INVALID_STEP:
+            return False, "InvalidSpec", logic.spec_problem(settings) or "invalid spec"
+        if step == logic.EXCLUDED_DATE_STEP:
+            date = logic.excluded_date(settings.excluded_dates, settings.time_zone, now)
+            return True, "ExcludedDate", f"today is an excluded date ({date} in {settings.time_zone}): no chaos"
+        if step == logic.IDLE_STEP:
+            opens = logic.next_window_start(settings.windows, settings.time_zone, now)
+            return True, "OutsideWindow", f"outside activeWindows ({settings.time_zone}); idle until {opens or 'never'}"
+        return None
 
     async def inventory(self, settings: logic.AgentSettings, now: float) -> logic.Inventory:
         """The cycle's candidates, listed with pykube-ng and scoped server-side: only the allowed
@@ -350,7 +352,7 @@ class BlackadderController:
         ledger = handle.data
         cycle = int(ledger.get("cycle", 0)) + 1
         # The cluster-wide cap on replicas cancer adds: what all agents added and did not revert.
-        budget = self.settings.max_added_replicas - logic.added_replicas(h.data for h in self._ledgers.values())
+        budget = self.options.max_added_replicas - logic.added_replicas(h.data for h in self._ledgers.values())
         clock = time.time()
         elapsed = logic.frequency_elapsed(ledger.get("lastCycleEpoch"), clock, settings.pause)
         plan = logic.plan_cycle(inventory, settings, cycle, replica_budget=budget, elapsed=elapsed)
@@ -420,8 +422,7 @@ class BlackadderController:
 
     async def stop(self) -> None:
         """Notifications still in flight are dropped when the operator exits."""
-        for task in list(self._webhooks):
-            task.cancel()
+        await self.background.stop()
 
     def _notify(self, body: Mapping[str, Any], secret: str, entries: list[Mapping[str, Any]], log: Logger) -> None:
         """One POST per action of the cycle, in the background (a slow receiver never delays chaos).
@@ -457,7 +458,7 @@ class BlackadderController:
                               f"no webhook sent: Secret {where} " + ("has no key " + repr(logic.WEBHOOK_SECRET_KEY)
                                                                      if obj else "does not exist"), log)
                 return
-            refusal = logic.webhook_refusal(url, self.settings.webhook_hosts)
+            refusal = logic.webhook_refusal(url, self.options.webhook_hosts)
             if refusal:
                 self.announce(body, None, "Warning", "WebhookRefused", f"{refusal} (Secret {where})", log)
                 return
@@ -473,9 +474,7 @@ class BlackadderController:
                     return
             metrics.action(OPERATOR, "webhook", len(payloads))
 
-        task = asyncio.create_task(post_all())
-        self._webhooks.add(task)
-        task.add_done_callback(self._webhooks.discard)
+        self.background.spawn(post_all())
 
     # --- the actions (each True when done, False when skipped) ------------------------------------
 
@@ -524,21 +523,13 @@ class BlackadderController:
             note(logic.CANCER, "Deployment", dep, "would-scale", dep.replicas, replicas)
             self.announce(body, target, "Normal", "WouldScaleDeployment", f"dry-run: would scale {msg}", log)
             return True
-        try:
-            # Through the scale subresource, conditional on the replicas we decided on (not on the
-            # resourceVersion: the Deployment's status moves it all the time).
-            answer = await self.access.patch(k8s.DEPLOYMENT, dep.namespace, dep.name,
-                                             logic.scale_patch(dep.replicas, replicas), subresource="scale",
-                                             json_patch=True)
-        except ApiError as exc:
-            logic.forget_undo(ledger, previous_undo, key)
-            note(logic.CANCER, "Deployment", dep, f"skipped: HTTP {exc.status}")
+        # Through the scale subresource, conditional on the replicas we decided on (not on the
+        # resourceVersion: the Deployment's status moves it all the time).
+        write = self.access.patch(k8s.DEPLOYMENT, dep.namespace, dep.name, logic.scale_patch(dep.replicas, replicas),
+                                  subresource="scale", json_patch=True)
+        if not await self._undoable(write, ledger, previous_undo, key, lambda skipped: note(
+                logic.CANCER, "Deployment", dep, skipped)):
             return False
-        if answer is None:
-            logic.forget_undo(ledger, previous_undo, key)
-            note(logic.CANCER, "Deployment", dep, "skipped: gone")
-            return False
-        ledger["undo"].get(key, {}).pop("pending", None)
         metrics.action(OPERATOR, "deployment-scaled")
         note(logic.CANCER, "Deployment", dep, "scaled", dep.replicas, replicas)
         self.announce(body, target, "Normal", "DeploymentScaled", f"scaled {msg}", log)
@@ -557,23 +548,34 @@ class BlackadderController:
                           f"dry-run: would overwrite ConfigMap {cm.namespace}/{cm.name} keys [{keys}] with lorem ipsum",
                           log)
             return True
-        try:
-            answer = await self.access.patch(k8s.CONFIGMAP, cm.namespace, cm.name,
-                                             {"metadata": {"resourceVersion": cm.resource_version}, "data": new_data})
-        except ApiError as exc:
-            logic.forget_undo(ledger, previous_undo, key)
-            note(logic.IPSUM, "ConfigMap", cm, f"skipped: HTTP {exc.status}")
+        write = self.access.patch(k8s.CONFIGMAP, cm.namespace, cm.name,
+                                  {"metadata": {"resourceVersion": cm.resource_version}, "data": new_data})
+        if not await self._undoable(write, ledger, previous_undo, key, lambda skipped: note(
+                logic.IPSUM, "ConfigMap", cm, skipped)):
             return False
-        if answer is None:
-            logic.forget_undo(ledger, previous_undo, key)
-            note(logic.IPSUM, "ConfigMap", cm, "skipped: gone")
-            return False
-        ledger["undo"].get(key, {}).pop("pending", None)
         metrics.action(OPERATOR, "configmap-ipsumed")
         note(logic.IPSUM, "ConfigMap", cm, "ipsumed", before_hash, logic.data_fingerprint(new_data))
         self.announce(body, target, "Normal", "ConfigMapIpsumed",
                       f"overwrote ConfigMap {cm.namespace}/{cm.name} keys [{keys}] with lorem ipsum (revertible)", log)
         return True
+
+    @staticmethod
+    async def _undoable(write: Awaitable[dict[str, Any] | None], ledger: dict[str, Any],
+                        previous_undo: Mapping[str, Any], key: str, skipped: Callable[[str], None]) -> bool:
+        """A revertible change whose undo entry is already in the ledger: True when written; when it
+        fails or the target is gone, the entry goes again and ``skipped`` says why."""
+        try:
+            answer = await write
+        except ApiError as exc:
+            why = f"skipped: HTTP {exc.status}"
+        else:
+            if answer is not None:
+                ledger["undo"].get(key, {}).pop("pending", None)
+                return True
+            why = "skipped: gone"
+        logic.forget_undo(ledger, previous_undo, key)
+        skipped(why)
+        return False
 
     # --- revert ------------------------------------------------------------------------------------
 
@@ -792,7 +794,10 @@ class BlackadderController:
                 if not self.config.operator_namespace:  # local run: the default namespace may be missing
                     await self._ensure_namespace(handle.namespace)
                 body["metadata"].pop("resourceVersion", None)
-                answer = await self.access.create(k8s.SECRET, body)
+                try:
+                    answer = await self.access.create(k8s.SECRET, body)
+                except k8s.AlreadyExists:
+                    answer = None
             if answer is not None:
                 handle.exists = True
                 handle.resource_version = answer["metadata"]["resourceVersion"]
@@ -811,18 +816,16 @@ class BlackadderController:
         """Only for the local default (blackadder-system); in a cluster the operator's namespace exists."""
         if namespace in self.namespaces:
             return
-        await self.access.create(k8s.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {
-            "name": namespace, "labels": {f"{DOMAIN}/owner": OPERATOR}}})
+        with contextlib.suppress(k8s.AlreadyExists):
+            await self.access.create(k8s.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {
+                "name": namespace, "labels": {f"{DOMAIN}/owner": OPERATOR}}})
 
     # --- inventory listing with pykube-ng ----------------------------------------------------------
 
     async def _list(self, kind: type[pykube.objects.NamespacedAPIObject], namespaces: Iterable[str] | None,
                     field_selector: str, label_selector: str = "") -> list[dict[str, Any]]:
-        try:
-            return await asyncio.to_thread(self._list_sync, kind, None if namespaces is None else list(namespaces),
-                                           field_selector, label_selector)
-        except (pykube.exceptions.PyKubeError, requests.RequestException) as exc:
-            raise k8s.from_pykube(exc) from None
+        wanted = None if namespaces is None else list(namespaces)
+        return await self.access.call(lambda: self._list_sync(kind, wanted, field_selector, label_selector))
 
     def _list_sync(self, kind: type[pykube.objects.NamespacedAPIObject], namespaces: list[str] | None,
                    field_selector: str, label_selector: str) -> list[dict[str, Any]]:
@@ -891,7 +894,7 @@ class TenantChaosController(BlackadderController):
 
     def agent_settings(self, body: Mapping[str, Any]) -> logic.AgentSettings:
         namespace = str(body["metadata"]["namespace"])
-        return logic.tenant_settings(spec_view(body), namespace, self.settings, self.config.operator_namespace,
+        return logic.tenant_settings(spec_view(body), namespace, self.options, self.config.operator_namespace,
                                      self._namespace_labels().get(namespace))
 
     def agent_id(self, meta: Mapping[str, Any]) -> str:
@@ -917,3 +920,9 @@ class TenantChaosController(BlackadderController):
             if await self.access.delete(k8s.SECRET, namespace, meta["name"], uid=meta.get("uid")):
                 logger.info(f"deleted the ledger {namespace}/{meta['name']}: its TenantChaosAgent is gone")
         return len(orphans)
+
+
+# The controllers in Kopf's memo, typed: operators/blackadder.py reaches them as ``AGENTS(memo)`` and
+# ``TENANT_AGENTS(memo)``.
+AGENTS = MemoSlot("blackadder", BlackadderController)
+TENANT_AGENTS = MemoSlot("blackadder_tenants", TenantChaosController)

@@ -1,10 +1,18 @@
 """The one access layer: every API request the four operators make goes through ``Access``.
 
-What it gives a controller, and nothing more:
-- ``read`` (None when absent), ``list`` (start-up and periodic resync only, never per event),
-- ``create`` (None on a 409: someone else's object, or ours already there; ``dry_run`` validates only),
-- ``patch`` / ``patch_status`` with optimistic concurrency (``Conflict`` on a 409),
-- ``delete`` with a uid precondition (never removes a same-named successor),
+One result convention for every request: a method returns the object the server answered with, and
+``None`` only ever means "that object is not there" (404); every other outcome is an ``ApiError``
+subclass the caller can catch by name:
+
+- ``read``: the object, or None when absent; ``list``: every object (start-up and periodic resync
+  only, never per event); ``call``: a blocking call of another client (pykube-ng's listings) under the
+  same retries, error model and metrics;
+- ``create``: the created object; ``AlreadyExists`` when the name is taken (someone else's object, or
+  ours not yet seen by the watch); ``dry_run`` validates and admits only;
+- ``replace`` / ``patch`` / ``patch_status``: the new object, or None when gone; ``Conflict`` when the
+  resourceVersion (optimistic concurrency) no longer matches;
+- ``delete`` / ``evict``: True when done, False when absent (or the uid precondition no longer
+  matches: a same-named successor is never removed, or a PodDisruptionBudget refused an eviction),
 - ``event`` (a Kubernetes Event through Kopf's poster),
 - one error model (``ApiError``) with its mapping onto Kopf's TemporaryError/PermanentError,
 - ``serialised(key)``: per-object serialisation inside the process, in one place,
@@ -27,24 +35,25 @@ import json
 import logging
 import random
 import threading
-from collections.abc import AsyncIterator, Hashable, Mapping
-from typing import Any, cast
+from collections.abc import AsyncIterator, Callable, Hashable, Mapping
+from typing import Any, TypeVar, cast
 from urllib.parse import quote, urlencode
 
 import kopf
 import kubernetes
 import urllib3
 
-from kopf_operators import metrics
+from kopf_operators.core import metrics
 
 logger = logging.getLogger("kopf_operators.access")
+T = TypeVar("T")
 
 # Transient failures are retried this many times in the layer (0.2 s, 0.4 s, 0.8 s, ±50 %).
 RETRIES = 3
 BACKOFF_SECONDS = 0.2
 REQUEST_TIMEOUT_SECONDS = 30.0
 MAX_EVENT_MESSAGE = 1000
-# As many pooled connections as runtime.WORKER_THREADS (the threads that make the requests).
+# As many pooled connections as process.WORKER_THREADS (the threads that make the requests).
 POOL_CONNECTIONS = 16
 
 
@@ -113,6 +122,10 @@ class Conflict(ApiError):
     """A 409 on a write with a resourceVersion or uid precondition: the object changed meanwhile."""
 
 
+class AlreadyExists(ApiError):
+    """A 409 on create: an object with that name exists (ours or anybody's: read it to know)."""
+
+
 class Paused(ApiError):
     """A write asked for while Kopf has paused this process in favour of a peer: not sent."""
 
@@ -126,7 +139,7 @@ class Access:
 
     def __init__(self, client: kubernetes.client.ApiClient) -> None:
         self._client = client
-        # Kopf's peering pause, followed by runtime.PeeringState: True while another replica acts.
+        # Kopf's peering pause, followed by process.PeeringState: True while another replica acts.
         self.paused = False
         self._locks: dict[Hashable, asyncio.Lock] = {}
         self._lock_users: collections.Counter[Hashable] = collections.Counter()
@@ -151,17 +164,40 @@ class Access:
                      body: Any = None, content_type: str = "application/json") -> dict[str, Any] | None:
         """Blocking: one request with the layer's retries; the decoded body (None on a 404)."""
         url = path + ("?" + urlencode(query) if query else "")
-        attempt = 0
+        return self._retrying(lambda: self._once(method, url, body, content_type))
+
+    @staticmethod
+    def _retrying(attempt: Callable[[], T]) -> T:
+        """Blocking: ``attempt()`` with the layer's retries of transient failures; every failed attempt
+        is counted in ``kopf_operators_api_errors``."""
+        attempts = 0
         while True:
             try:
-                return self._once(method, url, body, content_type)
+                return attempt()
             except ApiError as exc:
                 metrics.API_ERRORS.labels(status=str(exc.status or "unreachable")).inc()
-                if not exc.transient or attempt >= RETRIES:
+                if not exc.transient or attempts >= RETRIES:
                     raise
-            attempt += 1
-            delay = BACKOFF_SECONDS * (2 ** (attempt - 1)) * random.uniform(0.5, 1.5)
+            attempts += 1
+            delay = BACKOFF_SECONDS * (2 ** (attempts - 1)) * random.uniform(0.5, 1.5)
             threading.Event().wait(delay)
+
+    async def call(self, blocking: Callable[[], T]) -> T:
+        """A read through another client (Blackadder's listings with pykube-ng), in a worker thread
+        under the same retries, error model (its exceptions become ``ApiError``) and metrics as
+        every other request. Reads only: a write must go through this layer's own methods."""
+
+        def attempt() -> T:
+            try:
+                return blocking()
+            except ApiError:
+                raise
+            except Exception as exc:
+                if _is_client_error(exc):
+                    raise from_pykube(exc) from None
+                raise
+
+        return await asyncio.to_thread(self._retrying, attempt)
 
     def _once(self, method: str, url: str, body: Any, content_type: str) -> dict[str, Any] | None:
         headers = {"Accept": "application/json", "Content-Type": content_type}
@@ -229,16 +265,16 @@ class Access:
 
     # --- writes ---------------------------------------------------------------------------------
 
-    async def create(self, kind: Kind, body: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any] | None:
-        """The created object, or None when an object with that name exists (409). ``dry_run``: the
-        server validates and admits it as it would a real create (``dryRun=All``) and stores nothing."""
+    async def create(self, kind: Kind, body: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        """The created object; ``AlreadyExists`` when an object with that name exists (409). ``dry_run``:
+        the server validates and admits it as it would a real create (``dryRun=All``) and stores nothing."""
         namespace = (body.get("metadata") or {}).get("namespace")
         query = {"dryRun": "All"} if dry_run else None
         try:
-            return await self._request("POST", kind.path(namespace), body=body, query=query)
+            return await self._request("POST", kind.path(namespace), body=body, query=query) or {}
         except ApiError as exc:
             if exc.status == 409:
-                return None
+                raise AlreadyExists(exc.status, exc.reason, exc.message) from None
             raise
 
     async def replace(self, kind: Kind, body: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -343,6 +379,15 @@ def _error(status: int | None, reason: str, raw: Any) -> ApiError:
         message = str(json.loads(raw).get("message", ""))[:500]
     cls = Conflict if status == 409 else ApiError
     return cls(status, reason, message)
+
+
+def _is_client_error(exc: BaseException) -> bool:
+    """pykube-ng's errors and those of the requests library under it (imported lazily: only Blackadder
+    uses them)."""
+    import pykube
+    import requests
+
+    return isinstance(exc, pykube.exceptions.PyKubeError | requests.RequestException)
 
 
 def from_pykube(exc: BaseException) -> ApiError:

@@ -20,7 +20,8 @@ import zoneinfo
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from kopf_operators.common import (
+from kopf_operators.copyrator import decisions as copyrator
+from kopf_operators.core.conventions import (
     DOMAIN,
     env_bool,
     env_float,
@@ -76,8 +77,8 @@ KILL_VALUE_LABEL = "blackadder.io/kill-value"
 KILL_ONE, KILL_FIXED, KILL_ALL, KILL_RANDOM_MAX_PERCENT, KILL_FIXED_PERCENT = (
     "", "fixed", "kill-all", "random-max-percent", "fixed-percent")
 KILL_MODES = (KILL_FIXED, KILL_ALL, KILL_RANDOM_MAX_PERCENT, KILL_FIXED_PERCENT)
-# Copyrator's marker on its copies (kopf_operators.copyrator.RULE_UID_LABEL).
-COPYRATOR_COPY_LABEL = f"copyrator.{DOMAIN}/rule-uid"
+# Copyrator's marker on its copies: ConfigMaps carrying it are Copyrator's to keep in sync.
+COPYRATOR_COPY_LABEL = copyrator.RULE_UID_LABEL
 DEFAULT_MAX_KILLS = 1  # like chaoskube's --max-kill
 DEFAULT_MAX_ADDED_REPLICAS = 32
 # Chaos for tenants: the namespaced TenantChaosAgent (tantrum only, in its own namespace).
@@ -94,11 +95,11 @@ DEFAULT_TENANT_MIN_PAUSE = 60
 WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 
 
-# --- Settings -----------------------------------------------------------------------------------
+# --- Options -----------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings:
+class Options:
     """Operator-wide options of Blackadder (environment variables, documented in docs/blackadder.md)."""
 
     dry_run: bool = False  # CHAOS_DRY_RUN: forces dry-run on every agent (the chart sets it)
@@ -115,7 +116,7 @@ class Settings:
     tenant_min_pause: int = DEFAULT_TENANT_MIN_PAUSE  # CHAOS_TENANTS_MIN_PAUSE_SECONDS
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Settings:
+    def from_env(cls, env: Mapping[str, str]) -> Options:
         return cls(dry_run=env_bool(env, "CHAOS_DRY_RUN", False),
                    max_added_replicas=int(env_float(env, "CHAOS_MAX_ADDED_REPLICAS", DEFAULT_MAX_ADDED_REPLICAS)),
                    webhook_hosts=tuple(h.lower() for h in env_list(env, "CHAOS_WEBHOOK_HOSTS")),
@@ -216,7 +217,7 @@ def settings_from_spec(spec: Mapping[str, Any], forced_dry_run: bool = False) ->
     )
 
 
-def tenant_settings(spec: Mapping[str, Any], namespace: str, settings: Settings, operator_namespace: str,
+def tenant_settings(spec: Mapping[str, Any], namespace: str, settings: Options, operator_namespace: str,
                     namespace_labels: Mapping[str, str] | None) -> AgentSettings:
     """A TenantChaosAgent's effective settings: its spec read as a ChaosAgent's, then confined to its
     own namespace (whatever the spec says: the schema has no namespace field, this is the second
@@ -234,7 +235,7 @@ def tenant_settings(spec: Mapping[str, Any], namespace: str, settings: Settings,
         scope_problem=problem)
 
 
-def tenant_scope_problem(namespace: str, settings: Settings, operator_namespace: str,
+def tenant_scope_problem(namespace: str, settings: Options, operator_namespace: str,
                          namespace_labels: Mapping[str, str] | None) -> str:
     """Why a TenantChaosAgent in ``namespace`` may not act ("" when it may)."""
     if not settings.tenants:

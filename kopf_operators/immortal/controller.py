@@ -1,4 +1,4 @@
-"""Immortal containers: the controller (state from watches, decisions in ``immortal``, API via ``access``).
+"""Immortal containers: the controller (state from watches, decisions in ``decisions``, API via ``core.access``).
 
 State comes from two Kopf indexes, never from a read per event:
 - ``immortal-objects``: each ImmortalContainer's spec, uid, generation, resourceVersion and status;
@@ -14,18 +14,17 @@ the next pass, so nothing is read.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from kopf_operators import access as k8s
-from kopf_operators import immortal as logic
-from kopf_operators import metrics
-from kopf_operators.access import Access, ApiError
-from kopf_operators.common import stall_event
+from kopf_operators.core import access as k8s
+from kopf_operators.core import metrics
+from kopf_operators.core.access import Access, ApiError
+from kopf_operators.core.controller import Background, Backoff, Index, KeyedTimers, MemoSlot, first
+from kopf_operators.core.conventions import stall_event
+from kopf_operators.immortal import decisions as logic
 
 OPERATOR = "immortal"
 OBJECTS_INDEX = "immortal-objects"
@@ -39,13 +38,8 @@ TRANSIENT_SECONDS = 2.0
 RETRY_SECONDS = (1.0, 300.0)
 
 logger = logging.getLogger("kopf_operators.immortal")
-Key = tuple[str, str]  # (namespace, ImmortalContainer name)
-
-
-def _first(index: Mapping[Any, Any], key: Any) -> Any:
-    for value in index.get(key) or ():
-        return value
-    return None
+Key = tuple[str, str]  # (namespace, ImmortalContainer name), in both indexes
+Snapshot = Mapping[str, Any]  # an ImmortalContainer or pod reduced to what the controller reads
 
 
 def _rv(body: Mapping[str, Any] | None) -> int:
@@ -56,27 +50,26 @@ def _rv(body: Mapping[str, Any] | None) -> int:
 
 
 class ImmortalController:
-    def __init__(self, access: Access, objects: Mapping[Any, Any], pods: Mapping[Any, Any]) -> None:
+    def __init__(self, access: Access, objects: Index[Key, Snapshot], pods: Index[Key, Snapshot]) -> None:
         self.access = access
-        self.objects = objects  # Kopf's live index: (namespace, name) -> snapshot dict
-        self.pods = pods        # Kopf's live index: (namespace, ic name) -> PodView
+        self.objects = objects  # Kopf's live index: (namespace, name) -> logic.snapshot(body)
+        self.pods = pods        # Kopf's live index: (namespace, ic name) -> logic.pod_summary(pod)
         # The answers to our own status patches: newer than the index until the watch catches up.
         self._written: dict[Key, dict[str, Any]] = {}
         # The newest pod version seen per object (None: deleted at that version): see ``_pod``.
         self._pods_seen: dict[Key, tuple[int, dict[str, Any] | None]] = {}
-        self._blocked: dict[Key, asyncio.TimerHandle] = {}
-        self._blocked_attempts: dict[Key, int] = {}
-        self._backoffs: dict[Key, asyncio.TimerHandle] = {}  # crash backoff: the replacement's wake-up
-        self._settling: dict[Key, asyncio.TimerHandle] = {}  # a pod going away: report it if it lasts
         self._refused: dict[Key, tuple[str, str]] = {}  # a spec the API server refused: (digest, why)
-        self._resync: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()  # retries in flight (referenced until done)
+        self.background = Background(OPERATOR)
+        self._retries: KeyedTimers[Key] = self.background.timers()  # a foreign pod in the way, a failed pass
+        self._backoff: Backoff[Key] = Backoff(*RETRY_SECONDS)
+        self._wakes: KeyedTimers[Key] = self.background.timers()  # crash backoff: the replacement's wake-up
+        self._settling: KeyedTimers[Key] = self.background.timers()  # a pod going away: report it if it lasts
 
     # --- state -------------------------------------------------------------------------------------
 
     def current(self, key: Key) -> dict[str, Any] | None:
         """The newest known ImmortalContainer (None when gone or being deleted)."""
-        indexed = _first(self.objects, key)
+        indexed = first(self.objects, key)
         written = self._written.get(key)
         if written is not None and (indexed is None or written["metadata"]["uid"] != indexed["metadata"]["uid"]
                                     or _rv(indexed) >= _rv(written)):
@@ -90,12 +83,10 @@ class ImmortalController:
     def forget(self, key: Key) -> None:
         self._written.pop(key, None)
         self._pods_seen.pop(key, None)
-        self._blocked_attempts.pop(key, None)
+        self._backoff.reset(key)
         self._refused.pop(key, None)
-        for timers in (self._blocked, self._backoffs, self._settling):
-            handle = timers.pop(key, None)
-            if handle:
-                handle.cancel()
+        for timers in (self._retries, self._wakes, self._settling):
+            timers.cancel(key)
 
     # --- triggers ----------------------------------------------------------------------------------
 
@@ -128,7 +119,7 @@ class ImmortalController:
             if decision.action is logic.Action.BLOCKED:
                 self._retry_later(key)
             else:
-                self._blocked_attempts.pop(key, None)
+                self._backoff.reset(key)
             if decision.action is logic.Action.BACKOFF:
                 self._wake_later(key, decision.retry_in)
             return decision
@@ -139,7 +130,7 @@ class ImmortalController:
         a replaced pod can arrive after its successor's: the newest resourceVersion wins, and a
         deletion is remembered (as "gone at that version") so that no older event brings it back."""
         seen = self._pods_seen.get(key)
-        candidates: list[tuple[int, dict[str, Any] | None]] = [(_rv(v), v) for v in self.pods.get(key) or ()]
+        candidates: list[tuple[int, dict[str, Any] | None]] = [(_rv(v), dict(v)) for v in self.pods.get(key) or ()]
         if seen is not None:
             candidates.append(seen)
         if pod_event is not None:
@@ -171,7 +162,9 @@ class ImmortalController:
 
         if decision.action is logic.Action.CREATE:
             try:
-                created = await self.access.create(k8s.POD, logic.build_pod(ic))
+                created: dict[str, Any] | None = await self.access.create(k8s.POD, logic.build_pod(ic))
+            except k8s.AlreadyExists:
+                created = None
             except ApiError as exc:
                 if exc.namespace_terminating:  # the namespace (and this object with it) is going away
                     return logic.Decision(logic.Action.NONE, "NamespaceTerminating",
@@ -225,6 +218,8 @@ class ImmortalController:
             return logic.refused(pod, known[1])
         try:
             await self.access.create(k8s.POD, logic.build_pod(ic), dry_run=True)
+        except k8s.AlreadyExists:
+            pass  # acceptable: validation and admission come before the name check
         except ApiError as exc:
             if logic.refuses_pod(exc.status, exc.message):
                 message = exc.message or str(exc)
@@ -282,48 +277,17 @@ class ImmortalController:
                 and pod.uid == status.get("currentPodUID") and logic.ready_reason(status) != decision.reason)
 
     def _settle_later(self, key: Key) -> None:
-        if key in self._settling:
-            return
-
-        def fire() -> None:
-            self._settling.pop(key, None)
-            task = asyncio.create_task(self.guarded(key, "settle"))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-        self._settling[key] = asyncio.get_running_loop().call_later(TRANSIENT_SECONDS, fire)
+        self._settling.start(key, TRANSIENT_SECONDS, lambda: self.guarded(key, "settle"))
 
     def _retry_later(self, key: Key) -> None:
-        """Look again later, doubling the delay up to the cap: a foreign pod in the way is not watched,
-        and a failed pass outside Kopf's handlers is not retried by Kopf."""
-        if key in self._blocked:
-            return
-        first, cap = RETRY_SECONDS
-        attempts = self._blocked_attempts.get(key, 0)
-        self._blocked_attempts[key] = attempts + 1
-        delay = min(cap, first * 2 ** min(attempts, 16))
-
-        def fire() -> None:
-            self._blocked.pop(key, None)
-            task = asyncio.create_task(self.guarded(key, "retry"))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-        self._blocked[key] = asyncio.get_running_loop().call_later(delay, fire)
+        """Look again later, with backoff: a foreign pod in the way is not watched, and a failed pass
+        outside Kopf's handlers is not retried by Kopf."""
+        if not self._retries.pending(key):
+            self._retries.start(key, self._backoff.next_delay(key), lambda: self.guarded(key, "retry"))
 
     def _wake_later(self, key: Key, delay: float) -> None:
         """Converge again when a crash backoff is over (the replacement is due)."""
-        handle = self._backoffs.pop(key, None)
-        if handle:
-            handle.cancel()
-
-        def fire() -> None:
-            self._backoffs.pop(key, None)
-            task = asyncio.create_task(self.guarded(key, "backoff"))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-        self._backoffs[key] = asyncio.get_running_loop().call_later(max(0.05, delay), fire)
+        self._wakes.start(key, max(0.05, delay), lambda: self.guarded(key, "backoff"), if_pending="replace")
 
     async def guarded(self, key: Key, trigger: str, pod_event: tuple[str, Mapping[str, Any]] | None = None,
                       body: Mapping[str, Any] | None = None) -> None:
@@ -341,16 +305,15 @@ class ImmortalController:
     # --- the periodic sweep --------------------------------------------------------------------------
 
     def start_resync(self) -> None:
-        self._resync = asyncio.create_task(self._resync_loop(), name="immortal resync")
+        self.background.resync(RESYNC_SECONDS, self._resync, paused=lambda: self.access.paused)
 
-    async def _resync_loop(self) -> None:
-        while True:
-            await asyncio.sleep(RESYNC_SECONDS * random.uniform(0.8, 1.2))
-            for key in list(self.objects):
-                await self.guarded(key, "resync")
+    async def _resync(self) -> None:
+        for key in list(self.objects):
+            await self.guarded(key, "resync")
 
     async def stop(self) -> None:
-        if self._resync:
-            self._resync.cancel()
-        for handle in [*self._blocked.values(), *self._backoffs.values(), *self._settling.values()]:
-            handle.cancel()
+        await self.background.stop()
+
+
+# The controller in Kopf's memo, typed: operators/immortal.py reaches it as ``CONTROLLER(memo)``.
+CONTROLLER = MemoSlot("immortal", ImmortalController)

@@ -1,4 +1,4 @@
-"""Copyrator: the controller (state from watches, decisions in ``copyrator``, API via ``access``).
+"""Copyrator: the controller (state from watches, decisions in ``copyrator.decisions``, API via ``core.access``).
 
 What it decides on, and where that comes from (never a read per event):
 - rules: Kopf's ``copyrator-rules`` index (fields, uid, generation, status);
@@ -27,16 +27,16 @@ import collections
 import contextlib
 import dataclasses
 import logging
-import random
 import time
 from collections.abc import Awaitable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, Literal
 
-from kopf_operators import access as k8s
-from kopf_operators import copyrator as logic
-from kopf_operators import metrics
-from kopf_operators.access import Access, ApiError
-from kopf_operators.common import stall_event
+from kopf_operators.copyrator import decisions as logic
+from kopf_operators.core import access as k8s
+from kopf_operators.core import metrics
+from kopf_operators.core.access import Access, ApiError
+from kopf_operators.core.controller import Background, Backoff, Index, KeyedTimers, MemoSlot, first, values
+from kopf_operators.core.conventions import stall_event
 
 OPERATOR = "copyrator"
 RULES_INDEX = "copyrator-rules"
@@ -49,6 +49,15 @@ RETRY_SECONDS = (2.0, 300.0)
 
 logger = logging.getLogger("kopf_operators.copyrator")
 CopyKey = tuple[str, str, str]  # (kind, namespace, name)
+RuleKey = tuple[str, str]  # (namespace, name) of a rule
+# A copies index answers four lookups, so it holds each copy under four key shapes (one indexer per
+# watched kind: Kopf calls every indexer on every event of its resource):
+CopyAt = tuple[Literal["at"], str, str]               # ("at", namespace, name): the copy at a place
+CopiesOf = tuple[Literal["rule"], str]                # ("rule", rule uid): all of a rule's copies
+CopiesNamed = tuple[Literal["rule-name"], str, str]   # ("rule-name", rule uid, name)
+CopiesIn = tuple[Literal["rule-ns"], str, str]        # ("rule-ns", rule uid, namespace)
+CopyIndexKey = CopyAt | CopiesOf | CopiesNamed | CopiesIn
+CopiesIndex = Index[CopyIndexKey, logic.CopyView]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,21 +67,11 @@ class Gone:
     uid: str
 
 
-def copy_index_keys(view: logic.CopyView) -> dict[Any, logic.CopyView]:
+def copy_index_keys(view: logic.CopyView) -> dict[CopyIndexKey, logic.CopyView]:
     """The keys of one copy in its copies index: by place, by rule, by rule and name, by rule and
     namespace (each a lookup some trigger needs)."""
     return {("at", view.namespace, view.name): view, ("rule", view.rule_uid): view,
             ("rule-name", view.rule_uid, view.name): view, ("rule-ns", view.rule_uid, view.namespace): view}
-
-
-def _first(index: Mapping[Any, Any], key: Any) -> Any:
-    for value in index.get(key) or ():
-        return value
-    return None
-
-
-def _values(index: Mapping[Any, Any], key: Any) -> list[Any]:
-    return list(index.get(key) or ())
 
 
 def _rv(value: Any) -> int:
@@ -82,11 +81,21 @@ def _rv(value: Any) -> int:
         return 0
 
 
+async def _said_once(work: Awaitable[Any], meta: Mapping[str, Any], kind: str, failed: str, retry: str) -> None:
+    """``work`` outside Kopf's retrying handlers: an API failure is counted and logged once (``retry``
+    says who tries again)."""
+    try:
+        await work
+    except ApiError as exc:
+        metrics.error(OPERATOR, kind)
+        logger.warning(f"Copyrator {meta.get('namespace')}/{meta.get('name')}: {failed} ({exc}); {retry}")
+
+
 class CopyratorController:
-    def __init__(self, access: Access, settings: logic.Settings, rules: Mapping[Any, Any],
-                 namespaces: Mapping[Any, Any], copies: Mapping[str, Mapping[Any, Any]]) -> None:
+    def __init__(self, access: Access, options: logic.Options, rules: Index[RuleKey, dict[str, Any]],
+                 namespaces: Index[str, logic.NamespaceInfo], copies: Mapping[str, CopiesIndex]) -> None:
         self.access = access
-        self.settings = settings
+        self.options = options
         self.rules = rules            # Kopf's live index: (namespace, name) -> rule snapshot
         self.namespaces = namespaces  # Kopf's live index: name -> NamespaceInfo
         self.copies = copies          # kind -> Kopf's live index of copies (see copy_index_keys)
@@ -104,14 +113,13 @@ class CopyratorController:
         self._deleting: set[str] = set()  # rule uids being deleted: they write nothing any more
         self._inflight: collections.Counter[str] = collections.Counter()  # rule uid -> syncs running
         self._parsed: dict[str, tuple[Any, logic.Rule | logic.RuleError]] = {}
-        self._flush: dict[tuple[str, str], asyncio.TimerHandle] = {}
-        self._retry: dict[tuple[str, str], asyncio.TimerHandle] = {}
-        self._attempts: dict[tuple[str, str], int] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._resync: asyncio.Task[None] | None = None
+        self.background = Background(OPERATOR)
+        self._flush: KeyedTimers[RuleKey] = self.background.timers()  # a rule's status, once per burst
+        self._retry: KeyedTimers[RuleKey] = self.background.timers()
+        self._backoff: Backoff[RuleKey] = Backoff(*RETRY_SECONDS)
         # Set by the first handled event: Kopf calls handlers only once every index is filled.
         self._indexed = asyncio.Event()
-        self._limit = asyncio.Semaphore(settings.write_concurrency)
+        self._limit = asyncio.Semaphore(options.write_concurrency)
         # Push sources (a push annotation, no rule): kind -> (namespace, name) -> their implicit rule.
         self.pushes: dict[str, dict[tuple[str, str], logic.Rule]] = {"ConfigMap": {}, "Secret": {}}
         self._push_reports: dict[str, str] = {}  # source uid -> the problems last reported on it
@@ -137,7 +145,7 @@ class CopyratorController:
         result = [(self.sources[k].get((r.namespace, r.name)) or {}, r)
                   for k in (KINDS if kind is None else (kind,)) for r in self.pushes[k].values()]
         for key in list(self.rules):
-            snapshot = _first(self.rules, key)
+            snapshot = first(self.rules, key)
             if snapshot is None or snapshot["metadata"].get("deletionTimestamp"):
                 continue
             rule = self.rule(snapshot)
@@ -146,14 +154,14 @@ class CopyratorController:
         return result
 
     def namespace(self, name: str) -> logic.NamespaceInfo | None:
-        return _first(self.namespaces, name)
+        return first(self.namespaces, name)
 
     def all_namespaces(self) -> list[logic.NamespaceInfo]:
-        return [info for name in list(self.namespaces) if (info := _first(self.namespaces, name)) is not None]
+        return [info for name in list(self.namespaces) if (info := first(self.namespaces, name)) is not None]
 
     def copy(self, kind: str, namespace: str, name: str) -> logic.CopyView | None:
         """The copy at a place: the index, or the answer to our own newer write."""
-        indexed: logic.CopyView | None = _first(self.copies[kind], ("at", namespace, name))
+        indexed: logic.CopyView | None = first(self.copies[kind], ("at", namespace, name))
         key = (kind, namespace, name)
         written = self._written.get(key)
         if written is None:
@@ -172,12 +180,12 @@ class CopyratorController:
                   namespace: str | None = None) -> list[logic.CopyView]:
         """A rule's copies (all, or of one name, or in one namespace), our pending writes included."""
         if name is not None:
-            key: Any = ("rule-name", rule_uid, name)
+            key: CopyIndexKey = ("rule-name", rule_uid, name)
         elif namespace is not None:
             key = ("rule-ns", rule_uid, namespace)
         else:
             key = ("rule", rule_uid)
-        places = {(v.namespace, v.name) for v in _values(self.copies[kind], key)}
+        places = {(v.namespace, v.name) for v in values(self.copies[kind], key)}
         for (k, ns, nm), written in list(self._written.items()):
             if k == kind and isinstance(written, logic.CopyView) and written.rule_uid == rule_uid \
                     and name in (None, nm) and namespace in (None, ns):
@@ -238,7 +246,7 @@ class CopyratorController:
         source, problem = self.source_for(rule, name)
         if problem:
             return None, True
-        if source is None or not logic.allowed_into(rule, source, ns.name, self.settings):
+        if source is None or not logic.allowed_into(rule, source, ns.name, self.options):
             return None, False
         return logic.desired_copy(rule, source, ns.name), False
 
@@ -248,7 +256,7 @@ class CopyratorController:
         if rule.kind != kind or ns is None or not logic.is_target(rule, ns):
             return False
         source, problem = self.source_for(rule, name)
-        return source is not None and not problem and logic.allowed_into(rule, source, namespace, self.settings)
+        return source is not None and not problem and logic.allowed_into(rule, source, namespace, self.options)
 
     def claimed(self, rule: logic.Rule, kind: str, namespace: str, name: str) -> logic.Rule | None:
         """Another rule that gets this free target name before ``rule`` (the older one), if any."""
@@ -326,7 +334,7 @@ class CopyratorController:
         self._failed[rule.uid].discard(key)
         metrics.error(OPERATOR, "copy-refused")
         logger.warning(f"Copyrator {rule.key}: the API server refuses the copy {why}")
-        snapshot = None if rule.push else _first(self.rules, (rule.namespace, rule.name))  # a push: on its source
+        snapshot = None if rule.push else first(self.rules, (rule.namespace, rule.name))  # a push: on its source
         if snapshot is not None:
             self.access.event(snapshot, "Warning", "CopyRefused", f"the API server refuses the copy {why}")
 
@@ -349,21 +357,20 @@ class CopyratorController:
             return 1
         assert desired is not None
         source = desired["metadata"]["annotations"][logic.SOURCE_ANNOTATION]
-        if action is logic.Action.RECREATE and view is not None:
-            await self.access.delete(api_kind, namespace, name, uid=view.uid)
-            self._written[key] = Gone(view.uid)
-            created = await self.access.create(api_kind, desired)
-            if created is None:
+        recreate = action is logic.Action.RECREATE and view is not None
+        if recreate or action is logic.Action.CREATE:
+            if recreate and view is not None:
+                await self.access.delete(api_kind, namespace, name, uid=view.uid)
+                self._written[key] = Gone(view.uid)
+            try:
+                created = await self.access.create(api_kind, desired)
+            except k8s.AlreadyExists:
                 return 1 + await self._in_the_way(rule, key, desired)
             self._written[key] = logic.copy_view(created, kind)
-            self._count(rule, "updated")
-            logger.info(f"{where} updated {kind} {namespace}/{name} (re-created: type or immutability)")
-            return 2
-        if action is logic.Action.CREATE:
-            created = await self.access.create(api_kind, desired)
-            if created is None:
-                return 1 + await self._in_the_way(rule, key, desired)
-            self._written[key] = logic.copy_view(created, kind)
+            if recreate:
+                self._count(rule, "updated")
+                logger.info(f"{where} updated {kind} {namespace}/{name} (re-created: type or immutability)")
+                return 2
             self._count(rule, "created")
             logger.info(f"{where} copied {kind} {source} into {namespace}")
             return 1
@@ -426,11 +433,8 @@ class CopyratorController:
         """A rule created, updated or resumed: list its sources once, then converge all its copies.
         Raises ApiError (Kopf retries the handler)."""
         snapshot = logic.rule_snapshot(body)
-        if snapshot["metadata"].get("deletionTimestamp"):
-            return
-        rule = self.rule(snapshot)
-        if isinstance(rule, logic.RuleError):
-            await self._report_problem(snapshot, rule)
+        rule = await self._valid_rule(snapshot)
+        if rule is None:
             return
         await self._list_sources(rule)
         errors = await self._sweep(rule, trigger)
@@ -505,10 +509,8 @@ class CopyratorController:
                 break
             await asyncio.sleep(0.05)
         key = (str(meta.get("namespace")), str(meta.get("name")))
-        for handles in (self._flush, self._retry):
-            handle = handles.pop(key, None)
-            if handle:
-                handle.cancel()
+        for timers in (self._flush, self._retry):
+            timers.cancel(key)
         count = await self._prune(uid, f"{key[0]}/{key[1]}", "rule deleted")
         for store in (self._failed, self._rejected, self._done, self._status, self._parsed, self._triggers):
             store.pop(uid, None)
@@ -536,12 +538,8 @@ class CopyratorController:
         meta = body.get("metadata") or {}
         if event_type != "DELETED" and not meta.get("deletionTimestamp"):
             return
-        try:
-            await self.rule_deleted(body)
-        except ApiError as exc:
-            metrics.error(OPERATOR, "prune")
-            logger.warning(f"Copyrator {meta.get('namespace')}/{meta.get('name')}: pruning the copies of the "
-                           f"deleted rule failed ({exc}); the periodic sweep retries")
+        await _said_once(self.rule_deleted(body), meta, "prune", "pruning the copies of the deleted rule failed",
+                         "the periodic sweep retries")
 
     async def prune_orphans(self) -> int:
         """Copies whose rule is gone (deleted while the operator was down, or a prune that failed).
@@ -553,14 +551,14 @@ class CopyratorController:
             return 0
         live = set()
         for key in list(self.rules):
-            snapshot = _first(self.rules, key)
+            snapshot = first(self.rules, key)
             if snapshot is not None and not snapshot["metadata"].get("deletionTimestamp"):
                 live.add(str(snapshot["metadata"].get("uid")))
         by_rule: dict[str, list[logic.CopyView]] = collections.defaultdict(list)
         for kind in KINDS:
-            for key in list(self.copies[kind]):
-                if key[0] == "rule" and key[1] not in live:  # pushed copies: _resync_pushes prunes them
-                    by_rule[key[1]].extend(v for v in _values(self.copies[kind], key) if not v.pushed)
+            for copy_key in list(self.copies[kind]):
+                if copy_key[0] == "rule" and copy_key[1] not in live:  # pushed copies: _resync_pushes prunes them
+                    by_rule[copy_key[1]].extend(v for v in values(self.copies[kind], copy_key) if not v.pushed)
         by_rule = {uid: views for uid, views in by_rule.items() if views}
         count = 0
         for uid, rule_key in logic.orphan_suspects(by_rule, live).items():
@@ -734,32 +732,17 @@ class CopyratorController:
 
     # --- retries and the periodic sweep ---------------------------------------------------------------
 
-    def _spawn(self, coro: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     def _retry_later(self, rule: logic.Rule) -> None:
         key = (rule.namespace, rule.name)
-        if key in self._retry:
-            return
-        first, cap = RETRY_SECONDS
-        attempts = self._attempts.get(key, 0)
-        self._attempts[key] = attempts + 1
-        delay = min(cap, first * 2 ** min(attempts, 16)) * random.uniform(0.8, 1.2)
-
-        def fire() -> None:
-            self._retry.pop(key, None)
-            self._spawn(self._guarded(key, "retry"))
-
-        self._retry[key] = asyncio.get_running_loop().call_later(delay, fire)
+        if not self._retry.pending(key):
+            self._retry.start(key, self._backoff.next_delay(key), lambda: self._guarded(key, "retry"))
 
     async def _guarded(self, key: tuple[str, str], trigger: str) -> None:
         """One rule's sweep outside Kopf's handlers (retries, resync): failures retry with backoff.
         Nothing while Kopf has paused this process (a standby)."""
         if self.access.paused:
             return
-        snapshot = _first(self.rules, key)
+        snapshot = first(self.rules, key)
         if snapshot is None or snapshot["metadata"].get("deletionTimestamp"):
             return
         rule = self.rule(snapshot)
@@ -774,25 +757,26 @@ class CopyratorController:
         if errors:
             self._retry_later(rule)
         else:
-            self._attempts.pop(key, None)
+            self._backoff.reset(key)
 
     def start_resync(self) -> None:
-        self._resync = asyncio.create_task(self._resync_loop(), name="copyrator resync")
-
-    async def _resync_loop(self) -> None:
         """Level-triggered: a sweep over the indexes, no request unless something must change. The
         orphan sweep runs at start (once the indexes are filled) and after every pass."""
+        self.background.resync(self.options.resync_seconds, self._resync, paused=lambda: self.access.paused,
+                               initial=self._initial_sweep)
+
+    async def _initial_sweep(self) -> None:
         # No event within a period: the indexes may be partial, which only makes the sweep find less.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._indexed.wait(), timeout=self.settings.resync_seconds)
+            await asyncio.wait_for(self._indexed.wait(), timeout=self.options.resync_seconds)
         await self._resync_pushes()
         await self.prune_orphans()
-        while True:
-            await asyncio.sleep(self.settings.resync_seconds * random.uniform(0.8, 1.2))
-            for key in list(self.rules):
-                await self._guarded(key, "resync")
-            await self._resync_pushes()
-            await self.prune_orphans()
+
+    async def _resync(self) -> None:
+        for key in list(self.rules):
+            await self._guarded(key, "resync")
+        await self._resync_pushes()
+        await self.prune_orphans()
 
     async def _resync_pushes(self) -> None:
         """Push sources' copies, like a rule's; and copies made by a push whose source is gone or
@@ -843,13 +827,7 @@ class CopyratorController:
                 or not isinstance(logic.push_rule(source), logic.Rule))
 
     async def stop(self) -> None:
-        if self._resync:
-            self._resync.cancel()
-        for handles in (self._flush, self._retry):
-            for handle in handles.values():
-                handle.cancel()
-        for task in list(self._tasks):
-            task.cancel()
+        await self.background.stop()
 
     # --- status and events ---------------------------------------------------------------------------
 
@@ -860,7 +838,7 @@ class CopyratorController:
         targets = [ns.name for ns in self.all_namespaces() if logic.is_target(rule, ns)]
         tally.targets = len(targets)
         for ns_name in rule.source_namespaces:
-            if self.namespace(ns_name) is None and logic.needs_consent(rule, ns_name, self.settings):
+            if self.namespace(ns_name) is None and logic.needs_consent(rule, ns_name, self.options):
                 tally.refusals.append(f"source namespace {ns_name} does not exist: nothing there consents "
                                       f"to this rule ({logic.ALLOWED_NAMESPACES_ANNOTATION})")
         tally.skipped = sum(1 for e in self.selected(rule) if logic.skip_reason(rule, e) is not None)
@@ -871,7 +849,7 @@ class CopyratorController:
             if source is None:
                 continue
             tally.sources += 1
-            problem = logic.consent_problem(rule, source, targets, self.settings)
+            problem = logic.consent_problem(rule, source, targets, self.options)
             if problem:
                 tally.refusals.append(problem)
                 continue
@@ -881,7 +859,7 @@ class CopyratorController:
                 continue
             wanted = logic.desired_copy(rule, source, "")
             for ns in targets:
-                if not logic.allowed_into(rule, source, ns, self.settings):
+                if not logic.allowed_into(rule, source, ns, self.options):
                     tally.withheld += 1
                     continue
                 tally.desired += 1
@@ -902,39 +880,37 @@ class CopyratorController:
     def schedule_status(self, snapshot: Mapping[str, Any]) -> None:
         """Write the rule's status (and its Synced event) once per burst of changes."""
         key = (snapshot["metadata"]["namespace"], snapshot["metadata"]["name"])
-        if key in self._flush:
-            return
+        self._flush.start(key, self.options.status_delay_seconds, lambda: self._flush_due(key))
 
-        def fire() -> None:
-            self._flush.pop(key, None)
-            current = _first(self.rules, key)
-            if current is not None:
-                self._spawn(self._flush_guarded(current))
-
-        self._flush[key] = asyncio.get_running_loop().call_later(self.settings.status_delay_seconds, fire)
+    async def _flush_due(self, key: RuleKey) -> None:
+        current = first(self.rules, key)
+        if current is not None:
+            await self._flush_guarded(current)
 
     async def _flush_guarded(self, snapshot: Mapping[str, Any]) -> None:
         if self.access.paused:
             return
-        try:
-            await self.flush_status(snapshot)
-        except ApiError as exc:
-            metrics.error(OPERATOR, "status")
-            logger.warning(f"Copyrator {snapshot['metadata']['namespace']}/{snapshot['metadata']['name']}: "
-                           f"status not written ({exc}); the next pass retries")
+        await _said_once(self.flush_status(snapshot), snapshot["metadata"], "status", "status not written",
+                         "the next pass retries")
 
     def _previous(self, snapshot: Mapping[str, Any]) -> dict[str, Any]:
         uid = snapshot["metadata"].get("uid")
         return dict(self._status.get(str(uid)) or snapshot.get("status") or {})
 
-    async def flush_status(self, snapshot: Mapping[str, Any]) -> None:
+    async def _valid_rule(self, snapshot: Mapping[str, Any]) -> logic.Rule | None:
+        """The rule, or None when it is being deleted or invalid (an invalid rule's problem is reported
+        in its status)."""
         if snapshot["metadata"].get("deletionTimestamp"):
-            return
+            return None
         rule = self.rule(snapshot)
         if isinstance(rule, logic.RuleError):
             await self._report_problem(snapshot, rule)
-            return
-        if rule.uid in self._deleting:
+            return None
+        return rule
+
+    async def flush_status(self, snapshot: Mapping[str, Any]) -> None:
+        rule = await self._valid_rule(snapshot)
+        if rule is None or rule.uid in self._deleting:
             return
         previous = self._previous(snapshot)
         status = logic.build_status(rule, previous, self.tally(rule))
@@ -980,3 +956,7 @@ class CopyratorController:
             logger.warning(f"Copyrator {meta['namespace']}/{meta['name']}: {problem.reason}: {problem}")
             self.access.event(snapshot, "Warning", problem.reason, str(problem))
         await self._write_status(snapshot, previous, status)
+
+
+# The controller in Kopf's memo, typed: operators/copyrator.py reaches it as ``CONTROLLER(memo)``.
+CONTROLLER = MemoSlot("copyrator", CopyratorController)

@@ -17,7 +17,7 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
-from kopf_operators.common import DOMAIN, epoch_to_iso, iso_to_epoch, kstatus_conditions, stable_hash
+from kopf_operators.core.conventions import DOMAIN, epoch_to_iso, iso_to_epoch, kstatus_conditions, stable_hash
 
 GROUP = "immortalcontainer.flugel.it"
 VERSION = "v1alpha1"

@@ -1,6 +1,6 @@
 """What the four operators share that is pure: environment parsing, the shared configuration,
 status conditions, label selectors and hashing. No API calls and no Kopf registrations here
-(those live in ``access`` and ``runtime``).
+(those live in ``access`` and ``process``).
 """
 
 from __future__ import annotations
@@ -126,15 +126,8 @@ def now_iso() -> str:
     return datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
-def set_condition(
-    conditions: Iterable[Mapping[str, Any]] | None,
-    type_: str,
-    status: bool,
-    reason: str,
-    message: str,
-    observed_generation: int | None = None,
-    now: str | None = None,
-) -> list[dict[str, Any]]:
+def set_condition(conditions: Iterable[Mapping[str, Any]] | None, type_: str, status: bool, reason: str, message: str,
+                  observed_generation: int | None = None, now: str | None = None) -> list[dict[str, Any]]:
     """Return ``conditions`` with one condition replaced, keeping ``lastTransitionTime`` when the
     status did not change (the Kubernetes API conventions)."""
     status_str = "True" if status else "False"

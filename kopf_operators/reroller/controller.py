@@ -1,4 +1,4 @@
-"""Re-roller: the controller (state from watches, decisions in ``reroller``, API via ``access``).
+"""Re-roller: the controller (state from watches, decisions in ``reroller.decisions``, API via ``core.access``).
 
 State comes from Kopf indexes, never from a read per event:
 - ``reroller-configmaps`` / ``reroller-secrets``: (kind, namespace, name) -> SourceView (a data hash,
@@ -17,18 +17,19 @@ one more rollout, and a cluster-wide token bucket spreads out mass rollouts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import random
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
-from kopf_operators import access as k8s
-from kopf_operators import metrics
-from kopf_operators import reroller as logic
-from kopf_operators.access import Access, ApiError
-from kopf_operators.reroller_alerts import Alert, Alerts, AlertSettings
+from kopf_operators.core import access as k8s
+from kopf_operators.core import metrics
+from kopf_operators.core.access import Access, ApiError
+from kopf_operators.core.controller import Background, Backoff, Index, KeyedTimers, MemoSlot, first
+from kopf_operators.reroller import decisions as logic
+from kopf_operators.reroller.alerts import Alert, Alerts, AlertSettings
 
 OPERATOR = "reroller"
 SOURCE_INDEXES = {"ConfigMap": "reroller-configmaps", "Secret": "reroller-secrets"}
@@ -49,44 +50,47 @@ CONCURRENCY = 16  # writes in flight for one source event (independent workloads
 
 logger = logging.getLogger("kopf_operators.reroller")
 Key = logic.WorkloadKey
-
-
-def _first(index: Mapping[Any, Any] | None, key: Any) -> Any:
-    for value in (index or {}).get(key) or ():
-        return value
-    return None
+# The indexes' keys and values (Kopf hands them over as kwargs, untyped: their types are stated here).
+SourceKey = tuple[str, str, str]  # (source kind, namespace, name) in a sources index
+# A workload index holds two shapes, told apart by their length: the reverse lookup
+# (source kind, namespace, source name or "*") -> workload key, and ("view", *workload key) -> its view.
+ViewKey = tuple[Literal["view"], str, str, str]
+WorkloadIndex = Index[SourceKey | ViewKey, Key | logic.WorkloadView]
 
 
 class RerollerController:
-    def __init__(self, access: Access, settings: logic.Settings, indexes: Mapping[str, Mapping[Any, Any]],
+    def __init__(self, access: Access, options: logic.Options, indexes: Mapping[str, Index[Any, Any]],
                  alerts: AlertSettings | None = None) -> None:
         self.access = access
-        self.settings = settings
+        self.options = options
         self.alerts = Alerts(alerts or AlertSettings())
-        self.sources = {kind: indexes[index_id] for kind, index_id in SOURCE_INDEXES.items()}
+        self.sources: dict[str, Index[SourceKey, logic.SourceView]] = {
+            kind: indexes[index_id] for kind, index_id in SOURCE_INDEXES.items()}
         # The Rollout index exists only with REROLLER_ARGO_ROLLOUTS (its handlers are registered then).
-        self.workloads = {kind: indexes[index_id] for kind, index_id in WORKLOAD_INDEXES.items() if index_id in indexes}
-        self.namespaces = indexes[NAMESPACES_INDEX]
-        self.namespace_selector = logic.parse_selector(settings.namespace_selector)
-        self.resource_selector = logic.parse_selector(settings.resource_label_selector)
-        self.bucket = logic.TokenBucket(settings.cluster_rate, settings.cluster_burst, time.monotonic())
+        self.workloads: dict[str, WorkloadIndex] = {
+            kind: indexes[index_id] for kind, index_id in WORKLOAD_INDEXES.items() if index_id in indexes}
+        self.namespaces: Index[str, Mapping[str, str]] = indexes[NAMESPACES_INDEX]  # name -> labels
+        self.namespace_selector = logic.parse_selector(options.namespace_selector)
+        self.resource_selector = logic.parse_selector(options.resource_label_selector)
+        self.bucket = logic.TokenBucket(options.cluster_rate, options.cluster_burst, time.monotonic())
         self._written: dict[Key, logic.WorkloadView] = {}  # answers to our writes, until the watch catches up
         self._first_rv: dict[Key, int] = {}                # resourceVersion at the first sighting
         self._pending: dict[Key, dict[str, str]] = {}      # first-sighting baselines not yet written
         self._last_roll: dict[Key, float] = {}             # monotonic time of each workload's last rollout
         self._reserved: set[Key] = set()                   # holding a token-bucket slot
-        self._timers: dict[Key, tuple[float, asyncio.TimerHandle]] = {}
-        self._attempts: dict[Key, int] = {}
+        self.background = Background(OPERATOR)
+        self._timers: KeyedTimers[Key] = self.background.timers()  # the next look at a workload (earliest wins)
+        self._backoff: Backoff[Key] = Backoff(*RETRY_SECONDS)
         self._warned: dict[Key, tuple[str, ...]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._resync: asyncio.Task[None] | None = None
         self._limit = asyncio.Semaphore(CONCURRENCY)
 
     # --- state ---------------------------------------------------------------------------------------
 
     def current(self, key: Key, event_view: logic.WorkloadView | None = None) -> logic.WorkloadView | None:
         """The newest known view: the index, our own last write's answer, or the event's body."""
-        indexed = _first(self.workloads.get(key[0]), ("view", *key))
+        indexed = first(self.workloads.get(key[0]), ("view", *key))
+        if not isinstance(indexed, logic.WorkloadView):
+            indexed = None
         written = self._written.get(key)
         if written is not None and (indexed is None or indexed.uid != written.uid or indexed.rv >= written.rv):
             self._written.pop(key, None)
@@ -100,14 +104,14 @@ class RerollerController:
         """(kind, name) -> SourceView of the existing sources the workload may watch."""
         result: dict[tuple[str, str], logic.SourceView] = {}
         for source in (*view.sources, *view.search):
-            found = _first(self.sources[source.kind], (source.kind, view.namespace, source.name))
+            found = first(self.sources[source.kind], (source.kind, view.namespace, source.name))
             if found is not None:
                 result[(source.kind, source.name)] = found
         for source_kind in {kind for kind, _ in view.patterns}:
             # Patterns: every source of the kind in the namespace (a scan; only for pattern users).
             for (kind, namespace, name) in list(self.sources[source_kind].keys()):
                 if namespace == view.namespace:
-                    found = _first(self.sources[source_kind], (kind, namespace, name))
+                    found = first(self.sources[source_kind], (kind, namespace, name))
                     if found is not None:
                         result[(kind, name)] = found
         return result
@@ -115,17 +119,17 @@ class RerollerController:
     def affected(self, kind: str, namespace: str, name: str) -> set[Key]:
         keys: set[Key] = set()
         for index in self.workloads.values():
-            keys.update(index.get((kind, namespace, name)) or ())
-            keys.update(index.get((kind, namespace, "*")) or ())
+            for ref in ((kind, namespace, name), (kind, namespace, "*")):
+                keys.update(key for key in index.get(ref) or () if isinstance(key, tuple))
         return keys
 
     def namespace_selected(self, namespace: str) -> bool:
         if not self.namespace_selector:
             return True
-        return logic.selector_matches(self.namespace_selector, _first(self.namespaces, namespace))
+        return logic.selector_matches(self.namespace_selector, first(self.namespaces, namespace))
 
     def _count(self, key: Key, outcome: str) -> None:
-        if self.settings.metrics_by_namespace:
+        if self.options.metrics_by_namespace:
             metrics.reload_by_namespace(key[1], key[0], outcome)
 
     def forget(self, key: Key) -> None:
@@ -134,11 +138,9 @@ class RerollerController:
         self._pending.pop(key, None)
         self._last_roll.pop(key, None)
         self._warned.pop(key, None)
-        self._attempts.pop(key, None)
+        self._backoff.reset(key)
         self._release(key)
-        timer = self._timers.pop(key, None)
-        if timer:
-            timer[1].cancel()
+        self._timers.cancel(key)
 
     def _release(self, key: Key) -> None:
         if key in self._reserved:
@@ -157,7 +159,7 @@ class RerollerController:
         if event_type == "DELETED":
             self.forget(key)
             return
-        view = logic.workload_view(key[0], body, self.settings)
+        view = logic.workload_view(key[0], body, self.options)
         if view is None:
             self.forget(key)  # not (or no longer) opted in
             return
@@ -171,40 +173,24 @@ class RerollerController:
         try:
             async with self._limit:
                 await self.reconcile(key, trigger, event_view)
-            self._attempts.pop(key, None)
+            self._backoff.reset(key)
         except ApiError as exc:
             metrics.error(OPERATOR, "api")
             self._count(key, "failed")
-            attempts = self._attempts.get(key, 0)
-            self._attempts[key] = attempts + 1
+            attempts = self._backoff.failures(key)
+            delay = self._backoff.next_delay(key)
             if not (exc.transient or exc.status == 409):
                 # Refused (403, 422: say, annotations over the size limit): retrying will not help;
                 # said once, and the next change of the workload or its sources (or the sweep) retries.
                 if not attempts:
                     logger.warning(f"{key[0]} {key[1]}/{key[2]}: {trigger}: {exc}; not retrying until it changes")
                 return
-            first, cap = RETRY_SECONDS
-            delay = min(cap, first * 2 ** min(attempts, 16))
             logger.warning(f"{key[0]} {key[1]}/{key[2]}: {trigger}: {exc}; retrying in {delay:.0f}s")
             self._schedule(key, delay)
 
     def _schedule(self, key: Key, delay: float) -> None:
         """Look at the workload again after ``delay`` (an earlier pending look wins)."""
-        loop = asyncio.get_running_loop()
-        when = loop.time() + max(0.0, delay)
-        pending = self._timers.get(key)
-        if pending is not None:
-            if pending[0] <= when:
-                return
-            pending[1].cancel()
-
-        def fire() -> None:
-            self._timers.pop(key, None)
-            task = asyncio.create_task(self.guarded(key, "timer"))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-        self._timers[key] = (when, loop.call_at(when, fire))
+        self._timers.start(key, delay, lambda: self.guarded(key, "timer"), if_pending="earlier")
 
     # --- one level-triggered pass ----------------------------------------------------------------------
 
@@ -224,7 +210,7 @@ class RerollerController:
                     # The workload changed since the version we know: read that one, decide again.
                     metrics.error(OPERATOR, "conflict")
                     fresh = await self.access.read(KINDS[key[0]], key[1], key[2])
-                    view = logic.workload_view(key[0], fresh, self.settings) if fresh else None
+                    view = logic.workload_view(key[0], fresh, self.options) if fresh else None
                     if view is None or view.deleting:
                         self.forget(key)
                         return
@@ -247,9 +233,9 @@ class RerollerController:
             self._schedule(key, due)
 
         lookup = self.lookup(view)
-        sources = logic.effective_sources(view, lookup, self.settings)
+        sources = logic.effective_sources(view, lookup, self.options)
         snap = logic.snapshot(sources, lookup, view.key_scopes)
-        on_create, on_delete = self.settings.reload_on_create, self.settings.reload_on_delete
+        on_create, on_delete = self.options.reload_on_create, self.options.reload_on_delete
         pending = self._pending.get(key) if view.observed_hash is None else None
         if view.observed_hash is not None:
             plan = logic.plan(view.baseline, snap, reload_on_create=on_create, reload_on_delete=on_delete)
@@ -260,22 +246,23 @@ class RerollerController:
             newer = [s.ref for s in sources if (found := lookup.get((s.kind, s.name))) and found.rv > first_rv]
             plan = logic.plan({}, snap, newer=newer, reload_on_create=on_create,
                               reload_on_delete=on_delete)
-            if plan.action == "baseline":
+            if plan.action is logic.Action.BASELINE:
                 self._pending[key] = logic.baseline_annotations(plan, snap)
         else:
             plan = logic.plan(pending, snap, reload_on_create=on_create, reload_on_delete=on_delete)
-            if plan.action in ("none", "wait-missing"):  # unchanged since the first sighting: persist it
-                plan = logic.Plan("baseline", new_hash=pending[logic.OBSERVED_HASH], missing=plan.missing)
+            # Unchanged since the first sighting: persist it.
+            if plan.action in (logic.Action.NONE, logic.Action.WAIT_MISSING):
+                plan = logic.Plan(logic.Action.BASELINE, new_hash=pending[logic.OBSERVED_HASH], missing=plan.missing)
                 snap = logic.Snapshot(per_source=dict(logic.parse_observed(pending)[1]) or snap.per_source,
                                       missing=snap.missing, optional=snap.optional)
         self._warn_missing(view, plan)
         if logic.held_by_suspend(view, plan):
             return await self._record_suspended(view, plan, snap)
 
-        if plan.action in ("none", "wait-missing"):
+        if plan.action in (logic.Action.NONE, logic.Action.WAIT_MISSING):
             self._release(key)
             return False
-        if plan.action == "baseline":
+        if plan.action is logic.Action.BASELINE:
             self._release(key)
             # A Job's status changes all the time and only we write these keys (serialised per
             # workload); its rollout is a uid-guarded delete: no resourceVersion, so no 409 and no read.
@@ -291,7 +278,7 @@ class RerollerController:
 
         # A rollout: paced per workload (leading edge, then one merged trailing rollout) and cluster-wide.
         now = time.monotonic()
-        at = logic.next_rollout_at(self._last_roll.get(key), now, self.settings)
+        at = logic.next_rollout_at(self._last_roll.get(key), now, self.options)
         if at > now:
             self._schedule(key, at - now)
             return False
@@ -316,14 +303,13 @@ class RerollerController:
         if answer is None:  # gone meanwhile
             self.forget(view.key)
             return
-        written = logic.workload_view(view.kind, answer, self.settings)
+        written = logic.workload_view(view.kind, answer, self.options)
         if written is not None:
             self._written[view.key] = written
 
     async def _roll(self, view: logic.WorkloadView, plan: logic.Plan, snap: logic.Snapshot, wall: float) -> None:
-        where = f"{view.kind} {view.namespace}/{view.name}"
         kind = KINDS[view.kind]
-        if view.kind in logic.TEMPLATED and self.settings.env_vars:
+        if view.kind in logic.TEMPLATED and self.options.env_vars:
             answer = await self.access.patch(kind, view.namespace, view.name,
                                              logic.env_vars_patch(view, plan, snap, wall, view.rv), json_patch=True)
             self._after_write(view, answer)
@@ -344,27 +330,25 @@ class RerollerController:
             if answer is None:
                 return
             job = logic.cronjob_job(view, uuid.uuid4().hex[:5], {})
-            await self.access.create(k8s.JOB, job)
+            with contextlib.suppress(k8s.AlreadyExists):  # a random suffix: taken only by a Job of ours
+                await self.access.create(k8s.JOB, job)
             how = f"Job {job['metadata']['name']} created from its template"
         else:  # Job: recreated with the new baseline
             await self.access.delete(kind, view.namespace, view.name, uid=view.uid, propagation="Background")
             job = logic.recreated_job(view, logic.baseline_annotations(plan, snap))
             for delay in (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2):
-                created = await self.access.create(k8s.JOB, job)
-                if created is not None:
-                    self._after_write(view, created)
-                    break
-                await asyncio.sleep(delay)  # the old Job is still being removed
+                try:
+                    created = await self.access.create(k8s.JOB, job)
+                except k8s.AlreadyExists:
+                    await asyncio.sleep(delay)  # the old Job is still being removed
+                    continue
+                self._after_write(view, created)
+                break
             else:
                 raise ApiError(409, "Conflict", "the old Job is still there")
             how = "recreated"
-        self._last_roll[view.key] = time.monotonic()
         message = logic.rollout_message(view.kind, view.name, plan.changed)
-        metrics.action(OPERATOR, "rollout")
-        self._count(view.key, "rolled")
-        logger.info(f"{where}: {message} ({how})")
-        self.access.event(self._ref(view), "Normal", "Rerolled", message)
-        self.alerts.notify(Alert(view.kind, view.namespace, view.name, plan.changed, "rolled", message))
+        self._done(view, plan, message, ("rollout", "rolled", "Rerolled"), how)
         if view.kind == "Deployment" and view.pause_period:
             self._schedule(view.key, view.pause_period)
 
@@ -377,13 +361,20 @@ class RerollerController:
         self._after_write(view, answer)
         if answer is None:
             return
+        self._done(view, plan, logic.notify_only_message(view.kind, view.name, plan.changed),
+                   ("notify-only", "notified", "ChangeNotified"))
+
+    def _done(self, view: logic.WorkloadView, plan: logic.Plan, message: str, names: tuple[str, str, str],
+              how: str = "") -> None:
+        """A rollout (or its notify-only stand-in) is done: paced from now, counted, logged once,
+        announced as an Event and alerted. ``names``: (metric action, outcome, Event reason)."""
+        action, outcome, reason = names
         self._last_roll[view.key] = time.monotonic()
-        message = logic.notify_only_message(view.kind, view.name, plan.changed)
-        metrics.action(OPERATOR, "notify-only")
-        self._count(view.key, "notified")
-        logger.info(f"{view.kind} {view.namespace}/{view.name}: {message}")
-        self.access.event(self._ref(view), "Normal", "ChangeNotified", message)
-        self.alerts.notify(Alert(view.kind, view.namespace, view.name, plan.changed, "notified", message))
+        metrics.action(OPERATOR, action)
+        self._count(view.key, outcome)
+        logger.info(f"{view.kind} {view.namespace}/{view.name}: {message}" + (f" ({how})" if how else ""))
+        self.access.event(self._ref(view), "Normal", reason, message)
+        self.alerts.notify(Alert(view.kind, view.namespace, view.name, plan.changed, outcome, message))
 
     async def _record_suspended(self, view: logic.WorkloadView, plan: logic.Plan, snap: logic.Snapshot) -> bool:
         """A suspended CronJob: the change becomes its baseline (with the resourceVersion: a resume
@@ -432,23 +423,20 @@ class RerollerController:
     # --- the periodic sweep ----------------------------------------------------------------------------
 
     def start_resync(self) -> None:
-        self._resync = asyncio.create_task(self._resync_loop(), name="reroller resync")
+        self.background.resync(self.options.resync_seconds, self._resync, paused=lambda: self.access.paused)
         self.alerts.start()
 
-    async def _resync_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.resync_seconds * random.uniform(0.8, 1.2))
-            for kind, index in self.workloads.items():
-                for entry in list(index.keys()):
-                    if isinstance(entry, tuple) and entry and entry[0] == "view":
-                        await self.guarded((kind, entry[2], entry[3]), "resync")
+    async def _resync(self) -> None:
+        for kind, index in self.workloads.items():
+            for entry in list(index.keys()):
+                if len(entry) == 4 and entry[0] == "view":
+                    _, _kind, namespace, name = entry
+                    await self.guarded((kind, namespace, name), "resync")
 
     async def stop(self) -> None:
         await self.alerts.stop()
-        if self._resync:
-            self._resync.cancel()
-        for _, handle in self._timers.values():
-            handle.cancel()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.background.stop()
+
+
+# The controller in Kopf's memo, typed: operators/reroller.py reaches it as ``CONTROLLER(memo)``.
+CONTROLLER = MemoSlot("reroller", RerollerController)

@@ -1,0 +1,3 @@
+"""blackadder: the controller (state from Kopf indexes, writes through core.access) and its pure decisions.
+
+The Kopf handlers are operators/blackadder.py (the file `kopf run operators/*.py` loads)."""

@@ -1,0 +1,209 @@
+"""The controller toolkit: the machinery every controller needs outside Kopf's own handlers.
+
+Kopf retries its handlers itself, but a controller also acts from its own timers (a retry, a crash
+backoff's end, a burst's status flush) and from a periodic resync. Those live here, once:
+
+- ``first(index, key)`` / ``values(index, key)``: one entry of a Kopf index (or of a plain dict in tests);
+- ``backoff_delay``: the one backoff formula (doubling from ``first`` to ``cap``, with ±20 % jitter so
+  that keys failing together do not retry together), and ``Backoff`` counting failures per key;
+- ``Background``: the controller's tasks (referenced until done), its keyed timers (``KeyedTimers``:
+  at most one pending per key; when one fires, its coroutine runs as a task) and its resync loop
+  (jittered, skipped while Kopf has paused the process); ``stop()`` cancels all of them and waits;
+- ``MemoSlot``: one typed entry of Kopf's ``memo`` (handlers reach their controller as ``SLOT(memo)``,
+  so mypy checks every call from a handler into a controller; ``memo.x`` would be ``Any``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Hashable, Mapping, MutableMapping
+from typing import Any, Generic, Literal, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+T = TypeVar("T")
+
+# What a controller reads a Kopf index as: Kopf's ``kopf.Index[K, V]`` is a Mapping from a key to a
+# store (a collection) of values; a plain ``dict[K, list[V]]`` is one too (unit tests).
+Index = Mapping[K, Collection[V]]
+
+logger = logging.getLogger("kopf_operators.controller")
+
+# ±20 % on every delay: retries, backoffs and resyncs of many keys (or replicas) spread out.
+JITTER = (0.8, 1.2)
+
+
+def first(index: Mapping[K, Collection[V]] | None, key: K) -> V | None:
+    """The one value an index holds under ``key`` (None when absent)."""
+    for value in (index or {}).get(key) or ():
+        return value
+    return None
+
+
+def values(index: Mapping[K, Collection[V]] | None, key: K) -> list[V]:
+    """Every value an index holds under ``key``."""
+    return list((index or {}).get(key) or ())
+
+
+def jittered(seconds: float) -> float:
+    return seconds * random.uniform(*JITTER)
+
+
+def backoff_delay(failures: int, first: float, cap: float) -> float:
+    """The delay before the next try after ``failures`` failures in a row (0: the first retry)."""
+    return jittered(min(cap, first * 2 ** min(failures, 16)))
+
+
+class Backoff(Generic[K]):
+    """Failures in a row per key, and the delay they call for."""
+
+    def __init__(self, first: float, cap: float) -> None:
+        self.first, self.cap = first, cap
+        self._failures: dict[K, int] = {}
+
+    def failures(self, key: K) -> int:
+        return self._failures.get(key, 0)
+
+    def next_delay(self, key: K) -> float:
+        """Count one more failure of ``key``; the delay before trying it again."""
+        failures = self._failures.get(key, 0)
+        self._failures[key] = failures + 1
+        return backoff_delay(failures, self.first, self.cap)
+
+    def reset(self, key: K) -> None:
+        self._failures.pop(key, None)
+
+
+# When a timer is asked for while one is pending for the same key: keep the pending one, keep
+# whichever fires earlier, or replace it.
+IfPending = Literal["keep", "earlier", "replace"]
+
+
+class KeyedTimers(Generic[K]):
+    """One-shot timers, at most one pending per key. A timer that fires runs its coroutine as a task
+    of its ``Background`` (so ``stop()`` cancels and awaits it)."""
+
+    def __init__(self, background: Background) -> None:
+        self._background = background
+        self._handles: dict[K, tuple[float, asyncio.TimerHandle]] = {}
+
+    def pending(self, key: K) -> bool:
+        return key in self._handles
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    def due_in(self, key: K) -> float | None:
+        """Seconds until the pending timer of ``key`` fires (None: none pending)."""
+        pending = self._handles.get(key)
+        return None if pending is None else pending[0] - asyncio.get_running_loop().time()
+
+    def start(self, key: K, delay: float, run: Callable[[], Coroutine[Any, Any, None]], *,
+              if_pending: IfPending = "keep") -> bool:
+        """Run ``run()`` in ``delay`` seconds; False when a pending timer was kept instead."""
+        loop = asyncio.get_running_loop()
+        when = loop.time() + max(0.0, delay)
+        pending = self._handles.get(key)
+        if pending is not None:
+            if if_pending == "keep" or (if_pending == "earlier" and pending[0] <= when):
+                return False
+            pending[1].cancel()
+
+        def fire() -> None:
+            self._handles.pop(key, None)
+            self._background.spawn(run())
+
+        self._handles[key] = (when, loop.call_at(when, fire))
+        return True
+
+    def cancel(self, key: K) -> None:
+        pending = self._handles.pop(key, None)
+        if pending is not None:
+            pending[1].cancel()
+
+    def cancel_all(self) -> None:
+        for _, handle in self._handles.values():
+            handle.cancel()
+        self._handles.clear()
+
+
+class Background:
+    """A controller's own tasks, timers and resync loop, with one ``stop()``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._tasks: set[asyncio.Task[Any]] = set()  # referenced until done (asyncio keeps weak refs only)
+        self._timers: list[KeyedTimers[Any]] = []
+
+    def spawn(self, coro: Awaitable[Any], name: str | None = None) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        if name:
+            task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def timers(self) -> KeyedTimers[Any]:
+        timers: KeyedTimers[Any] = KeyedTimers(self)
+        self._timers.append(timers)
+        return timers
+
+    @property
+    def tasks(self) -> frozenset[asyncio.Task[Any]]:
+        return frozenset(self._tasks)
+
+    def resync(self, period: float, sweep: Callable[[], Awaitable[None]], *, paused: Callable[[], bool],
+               initial: Callable[[], Awaitable[None]] | None = None) -> asyncio.Task[Any]:
+        """Every ``period`` (jittered) run ``sweep()``, skipped while ``paused()`` (a standby replica);
+        ``initial()`` once first. A sweep that fails unexpectedly is logged and the loop goes on."""
+
+        async def loop() -> None:
+            if initial is not None:
+                await self._survive(initial)
+            while True:
+                await asyncio.sleep(jittered(period))
+                if not paused():
+                    await self._survive(sweep)
+
+        return self.spawn(loop(), name=f"{self.name} resync")
+
+    async def _survive(self, sweep: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await sweep()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception(f"{self.name}: resync failed; the next one tries again")
+
+    async def stop(self) -> None:
+        """Cancel every timer, the resync loop and every task in flight, and wait until they are done."""
+        for timers in self._timers:
+            timers.cancel_all()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class MemoSlot(Generic[T]):
+    """One typed entry of Kopf's ``memo`` (a dict with attribute access, shared by all handlers)."""
+
+    def __init__(self, name: str, kind: type[T]) -> None:
+        self.name, self.kind = name, kind
+
+    def set(self, memo: MutableMapping[str, Any], value: T) -> T:
+        memo[self.name] = value
+        return value
+
+    def __call__(self, memo: Mapping[str, Any]) -> T:
+        value = memo.get(self.name)
+        if not isinstance(value, self.kind):
+            raise RuntimeError(f"memo.{self.name} is not a {self.kind.__name__}: its startup handler has not run")
+        return value
+
+    def present(self, memo: Mapping[str, Any]) -> bool:
+        return isinstance(memo.get(self.name), self.kind)

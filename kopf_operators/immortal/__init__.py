@@ -1,0 +1,3 @@
+"""immortal: the controller (state from Kopf indexes, writes through core.access) and its pure decisions.
+
+The Kopf handlers are operators/immortal.py (the file `kopf run operators/*.py` loads)."""

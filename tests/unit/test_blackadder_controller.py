@@ -1,0 +1,110 @@
+"""The Blackadder controller with a fake access layer and plain dict indexes: its inventory from index
+state, its pykube-ng listings under the access layer's error model, and its stop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import pykube
+import pytest
+import requests
+
+from kopf_operators.blackadder import decisions as logic
+from kopf_operators.blackadder.controller import BlackadderController
+from kopf_operators.core import access as k8s
+from kopf_operators.core import metrics
+from kopf_operators.core.conventions import Config
+from tests.unit.fake_access import FakeAccess
+
+NOW = 1_800_000_000.0
+
+
+def configmap(namespace: str, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"kind": "ConfigMap", "metadata": {"namespace": namespace, "name": name, "uid": f"uid-{name}",
+                                              "labels": labels or {}}, "data": {"k": "v"}}
+
+
+def controller(access: FakeAccess, namespaces: dict[str, Any],
+               sources: dict[Any, Any] | None = None) -> BlackadderController:
+    return BlackadderController(access, Config(operator_namespace="ops"), logic.Options(),  # type: ignore[arg-type]
+                                namespaces, sources or {})
+
+
+def http_error(status: int) -> requests.HTTPError:
+    response = requests.Response()
+    response.status_code = status
+    response.reason = "Service Unavailable" if status == 503 else "Forbidden"
+    return requests.HTTPError(response=response)
+
+
+def test_the_inventory_skips_terminating_namespaces_and_copyrators_sources(monkeypatch: pytest.MonkeyPatch) -> None:
+    namespaces = {"a": [{"labels": {}, "terminating": False}], "b": [{"labels": {}, "terminating": True}],
+                  "ops": [{"labels": {}, "terminating": False}]}
+    # A Copyrator rule copies the ConfigMaps labelled app=shared out of namespace a.
+    sources = {("a", "rule"): [[{"namespace": "a", "selector": {"app": "shared"}}]]}
+    access = FakeAccess()
+    ctl = controller(access, namespaces, sources)
+    listed = [configmap("a", "mine"), configmap("a", "shared", {"app": "shared"}), configmap("b", "going")]
+    monkeypatch.setattr(ctl, "_list_sync", lambda *args: listed)
+    settings = logic.settings_from_spec({"ipsumMode": True, "eagerness": 1, "targetNamespaces": ["a", "b"]})
+    inventory = asyncio.run(ctl.inventory(settings, NOW))
+    assert [(cm.namespace, cm.name) for cm in inventory.configmaps] == [("a", "mine")]
+    assert access.made("call")  # the listing went through the access layer
+
+
+def test_a_listing_is_retried_by_the_access_layer_when_the_server_fails_transiently(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(k8s, "BACKOFF_SECONDS", 0.0)
+    layer = k8s.Access(client=None)
+    answers: list[Any] = [http_error(503), pykube.exceptions.HTTPError(503, "unavailable"), ["listed"]]
+
+    def listing() -> list[str]:
+        answer = answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    before = metrics.API_ERRORS.labels(status="503")._value.get()
+    assert asyncio.run(layer.call(listing)) == ["listed"]
+    assert metrics.API_ERRORS.labels(status="503")._value.get() - before == 2  # each failed attempt counted
+
+
+def test_a_refused_listing_is_an_api_error_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(k8s, "BACKOFF_SECONDS", 0.0)
+    layer = k8s.Access(client=None)
+    attempts = 0
+
+    def listing() -> list[str]:
+        nonlocal attempts
+        attempts += 1
+        raise http_error(403)
+
+    with pytest.raises(k8s.ApiError) as raised:
+        asyncio.run(layer.call(listing))
+    assert raised.value.status == 403 and attempts == 1
+
+
+def test_stop_cancels_webhook_notifications_in_flight_and_waits_for_them() -> None:
+    class SlowSecretRead(FakeAccess):
+        async def read(self, kind: k8s.Kind, namespace: str | None, name: str) -> dict[str, Any] | None:
+            self.calls.append(("read", kind.kind, namespace, name))
+            await asyncio.sleep(60)  # the webhook's Secret read hangs
+            return None
+
+    async def scenario() -> tuple[int, list[tuple[str, str]]]:
+        access = SlowSecretRead()
+        ctl = controller(access, {})
+        body = {"metadata": {"name": "agent", "uid": "agent-uid"}}
+        entries: list[Mapping[str, Any]] = [{"cycle": 1, "at": "t", "action": "pod-killed"}]
+        ctl._notify(body, "hook", entries, logging.getLogger("test-blackadder"))
+        while not access.made("read"):
+            await asyncio.sleep(0)
+        await ctl.stop()
+        return len(ctl.background.tasks), access.events
+
+    in_flight, events = asyncio.run(scenario())
+    assert in_flight == 0
+    assert events == []  # cancelled before it could report anything

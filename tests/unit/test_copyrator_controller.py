@@ -1,0 +1,136 @@
+"""The Copyrator controller with a fake access layer and plain dict indexes: the writes it makes from
+index state, a foreign object in the way, retries with backoff, and its stop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import pytest
+
+from kopf_operators.copyrator import controller as copyrator
+from kopf_operators.copyrator import decisions as logic
+from kopf_operators.copyrator.controller import CopyratorController, copy_index_keys
+from kopf_operators.core import controller as toolkit
+from tests.unit.fake_access import FakeAccess, conflict_on_create, server_error
+
+T = TypeVar("T")
+RULE_KEY = ("src", "rule")
+RULE: dict[str, Any] = {
+    "apiVersion": "flant.com/v1", "kind": "CopyratorRule",
+    "metadata": {"namespace": "src", "name": "rule", "uid": "rule-uid", "generation": 1, "resourceVersion": "4",
+                 "creationTimestamp": "2026-11-01T00:00:00Z"},
+    "spec": {"ruleType": "configmap", "selector": {"app": "web"}, "namespace": "src", "targetNamespaces": ["t"]},
+}
+SOURCE: dict[str, Any] = {
+    "kind": "ConfigMap", "metadata": {"namespace": "src", "name": "conf", "uid": "src-uid", "resourceVersion": "2",
+                                      "labels": {"app": "web"}},
+    "data": {"colour": "blue"}}
+
+
+def copy_in_index(data: dict[str, str]) -> logic.CopyView:
+    copy = logic.desired_copy(logic.parse_rule(RULE), {**SOURCE, "data": data}, "t")
+    copy["metadata"].update(uid="copy-uid", resourceVersion="3")
+    return logic.copy_view(copy)
+
+
+def controller(access: FakeAccess, copies: tuple[logic.CopyView, ...] = (),
+               options: logic.Options | None = None) -> CopyratorController:
+    index: dict[Any, list[logic.CopyView]] = {}
+    for view in copies:
+        for key, value in copy_index_keys(view).items():
+            index.setdefault(key, []).append(value)
+    namespaces = {name: [logic.NamespaceInfo(name, {}, True)] for name in ("src", "t")}
+    ctl = CopyratorController(access, options or logic.Options(), {RULE_KEY: [logic.rule_snapshot(RULE)]},  # type: ignore[arg-type]
+                              namespaces, {"ConfigMap": index, "Secret": {}})
+    ctl.sources["ConfigMap"][("src", "conf")] = logic.source_entry(SOURCE)
+    return ctl
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+@pytest.fixture(autouse=True)
+def no_jitter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(toolkit.random, "uniform", lambda low, high: 1.0)
+
+
+def writes(access: FakeAccess) -> list[tuple[Any, ...]]:
+    return [call[:4] for call in access.calls if call[0] in ("create", "patch", "delete")]
+
+
+def test_a_missing_copy_is_created_and_the_rule_status_counts_it() -> None:
+    access = FakeAccess()
+    run(controller(access)._guarded(RULE_KEY, "resync"))
+    assert writes(access) == [("create", "ConfigMap", "t", "conf")]
+    [status] = access.made("patch_status")
+    assert status[1:4] == ("CopyratorRule", "src", "rule")
+
+
+def test_a_copy_in_sync_in_the_index_costs_no_write() -> None:
+    access = FakeAccess()
+    run(controller(access, (copy_in_index({"colour": "blue"}),))._guarded(RULE_KEY, "resync"))
+    assert writes(access) == []
+
+
+def test_a_stale_copy_is_patched_in_place() -> None:
+    access = FakeAccess()
+    run(controller(access, (copy_in_index({"colour": "red"}),))._guarded(RULE_KEY, "resync"))
+    assert writes(access) == [("patch", "ConfigMap", "t", "conf")]
+
+
+def test_a_foreign_object_in_the_way_is_read_once_and_left_untouched() -> None:
+    access = FakeAccess()
+    access.answer("create", conflict_on_create())
+    access.answer("read", {"kind": "ConfigMap", "metadata": {"namespace": "t", "name": "conf", "uid": "theirs",
+                                                              "resourceVersion": "1"}, "data": {"x": "y"}})
+    ctl = controller(access)
+    run(ctl._guarded(RULE_KEY, "resync"))
+    assert writes(access) == [("create", "ConfigMap", "t", "conf")]  # no patch, no delete of theirs
+    assert access.made("read") == [("read", "ConfigMap", "t", "conf")]
+    assert ctl.tally(logic.parse_rule(RULE)).conflicts == ["t/conf"]
+
+
+def test_a_failed_sweep_is_retried_with_doubling_backoff_and_a_success_resets_it() -> None:
+    async def scenario() -> tuple[list[float | None], int]:
+        access = FakeAccess()
+        access.answer("create", server_error(), server_error())
+        ctl = controller(access)
+        delays: list[float | None] = []
+        for _ in range(2):
+            await ctl._guarded(RULE_KEY, "retry")
+            delays.append(ctl._retry.due_in(RULE_KEY))
+            ctl._retry.cancel(RULE_KEY)  # as if it had fired
+        await ctl._guarded(RULE_KEY, "retry")  # the third try succeeds
+        failures = ctl._backoff.failures(RULE_KEY)
+        await ctl.stop()
+        return delays, failures
+
+    delays, failures = run(scenario())
+    first, _cap = copyrator.RETRY_SECONDS
+    assert delays == [pytest.approx(first, abs=0.05), pytest.approx(2 * first, abs=0.05)]
+    assert failures == 0
+
+
+def test_a_standby_sweeps_nothing() -> None:
+    access = FakeAccess()
+    access.paused = True
+    run(controller(access)._guarded(RULE_KEY, "resync"))
+    assert access.calls == []
+
+
+def test_stop_cancels_the_status_flush_and_retries() -> None:
+    async def scenario() -> tuple[bool, bool, list[tuple[Any, ...]]]:
+        access = FakeAccess()
+        ctl = controller(access, options=logic.Options(status_delay_seconds=0.01))
+        ctl.schedule_status(logic.rule_snapshot(RULE))
+        ctl._retry_later(logic.parse_rule(RULE))
+        await ctl.stop()
+        await asyncio.sleep(0.05)  # past the flush it would have made
+        return ctl._flush.pending(RULE_KEY), ctl._retry.pending(RULE_KEY), access.calls
+
+    flush_pending, retry_pending, calls = run(scenario())
+    assert not flush_pending and not retry_pending
+    assert calls == []  # the cancelled flush wrote no status

@@ -1,0 +1,150 @@
+"""The immortal controller with a fake access layer and plain dict indexes: what it writes for a given
+index state, how it retries, and its stop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import pytest
+
+from kopf_operators.core import controller as toolkit
+from kopf_operators.immortal import controller as immortal
+from kopf_operators.immortal import decisions as logic
+from kopf_operators.immortal.controller import ImmortalController
+from tests.unit.fake_access import FakeAccess, conflict_on_create, in_flight, server_error
+
+T = TypeVar("T")
+KEY = ("ns1", "app")
+IC: dict[str, Any] = {
+    "apiVersion": "immortalcontainer.flugel.it/v1alpha1", "kind": "ImmortalContainer",
+    "metadata": {"name": "app", "namespace": "ns1", "uid": "ic-uid", "generation": 1, "resourceVersion": "5"},
+    "spec": {"image": "nginx:1"},
+}
+
+
+def pod(image: str = "nginx:1", owner: str = "ic-uid", uid: str = "pod-1", phase: str = "Running") -> dict[str, Any]:
+    return logic.pod_summary({
+        "metadata": {"name": logic.pod_name("app"), "namespace": "ns1", "uid": uid, "resourceVersion": "7",
+                     "ownerReferences": [{"controller": True, "uid": owner}]},
+        "spec": {"containers": [{"name": "acontainer", "image": image}]},
+        "status": {"phase": phase}})
+
+
+def controller(access: FakeAccess, pods: list[dict[str, Any]] | None = None) -> ImmortalController:
+    objects = {KEY: [logic.snapshot(IC)]}
+    return ImmortalController(access, objects, {KEY: pods or []})  # type: ignore[arg-type]
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+@pytest.fixture(autouse=True)
+def no_jitter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(toolkit.random, "uniform", lambda low, high: 1.0)
+
+
+def test_no_pod_in_the_index_creates_one_and_reports_it_in_status() -> None:
+    access = FakeAccess()
+    run(controller(access).converge(KEY))
+    assert access.made("create") == [("create", "Pod", "ns1", logic.pod_name("app"), False)]
+    [status_patch] = access.made("patch_status")
+    assert status_patch[4]["currentPodUID"] == f"uid-{logic.pod_name('app')}"  # the create's answer
+    assert ("Normal", "PodCreated") in access.events
+
+
+def test_our_running_pod_in_the_index_costs_no_request() -> None:
+    access = FakeAccess()
+    # The status patch answers with the whole object at a newer version (newer than the index).
+    access.answer("patch_status", lambda default: {**IC, "metadata": {**IC["metadata"], "resourceVersion": "6"},
+                                                   "status": default["status"]})
+    ctl = controller(access, [pod()])
+    run(ctl.converge(KEY))  # the first pass writes the status it observed
+    written = list(access.calls)
+    run(ctl.converge(KEY))  # nothing changed since: no request at all
+    assert access.calls == written
+    assert not access.made("create") and not access.made("delete")
+
+
+def test_a_pod_running_the_wrong_image_is_replaced_after_a_dry_run() -> None:
+    access = FakeAccess()
+    run(controller(access, [pod(image="nginx:0")]).converge(KEY))
+    assert [c[0] for c in access.calls if c[0] in ("create", "delete")] == ["create", "delete"]
+    assert access.made("create")[0][4] is True  # the replacement was only validated
+
+
+def test_a_foreign_pod_in_the_way_blocks_and_is_retried_with_doubling_backoff() -> None:
+    async def scenario() -> tuple[list[float | None], list[tuple[Any, ...]]]:
+        access = FakeAccess()
+        foreign = {"metadata": {"name": logic.pod_name("app"), "uid": "someone-else", "resourceVersion": "3"},
+                   "spec": {"containers": [{"name": "c", "image": "busybox"}]}, "status": {"phase": "Running"}}
+        access.answer("create", conflict_on_create(), conflict_on_create())
+        access.answer("read", foreign, foreign)
+        ctl = controller(access)
+        delays: list[float | None] = []
+        for _ in range(2):
+            decision = await ctl.converge(KEY)
+            assert decision is not None and decision.action is logic.Action.BLOCKED
+            delays.append(ctl._retries.due_in(KEY))
+            ctl._retries.cancel(KEY)  # as if it had fired
+        await ctl.stop()
+        return delays, access.calls
+
+    delays, calls = run(scenario())
+    first, _cap = immortal.RETRY_SECONDS
+    assert delays[0] == pytest.approx(first, abs=0.05)
+    assert delays[1] == pytest.approx(2 * first, abs=0.05)
+    assert not [c for c in calls if c[0] == "delete"]  # never touches a pod it does not own
+
+
+def test_a_failed_pass_is_retried_and_a_success_resets_the_backoff() -> None:
+    async def scenario() -> tuple[int, int, int]:
+        access = FakeAccess()
+        access.answer("create", server_error())
+        ctl = controller(access)
+        await ctl.guarded(KEY, "object")  # fails: a retry is scheduled
+        failures_after_error = ctl._backoff.failures(KEY)
+        pending = int(ctl._retries.pending(KEY))
+        ctl._retries.cancel(KEY)
+        await ctl.guarded(KEY, "retry")  # succeeds
+        failures_after_success = ctl._backoff.failures(KEY)
+        await ctl.stop()
+        return failures_after_error, pending, failures_after_success
+
+    assert run(scenario()) == (1, 1, 0)
+
+
+def test_a_standby_writes_nothing() -> None:
+    access = FakeAccess()
+    access.paused = True
+    run(controller(access).guarded(KEY, "object"))
+    assert access.calls == []
+
+
+def test_deletion_forgets_the_object_and_cancels_its_timers() -> None:
+    async def scenario() -> bool:
+        access = FakeAccess()
+        ctl = controller(access)
+        ctl._retry_later(KEY)
+        ctl._wake_later(KEY, 30)
+        await ctl.deleted(KEY)
+        pending = ctl._retries.pending(KEY) or ctl._wakes.pending(KEY)
+        await ctl.stop()
+        return pending
+
+    assert run(scenario()) is False
+
+
+def test_stop_cancels_pending_retries_and_waits_for_passes_in_flight() -> None:
+    async def scenario() -> tuple[bool, bool]:
+        access = FakeAccess()
+        ctl = controller(access)
+        ctl._retry_later(KEY)
+        finished = in_flight(ctl.background)
+        await asyncio.sleep(0)
+        await ctl.stop()
+        return ctl._retries.pending(KEY), finished.is_set()
+
+    assert run(scenario()) == (False, True)

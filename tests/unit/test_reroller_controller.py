@@ -1,0 +1,136 @@
+"""The re-roller controller with a fake access layer and plain dict indexes: what it writes for a given
+index state, which failures it retries (with backoff) and which it does not, and its stop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import pytest
+
+from kopf_operators.core import controller as toolkit
+from kopf_operators.core.access import ApiError
+from kopf_operators.reroller import controller as reroller
+from kopf_operators.reroller import decisions as logic
+from kopf_operators.reroller.controller import RerollerController
+from tests.unit.fake_access import FakeAccess, in_flight, server_error
+
+T = TypeVar("T")
+KEY = ("Deployment", "ns", "web")
+OPTIONS = logic.Options()
+
+
+def configmap(value: str) -> logic.SourceView:
+    return logic.source_view("ConfigMap", {"metadata": {"name": "conf", "namespace": "ns", "uid": "conf-uid",
+                                                        "resourceVersion": "3"}, "data": {"k": value}})
+
+
+def deployment(annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "ns", "uid": "web-uid", "resourceVersion": "5",
+                         "annotations": {logic.AUTO: "true", **(annotations or {})}},
+            "spec": {"template": {"metadata": {"annotations": {}}, "spec": {"containers": [
+                {"name": "c", "envFrom": [{"configMapRef": {"name": "conf"}}]}]}}}}
+
+
+def baseline_for(source: logic.SourceView) -> dict[str, str]:
+    """The annotations a workload carries once the re-roller has recorded ``source`` as its baseline."""
+    view = logic.workload_view("Deployment", deployment(), OPTIONS)
+    assert view is not None
+    lookup = {("ConfigMap", "conf"): source}
+    snap = logic.snapshot(logic.effective_sources(view, lookup, OPTIONS), lookup, view.key_scopes)
+    return logic.baseline_annotations(logic.plan({}, snap), snap)
+
+
+def controller(access: FakeAccess, workload: dict[str, Any], source: logic.SourceView) -> RerollerController:
+    view = logic.workload_view("Deployment", workload, OPTIONS)
+    workloads: dict[Any, list[Any]] = {key: [value] for key, value in logic.workload_index_entries(view).items()}
+    indexes: dict[str, Any] = {index_id: {} for index_id in reroller.INDEXES}
+    indexes[reroller.SOURCE_INDEXES["ConfigMap"]] = {("ConfigMap", "ns", "conf"): [source]}
+    indexes[reroller.WORKLOAD_INDEXES["Deployment"]] = workloads
+    return RerollerController(access, OPTIONS, indexes)  # type: ignore[arg-type]
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+@pytest.fixture(autouse=True)
+def no_jitter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(toolkit.random, "uniform", lambda low, high: 1.0)
+
+
+def patches(access: FakeAccess) -> list[dict[str, Any]]:
+    return [call[4] for call in access.made("patch")]
+
+
+def test_the_first_sighting_records_the_baseline_and_rolls_nothing() -> None:
+    access = FakeAccess()
+    run(controller(access, deployment(), configmap("v1")).guarded(KEY, "workload event"))
+    [patch] = patches(access)
+    assert logic.OBSERVED_HASH in patch["metadata"]["annotations"]
+    assert "spec" not in patch  # the pod template is untouched: no rollout
+
+
+def test_a_workload_whose_baseline_matches_its_sources_costs_no_request() -> None:
+    access = FakeAccess()
+    run(controller(access, deployment(baseline_for(configmap("v1"))), configmap("v1")).guarded(KEY, "resync"))
+    assert access.calls == []
+
+
+def test_a_changed_source_rolls_the_workload_once() -> None:
+    access = FakeAccess()
+    run(controller(access, deployment(baseline_for(configmap("v1"))), configmap("v2")).guarded(KEY, "source event"))
+    [patch] = patches(access)
+    assert patch["spec"]["template"]["metadata"]["annotations"]  # the pod template changes: a rollout
+    assert access.events == [("Normal", "Rerolled")]  # the rollout is announced once
+
+
+def test_a_transient_failure_is_retried_with_doubling_backoff() -> None:
+    async def scenario() -> list[float | None]:
+        access = FakeAccess()
+        access.answer("patch", server_error(), server_error())
+        ctl = controller(access, deployment(), configmap("v1"))
+        delays: list[float | None] = []
+        for _ in range(2):
+            await ctl.guarded(KEY, "workload event")
+            delays.append(ctl._timers.due_in(KEY))
+            ctl._timers.cancel(KEY)  # as if it had fired
+        await ctl.stop()
+        return delays
+
+    first, _cap = reroller.RETRY_SECONDS
+    assert run(scenario()) == [pytest.approx(first, abs=0.05), pytest.approx(2 * first, abs=0.05)]
+
+
+def test_a_refused_write_is_not_retried_until_something_changes() -> None:
+    async def scenario() -> bool:
+        access = FakeAccess()
+        access.answer("patch", ApiError(422, "Unprocessable Entity", "metadata.annotations: Too long"))
+        ctl = controller(access, deployment(), configmap("v1"))
+        await ctl.guarded(KEY, "workload event")
+        pending = ctl._timers.pending(KEY)
+        await ctl.stop()
+        return pending
+
+    assert run(scenario()) is False
+
+
+def test_a_standby_writes_nothing() -> None:
+    access = FakeAccess()
+    access.paused = True
+    run(controller(access, deployment(), configmap("v1")).guarded(KEY, "workload event"))
+    assert access.calls == []
+
+
+def test_stop_cancels_pending_looks_and_waits_for_passes_in_flight() -> None:
+    async def scenario() -> tuple[bool, bool]:
+        ctl = controller(FakeAccess(), deployment(), configmap("v1"))
+        ctl._schedule(KEY, 60)
+        finished = in_flight(ctl.background)
+        await asyncio.sleep(0)
+        await ctl.stop()
+        return ctl._timers.pending(KEY), finished.is_set()
+
+    assert run(scenario()) == (False, True)
