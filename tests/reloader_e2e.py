@@ -176,8 +176,7 @@ def install_argo_rollouts_crds(git_dir: Path = ARGO_ROLLOUTS_GIT_DIR) -> tuple[s
                             text=True, check=True).stdout.strip()
     files = subprocess.run(["git", "--git-dir", str(git_dir), "ls-tree", "--name-only", "HEAD", "manifests/crds/"],
                            capture_output=True, text=True, check=True).stdout.split()
-    existing = set(subprocess.run(["kubectl", "get", "crd", "-o", "name"], capture_output=True, text=True,
-                                  check=True).stdout.split())
+    existing = set(kubectl("get", "crd", "-o", "name").stdout.split())
     created: list[str] = []
     for path in files:
         if not path.endswith("-crd.yaml"):
@@ -188,10 +187,9 @@ def install_argo_rollouts_crds(git_dir: Path = ARGO_ROLLOUTS_GIT_DIR) -> tuple[s
         if name in existing:
             continue
         created.append(name)
-        subprocess.run(["kubectl", "apply", "--server-side", "--force-conflicts", "-f", "-"], input=text, text=True,
-                       check=True, capture_output=True)
-    wait_for(lambda: subprocess.run(["kubectl", "wait", "--for=condition=Established", "--timeout=10s",
-                                     "crd/rollouts.argoproj.io"], capture_output=True).returncode == 0,
+        kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=text)
+    wait_for(lambda: kubectl("wait", "--for=condition=Established", "--timeout=10s", "crd/rollouts.argoproj.io",
+                             check=False).returncode == 0,
              timeout=60, interval=1, what="the Rollout CRD established")
     return commit, created
 
@@ -494,7 +492,7 @@ def main() -> int:
         remove_identities()
         # The cluster as found: the CRDs this run added go again (and every Rollout with them).
         for name in created:
-            subprocess.run(["kubectl", "delete", "--ignore-not-found", name], capture_output=True)
+            kubectl("delete", "--ignore-not-found", name, check=False)
     print(json.dumps(results, indent=2))
     print(f"logs: {workdir}", file=sys.stderr)
     return 1 if any(r["failed"] or not r["passed"] for r in results) else 0
