@@ -67,9 +67,9 @@ bench: setup ## benchmarks (ours, floor, Go peers) on the local cluster -> bench
 	@cluster/cluster.sh up
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
-reloader-e2e: setup ## stakater Reloader's own e2e suites against our re-roller (needs Reloader's fetched source)
+reloader-e2e: setup ## stakater Reloader's own e2e suites against our re-roller (needs Reloader's fetched source; RACE_FREE=1: their prior-value race patched out)
 	@cluster/cluster.sh up
-	KUBECONFIG=$(LOCAL_KUBECONFIG) $(BIN)/python -m tests.reloader_e2e $(SUITES)
+	KUBECONFIG=$(LOCAL_KUBECONFIG) $(BIN)/python -m tests.reloader_e2e $(if $(filter 1,$(RACE_FREE)),--race-free) $(SUITES)
 
 reloader-bench: setup ## re-roller vs stakater Reloader (built from source): isolated ConfigMap edit -> rollout
 	@cluster/cluster.sh up

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m tests.reloader_e2e [core annotations flags advanced]   # exit 1 on any failure
     .venv/bin/python -m tests.reloader_e2e --against=reloader core             # the same, Reloader itself
+    .venv/bin/python -m tests.reloader_e2e --race-free core                    # make reloader-e2e RACE_FREE=1
 
 What it does, per suite:
 1. builds the suite's Ginkgo test binary from Reloader's source (testsupport/peer_build.py: the bare git
@@ -37,12 +38,23 @@ ServiceAccounts only) records both on one clock. For each failed spec the report
 the suite's source edits, the operator's writes to the workload and the suite's read of the workload's
 "prior" annotation value before it starts watching, and says whether the rollout was answered before
 that read (the suite's read-after-update race: it then waits for a second change that never comes).
+
+``--race-free`` (``make reloader-e2e RACE_FREE=1``; opt-in, the default mode is the unmodified
+comparison): the suites are built from a copy of Reloader's tree with tests/reloader_race_free.patch
+applied, and only that. The patch changes their test helpers (test/e2e/utils) alone: each source
+write (create, update, delete of a ConfigMap or Secret) first notes the API server's current revision,
+and WaitReloaded reads the workload's "prior" annotation as it was at that revision (a LIST with
+resourceVersionMatch=Exact) instead of with a GET after the write; where that read fails it falls back
+to the GET. The specs themselves are untouched. The fetched tree is never edited (the copy sits beside
+it, keyed by the patch's hash); if the patch no longer applies the run stops before any suite, saying so.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -68,6 +80,8 @@ LABEL_FILTER = "!argo && !csi && !openshift"
 ARGO_LABEL_FILTER = "!csi && !openshift"
 ARGO_ROLLOUTS_GIT_DIR = Path(os.environ.get("ARGO_ROLLOUTS_GIT_DIR", "/work/.mirror/argoproj+argo-rollouts/repo"))
 SETTLE_SECONDS = 3.0
+# RACE_FREE=1: the one change made to Reloader's suites (their test helpers only), see race_free_tree.
+RACE_FREE_PATCH = REPO / "tests" / "reloader_race_free.patch"
 # Reloader's Helm values -> our environment (docs/reroller.md, README's table).
 VALUE_ENV = {
     "reloader.autoReloadAll": "REROLLER_AUTO_RELOAD_ALL",
@@ -409,8 +423,56 @@ class Harness:
         return bindir
 
 
-def run_suite(suite: str, workdir: Path, kubeconfigs: dict[str, Path], against: str = "ours") -> dict[str, Any]:
-    binary, tree, commit = peer_build.build_test("reloader", f"./test/e2e/{suite}/", f"e2e-{suite}")
+class PatchDoesNotApply(SystemExit):
+    """Reloader's suites changed where the race-free patch edits them: refuse rather than run unpatched."""
+
+
+def race_free_tree(tree: Path, patch: Path = RACE_FREE_PATCH) -> Path:
+    """A copy of Reloader's source tree with ``patch`` applied (``src-race-free-<patch hash>`` beside it;
+    the fetched tree itself is never edited, so the default mode and other users of it see it as
+    fetched). ``git apply --check`` first: if the patch no longer applies, stop with PatchDoesNotApply."""
+    digest = hashlib.sha256(patch.read_bytes()).hexdigest()[:12]
+    copy = tree.parent / f"{tree.name}-race-free-{digest}"
+    with open(tree.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (copy / ".race-free-applied").is_file():
+            return copy
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(tree, copy, symlinks=True)
+        check = subprocess.run(["git", "apply", "--check", str(patch)], cwd=copy, capture_output=True, text=True)
+        if check.returncode:
+            shutil.rmtree(copy, ignore_errors=True)
+            raise PatchDoesNotApply(
+                f"RACE_FREE=1: {patch.name} no longer applies to Reloader's source at {tree} "
+                f"(its test/e2e/utils changed):\n{check.stderr.strip()}\nUpdate the patch (it only moves "
+                f"WaitReloaded's prior-value read to before the source write) or run without RACE_FREE.")
+        subprocess.run(["git", "apply", str(patch)], cwd=copy, check=True)
+        (copy / ".race-free-applied").write_text(digest + "\n")
+    return copy
+
+
+def build_race_free_test(suite: str) -> tuple[Path, Path, str]:
+    """Like peer_build.build_test, from the race-free copy of the tree: (test binary, tree, commit)."""
+    _, tree, commit = peer_build.build_test("reloader", f"./test/e2e/{suite}/", f"e2e-{suite}")
+    copy = race_free_tree(tree)
+    binary = copy / ".bin" / f"e2e-{suite}"
+    with open(tree.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not binary.is_file():
+            print(f"[reloader_e2e] go test -c ./test/e2e/{suite}/ (race-free copy {copy.name})", file=sys.stderr,
+                  flush=True)
+            env = {**os.environ, "GOTOOLCHAIN": "local", "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"}
+            subprocess.run(["go", "test", "-c", "-o", str(binary), f"./test/e2e/{suite}/"], cwd=copy, env=env,
+                           check=True)
+    return binary, copy, commit
+
+
+def run_suite(suite: str, workdir: Path, kubeconfigs: dict[str, Path], against: str = "ours",
+              race_free: bool = False) -> dict[str, Any]:
+    if race_free:
+        binary, tree, commit = build_race_free_test(suite)
+    else:
+        binary, tree, commit = peer_build.build_test("reloader", f"./test/e2e/{suite}/", f"e2e-{suite}")
     harness = Harness(workdir / suite, kubeconfigs["operator"], against)
     report = harness.workdir / "report.json"
     audit = AuditLog()
@@ -438,7 +500,7 @@ def run_suite(suite: str, workdir: Path, kubeconfigs: dict[str, Path], against: 
         for failure in result["failures"]:
             if failure.get("start"):
                 failure.update(spec_timeline(entries, failure["start"], failure["end"]))
-    return {"against": against, **result}
+    return {"against": against, "race_free": race_free, **result}
 
 
 def summarize(suite: str, report: Path, commit: str, seconds: float, unmapped: list[str]) -> dict[str, Any]:
@@ -472,11 +534,17 @@ def summarize(suite: str, report: Path, commit: str, seconds: float, unmapped: l
 def main() -> int:
     args = sys.argv[1:]
     against = "ours"
+    race_free = "--race-free" in args
     for arg in list(args):
         if arg.startswith("--against="):
             against = arg.split("=", 1)[1]
             args.remove(arg)
+        elif arg == "--race-free":
+            args.remove(arg)
     suites = args or list(SUITES)
+    if race_free:  # before anything else: refuse at once when the patch no longer applies
+        _, tree, _ = peer_build.build_test("reloader", f"./test/e2e/{suites[0]}/", f"e2e-{suites[0]}")
+        race_free_tree(tree)
     workdir = Path(tempfile.mkdtemp(prefix="reloader-e2e-", dir=os.environ.get("TMPDIR")))
     # The Argo Rollouts CRDs for every suite: with them, core and annotations deploy Reloader with
     # isArgoRollouts=true too (their argo-labelled specs stay filtered out), and the argo suite runs.
@@ -486,7 +554,7 @@ def main() -> int:
     stand_in = RolloutStatusStandIn()
     stand_in.start()
     try:
-        results = [run_suite(suite, workdir, kubeconfigs, against) for suite in suites]
+        results = [run_suite(suite, workdir, kubeconfigs, against, race_free) for suite in suites]
     finally:
         stand_in.stop()
         remove_identities()

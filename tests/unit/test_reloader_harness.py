@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
-from tests.reloader_e2e import HARNESS_NAMESPACE, helm_values, operator_options, reloader_flags, spec_timeline
+import pytest
+
+from tests.reloader_e2e import (
+    HARNESS_NAMESPACE,
+    RACE_FREE_PATCH,
+    PatchDoesNotApply,
+    helm_values,
+    operator_options,
+    race_free_tree,
+    reloader_flags,
+    spec_timeline,
+)
+from testsupport import peer_build
 
 INSTALL = ["upgrade", "--install", "reloader-x", "/chart", "--namespace", "suite-ns", "--create-namespace",
            "--set", "image.tag=test", "--set", "reloader.reloadStrategy=annotations"]
@@ -72,3 +89,42 @@ def test_timeline_tells_the_suites_race_from_a_late_rollout() -> None:
     missed = spec_timeline([e for e in spec_requests("10.130000") if e["verb"] != "patch"],
                            "2026-11-24T02:37:10.0Z", "2026-11-24T02:37:25.5Z")
     assert missed["verdict"].startswith("no write to deployments/deploy")
+
+
+def test_race_free_patch_changes_their_test_helpers_only() -> None:
+    """RACE_FREE=1 may change where WaitReloaded reads its prior value, in test/e2e/utils, and nothing else."""
+    text = RACE_FREE_PATCH.read_text()
+    files = re.findall(r"^\+\+\+ b/(\S+)$", text, flags=re.M)
+    assert files and all(f.startswith("test/e2e/utils/") and f.endswith(".go") for f in files)
+    assert not any(f.endswith("_test.go") for f in files)  # no spec is touched
+    removed = [line for line in text.splitlines() if line.startswith("-") and not line.startswith("---")]
+    assert len(removed) == 5 and all("GetPodTemplateAnnotation(ctx, namespace, name, annotationKey)" in line
+                                     for line in removed)  # the one GET after the write, per workload kind
+
+
+def test_race_free_refuses_a_tree_the_patch_no_longer_fits(tmp_path: Path) -> None:
+    tree = tmp_path / "src"
+    utils = tree / "test" / "e2e" / "utils"
+    utils.mkdir(parents=True)
+    (utils / "resources.go").write_text("package utils\n\n// rewritten upstream\n")
+    with pytest.raises(PatchDoesNotApply, match="no longer applies to Reloader's source") as refused:
+        race_free_tree(tree)
+    assert "resources.go" in str(refused.value.code)
+    assert (utils / "resources.go").read_text() == "package utils\n\n// rewritten upstream\n"  # as fetched
+    assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == ["src"]  # no half-patched copy left
+
+
+@pytest.mark.peers  # needs Reloader's fetched source (not on the Go module proxy): make peers-test
+def test_race_free_patch_applies_to_the_fetched_tree_and_compiles(tmp_path: Path) -> None:
+    _, fetched, _ = peer_build.build_test("reloader", "./test/e2e/core/", "e2e-core")
+    tree = tmp_path / "src"
+    shutil.copytree(fetched, tree, symlinks=True, ignore=shutil.ignore_patterns("*-race-free-*"))
+    before = (tree / "test/e2e/utils/workload_deployment.go").read_text()
+    patched = race_free_tree(tree)
+    assert (tree / "test/e2e/utils/workload_deployment.go").read_text() == before  # the tree itself untouched
+    assert "BeforeLastSourceWrite(name)" in (patched / "test/e2e/utils/workload_deployment.go").read_text()
+    assert race_free_tree(tree) == patched  # applied once, then reused
+    env = {"GOTOOLCHAIN": "local", "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"}
+    vet = subprocess.run(["go", "vet", "./test/e2e/utils/"], cwd=patched, capture_output=True, text=True,
+                         env={**os.environ, **env})
+    assert vet.returncode == 0, vet.stderr
