@@ -308,10 +308,13 @@ def spec_timeline(entries: list[Entry], start: str, end: str) -> dict[str, Any]:
                        f"{writes[0].verb} of {wait.resource}/{wait.name} (received {ms(writes[0].received)}, "
                        f"answered {ms(writes[0].answered)}) came {when}, the suite's 'prior value' GET (received "
                        f"{ms(prior.received)}, answered {ms(prior.answered)}); then it waited for a second change")
+        elif prior is None:  # RACE_FREE=1: the prior value is read at the revision before the edit
+            verdict = (f"not the race: no GET of the prior value (race-free mode reads it as of before the "
+                       f"edit); the operator's first write after the edit was received at {ms(writes[0].received)}")
         else:
             verdict = (f"not the race: the operator's first write after the edit was received at "
                        f"{ms(writes[0].received)}, after the suite's read of the prior value was answered "
-                       f"({ms(prior.answered) if prior else 'none'})")
+                       f"({ms(prior.answered)})")
     return {"verdict": verdict, "timeline": lines}
 
 

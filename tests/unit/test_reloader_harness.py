@@ -86,6 +86,9 @@ def test_timeline_tells_the_suites_race_from_a_late_rollout() -> None:
     late = spec_timeline(spec_requests("10.400000", rollout_received="10.302000"),
                          "2026-11-24T02:37:10.0Z", "2026-11-24T02:37:25.5Z")
     assert late["verdict"].startswith("not the race:")
+    race_free = spec_timeline([e for e in spec_requests("10.400000") if e["verb"] != "get"],
+                              "2026-11-24T02:37:10.0Z", "2026-11-24T02:37:25.5Z")
+    assert race_free["verdict"].startswith("not the race: no GET of the prior value")  # RACE_FREE=1 reads none
     missed = spec_timeline([e for e in spec_requests("10.130000") if e["verb"] != "patch"],
                            "2026-11-24T02:37:10.0Z", "2026-11-24T02:37:25.5Z")
     assert missed["verdict"].startswith("no write to deployments/deploy")
