@@ -3,7 +3,7 @@
 A ``CopyratorRule`` names a resource type (ConfigMap or Secret), a label selector and one or more
 source namespaces. Every matching object is copied into each target namespace. This module decides,
 for one copy at a time, what the cluster should hold there and which single write gets it there;
-``copyrator_controller`` feeds it from indexes and applies the answer.
+``copyrator.controller`` feeds it from indexes and applies the answer.
 
 Consent: a rule that reads a namespace other than its own copies a source only when the source
 carries ``copyrator.kopf-operators.dev/allowed-namespaces`` (names and globs), and only into the
