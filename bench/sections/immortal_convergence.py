@@ -1,7 +1,8 @@
 """immortal_convergence: m ImmortalContainers created at once -> each has its pod and startTimes 1.
 One burst per side; the operator is stopped during the floor's turn (both handle ImmortalContainers).
 Per side also: CPU per object (utime+stime of the reacting process over the burst, until it is quiet
-again), RSS before, at the end of the burst, at rest with the m objects in place, and the high-water mark.
+again), RSS before, at the end of the burst, at rest with the m objects in place, the high-water mark,
+and (operator) once the objects are deleted again.
 BENCH_PYSPY=<file>: record the operator's burst with ``py-spy record --pid`` into <file> (raw format)."""
 
 from __future__ import annotations
@@ -87,6 +88,9 @@ async def burst(b: Bench, side: str, m: int,
     # ImmortalContainers carry no finalizer: they go whether or not an operator runs
     await b.kube.request("DELETE", f"{IC_PATH}/namespaces/{ns}/immortalcontainers")
     await b.cleanup([ns])
+    if side == "op" and b.operator is not None:  # what stays once the objects are gone: not live data
+        await b.operator.settle()
+        extra["rss_mb"]["after_delete"] = b.operator.p.rss_mb()
     return elapsed, extra
 
 
