@@ -1,7 +1,9 @@
 """Summarise a ``py-spy record --format raw --threads`` profile (BENCH_PYSPY) by where the event loop's
-time goes, in percent of its samples (the machine is shared, so absolute times mean little).
+busy time goes, in percent of its busy samples (the machine is shared, so absolute times mean little).
+Each sample is counted once, in the first bucket one of its frames matches (project code first, so
+an indexer's own work counts as the project's, not as Kopf's indexing machinery).
 
-    .venv/bin/python -m bench.profile_summary /tmp/profile.txt
+    .venv/bin/python -m bench.profile_summary /tmp/profile.txt [/tmp/other-profile.txt ...]
 """
 
 from __future__ import annotations
@@ -10,61 +12,51 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-# (label, a substring of a frame): a sample counts for every label one of its frames matches (inclusive).
-CATEGORIES: list[tuple[str, str]] = [
-    ("kopf: per-object worker (queueing.worker), all below", "worker (kopf/_core/reactor/queueing.py"),
-    ("kopf: indexing (index_resource: indexer call + index update)", "index_resource (kopf/_core/engines/indexing.py"),
-    ("kopf: cause detection (_detect_causes: diff-base build and diff)", "_detect_causes (kopf/"),
-    ("kopf: on.event handlers (process_watching_cause), all below", "process_watching_cause (kopf/"),
+IDLE = "idle: waiting in select()"
+BUCKETS: list[tuple[str, str]] = [
+    (IDLE, "EpollSelector.select"),
+    ("project: immortal handlers, controller, decisions (indexers included)", "kopf_operators/immortal/"),
+    ("project: access layer, metrics (event-loop side)", "kopf_operators/core/"),
+    ("kopf: indexing machinery (index_resource)", "index_resource (kopf/"),
+    ("kopf: cause detection, diff base (_detect_causes)", "_detect_causes (kopf/"),
     ("kopf: handler invocation machinery (execute_handlers_once)", "execute_handlers_once (kopf/"),
-    ("kopf: patch application (application.apply)", "apply (kopf/_core/actions/application.py"),
-    ("kopf: watch stream (watching.py: reading and JSON decoding)", "kopf/_cogs/clients/watching.py"),
-    ("kopf: queueing and batching (watcher/worker glue)", "kopf/_core/reactor/queueing.py"),
     ("kopf: event poster (posting.py)", "kopf/_core/engines/posting.py"),
-    ("kopf: object loggers (loggers.py)", "kopf/_core/actions/loggers.py"),
-    ("logging (stdlib)", "logging/__init__.py"),
-    ("json (stdlib)", "json/"),
-    ("copy.deepcopy", "deepcopy (copy.py"),
-    ("project: immortal controller", "kopf_operators/immortal/controller.py"),
-    ("project: immortal decisions", "kopf_operators/immortal/decisions.py"),
-    ("project: access layer (event loop side)", "kopf_operators/core/access.py"),
-    ("project: operators/immortal.py handlers", "operators/immortal.py"),
-    ("project: metrics (prometheus_client)", "prometheus_client/"),
-    ("aiohttp", "aiohttp/"),
+    ("kopf: watch streams, JSON decoding (watching.py)", "kopf/_cogs/clients/watching.py"),
+    ("kopf: per-object worker, the rest (memories, loggers, patch)", "worker (kopf/_core/reactor/queueing.py"),
+    ("kopf: queueing, watcher side", "kopf/_core/reactor/queueing.py"),
+    ("asyncio: sockets/TLS of the watches, thread hand-offs, timers", ""),
 ]
 
 
 def summarise(path: Path) -> str:
-    per_thread: Counter[str] = Counter()
-    loop: Counter[str] = Counter()
-    loop_total = 0
-    leaf: Counter[str] = Counter()
+    counts: Counter[str] = Counter()
+    threads: Counter[str] = Counter()
+    leaves: Counter[str] = Counter()
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack:
             continue
-        n = int(count)
-        frames = stack.split(";")
-        thread = frames[0].split(": ", 1)[-1]
-        per_thread["MainThread (event loop)" if thread == "MainThread" else "worker threads"] += n
-        if thread != "MainThread":
+        frames, n = stack.split(";"), int(count)
+        main = frames[0].endswith(": MainThread")
+        threads["event loop" if main else "worker threads"] += n
+        if not main:
             continue
-        loop_total += n
-        leaf[frames[-1]] += n
-        for label, needle in CATEGORIES:
-            if any(needle in f for f in frames[1:]):
-                loop[label] += n
-    total = sum(per_thread.values())
-    out = [f"samples: {total} (event loop {per_thread['MainThread (event loop)']}, "
-           f"worker threads {per_thread['worker threads']})", "",
-           "| where (inclusive) | % of the event loop's samples |", "|---|---|"]
-    for label, _ in CATEGORIES:
-        out.append(f"| {label} | {100 * loop[label] / max(loop_total, 1):.1f} |")
-    out += ["", "| top leaf frames | % |", "|---|---|"]
-    for frame, n in leaf.most_common(15):
-        out.append(f"| `{frame}` | {100 * n / max(loop_total, 1):.1f} |")
+        for label, needle in BUCKETS:
+            if not needle or any(needle in frame for frame in frames[1:]):
+                counts[label] += n
+                if label != IDLE:
+                    leaves[frames[-1]] += n
+                break
+    loop = threads["event loop"]
+    busy = max(loop - counts[IDLE], 1)
+    out = [f"{path}: {sum(threads.values())} samples; event loop {loop}, busy in {100 * busy / max(loop, 1):.0f}% "
+           f"of them; worker threads {threads['worker threads']} (mostly waiting on the API server's answers)", "",
+           "| where the event loop's busy time goes | % |", "|---|---|"]
+    out += [f"| {label} | {100 * counts[label] / busy:.1f} |" for label, _ in BUCKETS[1:]]
+    out += ["", "| top leaf frames (busy) | % |", "|---|---|"]
+    out += [f"| `{frame}` | {100 * n / busy:.1f} |" for frame, n in leaves.most_common(10)]
     return "\n".join(out)
 
 
 if __name__ == "__main__":
-    print(summarise(Path(sys.argv[1])))
+    print("\n\n".join(summarise(Path(arg)) for arg in sys.argv[1:]))

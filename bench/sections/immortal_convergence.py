@@ -54,7 +54,7 @@ async def burst(b: Bench, side: str, m: int,
     async with runner(ns) as reacting:
         proc: Proc = reacting.p if reacting is not None else b.operator.p  # type: ignore[union-attr]
         await proc.settle()
-        rss_before, cpu_before = proc.status(), proc.cpu_seconds()
+        rss_before, cpu_before, loop_before = proc.status(), proc.cpu_seconds(), proc.main_thread_cpu_seconds()
         spy = await _py_spy(proc.pid) if side == "op" else None
         mark = b.a.mark()
         t0 = time.monotonic()
@@ -72,10 +72,12 @@ async def burst(b: Bench, side: str, m: int,
             await spy.wait()
         await proc.settle()
         cpu = proc.cpu_seconds() - cpu_before
+        loop_cpu = proc.main_thread_cpu_seconds() - loop_before
         rest = proc.status()
     extra: dict[str, Any] = {
         "creates_done_s": round(created, 2),
         "cpu_ms_per_object": round(cpu * 1000 / m, 2),
+        "main_thread_cpu_ms_per_object": round(loop_cpu * 1000 / m, 2),  # the event loop's share
         "rss_mb": {"before": round(rss_before["VmRSS"] / 1024, 1), "burst_end": round(rss_burst["VmRSS"] / 1024, 1),
                    "at_rest": round(rest["VmRSS"] / 1024, 1), "hwm": round(rest["VmHWM"] / 1024, 1)},
         "rss_growth_mb_per_1000": {"burst_end": round((rss_burst["VmRSS"] - rss_before["VmRSS"]) / 1024 * 1000 / m, 1),
