@@ -125,6 +125,11 @@ class Proc:
         fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def main_thread_cpu_seconds(self) -> float:
+        """utime + stime of the main thread only (the event loop of an asyncio process)."""
+        fields = Path(f"/proc/{self.pid}/task/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     async def settle(self, quiet: float = 0.02, window: float = 3.0, timeout: float = 300) -> float:
         """Wait until the process uses under ``quiet`` of a core over ``window`` seconds."""
         started = time.monotonic()

@@ -1,15 +1,23 @@
 """immortal_convergence: m ImmortalContainers created at once -> each has its pod and startTimes 1.
-One burst per side; the operator is stopped during the floor's turn (both handle ImmortalContainers)."""
+One burst per side; the operator is stopped during the floor's turn (both handle ImmortalContainers).
+Per side also: CPU per object (utime+stime of the reacting process over the burst, until it is quiet
+again), RSS before, at the end of the burst, at rest with the m objects in place, the high-water mark,
+and (operator) once the objects are deleted again.
+BENCH_PYSPY=<file>: record the operator's burst with ``py-spy record --pid`` into <file> (raw format)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import shutil
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from bench.harness import IC_PATH, Bench, Floor, collect, convergence, per_change
+from bench.harness import IC_PATH, Bench, Floor, Proc, collect, convergence, per_change
 from bench.kube import Watcher, bounded
 
 
@@ -43,7 +51,11 @@ async def burst(b: Bench, side: str, m: int,
     await ics.start()
     done = ics.expect(lambda t, o, _: len(counted) >= m and len(pods_seen) >= m)
     done_pods = pods.expect(lambda t, o, _: len(counted) >= m and len(pods_seen) >= m)
-    async with runner(ns):
+    async with runner(ns) as reacting:
+        proc: Proc = reacting.p if reacting is not None else b.operator.p  # type: ignore[union-attr]
+        await proc.settle()
+        rss_before, cpu_before, loop_before = proc.status(), proc.cpu_seconds(), proc.main_thread_cpu_seconds()
+        spy = await _py_spy(proc.pid) if side == "op" else None
         mark = b.a.mark()
         t0 = time.monotonic()
         await bounded(32, [b.kube.create(f"{IC_PATH}/namespaces/{ns}/immortalcontainers", {
@@ -54,7 +66,23 @@ async def burst(b: Bench, side: str, m: int,
         if not finished:
             raise TimeoutError(f"{side}: {len(counted)}/{m} counted, {len(pods_seen)}/{m} pods after 600 s")
         elapsed = next(iter(finished)).result() - t0
-    extra: dict[str, Any] = {"creates_done_s": round(created, 2)}
+        rss_burst = proc.status()
+        if spy is not None:
+            spy.send_signal(2)  # py-spy writes its profile on SIGINT
+            await spy.wait()
+        await proc.settle()
+        cpu = proc.cpu_seconds() - cpu_before
+        loop_cpu = proc.main_thread_cpu_seconds() - loop_before
+        rest = proc.status()
+    extra: dict[str, Any] = {
+        "creates_done_s": round(created, 2),
+        "cpu_ms_per_object": round(cpu * 1000 / m, 2),
+        "main_thread_cpu_ms_per_object": round(loop_cpu * 1000 / m, 2),  # the event loop's share
+        "rss_mb": {"before": round(rss_before["VmRSS"] / 1024, 1), "burst_end": round(rss_burst["VmRSS"] / 1024, 1),
+                   "at_rest": round(rest["VmRSS"] / 1024, 1), "hwm": round(rest["VmHWM"] / 1024, 1)},
+        "rss_growth_mb_per_1000": {"burst_end": round((rss_burst["VmRSS"] - rss_before["VmRSS"]) / 1024 * 1000 / m, 1),
+                                   "at_rest": round((rest["VmRSS"] - rss_before["VmRSS"]) / 1024 * 1000 / m, 1)},
+    }
     if side == "op":
         extra["api"] = per_change(await b.a.count(mark), m)
     await pods.stop()
@@ -62,4 +90,20 @@ async def burst(b: Bench, side: str, m: int,
     # ImmortalContainers carry no finalizer: they go whether or not an operator runs
     await b.kube.request("DELETE", f"{IC_PATH}/namespaces/{ns}/immortalcontainers")
     await b.cleanup([ns])
+    if side == "op" and b.operator is not None:  # what stays once the objects are gone: not live data
+        await b.operator.settle()
+        extra["rss_mb"]["after_delete"] = b.operator.p.rss_mb()
     return elapsed, extra
+
+
+async def _py_spy(pid: int) -> asyncio.subprocess.Process | None:
+    """``py-spy record`` attached to ``pid`` when BENCH_PYSPY names an output file, else None."""
+    out = os.environ.get("BENCH_PYSPY")
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not out:
+        return None
+    proc = await asyncio.create_subprocess_exec(exe, "record", "--pid", str(pid), "--format", "raw", "--threads",
+                                                "--rate", "50", "--output", out, "--nonblocking",
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    await asyncio.sleep(1)  # attached
+    return proc

@@ -81,6 +81,43 @@ class PeeringState(logging.Filter):
             peering_logger.setLevel(logging.INFO)
 
 
+class DiffBaseWhereUsed(kopf.DiffBaseStorage):
+    """Kopf's diff base only for the API groups whose handlers use it (on.create/update/resume/delete,
+    daemons, timers). Kopf builds it on every event of every watched resource, a deep copy of the
+    body, even for resources that have only indexes and on.event handlers (pods, ConfigMaps,
+    ImmortalContainers, ...): for those it is skipped. ``groups`` None: every group uses it."""
+
+    def __init__(self, inner: kopf.DiffBaseStorage, groups: frozenset[str] | None) -> None:
+        super().__init__()
+        self.inner = inner
+        self.groups = groups
+
+    def used(self, body: kopf.Body) -> bool:
+        api_version = str(body.get("apiVersion") or "")
+        return self.groups is None or (api_version.rpartition("/")[0] in self.groups)
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return self.inner.build(body=body, extra_fields=extra_fields) if self.used(body) else kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return self.inner.fetch(body=body) if self.used(body) else None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        self.inner.store(body=body, patch=patch, essence=essence)
+
+    @staticmethod
+    def groups_of(registry: kopf.OperatorRegistry) -> frozenset[str] | None:
+        """The API groups of the handlers that use the diff base (Kopf's private registries: tested
+        against the installed Kopf in tests/unit/test_process.py). None when a selector names no group."""
+        groups: set[str] = set()
+        for handler in [*registry._changing.get_all_handlers(), *registry._spawning.get_all_handlers()]:
+            group = handler.selector.group if handler.selector is not None else None
+            if group is None:
+                return None
+            groups.add(group)
+        return frozenset(groups)
+
+
 class QuietBookkeeping(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno != logging.INFO or logging.getLogger().level <= logging.DEBUG:
@@ -152,6 +189,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # Deleting a resource with a timer or daemon: Kopf re-checks whether it has exited this often
     # before releasing the finalizer (the default, 60 s, held deletions for a minute).
     settings.background.cancellation_polling = 1
+    # No diff base (a deep copy of every body, on every event) where no handler uses it.
+    if not isinstance(settings.persistence.diffbase_storage, DiffBaseWhereUsed):
+        settings.persistence.diffbase_storage = DiffBaseWhereUsed(
+            settings.persistence.diffbase_storage, DiffBaseWhereUsed.groups_of(kopf.get_default_registry()))
     # Log lines stay log lines; Events are posted explicitly (access.event) where a user needs them.
     settings.posting.loggers = False
     settings.posting.level = logging.INFO

@@ -5,8 +5,11 @@ State comes from two Kopf indexes, never from a read per event:
 - ``immortal-pods``: each of our pods (the pod watch is label-selected server-side, so unrelated pods
   never reach the process), reduced to a ``PodView``.
 
-A pod event costs one write (create or delete) and at most one status patch. A pod that we do not own
-but has the target name is not watched: the create answers 409, and only then is the pod read once.
+A pod event costs one write (create or delete) and at most one status patch: a pod we create is
+counted in the same status write that reports it Running, unless it takes longer than
+``TRANSIENT_SECONDS`` to start (then it is reported as starting, and again when it runs). A pod that
+we do not own but has the target name is not watched: the create answers 409, and only then is the
+pod read once.
 The status patch carries the newest resourceVersion known (the index, or the answer to our own last
 patch), so a start is never counted twice. A 409 means a newer version exists: its watch event runs
 the next pass, so nothing is read.
@@ -32,7 +35,7 @@ PODS_INDEX = "immortal-pods"
 IMMORTAL = k8s.Kind(logic.API_VERSION, logic.PLURAL, logic.KIND)
 # Level-triggered sweep over the indexes (no requests unless something must change), with jitter.
 RESYNC_SECONDS = 300.0
-# A pod of ours going away is reported in status only if it is still there this much later.
+# A pod of ours going away, or a new one starting, is reported in status only if it still is this much later.
 TRANSIENT_SECONDS = 2.0
 # A foreign pod in the way, or a failed pass: look again after this long (doubling, capped).
 RETRY_SECONDS = (1.0, 300.0)
@@ -110,9 +113,11 @@ class ImmortalController:
             with metrics.reaction(OPERATOR, trigger):
                 pod = self._pod(key, ic, pod_event)
                 decision, pod = await self._act(ic, pod, now, trigger)
-                if self._transient(ic, pod, decision, trigger):
+                if self._transient(ic, pod, decision, trigger) or self._starting(ic, pod, decision, trigger):
                     # Our counted pod is going away: its DELETED event usually follows at once and the
-                    # replacement's status write says it all. Report the wait only if it lasts.
+                    # replacement's status write says it all. Or a new pod of ours is starting: its
+                    # Running event usually follows at once, and one write then counts it and says
+                    # Ready. Report the wait only if it lasts.
                     self._settle_later(key)
                 else:
                     await self._write_status(key, ic, pod, decision, now)
@@ -275,6 +280,13 @@ class ImmortalController:
         status = ic.get("status") or {}
         return (decision.action is logic.Action.WAIT and trigger != "settle" and pod is not None
                 and pod.uid == status.get("currentPodUID") and logic.ready_reason(status) != decision.reason)
+
+    @staticmethod
+    def _starting(ic: Mapping[str, Any], pod: logic.PodView | None, decision: logic.Decision, trigger: str) -> bool:
+        """An uncounted pod of ours that has not started yet (usually the one this pass created)."""
+        status = ic.get("status") or {}
+        return (decision.reason == "PodStarting" and trigger != "settle" and pod is not None and pod.owned
+                and pod.uid != status.get("currentPodUID"))
 
     def _settle_later(self, key: Key) -> None:
         self._settling.start(key, TRANSIENT_SECONDS, lambda: self.guarded(key, "settle"))

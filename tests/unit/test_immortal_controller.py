@@ -46,13 +46,48 @@ def no_jitter(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(toolkit.random, "uniform", lambda low, high: 1.0)
 
 
-def test_no_pod_in_the_index_creates_one_and_reports_it_in_status() -> None:
+def test_no_pod_in_the_index_creates_one_and_one_status_write_reports_it_running() -> None:
+    """The create and the pod's Running event cost one status write between them (not two)."""
     access = FakeAccess()
-    run(controller(access).converge(KEY))
-    assert access.made("create") == [("create", "Pod", "ns1", logic.pod_name("app"), False)]
+    created_uid = f"uid-{logic.pod_name('app')}"  # the fake create's answer
+
+    async def scenario() -> None:
+        ctl = controller(access)
+        await ctl.converge(KEY)
+        assert access.made("create") == [("create", "Pod", "ns1", logic.pod_name("app"), False)]
+        assert ("Normal", "PodCreated") in access.events
+        assert access.made("patch_status") == []  # not yet: its Running event follows
+        running = pod(uid=created_uid)
+        running = {**running, "metadata": {**running["metadata"], "resourceVersion": "150"},
+                   "status": {**running["status"], "ready": True}}
+        await ctl.converge(KEY, pod_event=("MODIFIED", running))
+        await ctl.stop()
+
+    run(scenario())
+    [status_patch] = access.made("patch_status")
+    assert status_patch[4]["currentPodUID"] == created_uid and status_patch[4]["startTimes"] == 1
+    assert logic.ready_reason(status_patch[4]) == "PodReady"
+
+
+def test_a_pod_that_does_not_start_soon_is_reported_starting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A created pod that is not Running within TRANSIENT_SECONDS is counted and reported as starting."""
+    monkeypatch.setattr(immortal, "TRANSIENT_SECONDS", 0.05)
+    access = FakeAccess()
+
+    async def scenario() -> None:
+        ctl = controller(access)
+        await ctl.converge(KEY)
+        for _ in range(100):
+            if access.made("patch_status"):
+                break
+            await asyncio.sleep(0.01)
+        await ctl.stop()
+
+    run(scenario())
     [status_patch] = access.made("patch_status")
     assert status_patch[4]["currentPodUID"] == f"uid-{logic.pod_name('app')}"  # the create's answer
-    assert ("Normal", "PodCreated") in access.events
+    assert status_patch[4]["startTimes"] == 1
+    assert logic.ready_reason(status_patch[4]) == "PodStarting"
 
 
 def test_our_running_pod_in_the_index_costs_no_request() -> None:

@@ -1,0 +1,76 @@
+"""The process-wide Kopf settings: the diff base only where a handler uses it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import kopf
+
+from kopf_operators.blackadder import decisions as blackadder
+from kopf_operators.copyrator import decisions as copyrator
+from kopf_operators.core.process import DiffBaseWhereUsed
+from kopf_operators.immortal import decisions as immortal
+from testsupport.paths import REPO
+
+# Loads the files the way `kopf run` does, then prints the groups whose handlers use the diff base.
+_PROBE = """
+import glob, json, kopf
+from kopf._cogs.helpers.loaders import preload
+from kopf_operators.core.process import DiffBaseWhereUsed
+preload(sorted(glob.glob("operators/*.py")), [])
+groups = DiffBaseWhereUsed.groups_of(kopf.get_default_registry())
+print(json.dumps(None if groups is None else sorted(groups)))
+"""
+
+
+def test_the_diff_base_is_kept_only_for_the_groups_with_change_handlers_or_daemons() -> None:
+    out = subprocess.run([sys.executable, "-c", _PROBE], cwd=REPO, env={**os.environ, "CHAOS_TENANTS": "true"},
+                         capture_output=True, text=True, check=True, timeout=120)
+    groups = json.loads(out.stdout.strip().splitlines()[-1])
+    assert groups == sorted({copyrator.GROUP, blackadder.GROUP})
+    assert immortal.GROUP not in groups and "" not in groups  # ImmortalContainers, pods, ConfigMaps: none
+
+
+class Recording(kopf.DiffBaseStorage):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        self.calls.append("build")
+        return kopf.BodyEssence(spec=dict(body.get("spec") or {}))
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        self.calls.append("fetch")
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        self.calls.append("store")
+
+
+def body(api_version: str) -> kopf.Body:
+    return kopf.Body({"apiVersion": api_version, "kind": "X", "metadata": {"name": "x"}, "spec": {"a": 1}})
+
+
+def test_bodies_of_other_groups_cost_no_copy_and_show_no_change() -> None:
+    inner = Recording()
+    storage = DiffBaseWhereUsed(inner, frozenset({copyrator.GROUP}))
+    for skipped in ("v1", f"{immortal.GROUP}/{immortal.VERSION}", "apps/v1"):
+        assert storage.build(body=body(skipped)) == {}
+        assert storage.fetch(body=body(skipped)) is None
+    assert inner.calls == []
+    assert storage.build(body=body(f"{copyrator.GROUP}/v1")) == {"spec": {"a": 1}}
+    assert storage.fetch(body=body(f"{copyrator.GROUP}/v1")) is None
+    assert inner.calls == ["build", "fetch"]
+
+
+def test_without_a_known_group_every_body_keeps_its_diff_base() -> None:
+    inner = Recording()
+    storage = DiffBaseWhereUsed(inner, None)
+    storage.build(body=body("v1"))
+    storage.fetch(body=body("v1"))
+    assert inner.calls == ["build", "fetch"]
