@@ -82,7 +82,12 @@ def assert_no_kopf_state_on(pod: Any) -> None:
 
 
 def delete_pod(core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> None:
-    core.delete_namespaced_pod(name, namespace)
+    """Delete at once (``kubectl delete --grace-period=0 --force``). A graceful delete on a KWOK node
+    is finished by KWOK (v0.8.0) with a DELETE by name, without a uid precondition, and sometimes twice
+    (its kwok-controller.log shows each pod's "Delete pod" followed by a "not found" retry): when the
+    second one lands after our replacement exists under the same name, it deletes the replacement. On
+    the real node, the kubelet finishes graceful deletes (tests/e2e/test_real_node.py covers those)."""
+    core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
 
 
 # --- the article's contract ----------------------------------------------------------------------

@@ -21,6 +21,7 @@ from tests.e2e.test_immortal import (
     V,
     create_ic,
     create_template_ic,
+    delete_pod,
     events_for,
     fail_pod,
     get_ic,
@@ -246,7 +247,7 @@ def test_recreated_under_the_same_name_never_adopts_the_old_pod(
     wait_for(reason_is(custom, namespace, "again", "ForeignPod"), what="ForeignPod")
     stays(same_pod(core, namespace, "again-immortalpod", old.metadata.uid), 3, what="the orphan left alone")
     assert not core.read_namespaced_pod("again-immortalpod", namespace).metadata.owner_references
-    core.delete_namespaced_pod("again-immortalpod", namespace)
+    delete_pod(core, namespace, "again-immortalpod")
     new = wait_pod(core, namespace, "again-immortalpod", not_uid=old.metadata.uid)
     wait_counted(custom, namespace, "again", 1, new.metadata.uid)
 
@@ -279,7 +280,7 @@ def test_operator_stopped_during_a_replacement_converges_once(
     operator.stop()
     patch_spec(custom, namespace, "paused", {"image": "nginx:1.27"})
     if step == "after-deleting-the-old-pod":  # the state a crash right after our delete leaves
-        core.delete_namespaced_pod("paused-immortalpod", namespace)
+        delete_pod(core, namespace, "paused-immortalpod")
         wait_for(lambda: pod_or_none(core, namespace, "paused-immortalpod") is None, what="the pod gone")
     operator.start()
     new = wait_pod(core, namespace, "paused-immortalpod", not_uid=pod.metadata.uid)
@@ -331,7 +332,7 @@ def test_every_name_the_crd_accepts_works(core: Any, custom: Any, namespace: str
     assert pod.metadata.labels["controller"] == name and pod.metadata.labels[logic.OWNER_LABEL] == name
     wait_counted(custom, namespace, name, 1, pod.metadata.uid)
     wait_for(lambda: has_event(core, namespace, name, "PodCreated", "Normal"), what="a PodCreated event")
-    core.delete_namespaced_pod(pod_name, namespace)
+    delete_pod(core, namespace, pod_name)
     new = wait_pod(core, namespace, pod_name, not_uid=pod.metadata.uid)
     wait_counted(custom, namespace, name, 2, new.metadata.uid)
     assert not operator.errors(about=namespace)
