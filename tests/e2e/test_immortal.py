@@ -232,28 +232,37 @@ def test_foreign_pod_with_the_target_name_is_left_alone(core: Any, custom: Any, 
 def test_a_deleted_pod_costs_one_create_and_no_read(core: Any, custom: Any, namespace: str,
                                                     operator: OperatorProcess) -> None:
     """State comes from watches: replacing a deleted pod makes no GET or LIST, only the create and the
-    status writes (the start counted at creation; Ready once the new pod runs)."""
+    status write (usually one: the new pod counted and Ready together; two if it took over 2 s to run)."""
     if os.environ.get("OPERATOR_IDENTITY", "serviceaccount") == "admin":
         pytest.fail("requests are attributed to the operator's ServiceAccount in the audit log: run it so")
+    creations = PodCreations(core, namespace, field_selector="metadata.name=frugal-immortalpod")
     create_ic(custom, namespace, "frugal")
-    pod = wait_pod(core, namespace, "frugal-immortalpod")
-    wait_counted(custom, namespace, "frugal", 1, pod.metadata.uid)
-    wait_for(lambda: ready(status(custom, namespace, "frugal"))["status"] == "True", what="Ready=True")
-    since = audit_now()
-    core.delete_namespaced_pod("frugal-immortalpod", namespace, grace_period_seconds=0)
-    new = wait_pod(core, namespace, "frugal-immortalpod", not_uid=pod.metadata.uid)
-    wait_counted(custom, namespace, "frugal", 2, new.metadata.uid)
-    wait_for(lambda: ready(status(custom, namespace, "frugal"))["status"] == "True", what="Ready=True again")
-    def logged() -> list[tuple[str, str, str]]:
-        calls = operator_requests(namespace, since)
-        return calls if ("patch", "immortalcontainers/status", "frugal") in calls else []
+    wait_pod(core, namespace, "frugal-immortalpod")
+    for _attempt in range(3):
+        wait_counted_exactly(custom, namespace, "frugal", creations)
+        wait_for(lambda: ready(status(custom, namespace, "frugal"))["status"] == "True", what="Ready=True")
+        pods_before, since = len(creations.uids("frugal-immortalpod")), audit_now()
+        old = status(custom, namespace, "frugal")["currentPodUID"]
+        delete_pod(core, namespace, "frugal-immortalpod")
+        wait_pod(core, namespace, "frugal-immortalpod", not_uid=old)
+        wait_counted_exactly(custom, namespace, "frugal", creations)
+        wait_for(lambda: ready(status(custom, namespace, "frugal"))["status"] == "True", what="Ready=True again")
+        if len(creations.uids("frugal-immortalpod")) != pods_before + 1:
+            continue  # KWOK deleted the replacement too (see delete_pod): two deletions measured; again
 
-    calls = wait_for(logged, what="the requests in the audit log")
-    assert [c for c in calls if c[0] in ("get", "list", "watch")] == [], calls
-    assert calls.count(("create", "pods", "frugal-immortalpod")) == 1, calls
-    status_patches = calls.count(("patch", "immortalcontainers/status", "frugal"))
-    assert 1 <= status_patches <= 2, calls
-    assert len(calls) == 1 + status_patches, calls
+        def logged(since: str = since) -> list[tuple[str, str, str]]:
+            calls = operator_requests(namespace, since)
+            return calls if ("patch", "immortalcontainers/status", "frugal") in calls else []
+
+        calls = wait_for(logged, what="the requests in the audit log")
+        assert [c for c in calls if c[0] in ("get", "list", "watch")] == [], calls
+        assert calls.count(("create", "pods", "frugal-immortalpod")) == 1, calls
+        status_patches = calls.count(("patch", "immortalcontainers/status", "frugal"))
+        assert 1 <= status_patches <= 2, calls
+        assert len(calls) == 1 + status_patches, calls
+        creations.stop()
+        return
+    pytest.fail("in 3 attempts out of 3, KWOK also deleted the replacement (see delete_pod)")
 
 
 # --- restarts and crashes ------------------------------------------------------------------------
