@@ -28,7 +28,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 from kopf_operators.copyrator import decisions as logic
@@ -307,6 +307,7 @@ class CopyratorController:
         kind, namespace, name = key
         ns = self.namespace(namespace)
         if ns is None or not ns.active:
+            self._settled(rule.uid, lambda failed: failed == key)
             return 0  # gone or terminating: its copies go with it
         desired, blocked = self.desired(rule, name, ns) if kind == rule.kind else (None, False)
         if blocked:
@@ -325,6 +326,15 @@ class CopyratorController:
         self._failed[rule.uid].discard(key)
         self._rejected[rule.uid].pop(key, None)
         return writes
+
+    def _settled(self, rule_uid: str, done: Callable[[CopyKey], bool]) -> None:
+        """Failed and refused copies of the rule that are ``done`` with (their place is gone, or no
+        place of the rule any more) stop counting."""
+        failed, rejected = self._failed.get(rule_uid) or set(), self._rejected.get(rule_uid) or {}
+        for key in [k for k in failed if done(k)]:
+            failed.discard(key)
+        for key in [k for k in rejected if done(k)]:
+            rejected.pop(key, None)
 
     def _reject(self, rule: logic.Rule, key: CopyKey, exc: ApiError) -> None:
         """A copy the API server refuses: reported (status, one log line and Event when it starts),
@@ -479,11 +489,13 @@ class CopyratorController:
         targets = [ns.name for ns in namespaces if logic.is_target(rule, ns)]
         wanted = self.copy_names(rule)
         names = wanted | {v.name for v in self.copies_of(rule.uid, rule.kind)}
+        visited: set[CopyKey] = set()
 
         def jobs_for(selected: Iterable[str]) -> list[Awaitable[int]]:
             jobs: list[Awaitable[int]] = []
             for name in sorted(selected):
                 places = set(targets) | {v.namespace for v in self.copies_of(rule.uid, rule.kind, name=name)}
+                visited.update((rule.kind, ns, name) for ns in places)
                 jobs.extend(self.sync_copy(rule, ns, name) for ns in sorted(places))
             return jobs
 
@@ -494,9 +506,11 @@ class CopyratorController:
         later: list[Awaitable[int]] = jobs_for(names - wanted)
         for kind in KINDS:  # the rule's type changed: its copies of the other kind go
             if kind != rule.kind:
-                later.extend(self.sync_copy(rule, v.namespace, v.name, kind=kind)
-                             for v in self.copies_of(rule.uid, kind))
+                for view in self.copies_of(rule.uid, kind):
+                    visited.add((kind, view.namespace, view.name))
+                    later.append(self.sync_copy(rule, view.namespace, view.name, kind=kind))
         more, more_errors = await self._bounded(later)
+        self._settled(rule.uid, lambda key: key not in visited)  # no longer places of the rule: nothing fails there
         writes, errors = writes + more, errors + more_errors
         if writes:  # a reaction is an event that caused writes; no-op passes are not timed
             metrics.REACTION.labels(operator=OPERATOR, trigger=trigger.split()[0]).observe(
@@ -596,6 +610,9 @@ class CopyratorController:
         deleted or terminating too, makes the rules' ledgers judge its places again.)"""
         info = logic.namespace_info(body)
         self._namespace_touched(info.name)
+        if event_type == "DELETED" or not info.active:  # nothing fails in it any more
+            for uid in set(self._failed) | set(self._rejected):
+                self._settled(uid, lambda key: key[1] == info.name)
         if event_type not in ("ADDED", "MODIFIED") or not info.active:
             return  # its copies go with it (and the initial listing: the rules' resume converges)
         trigger = f"namespace {event_type.lower()}"
