@@ -801,15 +801,19 @@ class Ledger:
 
     def judge(self, source_name: str, namespace: str, judgement: Judgement | None) -> None:
         """Record what a place holds now (None: it is no place of the rule any more)."""
-        places = self.places.setdefault(source_name, {})
+        places = self.places.get(source_name)
+        if places is None:
+            places = self.places[source_name] = {}
+            self.counts[source_name] = collections.Counter()
+            self.problems[source_name] = {}
         old = places.get(namespace)
         if old == judgement:
             return
-        counts = self.counts.setdefault(source_name, collections.Counter())
-        problems = self.problems.setdefault(source_name, {})
+        counts, problems = self.counts[source_name], self.problems[source_name]
         if old is not None:
             counts[old[0]] -= 1
-            problems.pop(namespace, None)
+            if old[0] in PROBLEMS:
+                del problems[namespace]
             del places[namespace]
         if judgement is not None:
             places[namespace] = judgement
