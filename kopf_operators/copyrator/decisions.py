@@ -752,6 +752,7 @@ class Standing(enum.Enum):
 
 
 PROBLEMS = (Standing.CONFLICT, Standing.CONTESTED)  # named in the status (the others are only counted)
+_PLAIN = {standing: (standing, "") for standing in Standing}  # one shared tuple each: a ledger holds many
 
 
 def standing(rule: Rule, namespace: str, name: str, *, allowed: bool, view: CopyView | None,
@@ -763,19 +764,19 @@ def standing(rule: Rule, namespace: str, name: str, *, allowed: bool, view: Copy
     counts); ``foreign``: an object that is nobody's copy is in the way; ``claimant``: an older rule
     that gets this free name."""
     if not allowed:
-        return Standing.WITHHELD, ""
+        return _PLAIN[Standing.WITHHELD]
     if wanted is None:
-        return Standing.MISSING, ""
+        return _PLAIN[Standing.MISSING]
     if view is None:
         if foreign:
             return Standing.CONFLICT, f"{namespace}/{name}"
         if claimant is not None:
             return Standing.CONTESTED, f"{namespace}/{name} (wanted by the older rule {claimant.key})"
-        return Standing.MISSING, ""
+        return _PLAIN[Standing.MISSING]
     if view.rule_uid != rule.uid:
         holder = view.rule or ("a push annotation on " + view.source if view.pushed else "")
         return Standing.CONTESTED, f"{namespace}/{name} (held by {holder or 'another rule'})"
-    return (Standing.COPIED if in_sync(view, wanted) else Standing.STALE), ""
+    return _PLAIN[Standing.COPIED if in_sync(view, wanted) else Standing.STALE]
 
 
 Judgement = tuple[Standing, str]

@@ -387,3 +387,21 @@ def test_a_namespace_event_judges_only_that_namespace_s_places(monkeypatch: pyte
         return len(set(judged) - {"n5"})
 
     assert asyncio.run(scenario()) == 0
+
+
+def test_a_copy_that_failed_in_a_namespace_since_deleted_stops_counting() -> None:
+    async def scenario() -> tuple[int, int]:
+        world = World(0)
+        await world.setup()
+        # The index still has n5 when the API server has already deleted it: the create fails (404).
+        world.cluster.pending.append(("Namespace", "ADDED", namespace_body(namespace_info("n5", {"team": "a"}))))
+        await world.deliver()
+        rule = logic.parse_rule(RULES[0])
+        failed_before = world.ctl.tally(rule).failed
+        world.set_namespace(None, "n5", "DELETED")
+        await world.deliver()
+        failed_after = world.ctl.tally(rule).failed
+        await world.ctl.stop()
+        return failed_before, failed_after
+
+    assert asyncio.run(scenario()) == (2, 0)  # conf and extra
