@@ -490,13 +490,16 @@ class CopyratorController:
         wanted = self.copy_names(rule)
         names = wanted | {v.name for v in self.copies_of(rule.uid, rule.kind)}
         visited: set[CopyKey] = set()
+        # Places the ledger sees holding the rule's copy in sync: ``sync_copy`` would write nothing there
+        # (an idle sweep of many copies then costs a count, not a pass per copy).
+        copied = self._copied(rule)
 
         def jobs_for(selected: Iterable[str]) -> list[Awaitable[int]]:
             jobs: list[Awaitable[int]] = []
             for name in sorted(selected):
                 places = set(targets) | {v.namespace for v in self.copies_of(rule.uid, rule.kind, name=name)}
                 visited.update((rule.kind, ns, name) for ns in places)
-                jobs.extend(self.sync_copy(rule, ns, name) for ns in sorted(places))
+                jobs.extend(self.sync_copy(rule, ns, name) for ns in sorted(places) if (ns, name) not in copied)
             return jobs
 
         started = time.perf_counter()
@@ -510,7 +513,8 @@ class CopyratorController:
                     visited.add((kind, view.namespace, view.name))
                     later.append(self.sync_copy(rule, view.namespace, view.name, kind=kind))
         more, more_errors = await self._bounded(later)
-        self._settled(rule.uid, lambda key: key not in visited)  # no longer places of the rule: nothing fails there
+        # No longer places of the rule, or in sync: nothing fails there.
+        self._settled(rule.uid, lambda key: key not in visited or (key[0] == rule.kind and key[1:] in copied))
         writes, errors = writes + more, errors + more_errors
         if writes:  # a reaction is an event that caused writes; no-op passes are not timed
             metrics.REACTION.labels(operator=OPERATOR, trigger=trigger.split()[0]).observe(
@@ -947,6 +951,13 @@ class CopyratorController:
             if owner is not None and namespace in ledger.targets:
                 judge(owner, namespace)
         return ledger
+
+    def _copied(self, rule: logic.Rule) -> set[tuple[str, str]]:
+        """(namespace, copy name) of the places that hold the rule's copy in sync, as its ledger sees them."""
+        ledger = self.ledger(rule)
+        return {(namespace, name) for name, source_name in ledger.names.items()
+                for namespace, (standing, _text) in (ledger.places.get(source_name) or {}).items()
+                if standing is logic.Standing.COPIED}
 
     def _standing(self, rule: logic.Rule, source: Mapping[str, Any], namespace: str, name: str,
                   wanted: Mapping[str, Any] | None) -> logic.Judgement:

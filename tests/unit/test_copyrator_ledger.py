@@ -238,9 +238,9 @@ class World:
     async def step(self) -> str:
         c, rng = self.cluster, self.rng
         copies = [key for key, body in c.objects.items() if logic.is_copy(body)]
-        action = rng.choice(["ns-add", "ns-relabel", "ns-terminate", "ns-delete", "copy-deleted", "copy-edited", "copy-unlabelled",
-                             "in-the-way", "source-edited", "source-added", "source-deleted", "rule-changed",
-                             "rule-deleted", "deliver-some"])
+        action = rng.choice(["ns-add", "ns-relabel", "ns-terminate", "ns-delete", "copy-deleted", "copy-edited",
+                             "copy-unlabelled", "in-the-way", "source-edited", "source-added", "source-deleted",
+                             "rule-changed", "rule-deleted", "deliver-some"])
         if action == "ns-add":
             free = [n for n in NAMESPACES if n not in c.truth]
             if free:
