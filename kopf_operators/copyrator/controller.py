@@ -17,7 +17,10 @@ foreign object in the way is learned from the 409 on create (then that one objec
 answers to our own writes are kept until the watch catches up, so a burst never writes twice.
 
 Status and the Normal ``Synced`` Event of a rule are written after a short delay, once per burst;
-Warning Events (``Conflict``, ``Refused``, ``Invalid``) when what they report changes.
+Warning Events (``Conflict``, ``Refused``, ``Invalid``) when what they report changes. The counts come
+from each rule's ledger (``copyrator.Ledger``): events mark the places they touch, a flush judges only
+those again, so a status costs O(places changed), not O(copies); it is rebuilt from the indexes when
+the rule, its sources or another rule of its kind change, and at every resync.
 """
 
 from __future__ import annotations
