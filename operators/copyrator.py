@@ -108,5 +108,4 @@ async def secret_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: 
 
 @kopf.on.event("", "v1", "namespaces", id="copyrator-namespace-event")
 async def namespace_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    if type in ("ADDED", "MODIFIED"):
-        await CONTROLLER(memo).namespace_event(type, body)
+    await CONTROLLER(memo).namespace_event(type, body)

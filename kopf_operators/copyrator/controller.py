@@ -17,7 +17,10 @@ foreign object in the way is learned from the 409 on create (then that one objec
 answers to our own writes are kept until the watch catches up, so a burst never writes twice.
 
 Status and the Normal ``Synced`` Event of a rule are written after a short delay, once per burst;
-Warning Events (``Conflict``, ``Refused``, ``Invalid``) when what they report changes.
+Warning Events (``Conflict``, ``Refused``, ``Invalid``) when what they report changes. The counts come
+from each rule's ledger (``copyrator.Ledger``): events mark the places they touch, a flush judges only
+those again, so a status costs O(places changed), not O(copies); it is rebuilt from the indexes when
+the rule, its sources or another rule of its kind change, and at every resync.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 from kopf_operators.copyrator import decisions as logic
@@ -123,6 +126,11 @@ class CopyratorController:
         # Push sources (a push annotation, no rule): kind -> (namespace, name) -> their implicit rule.
         self.pushes: dict[str, dict[tuple[str, str], logic.Rule]] = {"ConfigMap": {}, "Secret": {}}
         self._push_reports: dict[str, str] = {}  # source uid -> the problems last reported on it
+        # rule uid (a push: its source's uid) -> its places and their counts, kept as events touch them
+        # (status in O(places changed), not O(copies)); rebuilt from the indexes at start and whenever
+        # the rule, its sources or another rule of its kind changed, and at every resync.
+        self._ledgers: dict[str, logic.Ledger] = {}
+        self._ledger_keys: dict[str, RuleKey] = {}  # rule uid -> where its status is (none for a push)
 
     # --- state from the indexes ----------------------------------------------------------------
 
@@ -302,6 +310,7 @@ class CopyratorController:
         kind, namespace, name = key
         ns = self.namespace(namespace)
         if ns is None or not ns.active:
+            self._settled(rule.uid, lambda failed: failed == key)
             return 0  # gone or terminating: its copies go with it
         desired, blocked = self.desired(rule, name, ns) if kind == rule.kind else (None, False)
         if blocked:
@@ -320,6 +329,15 @@ class CopyratorController:
         self._failed[rule.uid].discard(key)
         self._rejected[rule.uid].pop(key, None)
         return writes
+
+    def _settled(self, rule_uid: str, done: Callable[[CopyKey], bool]) -> None:
+        """Failed and refused copies of the rule that are ``done`` with (their place is gone, or no
+        place of the rule any more) stop counting."""
+        failed, rejected = self._failed.get(rule_uid) or set(), self._rejected.get(rule_uid) or {}
+        for key in [k for k in failed if done(k)]:
+            failed.discard(key)
+        for key in [k for k in rejected if done(k)]:
+            rejected.pop(key, None)
 
     def _reject(self, rule: logic.Rule, key: CopyKey, exc: ApiError) -> None:
         """A copy the API server refuses: reported (status, one log line and Event when it starts),
@@ -351,7 +369,7 @@ class CopyratorController:
             return 0
         if action is logic.Action.DELETE and view is not None:
             await self.access.delete(api_kind, namespace, name, uid=view.uid)
-            self._written[key] = Gone(view.uid)
+            self._remember(key, Gone(view.uid))
             self._count(rule, "deleted")
             logger.info(f"{where} pruned {kind} {namespace}/{name}")
             return 1
@@ -361,12 +379,12 @@ class CopyratorController:
         if recreate or action is logic.Action.CREATE:
             if recreate and view is not None:
                 await self.access.delete(api_kind, namespace, name, uid=view.uid)
-                self._written[key] = Gone(view.uid)
+                self._remember(key, Gone(view.uid))
             try:
                 created = await self.access.create(api_kind, desired)
             except k8s.AlreadyExists:
                 return 1 + await self._in_the_way(rule, key, desired)
-            self._written[key] = logic.copy_view(created, kind)
+            self._remember(key, logic.copy_view(created, kind))
             if recreate:
                 self._count(rule, "updated")
                 logger.info(f"{where} updated {kind} {namespace}/{name} (re-created: type or immutability)")
@@ -382,18 +400,18 @@ class CopyratorController:
             # Changed since the index saw it (edited meanwhile): read that one object, try once more.
             fresh = await self.access.read(api_kind, namespace, name)
             if fresh is None:
-                self._written[key] = Gone(view.uid)
+                self._remember(key, Gone(view.uid))
                 return 1 + await self._apply(rule, key, desired)
             fresh_view = logic.copy_view(fresh, kind)
-            self._written[key] = fresh_view
+            self._remember(key, fresh_view)
             if logic.decide(rule.uid, desired, fresh_view) is not logic.Action.PATCH:
                 return 1 + await self._apply(rule, key, desired)
             answer = await self.access.patch(api_kind, namespace, name, logic.patch_ops(fresh_view, desired),
                                               json_patch=True)
         if answer is None:  # deleted meanwhile: create it
-            self._written[key] = Gone(view.uid)
+            self._remember(key, Gone(view.uid))
             return 1 + await self._apply(rule, key, desired)
-        self._written[key] = logic.copy_view(answer, kind)
+        self._remember(key, logic.copy_view(answer, kind))
         self._count(rule, "updated")
         logger.info(f"{where} updated {kind} {namespace}/{name}" + (" (edited by hand)" if view.drifted else ""))
         return 1
@@ -407,12 +425,18 @@ class CopyratorController:
             return 1
         if logic.is_copy(existing):
             view = logic.copy_view(existing, kind)
-            self._written[key] = view
+            self._remember(key, view)
             if view.rule_uid == rule.uid:
                 return 1 + await self._apply(rule, key, desired)
             return 1
         self._foreign[key] = str(existing["metadata"].get("uid", ""))
+        self._touched(*key)
         return 1
+
+    def _remember(self, key: CopyKey, written: logic.CopyView | Gone) -> None:
+        """Our write's answer, until the watch catches up (``copy``)."""
+        self._written[key] = written
+        self._touched(*key)
 
     def _count(self, rule: logic.Rule, what: str) -> None:
         metrics.action(OPERATOR, what)
@@ -468,12 +492,17 @@ class CopyratorController:
         targets = [ns.name for ns in namespaces if logic.is_target(rule, ns)]
         wanted = self.copy_names(rule)
         names = wanted | {v.name for v in self.copies_of(rule.uid, rule.kind)}
+        visited: set[CopyKey] = set()
+        # Places the ledger sees holding the rule's copy in sync: ``sync_copy`` would write nothing there
+        # (an idle sweep of many copies then costs a count, not a pass per copy).
+        copied = self._copied(rule)
 
         def jobs_for(selected: Iterable[str]) -> list[Awaitable[int]]:
             jobs: list[Awaitable[int]] = []
             for name in sorted(selected):
                 places = set(targets) | {v.namespace for v in self.copies_of(rule.uid, rule.kind, name=name)}
-                jobs.extend(self.sync_copy(rule, ns, name) for ns in sorted(places))
+                visited.update((rule.kind, ns, name) for ns in places)
+                jobs.extend(self.sync_copy(rule, ns, name) for ns in sorted(places) if (ns, name) not in copied)
             return jobs
 
         started = time.perf_counter()
@@ -483,9 +512,12 @@ class CopyratorController:
         later: list[Awaitable[int]] = jobs_for(names - wanted)
         for kind in KINDS:  # the rule's type changed: its copies of the other kind go
             if kind != rule.kind:
-                later.extend(self.sync_copy(rule, v.namespace, v.name, kind=kind)
-                             for v in self.copies_of(rule.uid, kind))
+                for view in self.copies_of(rule.uid, kind):
+                    visited.add((kind, view.namespace, view.name))
+                    later.append(self.sync_copy(rule, view.namespace, view.name, kind=kind))
         more, more_errors = await self._bounded(later)
+        # No longer places of the rule, or in sync: nothing fails there.
+        self._settled(rule.uid, lambda key: key not in visited or (key[0] == rule.kind and key[1:] in copied))
         writes, errors = writes + more, errors + more_errors
         if writes:  # a reaction is an event that caused writes; no-op passes are not timed
             metrics.REACTION.labels(operator=OPERATOR, trigger=trigger.split()[0]).observe(
@@ -514,6 +546,7 @@ class CopyratorController:
         count = await self._prune(uid, f"{key[0]}/{key[1]}", "rule deleted")
         for store in (self._failed, self._rejected, self._done, self._status, self._parsed, self._triggers):
             store.pop(uid, None)
+        self._forget(uid)
         return count
 
     async def _prune(self, uid: str, rule_key: str, why: str) -> int:
@@ -523,7 +556,7 @@ class CopyratorController:
             for view in self.copies_of(uid, kind):
                 async with self.access.serialised(("copyrator", kind, view.namespace, view.name)):
                     await self.access.delete(api_kind, view.namespace, view.name, uid=view.uid)
-                    self._written[(kind, view.namespace, view.name)] = Gone(view.uid)
+                    self._remember((kind, view.namespace, view.name), Gone(view.uid))
                 count += 1
                 logger.info(f"Copyrator {rule_key}: pruned {kind} {view.namespace}/{view.name} ({why})")
         if count:
@@ -579,11 +612,16 @@ class CopyratorController:
                                f"the next sweep retries")
         return count
 
-    async def namespace_event(self, event_type: str, body: Mapping[str, Any]) -> None:
-        """A namespace added or relabelled: only that namespace's copies, for each rule."""
+    async def namespace_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """A namespace added or relabelled: only that namespace's copies, for each rule. (Any event,
+        deleted or terminating too, makes the rules' ledgers judge its places again.)"""
         info = logic.namespace_info(body)
-        if event_type == "DELETED" or not info.active:
-            return  # its copies go with it
+        self._namespace_touched(info.name)
+        if event_type == "DELETED" or not info.active:  # nothing fails in it any more
+            for uid in set(self._failed) | set(self._rejected):
+                self._settled(uid, lambda key: key[1] == info.name)
+        if event_type not in ("ADDED", "MODIFIED") or not info.active:
+            return  # its copies go with it (and the initial listing: the rules' resume converges)
         trigger = f"namespace {event_type.lower()}"
         await self._run(trigger, [
             (snapshot, rule, [self.sync_copy(rule, info.name, name) for name in sorted(
@@ -598,6 +636,7 @@ class CopyratorController:
         meta = body.get("metadata") or {}
         namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
         key: CopyKey = (kind, namespace, name)
+        self._touched(kind, namespace, name, event=True)
         if logic.is_copy(body):
             await self._copy_event(kind, event_type, body)
             return
@@ -642,7 +681,8 @@ class CopyratorController:
             self._report_push(body, push.reason, str(push))
             push = None
         if push is None:
-            self.pushes[kind].pop(place, None)
+            if (gone := self.pushes[kind].pop(place, None)) is not None:
+                self._forget(gone.uid)
         else:
             self.pushes[kind][place] = push
         return push
@@ -773,6 +813,9 @@ class CopyratorController:
         await self.prune_orphans()
 
     async def _resync(self) -> None:
+        # Every resync counts each rule's places from scratch (level-triggered, like its writes).
+        self._ledgers.clear()
+        self._ledger_keys.clear()
         for key in list(self.rules):
             await self._guarded(key, "resync")
         await self._resync_pushes()
@@ -807,7 +850,7 @@ class CopyratorController:
                             continue
                         async with self.access.serialised(("copyrator", kind, view.namespace, view.name)):
                             await self.access.delete(api_kind, view.namespace, view.name, uid=view.uid)
-                            self._written[(kind, view.namespace, view.name)] = Gone(view.uid)
+                            self._remember((kind, view.namespace, view.name), Gone(view.uid))
                     except ApiError as exc:
                         logger.warning(f"Copyrator: pruning the pushed copy {view.namespace}/{view.name} failed "
                                        f"({exc}); the next resync retries")
@@ -832,54 +875,130 @@ class CopyratorController:
     # --- status and events ---------------------------------------------------------------------------
 
     def tally(self, rule: logic.Rule) -> logic.Tally:
-        """The rule's copies as the indexes see them."""
-        tally = logic.Tally(failed=len(self._failed.get(rule.uid, ())),
-                            rejected=list((self._rejected.get(rule.uid) or {}).values()))
-        targets = [ns.name for ns in self.all_namespaces() if logic.is_target(rule, ns)]
-        tally.targets = len(targets)
+        """The rule's copies as the indexes see them (from its ledger: see ``ledger``)."""
+        judged = self._judged(rule)
+        ledger = self.ledger(rule, judged)
+        sources = {source_name: (source, blocked) for source_name, (source, _name, blocked) in judged.items()}
+        tally = logic.ledger_tally(rule, ledger, sources, self.options)
+        tally.failed = len(self._failed.get(rule.uid, ()))
+        tally.rejected = list((self._rejected.get(rule.uid) or {}).values())
         for ns_name in rule.source_namespaces:
             if self.namespace(ns_name) is None and logic.needs_consent(rule, ns_name, self.options):
                 tally.refusals.append(f"source namespace {ns_name} does not exist: nothing there consents "
                                       f"to this rule ({logic.ALLOWED_NAMESPACES_ANNOTATION})")
         tally.skipped = sum(1 for e in self.selected(rule) if logic.skip_reason(rule, e) is not None)
-        invalid: set[str] = set()
-        for source_name in sorted(self.source_names(rule)):
-            name = logic.copy_name(rule, source_name)
-            source = self.winner(rule, source_name)
-            if source is None:
-                continue
-            tally.sources += 1
-            problem = logic.consent_problem(rule, source, targets, self.options)
-            if problem:
-                tally.refusals.append(problem)
-                continue
-            _found, blocked = self.source_for(rule, name)
-            if blocked:
-                invalid.add(blocked)
-                continue
-            wanted = logic.desired_copy(rule, source, "")
-            for ns in targets:
-                if not logic.allowed_into(rule, source, ns, self.options):
-                    tally.withheld += 1
-                    continue
-                tally.desired += 1
-                view = self.copy(rule.kind, ns, name)
-                if view is None:
-                    if (rule.kind, ns, name) in self._foreign:
-                        tally.conflicts.append(f"{ns}/{name}")
-                    elif (other := self.claimed(rule, rule.kind, ns, name)) is not None:
-                        tally.contested.append(f"{ns}/{name} (wanted by the older rule {other.key})")
-                elif view.rule_uid != rule.uid:
-                    holder = view.rule or ("a push annotation on " + view.source if view.pushed else "")
-                    tally.contested.append(f"{ns}/{name} (held by {holder or 'another rule'})")
-                elif logic.in_sync(view, wanted):
-                    tally.copied += 1
-        tally.invalid = sorted(invalid)
         return tally
+
+    def _judged(self, rule: logic.Rule) -> dict[str, tuple[dict[str, Any], str, str | None]]:
+        """The rule's sources: source name -> (the source it copies, the copy's name, why it cannot
+        copy it as configured or None)."""
+        judged = {}
+        for source_name in self.source_names(rule):
+            source = self.winner(rule, source_name)
+            if source is not None:
+                name = logic.copy_name(rule, source_name)
+                judged[source_name] = (source, name, self.source_for(rule, name)[1])
+        return judged
+
+    def _basis(self, rule: logic.Rule) -> tuple[Any, ...]:
+        """What every place of ``rule`` is judged from besides the place itself (its namespace, what is
+        at it): the rule, its sources, and the other rules of its kind (they may claim its names)."""
+        def sources(r: logic.Rule) -> tuple[tuple[str, ...], ...]:
+            return tuple(sorted(tuple(str(e["metadata"].get(k, "")) for k in ("namespace", "name", "uid",
+                                                                                 "resourceVersion"))
+                                for e in self.selected(r)))
+        others = sorted(((r.uid, r, sources(r)) for _s, r in self.active_rules(rule.kind) if r.uid != rule.uid),
+                        key=lambda other: other[0])
+        return rule, sources(rule), others
+
+    def ledger(self, rule: logic.Rule,
+               judged: Mapping[str, tuple[dict[str, Any], str, str | None]] | None = None) -> logic.Ledger:
+        """The rule's ledger, brought up to date: re-built when its basis changed (O(copies), as often as
+        a write to every copy is due anyway), else only the places events touched are judged again."""
+        judged = self._judged(rule) if judged is None else judged
+        basis = self._basis(rule)
+        ledger = self._ledgers.get(rule.uid)
+        wanted: dict[str, dict[str, Any] | None] = {}
+
+        def judge(source_name: str, namespace: str) -> None:
+            source, name, blocked = judged[source_name]
+            if source_name not in wanted:
+                wanted[source_name] = None if blocked else logic.desired_copy(rule, source, "")
+            assert ledger is not None
+            ledger.judge(source_name, namespace, self._standing(rule, source, namespace, name, wanted[source_name]))
+
+        if ledger is None or ledger.basis != basis:
+            ledger = self._ledgers[rule.uid] = logic.Ledger(kind=rule.kind, basis=basis)
+            if not rule.push:
+                self._ledger_keys[rule.uid] = (rule.namespace, rule.name)
+            ledger.names = {name: source_name for source_name, (_s, name, _b) in judged.items()}
+            ledger.targets = {ns.name for ns in self.all_namespaces() if logic.is_target(rule, ns)}
+            for namespace in ledger.targets:
+                for source_name in judged:
+                    judge(source_name, namespace)
+            return ledger
+        dirty_namespaces, ledger.dirty_namespaces = ledger.dirty_namespaces, set()
+        dirty_places, ledger.dirty_places = ledger.dirty_places, set()
+        for namespace in dirty_namespaces:
+            info = self.namespace(namespace)
+            if info is not None and logic.is_target(rule, info):
+                ledger.targets.add(namespace)
+                for source_name in judged:
+                    judge(source_name, namespace)
+            else:
+                ledger.targets.discard(namespace)
+                for source_name in judged:
+                    ledger.judge(source_name, namespace, None)
+        for namespace, name in dirty_places - {(ns, n) for ns in dirty_namespaces for n in ledger.names}:
+            owner = ledger.names.get(name)
+            if owner is not None and namespace in ledger.targets:
+                judge(owner, namespace)
+        return ledger
+
+    def _copied(self, rule: logic.Rule) -> set[tuple[str, str]]:
+        """(namespace, copy name) of the places that hold the rule's copy in sync, as its ledger sees them."""
+        ledger = self.ledger(rule)
+        return {(namespace, name) for name, source_name in ledger.names.items()
+                for namespace, (standing, _text) in (ledger.places.get(source_name) or {}).items()
+                if standing is logic.Standing.COPIED}
+
+    def _standing(self, rule: logic.Rule, source: Mapping[str, Any], namespace: str, name: str,
+                  wanted: Mapping[str, Any] | None) -> logic.Judgement:
+        allowed = logic.allowed_into(rule, source, namespace, self.options)
+        view = self.copy(rule.kind, namespace, name)
+        foreign = (rule.kind, namespace, name) in self._foreign
+        # Who else wants a free name is asked only where it matters (O(rules)).
+        claimant = self.claimed(rule, rule.kind, namespace, name) \
+            if allowed and wanted is not None and view is None and not foreign else None
+        return logic.standing(rule, namespace, name, allowed=allowed, view=view, wanted=wanted, foreign=foreign,
+                              claimant=claimant)
+
+    def _touched(self, kind: str, namespace: str, name: str, *, event: bool = False) -> None:
+        """Something at a place changed (its object, our write, an object in the way): the ledgers
+        judge it again. On an event, a rule whose place it is writes its status (once per burst)."""
+        for uid, ledger in self._ledgers.items():
+            if ledger.kind == kind and name in ledger.names:
+                ledger.dirty_places.add((namespace, name))
+                if event and (key := self._ledger_keys.get(uid)) is not None:
+                    self._schedule(key)
+
+    def _namespace_touched(self, namespace: str) -> None:
+        """A namespace added, relabelled, terminating or deleted: the ledgers judge its places again; a
+        rule it was a target of writes its status (once per burst)."""
+        for uid, ledger in self._ledgers.items():
+            ledger.dirty_namespaces.add(namespace)
+            if namespace in ledger.targets and (key := self._ledger_keys.get(uid)) is not None:
+                self._schedule(key)
+
+    def _forget(self, uid: str) -> None:
+        self._ledgers.pop(uid, None)
+        self._ledger_keys.pop(uid, None)
 
     def schedule_status(self, snapshot: Mapping[str, Any]) -> None:
         """Write the rule's status (and its Synced event) once per burst of changes."""
-        key = (snapshot["metadata"]["namespace"], snapshot["metadata"]["name"])
+        self._schedule((snapshot["metadata"]["namespace"], snapshot["metadata"]["name"]))
+
+    def _schedule(self, key: RuleKey) -> None:
         self._flush.start(key, self.options.status_delay_seconds, lambda: self._flush_due(key))
 
     async def _flush_due(self, key: RuleKey) -> None:

@@ -14,6 +14,7 @@ Objects are plain dicts as the API returns them (camelCase keys).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import fnmatch
@@ -423,6 +424,16 @@ def allowed_into(rule: Rule, source: Mapping[str, Any], namespace: str, settings
 def consent_problem(rule: Rule, source: Mapping[str, Any], targets: Iterable[str],
                     settings: Options) -> str | None:
     """Why ``rule`` copies nothing of ``source`` (None when it copies it somewhere, or may)."""
+    targets = list(targets)
+    patterns = consent(source) or ()
+    allowed = sum(1 for ns in targets if consent_allows(patterns, ns))
+    return consent_refusal(rule, source, settings, targets=len(targets), allowed=allowed)
+
+
+def consent_refusal(rule: Rule, source: Mapping[str, Any], settings: Options, *, targets: int,
+                    allowed: int) -> str | None:
+    """``consent_problem`` from counts: ``targets`` target namespaces, ``allowed`` of them covered by
+    the source's consent (the status counts them as places change, not namespace by namespace)."""
     meta = source.get("metadata") or {}
     if not needs_consent(rule, meta.get("namespace", ""), settings):
         return None
@@ -432,8 +443,7 @@ def consent_problem(rule: Rule, source: Mapping[str, Any], targets: Iterable[str
         return (f"source {where} has no {ALLOWED_NAMESPACES_ANNOTATION} annotation: a rule in namespace "
                 f"{rule.namespace!r} may not copy it (the source's owner consents by listing the target "
                 f"namespaces there; COPYRATOR_ALLOW_CROSS_NAMESPACE=true waives consent operator-wide)")
-    targets = list(targets)
-    if targets and not any(consent_allows(patterns, ns) for ns in targets):
+    if targets and not allowed:
         return (f"source {where} allows copies only into {','.join(patterns) or 'no namespace'} "
                 f"({ALLOWED_NAMESPACES_ANNOTATION}), none of this rule's target namespaces")
     return None
@@ -728,6 +738,117 @@ class Tally:
     contested: list[str] = dataclasses.field(default_factory=list)  # "ns/name (rule ...)": another rule's
     invalid: list[str] = dataclasses.field(default_factory=list)  # sources not copyable as configured (why)
     rejected: list[str] = dataclasses.field(default_factory=list)  # copies the API server refuses (why)
+
+
+class Standing(enum.Enum):
+    """What one place of a rule (a target namespace and a copy name) holds, for the rule's status."""
+
+    WITHHELD = "withheld"  # the source's consent does not cover the namespace
+    MISSING = "missing"  # wanted, nothing there yet
+    STALE = "stale"  # the rule's copy, not in sync (yet)
+    COPIED = "copied"  # the rule's copy, in sync
+    CONFLICT = "conflict"  # an object that is nobody's copy is in the way
+    CONTESTED = "contested"  # another rule holds the name, or gets it (the older rule)
+
+
+PROBLEMS = (Standing.CONFLICT, Standing.CONTESTED)  # named in the status (the others are only counted)
+_PLAIN = {standing: (standing, "") for standing in Standing}  # one shared tuple each: a ledger holds many
+
+
+def standing(rule: Rule, namespace: str, name: str, *, allowed: bool, view: CopyView | None,
+             wanted: Mapping[str, Any] | None, foreign: bool = False,
+             claimant: Rule | None = None) -> tuple[Standing, str]:
+    """What the place ``namespace``/``name`` of ``rule`` holds, and the text the status names it by
+    (conflicts and contested places only). ``view``: the copy there (any rule's); ``wanted``: the
+    copy the rule wants there (None: its source cannot be copied as configured, so only consent
+    counts); ``foreign``: an object that is nobody's copy is in the way; ``claimant``: an older rule
+    that gets this free name."""
+    if not allowed:
+        return _PLAIN[Standing.WITHHELD]
+    if wanted is None:
+        return _PLAIN[Standing.MISSING]
+    if view is None:
+        if foreign:
+            return Standing.CONFLICT, f"{namespace}/{name}"
+        if claimant is not None:
+            return Standing.CONTESTED, f"{namespace}/{name} (wanted by the older rule {claimant.key})"
+        return _PLAIN[Standing.MISSING]
+    if view.rule_uid != rule.uid:
+        holder = view.rule or ("a push annotation on " + view.source if view.pushed else "")
+        return Standing.CONTESTED, f"{namespace}/{name} (held by {holder or 'another rule'})"
+    return _PLAIN[Standing.COPIED if in_sync(view, wanted) else Standing.STALE]
+
+
+Judgement = tuple[Standing, str]
+
+
+@dataclasses.dataclass
+class Ledger:
+    """One rule's places (target namespace x copy name) and what each holds, counted per source as the
+    places change: the status costs O(sources + places changed), not O(copies). The controller fills it
+    from the indexes (at start, and whenever ``basis``, what every judgement depends on besides the
+    place itself, changed) and then re-judges only the places events touched, so the counts always
+    equal a count from scratch."""
+
+    kind: str
+    basis: Any = None
+    targets: set[str] = dataclasses.field(default_factory=set)  # the rule's target namespaces
+    names: dict[str, str] = dataclasses.field(default_factory=dict)  # copy name -> source name
+    places: dict[str, dict[str, Judgement]] = dataclasses.field(default_factory=dict)  # source name -> ns ->
+    counts: dict[str, collections.Counter[Standing]] = dataclasses.field(default_factory=dict)  # per source name
+    problems: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)  # source name -> ns -> text
+    dirty_namespaces: set[str] = dataclasses.field(default_factory=set)  # to re-judge: every place in them
+    dirty_places: set[tuple[str, str]] = dataclasses.field(default_factory=set)  # (namespace, copy name)
+
+    def judge(self, source_name: str, namespace: str, judgement: Judgement | None) -> None:
+        """Record what a place holds now (None: it is no place of the rule any more)."""
+        places = self.places.get(source_name)
+        if places is None:
+            places = self.places[source_name] = {}
+            self.counts[source_name] = collections.Counter()
+            self.problems[source_name] = {}
+        old = places.get(namespace)
+        if old == judgement:
+            return
+        counts, problems = self.counts[source_name], self.problems[source_name]
+        if old is not None:
+            counts[old[0]] -= 1
+            if old[0] in PROBLEMS:
+                del problems[namespace]
+            del places[namespace]
+        if judgement is not None:
+            places[namespace] = judgement
+            counts[judgement[0]] += 1
+            if judgement[0] in PROBLEMS:
+                problems[namespace] = judgement[1]
+
+
+def ledger_tally(rule: Rule, ledger: Ledger, sources: Mapping[str, tuple[Mapping[str, Any], str | None]],
+                 settings: Options) -> Tally:
+    """The rule's tally from its ledger. ``sources``: source name -> (the source the rule copies under
+    that name, why it cannot copy it as configured or None)."""
+    tally = Tally(targets=len(ledger.targets))
+    invalid: set[str] = set()
+    for source_name, (source, blocked) in sorted(sources.items()):
+        tally.sources += 1
+        counts = ledger.counts.get(source_name) or collections.Counter()
+        withheld = counts[Standing.WITHHELD]
+        allowed = counts.total() - withheld
+        refusal = consent_refusal(rule, source, settings, targets=len(ledger.targets), allowed=allowed)
+        if refusal:
+            tally.refusals.append(refusal)
+            continue
+        if blocked:
+            invalid.add(blocked)
+            continue
+        tally.withheld += withheld
+        tally.desired += allowed
+        tally.copied += counts[Standing.COPIED]
+        places = ledger.places.get(source_name) or {}
+        for namespace, text in (ledger.problems.get(source_name) or {}).items():
+            (tally.conflicts if places[namespace][0] is Standing.CONFLICT else tally.contested).append(text)
+    tally.invalid = sorted(invalid)
+    return tally
 
 
 def build_status(rule: Rule, previous: Mapping[str, Any] | None, tally: Tally | None = None,
