@@ -31,6 +31,13 @@ logger = logging.getLogger("kopf_operators")
 # Threads for blocking API calls, in Kopf's pool (sync handlers) and asyncio's (to_thread) alike.
 WORKER_THREADS = 16
 
+# Kopf keeps one worker (a task, its queue, and the last event's whole body) per object that had an
+# event, until it has been idle this long (Kopf's default: 5 s). In a burst (thousands of objects
+# created or listed at once) those idle workers were most of the process's peak, and the allocator
+# keeps its peak: 5,000 ConfigMaps/Secrets left RSS +33-37 MB at rest with 5 s, +16-18 MB with 0.5 s
+# (docs/performance.md, "Memory per object at rest"). A later event just starts a new worker.
+IDLE_WORKER_SECONDS = 0.5
+
 # Kopf's bookkeeping at INFO: one line per handler run, per index update and per processed event,
 # even when nothing changed. Without --verbose they are dropped: the log keeps one line per action the operators take.
 _BOOKKEEPING = re.compile(r"^((Handler|Indexer) '.*' succeeded\.|.* is processed: \d+ succeeded; \d+ failed\.)$")
@@ -165,6 +172,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # Blocking calls run in thread pools; keep them bounded, and give asyncio.to_thread as many
     # threads as Kopf's sync handlers get (asyncio's default is 6 on a 2-core node).
     settings.execution.max_workers = WORKER_THREADS
+    settings.queueing.idle_timeout = IDLE_WORKER_SECONDS
     asyncio.get_running_loop().set_default_executor(
         concurrent.futures.ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix="kopf-operators"))
     # Two replicas: only one acts (peering CRDs in manifests/crds). `--peering NAME` and
