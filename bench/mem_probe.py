@@ -170,7 +170,7 @@ async def main_async(args: argparse.Namespace) -> None:
         await probe.settle()
         base = await probe.snapshot()
         await kube.request("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
-        pod_body = {"metadata": {"labels": {"app": "unrelated"}},
+        pod_body: dict[str, Any] = {"metadata": {"labels": {"app": "unrelated"}},
                     "spec": {"nodeName": "kwok-node-0", "containers": [{"name": "c", "image": "busybox:1.36"}]}}
 
         async def create(path: str, body: dict[str, Any]) -> None:
