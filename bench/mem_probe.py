@@ -1,6 +1,6 @@
 """What the operator process keeps per object at rest: tracemalloc and gc, not only RSS.
 
-    .venv/bin/python -m bench.mem_probe --configmaps 2500 --secrets 2500 [--pods 0] [--operators ...]
+    .venv/bin/python -m bench.mem_probe --configmaps 2500 --secrets 2500 [--pods 0] [--ics 0] [--operators ...]
 
 Runs ``kopf run --standalone --all-namespaces operators/*.py`` (default log level, as the chart) in a
 child process that starts ``tracemalloc`` first; on SIGUSR1 the child runs ``gc.collect()`` and glibc's
@@ -185,13 +185,17 @@ async def main_async(args: argparse.Namespace) -> None:
         jobs += [create(f"/api/v1/namespaces/{ns}/pods", {**pod_body, "metadata": {**pod_body["metadata"],
                                                                                    "name": f"p-{j}"}})
                  for j in range(args.pods)]
+        jobs += [create(f"/apis/immortalcontainer.flugel.it/v1alpha1/namespaces/{ns}/immortalcontainers",
+                        {"apiVersion": "immortalcontainer.flugel.it/v1alpha1", "kind": "ImmortalContainer",
+                         "metadata": {"name": f"ic-{j}"}, "spec": {"image": "busybox:1.36"}})
+                 for j in range(args.ics)]
         started = time.monotonic()
         await bounded(64, jobs)
         print(f"created {len(jobs)} objects in {time.monotonic() - started:.1f} s", flush=True)
         await asyncio.sleep(5)
         await probe.settle()
         loaded = await probe.snapshot()
-        count = args.configmaps + args.secrets + args.pods
+        count = args.configmaps + args.secrets + args.pods + args.ics
         results.append(report("created, at rest (vs. before)", count, base, loaded, args.top))
         if not args.keep:
             await kube.request("DELETE", f"/api/v1/namespaces/{ns}")
@@ -214,7 +218,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configmaps", type=int, default=2500)
     parser.add_argument("--secrets", type=int, default=2500)
-    parser.add_argument("--pods", type=int, default=0)
+    parser.add_argument("--pods", type=int, default=0, help="unrelated pods (on kwok-node-0)")
+    parser.add_argument("--ics", type=int, default=0, help="ImmortalContainers (each gets its pod)")
     parser.add_argument("--operators", nargs="*", help="operator files (default: operators/*.py)")
     parser.add_argument("--outdir", default="/tmp/mem-probe")
     parser.add_argument("--top", type=int, default=25)
