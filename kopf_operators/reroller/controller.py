@@ -46,6 +46,12 @@ API_VERSIONS = {"Deployment": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": 
 # A failed pass outside Kopf's retries: look again after this long (doubling, capped).
 RETRY_SECONDS = (1.0, 300.0)
 CONFLICT_ATTEMPTS = 3
+# A source missing at a workload's first sighting may only be late in its own watch stream (the
+# streams are separate; at shutdown Kopf drains queued events after it has stopped them). "Absent" is
+# recorded in the baseline only if it still is this much later; a process that stops first records
+# nothing, so the next one decides from the first-sighting rules (a source newer than the workload
+# rolls it) instead of from a wrong "absent".
+ABSENT_SETTLE_SECONDS = 2.0
 CONCURRENCY = 16  # writes in flight for one source event (independent workloads)
 
 logger = logging.getLogger("kopf_operators.reroller")
@@ -76,6 +82,7 @@ class RerollerController:
         self._written: dict[Key, logic.WorkloadView] = {}  # answers to our writes, until the watch catches up
         self._first_rv: dict[Key, int] = {}                # resourceVersion at the first sighting
         self._pending: dict[Key, dict[str, str]] = {}      # first-sighting baselines not yet written
+        self._absent_until: dict[Key, float] = {}          # a first sighting's missing source: settle time
         self._last_roll: dict[Key, float] = {}             # monotonic time of each workload's last rollout
         self._reserved: set[Key] = set()                   # holding a token-bucket slot
         self.background = Background(OPERATOR)
@@ -136,6 +143,7 @@ class RerollerController:
         self._written.pop(key, None)
         self._first_rv.pop(key, None)
         self._pending.pop(key, None)
+        self._absent_until.pop(key, None)
         self._last_roll.pop(key, None)
         self._warned.pop(key, None)
         self._backoff.reset(key)
@@ -248,8 +256,14 @@ class RerollerController:
                               reload_on_delete=on_delete)
             if plan.action is logic.Action.BASELINE:
                 self._pending[key] = logic.baseline_annotations(plan, snap)
+                if plan.missing:
+                    self._absent_until[key] = time.monotonic() + ABSENT_SETTLE_SECONDS
+                    self._schedule(key, ABSENT_SETTLE_SECONDS)
+                    return False
         else:
             plan = logic.plan(pending, snap, reload_on_create=on_create, reload_on_delete=on_delete)
+            if plan.missing and time.monotonic() < self._absent_until.get(key, 0.0):
+                return False  # not yet settled (see ABSENT_SETTLE_SECONDS); the timer looks again
             # Unchanged since the first sighting: persist it.
             if plan.action in (logic.Action.NONE, logic.Action.WAIT_MISSING):
                 plan = logic.Plan(logic.Action.BASELINE, new_hash=pending[logic.OBSERVED_HASH], missing=plan.missing)
@@ -272,6 +286,7 @@ class RerollerController:
             self._after_write(view, answer)
             self._first_rv.pop(key, None)
             self._pending.pop(key, None)
+            self._absent_until.pop(key, None)
             metrics.action(OPERATOR, "baseline")
             logger.debug(f"{view.kind} {view.namespace}/{view.name}: baseline {plan.new_hash} recorded")
             return True
@@ -295,6 +310,7 @@ class RerollerController:
         self._reserved.discard(key)
         self._first_rv.pop(key, None)
         self._pending.pop(key, None)
+        self._absent_until.pop(key, None)
         return True
 
     # --- the writes ----------------------------------------------------------------------------------

@@ -82,7 +82,29 @@ def assert_no_kopf_state_on(pod: Any) -> None:
 
 
 def delete_pod(core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> None:
-    core.delete_namespaced_pod(name, namespace)
+    """Delete the pod ``name`` if it is still there. On a KWOK node, KWOK (v0.8.0) finishes each pod
+    deletion with a DELETE by name, without a uid precondition, often twice (kwok-controller.log: "Delete
+    pod", then a "not found" retry): a late one deletes the replacement that already has the name, and
+    the operator replaces that one too. So a pod may be gone before the test deletes it, and the tests
+    count starts against a pod watch (``PodCreations``), not against their own deletions."""
+    try:
+        core.delete_namespaced_pod(name, namespace)
+    except kubernetes.client.ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def wait_counted_exactly(custom: Any, namespace: str, name: str, creations: PodCreations,
+                         not_ours: tuple[str, ...] = ()) -> None:
+    """Every pod created under the name (but the uids ``not_ours``) counted once, and the newest one is
+    the current pod."""
+    def counted_exactly() -> bool:
+        st = status(custom, namespace, name)
+        created = [uid for uid in creations.uids(logic.pod_name(name)) if uid not in not_ours]
+        return bool(created) and st.get("startTimes") == len(created) and st.get("currentPodUID") == created[-1]
+
+    wait_for(counted_exactly, what="every pod created counted once")
+    stays(counted_exactly, 3, what="exactly one start per pod created")
 
 
 # --- the article's contract ----------------------------------------------------------------------
@@ -132,13 +154,7 @@ def test_deleted_pod_is_recreated_and_counted_exactly_once(core: Any, custom: An
         pod = wait_pod(core, namespace, "web-immortalpod", not_uid=old)
         assert_no_kopf_state_on(pod)
 
-    def counted_exactly() -> bool:
-        st = status(custom, namespace, "web")
-        created = creations.uids("web-immortalpod")
-        return st.get("startTimes") == len(created) and st.get("currentPodUID") == created[-1]
-
-    wait_for(counted_exactly, what="every pod created counted once")
-    stays(counted_exactly, 3, what="exactly one start per pod created")
+    wait_counted_exactly(custom, namespace, "web", creations)
     creations.stop()
     assert len(creations.uids("web-immortalpod")) >= 3
     assert status(custom, namespace, "web")["currentPod"] == "web-immortalpod"
@@ -185,6 +201,7 @@ def test_deleting_the_immortalcontainer_removes_its_pod(core: Any, custom: Any, 
 
 def test_foreign_pod_with_the_target_name_is_left_alone(core: Any, custom: Any, namespace: str,
                                                          operator: OperatorProcess) -> None:
+    creations = PodCreations(core, namespace, field_selector="metadata.name=mine-immortalpod")
     foreign = core.create_namespaced_pod(namespace, {
         "metadata": {"name": "mine-immortalpod", "labels": {"app": "someone-else"}},
         "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
@@ -207,35 +224,45 @@ def test_foreign_pod_with_the_target_name_is_left_alone(core: Any, custom: Any, 
     delete_pod(core, namespace, "mine-immortalpod")
     ours = wait_pod(core, namespace, "mine-immortalpod", not_uid=foreign.metadata.uid)
     assert ours.metadata.owner_references[0].name == "mine"
-    wait_counted(custom, namespace, "mine", 1, ours.metadata.uid)
+    wait_counted_exactly(custom, namespace, "mine", creations, not_ours=(foreign.metadata.uid,))
+    creations.stop()
     wait_for(lambda: ready(status(custom, namespace, "mine"))["status"] == "True", what="Ready=True")
 
 
 def test_a_deleted_pod_costs_one_create_and_no_read(core: Any, custom: Any, namespace: str,
                                                     operator: OperatorProcess) -> None:
     """State comes from watches: replacing a deleted pod makes no GET or LIST, only the create and the
-    status writes (the start counted at creation; Ready once the new pod runs)."""
+    status write (usually one: the new pod counted and Ready together; two if it took over 2 s to run)."""
     if os.environ.get("OPERATOR_IDENTITY", "serviceaccount") == "admin":
         pytest.fail("requests are attributed to the operator's ServiceAccount in the audit log: run it so")
+    creations = PodCreations(core, namespace, field_selector="metadata.name=frugal-immortalpod")
     create_ic(custom, namespace, "frugal")
-    pod = wait_pod(core, namespace, "frugal-immortalpod")
-    wait_counted(custom, namespace, "frugal", 1, pod.metadata.uid)
-    wait_for(lambda: ready(status(custom, namespace, "frugal"))["status"] == "True", what="Ready=True")
-    since = audit_now()
-    core.delete_namespaced_pod("frugal-immortalpod", namespace, grace_period_seconds=0)
-    new = wait_pod(core, namespace, "frugal-immortalpod", not_uid=pod.metadata.uid)
-    wait_counted(custom, namespace, "frugal", 2, new.metadata.uid)
-    wait_for(lambda: ready(status(custom, namespace, "frugal"))["status"] == "True", what="Ready=True again")
-    def logged() -> list[tuple[str, str, str]]:
-        calls = operator_requests(namespace, since)
-        return calls if ("patch", "immortalcontainers/status", "frugal") in calls else []
+    wait_pod(core, namespace, "frugal-immortalpod")
+    for _attempt in range(3):
+        wait_counted_exactly(custom, namespace, "frugal", creations)
+        wait_for(lambda: ready(status(custom, namespace, "frugal"))["status"] == "True", what="Ready=True")
+        pods_before, since = len(creations.uids("frugal-immortalpod")), audit_now()
+        old = status(custom, namespace, "frugal")["currentPodUID"]
+        delete_pod(core, namespace, "frugal-immortalpod")
+        wait_pod(core, namespace, "frugal-immortalpod", not_uid=old)
+        wait_counted_exactly(custom, namespace, "frugal", creations)
+        wait_for(lambda: ready(status(custom, namespace, "frugal"))["status"] == "True", what="Ready=True again")
+        if len(creations.uids("frugal-immortalpod")) != pods_before + 1:
+            continue  # KWOK deleted the replacement too (see delete_pod): two deletions measured; again
 
-    calls = wait_for(logged, what="the requests in the audit log")
-    assert [c for c in calls if c[0] in ("get", "list", "watch")] == [], calls
-    assert calls.count(("create", "pods", "frugal-immortalpod")) == 1, calls
-    status_patches = calls.count(("patch", "immortalcontainers/status", "frugal"))
-    assert 1 <= status_patches <= 2, calls
-    assert len(calls) == 1 + status_patches, calls
+        def logged(since: str = since) -> list[tuple[str, str, str]]:
+            calls = operator_requests(namespace, since)
+            return calls if ("patch", "immortalcontainers/status", "frugal") in calls else []
+
+        calls = wait_for(logged, what="the requests in the audit log")
+        assert [c for c in calls if c[0] in ("get", "list", "watch")] == [], calls
+        assert calls.count(("create", "pods", "frugal-immortalpod")) == 1, calls
+        status_patches = calls.count(("patch", "immortalcontainers/status", "frugal"))
+        assert 1 <= status_patches <= 2, calls
+        assert len(calls) == 1 + status_patches, calls
+        creations.stop()
+        return
+    pytest.fail("in 3 attempts out of 3, KWOK also deleted the replacement (see delete_pod)")
 
 
 # --- restarts and crashes ------------------------------------------------------------------------
@@ -367,12 +394,11 @@ def test_reaction_time_pod_deleted_to_replacement(core: Any, custom: Any, namesp
         pod = wait_pod(core, namespace, "fast-immortalpod", not_uid=old, interval=0.01)
         latencies.append(time.monotonic() - started)
     # Every pod that ever existed under the name is counted exactly once (normally 21: one per
-    # deletion plus the first; the watch, not the test's bookkeeping, is the ground truth).
+    # deletion plus the first; more when KWOK deleted a replacement, see delete_pod).
     wait_for(lambda: pod.metadata.uid in creations.uids("fast-immortalpod"), what="the watch to see the last pod")
+    wait_counted_exactly(custom, namespace, "fast", creations)
     creations.stop()
-    starts = creations.uids("fast-immortalpod")
-    assert len(starts) >= 21
-    wait_counted(custom, namespace, "fast", len(starts), pod.metadata.uid)
+    assert len(creations.uids("fast-immortalpod")) >= 21
     latencies.sort()
     p50 = percentile(latencies, 0.5)
     p99 = percentile(latencies, 0.99)

@@ -21,6 +21,7 @@ from tests.e2e.test_immortal import (
     V,
     create_ic,
     create_template_ic,
+    delete_pod,
     events_for,
     fail_pod,
     get_ic,
@@ -29,6 +30,7 @@ from tests.e2e.test_immortal import (
     ready,
     status,
     wait_counted,
+    wait_counted_exactly,
     wait_pod,
 )
 from tests.kube import OperatorProcess, PodCreations, stays, wait_for
@@ -237,6 +239,7 @@ def test_recreated_under_the_same_name_never_adopts_the_old_pod(
         core: Any, custom: Any, namespace: str, operator: OperatorProcess) -> None:
     """Deleted with --cascade=orphan and created again: the old pod keeps our labels but belongs to
     nobody; it is reported, never deleted or adopted, and the new object's pod follows once it goes."""
+    creations = PodCreations(core, namespace, field_selector="metadata.name=again-immortalpod")
     create_ic(custom, namespace, "again")
     old = running_pod(core, namespace, "again-immortalpod")
     kubectl_ok("delete", "ic", "again", "-n", namespace, "--cascade=orphan")
@@ -246,9 +249,10 @@ def test_recreated_under_the_same_name_never_adopts_the_old_pod(
     wait_for(reason_is(custom, namespace, "again", "ForeignPod"), what="ForeignPod")
     stays(same_pod(core, namespace, "again-immortalpod", old.metadata.uid), 3, what="the orphan left alone")
     assert not core.read_namespaced_pod("again-immortalpod", namespace).metadata.owner_references
-    core.delete_namespaced_pod("again-immortalpod", namespace)
-    new = wait_pod(core, namespace, "again-immortalpod", not_uid=old.metadata.uid)
-    wait_counted(custom, namespace, "again", 1, new.metadata.uid)
+    delete_pod(core, namespace, "again-immortalpod")
+    wait_pod(core, namespace, "again-immortalpod", not_uid=old.metadata.uid)
+    wait_counted_exactly(custom, namespace, "again", creations, not_ours=(old.metadata.uid,))
+    creations.stop()
 
 
 def test_a_foreign_pod_wearing_our_labels_is_never_touched(
@@ -279,7 +283,7 @@ def test_operator_stopped_during_a_replacement_converges_once(
     operator.stop()
     patch_spec(custom, namespace, "paused", {"image": "nginx:1.27"})
     if step == "after-deleting-the-old-pod":  # the state a crash right after our delete leaves
-        core.delete_namespaced_pod("paused-immortalpod", namespace)
+        delete_pod(core, namespace, "paused-immortalpod")
         wait_for(lambda: pod_or_none(core, namespace, "paused-immortalpod") is None, what="the pod gone")
     operator.start()
     new = wait_pod(core, namespace, "paused-immortalpod", not_uid=pod.metadata.uid)
@@ -325,15 +329,18 @@ def test_operator_restarted_during_a_backoff_keeps_its_schedule(
 @pytest.mark.parametrize("name", ["n" * 63, "dotted.name.v1", "0-starts-with-a-digit"])
 def test_every_name_the_crd_accepts_works(core: Any, custom: Any, namespace: str, operator: OperatorProcess,
                                            name: str) -> None:
-    create_ic(custom, namespace, name)
     pod_name = logic.pod_name(name)
+    creations = PodCreations(core, namespace, field_selector=f"metadata.name={pod_name}")
+    create_ic(custom, namespace, name)
     pod = running_pod(core, namespace, pod_name)
     assert pod.metadata.labels["controller"] == name and pod.metadata.labels[logic.OWNER_LABEL] == name
     wait_counted(custom, namespace, name, 1, pod.metadata.uid)
     wait_for(lambda: has_event(core, namespace, name, "PodCreated", "Normal"), what="a PodCreated event")
-    core.delete_namespaced_pod(pod_name, namespace)
-    new = wait_pod(core, namespace, pod_name, not_uid=pod.metadata.uid)
-    wait_counted(custom, namespace, name, 2, new.metadata.uid)
+    delete_pod(core, namespace, pod_name)
+    wait_pod(core, namespace, pod_name, not_uid=pod.metadata.uid)
+    wait_counted_exactly(custom, namespace, name, creations)
+    creations.stop()
+    assert len(creations.uids(pod_name)) >= 2
     assert not operator.errors(about=namespace)
 
 

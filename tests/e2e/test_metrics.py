@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from tests.e2e.test_immortal import pod_or_none
 from tests.kube import OperatorProcess, wait_for
 from testsupport.kubectl import apply_yaml
 
@@ -45,5 +46,7 @@ spec: {image: nginx:latest}
     pod = wait_for(lambda: core.read_namespaced_pod("timed-immortalpod", namespace), timeout=30, what="the pod")
     core.delete_namespaced_pod("timed-immortalpod", namespace, grace_period_seconds=0)
     wait_for(lambda: reactions() > before, timeout=30, what="a timed reaction to the pod's deletion")
-    assert core.read_namespaced_pod("timed-immortalpod", namespace).metadata.uid != pod.metadata.uid
+    # A replacement (a stray KWOK delete may have replaced it once more: see test_immortal.delete_pod).
+    wait_for(lambda: (new := pod_or_none(core, namespace, "timed-immortalpod")) is not None
+             and new.metadata.uid != pod.metadata.uid, timeout=30, what="a new pod")
     assert "# TYPE kopf_operators_reaction_seconds histogram" in operator.metrics()

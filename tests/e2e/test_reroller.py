@@ -791,9 +791,10 @@ def test_used_keys_only(operator: OperatorProcess, namespace: str, core: Any, ap
     wait_for(lambda: rolled("items"), timeout=30, what="the items user rolled")
     assert any("configmap/shared" in (e.message or "") for e in events(core, namespace, "items", "Rerolled"))
 
-    time.sleep(10.5)  # past keyref's minimum interval
-    core.patch_namespaced_secret("creds", namespace, {"stringData": {"password": "p2"}})  # a used Secret key
+    # The prior value is read before the edit (after it, a fast rollout would already be the "prior").
+    # Within keyref's minimum interval (10 s) since its last rollout, this one comes at the interval's end.
     before = template_hash(apps, namespace, "keyref")
+    core.patch_namespaced_secret("creds", namespace, {"stringData": {"password": "p2"}})  # a used Secret key
     wait_for(lambda: template_hash(apps, namespace, "keyref") != before, timeout=30,
              what="the secretKeyRef's user rolled")
     assert not operator.errors(about=namespace)

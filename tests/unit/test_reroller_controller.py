@@ -21,9 +21,9 @@ KEY = ("Deployment", "ns", "web")
 OPTIONS = logic.Options()
 
 
-def configmap(value: str) -> logic.SourceView:
+def configmap(value: str, rv: str = "3") -> logic.SourceView:
     return logic.source_view("ConfigMap", {"metadata": {"name": "conf", "namespace": "ns", "uid": "conf-uid",
-                                                        "resourceVersion": "3"}, "data": {"k": value}})
+                                                        "resourceVersion": rv}, "data": {"k": value}})
 
 
 def deployment(annotations: dict[str, str] | None = None) -> dict[str, Any]:
@@ -43,11 +43,12 @@ def baseline_for(source: logic.SourceView) -> dict[str, str]:
     return logic.baseline_annotations(logic.plan({}, snap), snap)
 
 
-def controller(access: FakeAccess, workload: dict[str, Any], source: logic.SourceView) -> RerollerController:
+def controller(access: FakeAccess, workload: dict[str, Any], source: logic.SourceView | None) -> RerollerController:
+    """``source`` None: the ConfigMap is not (or not yet) in the index."""
     view = logic.workload_view("Deployment", workload, OPTIONS)
     workloads: dict[Any, list[Any]] = {key: [value] for key, value in logic.workload_index_entries(view).items()}
     indexes: dict[str, Any] = {index_id: {} for index_id in reroller.INDEXES}
-    indexes[reroller.SOURCE_INDEXES["ConfigMap"]] = {("ConfigMap", "ns", "conf"): [source]}
+    indexes[reroller.SOURCE_INDEXES["ConfigMap"]] = {("ConfigMap", "ns", "conf"): [source]} if source else {}
     indexes[reroller.WORKLOAD_INDEXES["Deployment"]] = workloads
     return RerollerController(access, OPTIONS, indexes)  # type: ignore[arg-type]
 
@@ -134,3 +135,63 @@ def test_stop_cancels_pending_looks_and_waits_for_passes_in_flight() -> None:
         return ctl._timers.pending(KEY), finished.is_set()
 
     assert run(scenario()) == (False, True)
+
+
+def test_a_source_missing_at_the_first_sighting_is_recorded_absent_only_once_it_has_settled(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """At first the source may only be late in its own watch stream: nothing is written (no baseline, no
+    SourceMissing Event) until ABSENT_SETTLE_SECONDS later, when the timer's pass records "absent"."""
+    clock = [1000.0]
+    monkeypatch.setattr(reroller.time, "monotonic", lambda: clock[0])
+
+    async def scenario() -> tuple[list[Any], float | None, list[dict[str, Any]], list[tuple[str, str]]]:
+        access = FakeAccess()
+        ctl = controller(access, deployment(), None)
+        await ctl.guarded(KEY, "workload event")
+        await ctl.guarded(KEY, "workload event")  # say, the Deployment's own status update
+        early, due = list(access.calls), ctl._timers.due_in(KEY)
+        clock[0] += reroller.ABSENT_SETTLE_SECONDS
+        await ctl.guarded(KEY, "timer")
+        await ctl.stop()
+        return early, due, patches(access), access.events
+
+    early, due, [patch], events = run(scenario())
+    assert early == [] and due == pytest.approx(reroller.ABSENT_SETTLE_SECONDS, abs=0.05)
+    assert logic.ABSENT in patch["metadata"]["annotations"][logic.OBSERVED_SOURCES] and "spec" not in patch
+    assert events == [("Warning", "SourceMissing")]
+
+
+def test_a_source_late_in_its_watch_stream_becomes_the_baseline_without_a_rollout() -> None:
+    async def scenario() -> list[dict[str, Any]]:
+        access = FakeAccess()
+        ctl = controller(access, deployment(), None)
+        await ctl.guarded(KEY, "workload event")
+        ctl.sources["ConfigMap"] = {("ConfigMap", "ns", "conf"): [configmap("v1")]}  # its ADDED event
+        await ctl.guarded(KEY, "configmap event")
+        await ctl.stop()
+        return patches(access)
+
+    [patch] = run(scenario())
+    assert patch["metadata"]["annotations"][logic.OBSERVED_HASH] == baseline_for(configmap("v1"))[logic.OBSERVED_HASH]
+    assert "spec" not in patch
+
+
+def test_after_a_process_that_stopped_before_settling_a_source_changed_since_the_workload_rolls_it() -> None:
+    """The CI failure of 24 Nov: a stopping process (its ConfigMap stream already closed) saw the new
+    Deployment but not its ConfigMap; it used to record "absent", so the next process took the edited
+    ConfigMap for a creation and rolled nothing. Now nothing is recorded, and the next process sees a
+    source newer than the workload (resourceVersion 7 > 5) at the first sighting: a rollout."""
+    async def scenario() -> list[dict[str, Any]]:
+        stopping = FakeAccess()
+        ctl = controller(stopping, deployment(), None)
+        await ctl.guarded(KEY, "workload event")
+        await ctl.stop()
+        assert stopping.calls == []
+        access = FakeAccess()
+        ctl = controller(access, deployment(), configmap("v2", rv="7"))
+        await ctl.guarded(KEY, "workload event")
+        await ctl.stop()
+        return patches(access)
+
+    [patch] = run(scenario())
+    assert patch["spec"]["template"]["metadata"]["annotations"]  # the pod template changes: a rollout
