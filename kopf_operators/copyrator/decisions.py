@@ -173,7 +173,7 @@ class Rule:
                 and self.namespace_selector is None)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class NamespaceInfo:
     name: str
     labels: Mapping[str, str]
@@ -604,7 +604,7 @@ def desired_copy(rule: Rule, source: Mapping[str, Any], target_namespace: str) -
     return body
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class CopyView:
     """What the copies index keeps of one copy (no values): enough to decide and to write."""
 

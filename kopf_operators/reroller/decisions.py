@@ -208,7 +208,7 @@ def selector_matches(requirements: Iterable[Requirement], labels: Mapping[str, s
 # --- sources -------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True, order=True)
+@dataclasses.dataclass(frozen=True, order=True, slots=True)
 class Source:
     """A ConfigMap or Secret in the workload's namespace. ``optional``: every reference to it is
     optional (the pods start without it), so its absence is a legitimate state, not an error."""
@@ -222,7 +222,7 @@ class Source:
         return f"{self.kind.lower()}/{self.name}"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class SourceView:
     """What the source index keeps per ConfigMap/Secret: a data hash, never the data."""
 
@@ -394,7 +394,7 @@ def scoped_hash(keys: Iterable[tuple[str, str]], scope: Iterable[str]) -> str:
 # --- the workload view (its index entry) ------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class WorkloadView:
     """What the workload index keeps per opted-in workload: names, flags, hashes, and what a single
     patch needs (resourceVersion, the baseline). Jobs and CronJobs also keep their template (needed

@@ -1,7 +1,9 @@
-"""The process-wide Kopf settings: the diff base only where a handler uses it."""
+"""The process-wide Kopf settings: the diff base only where a handler uses it; the allocator trimmed."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import os
 import subprocess
@@ -12,7 +14,7 @@ import kopf
 
 from kopf_operators.blackadder import decisions as blackadder
 from kopf_operators.copyrator import decisions as copyrator
-from kopf_operators.core.process import DiffBaseWhereUsed
+from kopf_operators.core.process import DiffBaseWhereUsed, glibc_malloc_trim, trim_allocator
 from kopf_operators.immortal import decisions as immortal
 from testsupport.paths import REPO
 
@@ -20,7 +22,7 @@ from testsupport.paths import REPO
 _PROBE = """
 import glob, json, kopf
 from kopf._cogs.helpers.loaders import preload
-from kopf_operators.core.process import DiffBaseWhereUsed
+from kopf_operators.core.process import DiffBaseWhereUsed, glibc_malloc_trim, trim_allocator
 preload(sorted(glob.glob("operators/*.py")), [])
 groups = DiffBaseWhereUsed.groups_of(kopf.get_default_registry())
 print(json.dumps(None if groups is None else sorted(groups)))
@@ -74,3 +76,27 @@ def test_without_a_known_group_every_body_keeps_its_diff_base() -> None:
     storage.build(body=body("v1"))
     storage.fetch(body=body("v1"))
     assert inner.calls == ["build", "fetch"]
+
+
+def test_glibcs_malloc_trim_is_found_and_callable_here() -> None:
+    """The image (python:3.11-slim) and this machine use glibc: the trim must not silently be off."""
+    trim = glibc_malloc_trim()
+    assert trim is not None
+    assert trim() in (0, 1)  # 1: memory was given back; 0: there was none to give
+
+
+def test_the_allocator_is_trimmed_every_period_until_cancelled() -> None:
+    calls: list[float] = []
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.create_task(trim_allocator(lambda: calls.append(loop.time()), 0.01))
+        while len(calls) < 3:
+            await asyncio.sleep(0.005)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert task.cancelled()
+
+    asyncio.run(asyncio.wait_for(scenario(), timeout=10))
+    assert len(calls) >= 3
+    assert all(later - earlier >= 0.009 for earlier, later in itertools.pairwise(calls))
