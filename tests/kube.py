@@ -7,6 +7,7 @@ Nothing here mocks the API server: every call goes to the cluster started by ``c
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import threading
@@ -23,7 +24,7 @@ from testsupport.paths import CLUSTER_DIR, KUBECONFIG, LOGS, REPO, helm_binary, 
 from testsupport.tokens import token_kubeconfig
 
 __all__ = [
-    "E2E_RELEASE", "OPERATOR_KUBECONFIG", "OperatorProcess", "PodCreations", "Timeout",
+    "E2E_RELEASE", "OPERATOR_KUBECONFIG", "OperatorProcess", "PodCreations", "PodLife", "Timeout",
     "as_service_account", "chart_objects", "delete_namespaces", "operator_namespace",
     "service_account_kubeconfig", "stays", "wait_for",
 ]
@@ -70,6 +71,13 @@ def stays(probe: Callable[[], Any], seconds: float, interval: float = 0.2, what:
         time.sleep(interval)
 
 
+@dataclasses.dataclass
+class PodLife:
+    uid: str
+    seen_at: float
+    gone_at: float | None = None
+
+
 class PodCreations:
     """Ground truth from a watch: the uid of every pod ever created in a namespace, by pod name.
 
@@ -78,6 +86,7 @@ class PodCreations:
 
     def __init__(self, core: Any, namespace: str, label_selector: str = "", field_selector: str = "") -> None:
         self._uids: dict[str, list[str]] = {}
+        self._lives: dict[str, PodLife] = {}  # by uid
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._watch = kubernetes.watch.Watch()
@@ -102,12 +111,20 @@ class PodCreations:
                         uids = self._uids.setdefault(meta.name, [])
                         if meta.uid not in uids:
                             uids.append(meta.uid)
+                            self._lives[meta.uid] = PodLife(meta.uid, time.monotonic())
+                        if event["type"] == "DELETED" and self._lives[meta.uid].gone_at is None:
+                            self._lives[meta.uid].gone_at = time.monotonic()
             except Exception:
                 time.sleep(0.1)
 
     def uids(self, pod_name: str) -> list[str]:
         with self._lock:
             return list(self._uids.get(pod_name, []))
+
+    def lives(self, pod_name: str) -> list[PodLife]:
+        """When each pod of that name was first seen and seen deleted (this process's monotonic clock)."""
+        with self._lock:
+            return [dataclasses.replace(self._lives[uid]) for uid in self._uids.get(pod_name, [])]
 
     def stop(self) -> None:
         self._stopped.set()

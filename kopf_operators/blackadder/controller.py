@@ -871,6 +871,9 @@ class BlackadderController:
         agent does not write every cycle)."""
         if body is not None and not logic.status_changed(body.get("status") or {}, status):
             return
+        # Kopf updates a daemon's body in place as events arrive, and our own patch's event can arrive
+        # during the await: the conditions before the write are the ones read now.
+        before = copy.deepcopy(((body or {}).get("status") or {}).get("conditions"))
         agent = self.agent_id(meta)
         namespace = meta.get("namespace") if self.kind.namespaced else None
         try:
@@ -879,7 +882,7 @@ class BlackadderController:
             metrics.error(OPERATOR, "status")
             logger.warning(f"[{agent}] status not written: {exc}")
             return
-        stalled = stall_event(((body or {}).get("status") or {}).get("conditions"), status.get("conditions"))
+        stalled = stall_event(before, status.get("conditions"))
         if body is not None and stalled:  # one uniform Event per Stalled transition (docs/observability.md)
             with contextlib.suppress(LookupError):  # outside a running operator (no event queue)
                 self.access.event(body, *stalled)

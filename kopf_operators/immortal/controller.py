@@ -7,7 +7,8 @@ State comes from two Kopf indexes, never from a read per event:
 
 A pod event costs one write (create or delete) and at most one status patch: a pod we create is
 counted in the same status write that reports it Running, unless it takes longer than
-``TRANSIENT_SECONDS`` to start (then it is reported as starting, and again when it runs). A pod that
+``TRANSIENT_SECONDS`` to start (then it is reported as starting, and again when it runs). A pod we
+created that is deleted before that write is remembered and counted in the next one. A pod that
 we do not own but has the target name is not watched: the create answers 409, and only then is the
 pod read once.
 The status patch carries the newest resourceVersion known (the index, or the answer to our own last
@@ -62,6 +63,9 @@ class ImmortalController:
         # The newest pod version seen per object (None: deleted at that version): see ``_pod``.
         self._pods_seen: dict[Key, tuple[int, dict[str, Any] | None]] = {}
         self._refused: dict[Key, tuple[str, str]] = {}  # a spec the API server refused: (digest, why)
+        # Pods this process created that no status write has counted yet: one deleted before the write
+        # that would count it (before it ran) is still a start, counted in the next write.
+        self._uncounted: dict[Key, set[str]] = {}
         self.background = Background(OPERATOR)
         self._retries: KeyedTimers[Key] = self.background.timers()  # a foreign pod in the way, a failed pass
         self._backoff: Backoff[Key] = Backoff(*RETRY_SECONDS)
@@ -88,6 +92,7 @@ class ImmortalController:
         self._pods_seen.pop(key, None)
         self._backoff.reset(key)
         self._refused.pop(key, None)
+        self._uncounted.pop(key, None)
         for timers in (self._retries, self._wakes, self._settling):
             timers.cancel(key)
 
@@ -189,6 +194,8 @@ class ImmortalController:
                     self._saw_pod((namespace, name), existing)
                 return decide(pod), pod
             self._saw_pod((namespace, name), created)
+            if created.get("metadata", {}).get("uid"):
+                self._uncounted.setdefault((namespace, name), set()).add(created["metadata"]["uid"])
             pod = logic.observe_pod(created, uid)
             metrics.action(OPERATOR, "create-pod")
             logger.info(f"{where} Created pod {pod.name if pod else ''} running {image}")
@@ -242,8 +249,10 @@ class ImmortalController:
         meta = ic["metadata"]
         old = ic.get("status") or {}
         backoff = logic.observe_end(old.get("backoff"), pod, now)
-        new = logic.next_status(old, meta.get("generation"), pod, decision, backoff=backoff)
+        uncounted = self._uncounted.get(key, set())
+        new = logic.next_status(old, meta.get("generation"), pod, decision, backoff=backoff, created=uncounted)
         if not logic.status_changed(old, new):
+            self._uncounted.pop(key, None)  # nothing missed: each is the counted pod
             return
         try:
             answer = await self.access.patch_status(IMMORTAL, meta["namespace"], meta["name"], new,
@@ -251,6 +260,7 @@ class ImmortalController:
         except k8s.Conflict:
             logger.debug(f"[{key[0]}/{key[1]}] status conflict: the newer version's event recomputes it")
             return
+        self._uncounted.pop(key, None)  # every pod we created so far is counted now
         if answer is None:
             return  # deleted meanwhile
         self._written[key] = logic.snapshot(answer)

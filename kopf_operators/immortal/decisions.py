@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from kopf_operators.core.conventions import DOMAIN, epoch_to_iso, iso_to_epoch, kstatus_conditions, stable_hash
@@ -336,13 +336,17 @@ def observe_end(backoff: Mapping[str, Any] | None, pod: PodView | None, now: flo
             "lastEnd": f"pod {pod.name} ended with phase {pod.phase}{why} at {epoch_to_iso(now)}"}
 
 
-def count_start(status: Mapping[str, Any], pod: PodView | None) -> tuple[int, str | None]:
-    """(startTimes, currentPodUID) after observing ``pod``: an owned pod with an uncounted uid is a start."""
+def count_start(status: Mapping[str, Any], pod: PodView | None, created: Collection[str] = ()
+                ) -> tuple[int, str | None]:
+    """(startTimes, currentPodUID) after observing ``pod``: an owned pod with an uncounted uid is a start,
+    and so is every other pod in ``created`` (pods we created since the last status write, which may be
+    gone before any write saw them)."""
     starts = int(status.get("startTimes") or 0)
     counted_uid = status.get("currentPodUID")
     if pod is not None and pod.owned and pod.uid and pod.uid != counted_uid:
-        return starts + 1, pod.uid
-    return starts, counted_uid
+        starts, counted_uid = starts + 1, pod.uid
+    missed = set(created) - {counted_uid, status.get("currentPodUID"), None, ""}
+    return starts + len(missed), counted_uid
 
 
 def next_status(
@@ -352,9 +356,11 @@ def next_status(
     decision: Decision,
     now: str | None = None,
     backoff: Mapping[str, Any] | None = None,
+    created: Collection[str] = (),
 ) -> dict[str, Any]:
-    """The full set of status fields this operator owns, after observing ``pod`` and deciding."""
-    starts, counted_uid = count_start(status, pod)
+    """The full set of status fields this operator owns, after observing ``pod`` and deciding
+    (``created``: see ``count_start``)."""
+    starts, counted_uid = count_start(status, pod, created)
     new: dict[str, Any] = {"startTimes": starts}
     if pod is not None and pod.owned:
         new["restartCount"] = pod.restarts

@@ -11,7 +11,7 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import kubernetes
@@ -19,10 +19,11 @@ import pytest
 
 from kopf_operators.copyrator import decisions as cr
 from kopf_operators.core import process
+from kopf_operators.immortal import controller as ic_controller
 from kopf_operators.immortal import decisions as ic
 from kopf_operators.reroller import decisions as rr
 from tests.e2e.faultkit import ApiProxy, LogWindow, proxied_kubeconfig, upstream_of
-from tests.kube import OperatorProcess, PodCreations, delete_namespaces, stays, wait_for
+from tests.kube import OperatorProcess, PodCreations, PodLife, delete_namespaces, stays, wait_for
 from testsupport.paths import CLUSTER_DIR
 
 SEED = int(os.environ.get("FAULT_SEED", "20240509"))
@@ -117,7 +118,9 @@ def delete_counted_pod(custom: Any, core: Any, namespace: str, name: str, uid: s
     return True
 
 
-def ic_problems(custom: Any, core: Any, namespace: str, expected_starts: dict[str, int]) -> list[str]:
+def ic_problems(custom: Any, core: Any, namespace: str, expected_starts: Mapping[str, int | range]) -> list[str]:
+    """What is wrong with the ImmortalContainers: ``expected_starts`` gives each one's exact start
+    count, or the range it may be in."""
     problems: list[str] = []
     items = custom.list_namespaced_custom_object(ic.GROUP, ic.VERSION, namespace, ic.PLURAL)["items"]
     pods = core.list_namespaced_pod(namespace, label_selector=ic.OWNER_LABEL).items
@@ -136,8 +139,9 @@ def ic_problems(custom: Any, core: Any, namespace: str, expected_starts: dict[st
         if len(mine) != 1:
             problems.append(f"{name}: {len(mine)} live pods")
             continue
-        if st.get("startTimes") != expected_starts.get(name):
-            problems.append(f"{name}: startTimes {st.get('startTimes')} != {expected_starts.get(name)}")
+        allowed = expected_starts.get(name)
+        if (st.get("startTimes") not in allowed) if isinstance(allowed, range) else (st.get("startTimes") != allowed):
+            problems.append(f"{name}: startTimes {st.get('startTimes')} != {allowed}")
         if st.get("currentPodUID") != mine[0].metadata.uid:
             problems.append(f"{name}: currentPodUID {st.get('currentPodUID')} is not the live pod")
         if mine[0].status.phase != "Running":
@@ -204,6 +208,10 @@ def extra_namespaces(core: Any, namespace: str) -> Iterator[Callable[[int], list
 # --- SIGKILL at random moments ------------------------------------------------------------------
 
 IC_COUNT, SOURCES, TARGETS, WORKLOADS, KILLS = 100, 10, 5, 20, 6
+# A pod the operator created is counted at the latest by the status write TRANSIENT_SECONDS later; a
+# restarted operator's watches list within a few seconds of its liveness endpoint answering.
+UNCOUNTED_SECONDS = ic_controller.TRANSIENT_SECONDS + 1.0
+WATCH_START_SECONDS = 2.0
 
 
 def test_sigkill_at_random_moments_converges_exactly(
@@ -229,12 +237,31 @@ def test_sigkill_at_random_moments_converges_exactly(
     ic_names = [f"ic-{i}" for i in range(IC_COUNT)]
     # At least the first pod plus one per pod the test deletes. The exact figure is every pod ever
     # created for the IC, from a watch: KWOK, too, sometimes deletes a just-recreated pod of the same
-    # name, and that replacement is a real start the operator must count as well.
+    # name, and that replacement is a real start the operator must count as well. Only a pod no process
+    # could know of may be missing from the count (``unseeable``).
     at_least = dict.fromkeys(ic_names, 1)
     creations = PodCreations(core, namespace, label_selector=ic.OWNER_LABEL)
+    downtimes: list[tuple[float, float]] = []  # (killed, the next process healthy), monotonic
+    deleted_counted: set[str] = set()  # uids of the counted pods the test deleted
 
-    def expected() -> dict[str, int]:
+    def unseeable(life: PodLife) -> bool:
+        """Created by a process in the moments before it was killed, before a status write counted it,
+        and deleted (not by the test: by KWOK's retried deletion) before the next process watched: no
+        process can know of it (docs/immortal.md, "What the start count can miss")."""
+        return life.gone_at is not None and life.uid not in deleted_counted and any(
+            killed - UNCOUNTED_SECONDS <= life.seen_at and life.gone_at <= healthy + WATCH_START_SECONDS
+            for killed, healthy in downtimes)
+
+    def created() -> dict[str, int]:
         return {name: len(creations.uids(ic.pod_name(name))) for name in ic_names}
+
+    def expected() -> dict[str, int | range]:
+        allowed: dict[str, int | range] = {}
+        for name in ic_names:
+            lives = creations.lives(ic.pod_name(name))
+            unknowable = sum(map(unseeable, lives))
+            allowed[name] = range(len(lives) - unknowable, len(lives) + 1) if unknowable else len(lives)
+        return allowed
 
     make_ics(custom, namespace, ic_names)
     selector = {"fault-src": "yes"}
@@ -254,6 +281,7 @@ def test_sigkill_at_random_moments_converges_exactly(
         for name in rng.sample(sorted(counted), min(4, len(counted))):
             if delete_counted_pod(custom, core, namespace, name, counted[name]):
                 at_least[name] += 1
+                deleted_counted.add(counted[name])
         for _ in range(rng.randint(1, 2)):
             edits += 1
             core.patch_namespaced_config_map(f"src-{rng.randrange(SOURCES)}", namespace,
@@ -276,9 +304,11 @@ def test_sigkill_at_random_moments_converges_exactly(
         mutate()
         time.sleep(rng.uniform(0.0, 1.0))
         operator.kill()
-        print(f"kill #{round_ + 1} at {time.monotonic() - started:.1f}s")
+        killed = time.monotonic()
+        print(f"kill #{round_ + 1} at {killed - started:.1f}s")
         mutate()  # changes while it is down
         operator.start()
+        downtimes.append((killed, time.monotonic()))
     while to_change:
         mutate()
 
@@ -288,7 +318,9 @@ def test_sigkill_at_random_moments_converges_exactly(
                 + rollout_problems(apps, namespace, changed, workloads))
 
     took = converge(problems, timeout=120, what="the final state after the kills")
-    starts = expected()
+    starts = created()
+    unknowable = {name: allowed for name, allowed in expected().items() if isinstance(allowed, range)}
+    print(f"unseeable pods (may be uncounted): {unknowable}")
     print(f"converged {took:.1f}s after the last restart; {sum(starts.values()) - IC_COUNT} replacements counted "
           f"({sum(at_least.values()) - IC_COUNT} caused by the test)")
     assert all(starts[name] >= at_least[name] for name in ic_names), (starts, at_least)

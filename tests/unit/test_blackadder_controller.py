@@ -108,3 +108,20 @@ def test_stop_cancels_webhook_notifications_in_flight_and_waits_for_them() -> No
     in_flight, events = asyncio.run(scenario())
     assert in_flight == 0
     assert events == []  # cancelled before it could report anything
+
+
+def test_a_stalled_status_gets_its_event_even_when_the_live_body_catches_up_during_the_write() -> None:
+    """Kopf updates a daemon's body in place: the event of our own status patch can land in it while
+    the patch is awaited. The Stalled Event still follows the transition (CI once lost it this way)."""
+    body: dict[str, Any] = {"apiVersion": "blackadder.io/v1beta1", "kind": "ChaosAgent",
+                            "metadata": {"name": "lost", "uid": "uid-lost", "generation": 1}, "spec": {}}
+    stalled = {"conditions": [{"type": "Stalled", "status": "True", "reason": "InvalidSpec", "message": "Mars"}]}
+
+    def kopf_updates_the_body(default: dict[str, Any]) -> dict[str, Any]:
+        body["status"] = stalled
+        return default
+
+    access = FakeAccess()
+    access.answer("patch_status", kopf_updates_the_body)
+    asyncio.run(controller(access, {})._patch_status(body["metadata"], stalled, body))
+    assert ("Warning", "Stalled") in access.events

@@ -93,6 +93,17 @@ def test_count_start_is_idempotent_per_pod_uid() -> None:
     assert logic.count_start({"startTimes": 4, "currentPodUID": "a"}, view(uid="z", owned=False)) == (4, "a")
 
 
+def test_pods_we_created_that_vanished_before_a_write_are_counted_once() -> None:
+    counted = {"startTimes": 1, "currentPodUID": "a"}
+    # "b" was created and deleted before any write saw it; "c" (its replacement) is the pod now.
+    assert logic.count_start(counted, view(uid="c"), created={"b", "c"}) == (3, "c")
+    # No pod now (the replacement waits): "b" still counts, the counted uid stays.
+    assert logic.count_start(counted, None, created={"b"}) == (2, "a")
+    # The pod already counted, or the one counted now, is never counted again through ``created``.
+    assert logic.count_start(counted, view(uid="a"), created={"a"}) == (1, "a")
+    assert logic.count_start(counted, view(uid="c"), created={"a", "c"}) == (2, "c")
+
+
 def test_replaying_observations_never_double_counts() -> None:
     status: dict[str, Any] = {}
     for uid in ["a", "a", "b", "b", "b", "c", "a"]:  # "a" again = an old observation replayed late

@@ -4,7 +4,7 @@ index state, how it retries, and its stop."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
@@ -67,6 +67,34 @@ def test_no_pod_in_the_index_creates_one_and_one_status_write_reports_it_running
     [status_patch] = access.made("patch_status")
     assert status_patch[4]["currentPodUID"] == created_uid and status_patch[4]["startTimes"] == 1
     assert logic.ready_reason(status_patch[4]) == "PodReady"
+
+
+def test_a_pod_we_created_that_is_deleted_before_it_ran_is_still_counted() -> None:
+    """Created, deleted before the write that would count it (KWOK and users do this), replaced: the one
+    status write that reports the replacement running counts both starts."""
+    access = FakeAccess()
+
+    def created_as(uid: str, version: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        return lambda default: {**default, "metadata": {**default["metadata"], "uid": uid, "resourceVersion": version}}
+
+    access.answer("create", created_as("first", "100"), created_as("second", "120"))
+
+    async def scenario() -> None:
+        ctl = controller(access)
+        await ctl.converge(KEY)
+        gone = pod(uid="first", phase="Pending")
+        gone = {**gone, "metadata": {**gone["metadata"], "resourceVersion": "110"}}
+        await ctl.converge(KEY, pod_event=("DELETED", gone))
+        assert len(access.made("create")) == 2 and access.made("patch_status") == []
+        running = pod(uid="second")
+        running = {**running, "metadata": {**running["metadata"], "resourceVersion": "130"},
+                   "status": {**running["status"], "ready": True}}
+        await ctl.converge(KEY, pod_event=("MODIFIED", running))
+        await ctl.stop()
+
+    run(scenario())
+    [status_patch] = access.made("patch_status")
+    assert status_patch[4]["startTimes"] == 2 and status_patch[4]["currentPodUID"] == "second"
 
 
 def test_a_pod_that_does_not_start_soon_is_reported_starting(monkeypatch: pytest.MonkeyPatch) -> None:
