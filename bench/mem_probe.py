@@ -149,6 +149,22 @@ def report(label: str, count: int, a: tuple[tracemalloc.Snapshot, dict[str, Any]
     return result
 
 
+async def converged(kube: Kube, namespace: str, count: int, probe: Probe, timeout: float = 600) -> None:
+    """Until every ImmortalContainer counts its first start; fails if the operator exits or stalls."""
+    path = f"/apis/immortalcontainer.flugel.it/v1alpha1/namespaces/{namespace}/immortalcontainers"
+    deadline = time.monotonic() + timeout
+    while True:
+        items = (await kube.get(path))["items"]
+        started = sum(1 for item in items if (item.get("status") or {}).get("startTimes"))
+        if started >= count:
+            return
+        if probe.proc.poll() is not None:
+            raise RuntimeError(f"the operator exited ({probe.proc.returncode}); see {probe.outdir}/operator.log")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{started} of {count} ImmortalContainers started after {timeout} s")
+        await asyncio.sleep(2)
+
+
 async def main_async(args: argparse.Namespace) -> None:
     kubeconfig = Path(os.environ.get("CLUSTER_DIR", REPO / ".cluster")) / "kubeconfig"
     subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), "apply", "--server-side", "-f",
@@ -186,6 +202,8 @@ async def main_async(args: argparse.Namespace) -> None:
         started = time.monotonic()
         await bounded(64, jobs)
         print(f"created {len(jobs)} objects in {time.monotonic() - started:.1f} s", flush=True)
+        if args.ics:  # a figure from an operator that does not work would be meaningless
+            await converged(kube, ns, args.ics, probe)
         await asyncio.sleep(5)
         await probe.settle()
         loaded = await probe.snapshot()
