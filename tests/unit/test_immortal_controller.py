@@ -24,12 +24,14 @@ IC: dict[str, Any] = {
 }
 
 
-def pod(image: str = "nginx:1", owner: str = "ic-uid", uid: str = "pod-1", phase: str = "Running") -> dict[str, Any]:
-    return logic.pod_summary({
-        "metadata": {"name": logic.pod_name("app"), "namespace": "ns1", "uid": uid, "resourceVersion": "7",
+def pod(image: str = "nginx:1", owner: str = "ic-uid", uid: str = "pod-1", phase: str = "Running",
+        version: str = "7", ready: bool = False) -> dict[str, Any]:
+    summary = logic.pod_summary({
+        "metadata": {"name": logic.pod_name("app"), "namespace": "ns1", "uid": uid, "resourceVersion": version,
                      "ownerReferences": [{"controller": True, "uid": owner}]},
         "spec": {"containers": [{"name": "acontainer", "image": image}]},
         "status": {"phase": phase}})
+    return {**summary, "status": {**summary["status"], "ready": True}} if ready else summary
 
 
 def controller(access: FakeAccess, pods: list[dict[str, Any]] | None = None) -> ImmortalController:
@@ -57,10 +59,7 @@ def test_no_pod_in_the_index_creates_one_and_one_status_write_reports_it_running
         assert access.made("create") == [("create", "Pod", "ns1", logic.pod_name("app"), False)]
         assert ("Normal", "PodCreated") in access.events
         assert access.made("patch_status") == []  # not yet: its Running event follows
-        running = pod(uid=created_uid)
-        running = {**running, "metadata": {**running["metadata"], "resourceVersion": "150"},
-                   "status": {**running["status"], "ready": True}}
-        await ctl.converge(KEY, pod_event=("MODIFIED", running))
+        await ctl.converge(KEY, pod_event=("MODIFIED", pod(uid=created_uid, version="150", ready=True)))
         await ctl.stop()
 
     run(scenario())
@@ -82,14 +81,9 @@ def test_a_pod_we_created_that_is_deleted_before_it_ran_is_still_counted() -> No
     async def scenario() -> None:
         ctl = controller(access)
         await ctl.converge(KEY)
-        gone = pod(uid="first", phase="Pending")
-        gone = {**gone, "metadata": {**gone["metadata"], "resourceVersion": "110"}}
-        await ctl.converge(KEY, pod_event=("DELETED", gone))
+        await ctl.converge(KEY, pod_event=("DELETED", pod(uid="first", phase="Pending", version="110")))
         assert len(access.made("create")) == 2 and access.made("patch_status") == []
-        running = pod(uid="second")
-        running = {**running, "metadata": {**running["metadata"], "resourceVersion": "130"},
-                   "status": {**running["status"], "ready": True}}
-        await ctl.converge(KEY, pod_event=("MODIFIED", running))
+        await ctl.converge(KEY, pod_event=("MODIFIED", pod(uid="second", version="130", ready=True)))
         await ctl.stop()
 
     run(scenario())
