@@ -18,6 +18,7 @@ import ctypes
 import functools
 import logging
 import re
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -57,9 +58,20 @@ _BOOKKEEPING = re.compile(r"^((Handler|Indexer) '.*' succeeded\.|.* is processed
 PEERING_LIFETIME_SECONDS = 10
 
 
+def exit_gracefully() -> None:
+    """Ask Kopf to stop as on SIGTERM: its cleanup handlers run, and it says goodbye in the peering."""
+    signal.raise_signal(signal.SIGTERM)
+
+
 class PeeringState(logging.Filter):
     """Kopf's peering pause, mirrored onto ``Access.paused``: Kopf pauses its own handlers, daemons
     and watches, but not the operators' own resync loops and timers, nor its Event poster.
+
+    A process that has acted and is then paused exits (``on_lost_role``), as a controller-runtime
+    manager does when it loses its lease: on resuming, Kopf re-lists but keeps in its indexes the
+    objects deleted while it was paused, and the controllers' timers and memories would be as old as
+    the pause. A restart stands by from a clean start (Kopf starts a peered process paused, and its
+    handlers wait for every initial listing), so only a process that never acted on stale state acts.
 
     Kopf keeps the pause in a private toggle; its peering logger reports every change of it (the
     messages below, tested against the installed Kopf in tests/unit/test_peering.py). A filter sees
@@ -70,28 +82,35 @@ class PeeringState(logging.Filter):
     PAUSING = ("Pausing operations in favour of", "Pausing all operators, including self")
     RESUMING = "Resuming operations after the pause"
 
-    def __init__(self, access: Access, shown_level: int) -> None:
+    def __init__(self, access: Access, shown_level: int, on_lost_role: Callable[[], None]) -> None:
         super().__init__()
         self.access = access
         self.shown_level = shown_level
+        self.on_lost_role = on_lost_role
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         if message.startswith(self.PAUSING):
+            was_acting = not self.access.paused
             self.access.paused = True
+            if was_acting:
+                logger.warning("Another replica outranks this one, which has acted: exiting, so that the "
+                               "restarted process stands by with a fresh listing instead of stale state")
+                self.on_lost_role()
         elif message.startswith(self.RESUMING):
             self.access.paused = False
         return record.levelno >= self.shown_level
 
     @classmethod
-    def follow(cls, settings: kopf.OperatorSettings, access: Access) -> None:
+    def follow(cls, settings: kopf.OperatorSettings, access: Access,
+               on_lost_role: Callable[[], None] = exit_gracefully) -> None:
         # `--peering NAME` (the chart) starts paused until the first look at the peers; auto-detected
         # peering (`make run`) starts acting; --standalone never pauses.
         access.paused = bool(settings.peering.mandatory and not settings.peering.standalone)
         peering_logger = logging.getLogger(cls.LOGGER)
         for old in [f for f in peering_logger.filters if isinstance(f, cls)]:
             peering_logger.removeFilter(old)
-        peering_logger.addFilter(cls(access, peering_logger.getEffectiveLevel()))
+        peering_logger.addFilter(cls(access, peering_logger.getEffectiveLevel(), on_lost_role))
         if peering_logger.getEffectiveLevel() > logging.INFO:
             peering_logger.setLevel(logging.INFO)
 

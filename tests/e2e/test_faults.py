@@ -421,20 +421,26 @@ def replica(name: str, priority: int) -> OperatorProcess:
 
 RESUMED = "Resuming operations after the pause"
 PAUSED = "Pausing operations in favour of"
+LOST_ROLE = "Another replica outranks this one, which has acted: exiting"
 
 
 def test_two_replicas_only_one_acts_and_the_other_takes_over(
         operator: OperatorProcess, namespace: str, core: Any, custom: Any, peering: str) -> None:
     operator.stop()  # the session's operator is standalone: it would act regardless of peering
-    low, high = replica("low", 10), replica("high", 20)
+    first, high, low = replica("first", 10), replica("high", 20), replica("low", 10)
     try:
         # Kopf starts a peered operator paused and resumes when no peer outranks it.
-        low.start()
-        wait_for(lambda: RESUMED in low.output(), timeout=30, what="the first replica to resume")
-        # A higher-priority replica joins: the first one pauses in its favour.
+        first.start()
+        wait_for(lambda: RESUMED in first.output(), timeout=30, what="the first replica to resume")
+        # A higher-priority replica joins: the first one pauses in its favour and, having acted, exits
+        # (a restart, here `low`, stands by with a fresh listing instead of its stale indexes).
         high.start()
-        wait_for(lambda: PAUSED in low.output(), timeout=30, what="the low-priority replica to pause")
+        wait_for(lambda: PAUSED in first.output(), timeout=30, what="the first replica to pause")
+        wait_for(lambda: not first.running, timeout=30, what="the replica that lost its role to exit")
+        assert LOST_ROLE in first.output()
         wait_for(lambda: RESUMED in high.output(), timeout=30, what="the high-priority replica to act")
+        low.start()  # what the kubelet does: a new process, paused from its start, never acts on stale state
+        wait_for(lambda: PAUSED in low.output(), timeout=30, what="the restarted replica to stand by")
         low_log, high_log = LogWindow(low), LogWindow(high)
 
         names = [f"ic-{i}" for i in range(3)]
@@ -469,5 +475,6 @@ def test_two_replicas_only_one_acts_and_the_other_takes_over(
         assert low_log.lines(f"[{namespace}/ic-after] Created pod"), low_log.text()[-3000:]
         assert low_log.tracebacks(namespace) == [] and high_log.tracebacks(namespace) == []
     finally:
+        first.stop()
         high.stop()
         low.stop()

@@ -1,7 +1,7 @@
 """High availability from the chart, for real: the chart as shipped (2 replicas, peering, priorities
 the pods take themselves) on the real node. One replica acts and the other writes nothing; a SIGKILL
 of the active one hands over to the standby within 15 s with nothing done twice; a replica paused
-after it has acted (its timers and resync loops running) writes nothing either. Writes are counted
+after it has acted exits (its timers and resync loops with it), and its restart stands by. Writes are counted
 per pod in the API server's audit log: a kubelet-mounted token names its pod in every line."""
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from testsupport.kubectl import apply_yaml, kubectl
 
 RELEASE = NAMESPACE = "kopf-ha"
 PEERING = "kopf-operators"  # the chart's ClusterKopfPeering
+LOST_ROLE = "Another replica outranks this one, which has acted: exiting"
 TAKEOVER_LIMIT = 15.0  # seconds from a SIGKILL of the active pod until the standby acts (issue #18)
 MIN_INTERVAL = 30  # the re-roller's least time between two rollouts here: a timer pending that long
 
@@ -90,6 +91,11 @@ def starts(custom: kubernetes.client.CustomObjectsApi, space: str, name: str) ->
 def pod_uid(core: kubernetes.client.CoreV1Api, space: str, name: str) -> str | None:
     pods = core.list_namespaced_pod(space, field_selector=f"metadata.name={ic.pod_name(name)}").items
     return pods[0].metadata.uid if pods else None
+
+
+def restarts(core: kubernetes.client.CoreV1Api, pod: str) -> int:
+    statuses = core.read_namespaced_pod(pod, NAMESPACE).status.container_statuses or []
+    return sum(status.restart_count for status in statuses)
 
 
 def created_pods(writes: list[tuple[str, str, str, str]]) -> list[str]:
@@ -167,9 +173,9 @@ def test_sigkill_of_the_active_pod_the_standby_acts_within_15s_nothing_twice(
 
 def test_a_replica_paused_after_acting_writes_nothing(
         release: str, space: str, core: kubernetes.client.CoreV1Api, apps: kubernetes.client.AppsV1Api) -> None:
-    """Kopf pauses a replica in favour of a higher priority (here a developer's `kopf run --priority`);
-    the operators' own resync loops and a re-roller timer set before the pause then run in a process
-    that must not write."""
+    """Kopf pauses a replica in favour of a higher priority (here a developer's `kopf run --priority`).
+    Having acted, it exits (its re-roller timer and resync loops with it), and the kubelet restarts it
+    as a standby that never acted: no write from either process, one rollout for the held change."""
     active, standby = wait_roles(core)
     apply_yaml(rerolled_app_yaml("conf"), namespace=space)
 
@@ -189,9 +195,10 @@ def test_a_replica_paused_after_acting_writes_nothing(
                           namespaces=[space], log_name=f"ha-dev-{uuid.uuid4().hex[:6]}")
     try:
         dev.start()
-        wait_for(lambda: not acting(logs(NAMESPACE, active.metadata.name)), timeout=30,
-                 what="the active replica to pause in favour of the higher priority")
         since = audit_now()
+        wait_for(lambda: restarts(core, active.metadata.name) >= 1, timeout=60,
+                 what="the active replica to exit in favour of the higher priority (and be restarted)")
+        assert LOST_ROLE in logs(NAMESPACE, active.metadata.name, previous=True)
         wait_for(lambda: RESUMED in dev.output(), timeout=30, what="the higher priority to act")
         # The new actor rolls the second change (once), from its own listing.
         wait_for(lambda: current_hash() not in (None, rolled), timeout=60, what="the second rollout")
@@ -206,8 +213,9 @@ def test_a_replica_paused_after_acting_writes_nothing(
         assert not_peering(audit_writes(since, standby.metadata.name)) == []
     finally:
         dev.stop()
-    # The developer's run exits (and says goodbye in the peering): the oldest replica acts again.
-    wait_for(lambda: (r := roles(core)) and r[0].metadata.name == active.metadata.name, timeout=30,
-             what="the paused replica to resume")
+    # The developer's run exits (and says goodbye in the peering): the oldest process acts, the one
+    # that stood by all along (the other one's restart is newer).
+    wait_for(lambda: (r := roles(core)) and r[0].metadata.name == standby.metadata.name, timeout=30,
+             what="the oldest replica to resume")
     make_ic(space, "after-resume")
     wait_for(lambda: pod_uid(core, space, "after-resume"), timeout=30, what="the resumed replica to act")

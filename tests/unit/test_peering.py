@@ -36,9 +36,13 @@ class Peers:
         self.settings.peering.priority = priority
         self.settings.peering.mandatory = mandatory
         self.access = k8s.Access(client=None)  # no request is made here
-        PeeringState.follow(self.settings, self.access)
+        self.exits = 0  # how often the process would have exited (it lost its role after acting)
+        PeeringState.follow(self.settings, self.access, on_lost_role=self.exit)
         # Kopf starts a mandatory peering paused (orchestration.spawn_missing_peerings).
         self.toggle = aiotoggles.Toggle(mandatory)
+
+    def exit(self) -> None:
+        self.exits += 1
 
     async def see(self, status: dict[str, Any]) -> None:
         woken = asyncio.Event()
@@ -55,16 +59,34 @@ def test_the_access_layer_follows_kopfs_pause_through_every_transition() -> None
         assert me.access.paused and me.toggle.is_on()  # paused until the first look at the peers
         await me.see({ME: entry(-200)})
         assert not me.access.paused and me.toggle.is_off()
+        await me.see({ME: entry(-200), "younger": entry(-300)})  # a younger one stands by for us
+        assert not me.access.paused and me.toggle.is_off() and me.exits == 0
         await me.see({ME: entry(-200), "older": entry(-100)})  # an older replica: it outranks us
         assert me.access.paused and me.toggle.is_on()
+        assert me.exits == 1  # it had acted: it exits (the restart stands by from a fresh listing)
         await me.see({ME: entry(-200), "older": entry(-100, seconds_ago=11)})  # its lifetime is over
         assert not me.access.paused and me.toggle.is_off()
         await me.see({ME: entry(-200), "twin": entry(-200)})  # equal priorities: Kopf pauses everyone
-        assert me.access.paused and me.toggle.is_on()
-        await me.see({ME: entry(-200)})
-        assert not me.access.paused and me.toggle.is_off()
-        await me.see({ME: entry(-200), "younger": entry(-300)})  # a younger one stands by for us
-        assert not me.access.paused and me.toggle.is_off()
+        assert me.access.paused and me.toggle.is_on() and me.exits == 2
+
+
+def test_a_standby_that_never_acted_does_not_exit() -> None:
+    async def scenario() -> None:
+        me = Peers(priority=-200)
+        await me.see({ME: entry(-200), "older": entry(-100)})  # the older replica acts from the start
+        await me.see({ME: entry(-200), "older": entry(-100), "dev": entry(100)})  # and pauses in turn
+        assert me.access.paused and me.exits == 0
+
+    asyncio.run(scenario())
+
+
+def test_auto_detected_peering_exits_when_an_older_process_appears() -> None:
+    async def scenario() -> None:
+        me = Peers(priority=-200, mandatory=False)  # `make run`: acts from the start
+        await me.see({ME: entry(-200), "older": entry(-100)})
+        assert me.access.paused and me.exits == 1
+
+    asyncio.run(scenario())
 
     asyncio.run(scenario())
 
