@@ -2,7 +2,7 @@
 One burst per side; the operator is stopped during the floor's turn (both handle ImmortalContainers).
 Per side also: CPU per object (utime+stime of the reacting process over the burst, until it is quiet
 again), RSS before, at the end of the burst, at rest with the m objects in place, the high-water mark,
-and (operator) once the objects are deleted again.
+and (operator) of a restart with the m objects in place and once the objects are deleted again.
 BENCH_PYSPY=<file>: record the operator's burst with ``py-spy record --pid`` into <file> (raw format)."""
 
 from __future__ import annotations
@@ -85,6 +85,7 @@ async def burst(b: Bench, side: str, m: int,
     }
     if side == "op":
         extra["api"] = per_change(await b.a.count(mark), m)
+        extra["rss_mb"]["restart_with_objects"] = await _restart_rss(b, m)
     await pods.stop()
     await ics.stop()
     # ImmortalContainers carry no finalizer: they go whether or not an operator runs
@@ -94,6 +95,17 @@ async def burst(b: Bench, side: str, m: int,
         await b.operator.settle()
         extra["rss_mb"]["after_delete"] = b.operator.p.rss_mb()
     return elapsed, extra
+
+
+async def _restart_rss(b: Bench, m: int) -> dict[str, float]:
+    """A new process with the m objects (and their pods) in place: what its initial listing costs.
+    Beside the burst's high-water mark, this says whether a pod OOM-killed in a burst comes back, or
+    dies again on its own listing (a crash loop)."""
+    b.restart_operator(b.operator_env)
+    assert b.operator is not None
+    await b.operator.settle()
+    listed = b.operator.status()
+    return {"objects": m, "at_rest": round(listed["VmRSS"] / 1024, 1), "hwm": round(listed["VmHWM"] / 1024, 1)}
 
 
 async def _py_spy(pid: int) -> asyncio.subprocess.Process | None:
