@@ -196,6 +196,10 @@ def memory_table(results: dict[str, Any]) -> str:
               f"(RSS {mem['loaded_rss_mb']} MB)", f"+{mem['growth_mb']} MB", "", "",
               f"≤ {mem.get('target_growth_mb', 15)} MB", judge(mem["growth_mb"], mem.get("target_growth_mb", 15),
                                                                " MB"))
+        if st := mem.get("start_with_objects"):
+            t.row(f"A start with those objects in place: high-water (quiet after {st['quiet_after_s']} s)",
+                  f"{st['hwm_mb']} MB", "", "", f"≤ {st['chart_limit_mb']:.0f} MB (the chart's limit)",
+                  judge(st["hwm_mb"], st["chart_limit_mb"], " MB"))
     cp = ((results.get("scale") or {}).get("copyrator") or {})
     nm = cp.get("memory_with_namespaces")
     if nm:
