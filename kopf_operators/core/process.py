@@ -160,8 +160,8 @@ def wake_gate_waiters_only_on_change() -> None:
     worker adds a toggle to the operator's one "indexed" set and drops it once its object is indexed,
     then waits on that set. Kopf wakes every waiting worker on each add and each drop, and each woken
     one re-checks and sleeps again: O(N²) wake-ups for N listed objects. A restart with 10,000
-    ImmortalContainers and their pods spent over 6 minutes of CPU in them (70 % of its profile)
-    before its first handler ran (docs/performance.md, "A restart in a big cluster"). A waiter waits
+    ImmortalContainers and their pods ran for over 6 minutes at 100 % CPU, 70 % of it in those
+    wake-ups, before its first handler ran (docs/performance.md, "A restart in a big cluster"). A waiter waits
     only for the set's ``is_on()``, so a change that leaves it as it was wakes nobody. Kopf's private
     ``ToggleSet`` (its ``_condition`` and ``_toggles``), pinned against the installed Kopf in
     tests/unit/test_process.py. Idempotent."""
