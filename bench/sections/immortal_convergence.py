@@ -98,13 +98,8 @@ async def burst(b: Bench, side: str, m: int,
 
 
 async def _restart_rss(b: Bench, m: int) -> dict[str, float]:
-    """A new process with the m objects (and their pods) in place: what its initial listing costs.
-    Beside the burst's high-water mark, this says whether a pod OOM-killed in a burst comes back, or
-    dies again on its own listing (a crash loop)."""
-    b.restart_operator(b.operator_env)
-    assert b.operator is not None
-    await b.operator.settle()
-    listed = b.operator.status()
+    """Whether a pod OOM-killed in a burst comes back, or dies again on its own listing (a crash loop)."""
+    _, listed = await b.start_with_objects_in_place()
     return {"objects": m, "at_rest": round(listed["VmRSS"] / 1024, 1), "hwm": round(listed["VmHWM"] / 1024, 1)}
 
 

@@ -82,6 +82,7 @@ class PeeringState(logging.Filter):
     LOGGER = "kopf._core.engines.peering"
     PAUSING = ("Pausing operations in favour of", "Pausing all operators, including self")
     RESUMING = "Resuming operations after the pause"
+    LOST_ROLE = "Another replica outranks this one, which has acted: exiting"
 
     def __init__(self, access: Access, shown_level: int, on_lost_role: Callable[[], None]) -> None:
         super().__init__()
@@ -95,8 +96,8 @@ class PeeringState(logging.Filter):
             was_acting = not self.access.paused
             self.access.paused = True
             if was_acting:
-                logger.warning("Another replica outranks this one, which has acted: exiting, so that the "
-                               "restarted process stands by with a fresh listing instead of stale state")
+                logger.warning(f"{self.LOST_ROLE}, so that the restarted process stands by with a fresh "
+                               "listing instead of stale state")
                 self.on_lost_role()
         elif message.startswith(self.RESUMING):
             self.access.paused = False

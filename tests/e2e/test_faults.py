@@ -421,7 +421,7 @@ def replica(name: str, priority: int) -> OperatorProcess:
 
 RESUMED = "Resuming operations after the pause"
 PAUSED = "Pausing operations in favour of"
-LOST_ROLE = "Another replica outranks this one, which has acted: exiting"
+LOST_ROLE = process.PeeringState.LOST_ROLE
 
 
 def test_two_replicas_only_one_acts_and_the_other_takes_over(

@@ -40,7 +40,7 @@ from testsupport.kubectl import apply_yaml, kubectl
 
 RELEASE = NAMESPACE = "kopf-ha"
 PEERING = "kopf-operators"  # the chart's ClusterKopfPeering
-LOST_ROLE = "Another replica outranks this one, which has acted: exiting"
+LOST_ROLE = process.PeeringState.LOST_ROLE
 TAKEOVER_LIMIT = 15.0  # seconds from a SIGKILL of the active pod until the standby acts (issue #18)
 MIN_INTERVAL = 30  # the re-roller's least time between two rollouts here: a timer pending that long
 
