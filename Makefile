@@ -90,8 +90,9 @@ RELEASE ?= kopf-operators
 DEPLOY_NAMESPACE ?= kopf-operators
 
 manifests: ## regenerate manifests/operator.yaml from the Helm chart (the one source)
-	$(HELM) template $(RELEASE) $(CHART) --namespace $(DEPLOY_NAMESPACE) --kube-version $(KUBE_VERSION) \
-	  --skip-crds 2>/dev/null | cluster/manifest-header.sh > manifests/operator.yaml
+	set -o pipefail; $(HELM) template $(RELEASE) $(CHART) --namespace $(DEPLOY_NAMESPACE) --kube-version $(KUBE_VERSION) \
+	  --skip-crds | cluster/manifest-header.sh > manifests/operator.yaml.new
+	mv manifests/operator.yaml.new manifests/operator.yaml
 
 deploy: ## install the Helm chart into the target cluster (IMAGE=repo:tag; local: the real node, `make image deploy`)
 	@RELEASE=$(RELEASE) DEPLOY_NAMESPACE=$(DEPLOY_NAMESPACE) IMAGE=$(IMAGE) cluster/deploy.sh

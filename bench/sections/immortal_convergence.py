@@ -17,8 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.harness import IC_PATH, Bench, Floor, Proc, collect, convergence, per_change
-from bench.kube import Watcher, bounded
+import aiohttp
+
+from bench.harness import IC_PATH, Bench, Floor, Proc, collect, convergence, log, per_change
+from bench.kube import ApiError, Watcher, bounded
 
 
 async def run(b: Bench) -> dict[str, Any]:
@@ -88,9 +90,14 @@ async def burst(b: Bench, side: str, m: int,
         extra["rss_mb"]["restart_with_objects"] = await _restart_rss(b, m)
     await pods.stop()
     await ics.stop()
-    # ImmortalContainers carry no finalizer: they go whether or not an operator runs
-    await b.kube.request("DELETE", f"{IC_PATH}/namespaces/{ns}/immortalcontainers")
-    await b.cleanup([ns])
+    # ImmortalContainers carry no finalizer: they go whether or not an operator runs. A collection of
+    # thousands outlasts the API server's request timeout (it then hangs up): the namespace's
+    # deletion finishes the job.
+    try:
+        await b.kube.request("DELETE", f"{IC_PATH}/namespaces/{ns}/immortalcontainers")
+    except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
+        log(f"  deleting the ImmortalContainers of {ns}: {type(exc).__name__}: {exc}")
+    await b.cleanup([ns], wait=max(180, m / 20))
     if side == "op" and b.operator is not None:  # what stays once the objects are gone: not live data
         await b.operator.settle()
         extra["rss_mb"]["after_delete"] = b.operator.p.rss_mb()

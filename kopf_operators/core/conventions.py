@@ -63,6 +63,8 @@ class Config:
     # ``shard_count``; 1 shard (the default) serves everything.
     shard_index: int = 0
     shard_count: int = 1
+    # Objects whose events are processed at once (process.governed); 0: no cap.
+    concurrent_events: int = 64
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -73,6 +75,7 @@ class Config:
             metrics_port=int(env_float(env, "METRICS_PORT", 0)),
             shard_index=int(env_float(env, "SHARD_INDEX", 0)),
             shard_count=int(env_float(env, "SHARD_COUNT", 1, minimum=1)),
+            concurrent_events=int(env_float(env, "CONCURRENT_EVENTS", 64, minimum=0)),
         )
 
     def __post_init__(self) -> None:

@@ -15,16 +15,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import ctypes
+import dataclasses
 import functools
 import logging
 import re
 import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import kopf
 from kopf._cogs.aiokits import aiotoggles
+from kopf._cogs.clients import api, fetching
+from kopf._core.reactor import processing
 
 from kopf_operators.core import metrics
 from kopf_operators.core.access import Access
@@ -200,6 +203,125 @@ def wake_gate_waiters_only_on_change() -> None:
 wake_gate_waiters_only_on_change()
 
 
+ProcessEvent = Callable[..., Awaitable[Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class EventPolicy:
+    """How Kopf's events are processed, outside the API groups that use Kopf's change detection."""
+
+    # API groups with change handlers or daemons (DiffBaseWhereUsed.groups_of): left to Kopf. It sleeps
+    # inside their processing (retry backoff, consistency waits), where a sleeper would hold a slot,
+    # and its change detection needs every event.
+    kopf_change_groups: frozenset[str]
+    # At most this many objects' events processed at once (None: no cap).
+    slots: asyncio.Semaphore | None
+
+
+def governed(process: ProcessEvent) -> ProcessEvent:
+    """``process`` (Kopf's ``process_resource_event``, one event of one object) under the operator's
+    ``EventPolicy`` (in its memo), for resources that have only indexes and event handlers:
+
+    - a MODIFIED event is skipped when a newer event of the same object is already queued (Kopf sets
+      the object's ``stream_pressure`` then): the newer body carries its state forward to the indexes
+      and to the level-triggered handlers, as a client-go work queue processes a key once for many
+      events. ADDED, DELETED and listing events are never skipped.
+    - at most ``slots`` objects' events are processed at once; the rest wait in their queues.
+
+    Neither applies to an object while Kopf still waits for it to be indexed in an initial listing
+    (its ``resource_indexed`` toggle): Kopf gates every handler until every listed object is
+    indexed, so those must neither wait for a slot nor leave their toggle up."""
+
+    @functools.wraps(process)
+    async def governing(**kwargs: Any) -> Any:
+        policy = kwargs["memobase"].get(EVENT_POLICY.name)
+        if (not isinstance(policy, EventPolicy) or kwargs["resource"].group in policy.kopf_change_groups
+                or kwargs.get("resource_indexed") is not None):
+            return await process(**kwargs)
+        pressure = kwargs.get("stream_pressure")
+        if kwargs["raw_event"].get("type") == "MODIFIED" and pressure is not None and pressure.is_set():
+            return None  # superseded: Kopf's processor returns the version it patched, none here
+        if policy.slots is None:
+            return await process(**kwargs)
+        async with policy.slots:
+            return await process(**kwargs)
+
+    governing._governed = True  # type: ignore[attr-defined]
+    return governing
+
+
+def govern_event_processing() -> None:
+    """Put ``governed`` around Kopf's processing of each event.
+
+    In a burst (1,000 ImmortalContainers created at once) Kopf processed every event of every object,
+    and all objects at once: a pod's creation, scheduling and start were three passes each, and every
+    object held its body wrappers, loggers, handler kwargs and pending API call while 16 threads
+    served them. Kopf's own cap, ``settings.queueing.worker_limit``, cannot be used with indexes: a
+    worker keeps its slot while it waits for every index to be filled, so a kind with more objects
+    than the cap never finishes its listing (nolar/kopf#1243); this cap is taken inside the worker,
+    around one event, and never by an object Kopf is still waiting to index. Kopf binds
+    ``process_resource_event`` when ``kopf run`` starts, after the operator files are imported
+    (pinned in tests/unit/test_process.py). Idempotent."""
+    if not getattr(processing.process_resource_event, "_governed", False):
+        processing.process_resource_event = governed(processing.process_resource_event)  # type: ignore[assignment]
+
+
+# Before `kopf run` binds the processor: every operator file imports this module.
+govern_event_processing()
+
+
+def drop_managed_fields(body: Any) -> None:
+    """Remove ``metadata.managedFields`` from a decoded object, in place."""
+    metadata = body.get("metadata") if isinstance(body, dict) else None
+    if isinstance(metadata, dict):
+        metadata.pop("managedFields", None)
+
+
+def lean_stream(stream: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+    """``stream`` (Kopf's ``api.stream``: watch events) with each event's object lean."""
+
+    @functools.wraps(stream)
+    async def lean(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        async for event in stream(*args, **kwargs):
+            if isinstance(event, dict):
+                drop_managed_fields(event.get("object"))
+            yield event
+
+    lean._lean = True  # type: ignore[attr-defined]
+    return lean
+
+
+def lean_listing(fetch_objs: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+    """``fetch_objs`` (Kopf's ``fetching.fetch_objs``: pages of a listing) with each item lean."""
+
+    @functools.wraps(fetch_objs)
+    async def lean(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        async for items, resource_version in fetch_objs(*args, **kwargs):
+            for item in items:
+                drop_managed_fields(item)
+            yield items, resource_version
+
+    return lean
+
+
+def lean_watched_bodies() -> None:
+    """Drop ``metadata.managedFields`` from every object Kopf lists or streams, as it is decoded.
+
+    No handler reads them, and they are the largest part of most bodies (a running pod's has an entry
+    per manager: its creator, the scheduler, the kubelet). Kopf queues each object's events until its
+    worker gets to them, so in a burst the decoded bodies waiting in the queues are the process's
+    peak, and the allocator keeps that peak: 1,000 ImmortalContainers created at once left RSS +86 MB
+    at rest with them, +58 MB without them. Kopf's watcher calls ``fetching.fetch_objs`` and
+    ``api.stream`` by module attribute; pinned in tests/unit/test_process.py. Idempotent."""
+    if not getattr(api.stream, "_lean", False):
+        api.stream = lean_stream(api.stream)
+        fetching.fetch_objs = lean_listing(fetching.fetch_objs)
+
+
+# Before Kopf's first listing: every operator file imports this module.
+lean_watched_bodies()
+
+
 def glibc_malloc_trim() -> Callable[[], object] | None:
     """glibc's ``malloc_trim(0)``, or None where the C library has none (musl, macOS)."""
     try:
@@ -225,6 +347,7 @@ class QuietBookkeeping(logging.Filter):
 CONFIG = MemoSlot("config", Config)
 ACCESS = MemoSlot("access", Access)
 TRIMMER = MemoSlot("allocator_trim", asyncio.Task)
+EVENT_POLICY = MemoSlot("event_policy", EventPolicy)
 
 
 def shared(memo: kopf.Memo) -> tuple[Config, Access]:
@@ -264,6 +387,11 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # threads as Kopf's sync handlers get (asyncio's default is 6 on a 2-core node).
     settings.execution.max_workers = WORKER_THREADS
     settings.queueing.idle_timeout = IDLE_WORKER_SECONDS
+    # Groups whose handlers use Kopf's change detection (None: a handler names no group, so any may).
+    changing_groups = DiffBaseWhereUsed.groups_of(kopf.get_default_registry())
+    if changing_groups is not None and not EVENT_POLICY.present(memo):
+        slots = asyncio.Semaphore(config.concurrent_events) if config.concurrent_events else None
+        EVENT_POLICY.set(memo, EventPolicy(changing_groups, slots))
     asyncio.get_running_loop().set_default_executor(
         concurrent.futures.ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix="kopf-operators"))
     # Two replicas: only one acts (peering CRDs in manifests/crds). `--peering NAME` and
@@ -291,7 +419,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # No diff base (a deep copy of every body, on every event) where no handler uses it.
     if not isinstance(settings.persistence.diffbase_storage, DiffBaseWhereUsed):
         settings.persistence.diffbase_storage = DiffBaseWhereUsed(
-            settings.persistence.diffbase_storage, DiffBaseWhereUsed.groups_of(kopf.get_default_registry()))
+            settings.persistence.diffbase_storage, changing_groups)
     # Log lines stay log lines; Events are posted explicitly (access.event) where a user needs them.
     settings.posting.loggers = False
     settings.posting.level = logging.INFO

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import time
 from typing import Any
@@ -287,6 +288,36 @@ def test_operator_down_while_pods_deleted_converges_on_start(core: Any, custom: 
           and core.read_namespaced_pod("sturdy-immortalpod", namespace).metadata.uid == new.metadata.uid, 3,
           what="exactly one new start")
     assert_no_kopf_state_on(core.read_namespaced_pod("sturdy-immortalpod", namespace))
+
+
+def test_more_objects_than_the_handler_cap_converge_at_once_and_after_a_restart(
+        core: Any, custom: Any, namespace: str, operator: OperatorProcess) -> None:
+    """With CONCURRENT_EVENTS=2 (the chart: 64), 20 ImmortalContainers created at once each get their
+    pod and a counted start; so do 5 created while the process is down, after a restart that lists
+    far more objects of every kind than the cap. Kopf's own cap (worker_limit) never finished that
+    listing: a worker held its slot while waiting for every index (nolar/kopf#1243)."""
+
+    def converged(names: list[str]) -> None:
+        for name in names:
+            wait_counted(custom, namespace, name, 1, wait_pod(core, namespace, f"{name}-immortalpod").metadata.uid)
+
+    operator.stop()
+    capped = OperatorProcess(env={"CONCURRENT_EVENTS": "2"}, log_name="capped")
+    try:
+        capped.start()
+        burst = [f"burst-{index}" for index in range(20)]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=10) as pool:
+            list(pool.map(lambda name: create_ic(custom, namespace, name), burst))
+        converged(burst)
+        capped.stop()
+        late = [f"late-{index}" for index in range(5)]
+        for name in late:
+            create_ic(custom, namespace, name)
+        capped.start()
+        converged(late)
+    finally:
+        capped.stop()
+        operator.start()
 
 
 def test_crash_between_create_and_status_counts_once(core: Any, custom: Any, namespace: str,

@@ -8,14 +8,27 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import kopf
 from kopf._cogs.aiokits import aiotoggles
+from kopf._cogs.clients import api, watching
+from kopf._core.reactor import processing
 
 from kopf_operators.blackadder import decisions as blackadder
 from kopf_operators.copyrator import decisions as copyrator
-from kopf_operators.core.process import DiffBaseWhereUsed, glibc_malloc_trim, trim_allocator
+from kopf_operators.core.process import (
+    EVENT_POLICY,
+    DiffBaseWhereUsed,
+    EventPolicy,
+    glibc_malloc_trim,
+    governed,
+    lean_listing,
+    lean_stream,
+    trim_allocator,
+)
 from kopf_operators.immortal import decisions as immortal
 from testsupport.paths import REPO
 
@@ -145,3 +158,105 @@ def test_the_index_gate_wakes_its_waiters_once_when_it_opens_not_on_every_object
     wakes_while_closed, released_while_closed, released = asyncio.run(scenario())
     assert (wakes_while_closed, released_while_closed) == (0, 0)  # Kopf alone: 400 wake-ups of up to 200 waiters
     assert len(released) == 200
+
+
+def test_kopf_processes_every_event_through_the_policy() -> None:
+    """`kopf run` binds ``processing.process_resource_event`` when it starts, after the operator files
+    (and so core.process) are imported; the worker sets the object's pressure when newer events wait."""
+    assert getattr(processing.process_resource_event, "_governed", False)
+    running = Path(processing.__file__).with_name("running.py").read_text()
+    assert "processor=functools.partial(processing.process_resource_event," in running
+    queueing_source = Path(processing.__file__).with_name("queueing.py").read_text()
+    assert "streams[key].pressure.set()" in queueing_source and "pressure.clear()" in queueing_source
+    assert "await operator_indexed.drop_toggle(resource_indexed)" in Path(processing.__file__).read_text()
+
+
+def _processed(policy: EventPolicy | None, events: list[str | None], group: str = "", listed: bool = False,
+               newer_waiting: bool = False) -> tuple[int, list[str | None]]:
+    """``events`` (types) of different objects processed at once through ``governed``: (most processed
+    at the same time, the types processed)."""
+
+    async def scenario() -> tuple[int, list[str | None]]:
+        running = peak = 0
+        processed: list[str | None] = []
+
+        async def process(raw_event: dict[str, Any], **_: Any) -> None:
+            nonlocal running, peak
+            running += 1
+            peak = max(peak, running)
+            await asyncio.sleep(0.01)
+            running -= 1
+            processed.append(raw_event["type"])
+
+        memo = kopf.Memo()
+        if policy is not None:
+            EVENT_POLICY.set(memo, policy)
+        pressure = asyncio.Event()
+        if newer_waiting:
+            pressure.set()
+        governing = governed(process)
+        resource = kopf.Resource(group, "v1", "things")
+        toggle = aiotoggles.Toggle() if listed else None
+        await asyncio.wait_for(asyncio.gather(*(
+            governing(memobase=memo, resource=resource, resource_indexed=toggle, stream_pressure=pressure,
+                      raw_event={"type": kind, "object": {}}) for kind in events)), 5)
+        return peak, processed
+
+    return asyncio.run(scenario())
+
+
+def test_at_most_the_configured_number_of_objects_are_processed_at_once() -> None:
+    events: list[str | None] = ["MODIFIED"] * 20
+    assert _processed(EventPolicy(frozenset({"flant.com"}), asyncio.Semaphore(3)), events) == (3, events)
+    assert _processed(EventPolicy(frozenset({"flant.com"}), None), events) == (20, events)  # CONCURRENT_EVENTS=0
+
+
+def test_a_modification_is_skipped_only_when_a_newer_event_of_the_object_waits() -> None:
+    policy = EventPolicy(frozenset({"flant.com"}), asyncio.Semaphore(3))
+    kinds: list[str | None] = ["ADDED", "MODIFIED", "DELETED", None]
+    assert sorted(map(str, _processed(policy, kinds, newer_waiting=True)[1])) == ["ADDED", "DELETED", "None"]
+    assert len(_processed(policy, kinds, newer_waiting=False)[1]) == 4
+    assert _processed(None, ["MODIFIED"], newer_waiting=True)[1] == ["MODIFIED"]  # no policy: Kopf's own
+
+
+def test_objects_of_a_listing_and_groups_with_change_handlers_are_left_to_kopf() -> None:
+    """Kopf runs no handler until every listed object is indexed, so a listed object waiting for a slot
+    held by a gated one would deadlock (what Kopf's worker_limit does); and Kopf sleeps inside the
+    processing of resources with change handlers (retries), where a sleeper would hold a slot."""
+    policy = EventPolicy(frozenset({"flant.com"}), asyncio.Semaphore(3))
+    events: list[str | None] = ["MODIFIED"] * 20
+    assert _processed(policy, events, listed=True, newer_waiting=True) == (20, events)
+    assert _processed(policy, events, group="flant.com", newer_waiting=True) == (20, events)
+
+
+def test_kopf_lists_and_streams_every_object_without_its_managed_fields() -> None:
+    """Kopf's watcher reaches the listing and the watch stream through these module attributes; each
+    object comes out lean, everything else in it as the API server sent it."""
+    assert getattr(api.stream, "_lean", False)
+    watching_source = Path(watching.__file__).read_text()
+    assert "fetching.fetch_objs(" in watching_source and "api.stream(" in watching_source
+
+    def pod(name: str) -> dict[str, Any]:
+        return {"kind": "Pod", "metadata": {"name": name, "labels": {"app": "x"},
+                                            "managedFields": [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}]},
+                "spec": {"containers": [{"name": "c"}]}}
+
+    async def events(**_: Any) -> AsyncIterator[Any]:
+        yield {"type": "ADDED", "object": pod("a")}
+        yield {"type": "BOOKMARK", "object": {"kind": "Pod", "metadata": {"resourceVersion": "7"}}}
+        yield {"type": "ERROR", "object": {"kind": "Status", "code": 410}}
+
+    async def pages(**_: Any) -> AsyncIterator[Any]:
+        yield [pod("b"), pod("c")], "5"
+
+    async def scenario() -> tuple[list[Any], list[Any]]:
+        return ([event async for event in lean_stream(events)(resource=None)],
+                [page async for page in lean_listing(pages)(resource=None)])
+
+    streamed, listed = asyncio.run(scenario())
+    lean = {"kind": "Pod", "metadata": {"name": "a", "labels": {"app": "x"}}, "spec": {"containers": [{"name": "c"}]}}
+    assert streamed == [{"type": "ADDED", "object": lean},
+                        {"type": "BOOKMARK", "object": {"kind": "Pod", "metadata": {"resourceVersion": "7"}}},
+                        {"type": "ERROR", "object": {"kind": "Status", "code": 410}}]
+    assert listed == [([{**lean, "metadata": {"name": "b", "labels": {"app": "x"}}},
+                        {**lean, "metadata": {"name": "c", "labels": {"app": "x"}}}], "5")]
