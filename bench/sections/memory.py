@@ -9,12 +9,24 @@ import json
 import time
 from typing import Any
 
+import yaml
+
 from bench.harness import Bench
 from bench.kube import bounded
+from testsupport.paths import REPO
 
 IDLE_TARGET_MB = 85
 GROWTH_TARGET_MB = 15
-CHART_LIMIT_MB = 512 * 1.048576  # charts/kopf-operators/values.yaml: resources.limits.memory 512Mi
+def chart_limit_mb() -> float:
+    """The chart's memory limit (values.yaml, resources.limits.memory, in Mi) in MB."""
+    values = yaml.safe_load((REPO / "charts" / "kopf-operators" / "values.yaml").read_text())
+    limit = str(values["resources"]["limits"]["memory"])
+    if not limit.endswith("Mi"):
+        raise ValueError(f"resources.limits.memory {limit!r}: the bench reads Mi only")
+    return int(limit.removesuffix("Mi")) * 1.048576
+
+
+CHART_LIMIT_MB = chart_limit_mb()
 
 
 async def run(b: Bench) -> dict[str, Any]:

@@ -24,6 +24,12 @@ REACTION = prometheus_client.Histogram(
     ["operator", "trigger"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0))
 
+EVENTS = prometheus_client.Counter(
+    "kopf_operators_events",
+    "Watch events of resources without change handlers, by resource and outcome: processed, or "
+    "superseded (skipped: a newer event of the same object was already queued).",
+    ["resource", "outcome"])
+
 # Re-roller, opt-in (REROLLER_METRICS_BY_NAMESPACE, Reloader's enableMetricsByNamespace): one series per
 # namespace, so off by default (cardinality).
 RELOADS_BY_NAMESPACE = prometheus_client.Counter(
@@ -37,6 +43,10 @@ def action(operator: str, name: str, amount: float = 1) -> None:
 
 def error(operator: str, kind: str) -> None:
     ERRORS.labels(operator=operator, kind=kind).inc()
+
+
+def event(resource: str, outcome: str) -> None:
+    EVENTS.labels(resource=resource, outcome=outcome).inc()
 
 
 def reload_by_namespace(namespace: str, kind: str, outcome: str) -> None:

@@ -240,7 +240,9 @@ def governed(process: ProcessEvent) -> ProcessEvent:
             return await process(**kwargs)
         pressure = kwargs.get("stream_pressure")
         if kwargs["raw_event"].get("type") == "MODIFIED" and pressure is not None and pressure.is_set():
-            return None  # superseded: Kopf's processor returns the version it patched, none here
+            metrics.event(kwargs["resource"].plural, "superseded")
+            return None  # Kopf's processor returns the version it patched: none here
+        metrics.event(kwargs["resource"].plural, "processed")
         if policy.slots is None:
             return await process(**kwargs)
         async with policy.slots:
@@ -310,9 +312,10 @@ def lean_watched_bodies() -> None:
     No handler reads them, and they are the largest part of most bodies (a running pod's has an entry
     per manager: its creator, the scheduler, the kubelet). Kopf queues each object's events until its
     worker gets to them, so in a burst the decoded bodies waiting in the queues are the process's
-    peak, and the allocator keeps that peak: 1,000 ImmortalContainers created at once left RSS +86 MB
-    at rest with them, +58 MB without them. Kopf's watcher calls ``fetching.fetch_objs`` and
-    ``api.stream`` by module attribute; pinned in tests/unit/test_process.py. Idempotent."""
+    peak, and the allocator keeps that peak: 1,000 ImmortalContainers created at once left RSS
+    +68/+74 MB at rest with them, +60/+61 MB without (docs/performance.md, "Day-2 levers"). Kopf's
+    watcher calls ``fetching.fetch_objs`` and ``api.stream`` by module attribute; pinned in
+    tests/unit/test_process.py. Idempotent."""
     if not getattr(api.stream, "_lean", False):
         api.stream = lean_stream(api.stream)
         fetching.fetch_objs = lean_listing(fetching.fetch_objs)

@@ -50,3 +50,25 @@ spec: {image: nginx:latest}
     wait_for(lambda: (new := pod_or_none(core, namespace, "timed-immortalpod")) is not None
              and new.metadata.uid != pod.metadata.uid, timeout=30, what="a new pod")
     assert "# TYPE kopf_operators_reaction_seconds histogram" in operator.metrics()
+
+
+def test_events_are_counted_by_resource_and_outcome(namespace: str, operator: OperatorProcess, core: Any) -> None:
+    """Every watch event of a resource without change handlers is either processed or superseded by
+    a newer one of the same object; a new ImmortalContainer brings its own and its pod's."""
+
+    def events(resource: str) -> float:
+        text = operator.metrics()
+        return sum(counter(text, "kopf_operators_events_total", resource=resource, outcome=outcome)
+                   for outcome in ("processed", "superseded"))
+
+    before = {resource: events(resource) for resource in ("immortalcontainers", "pods")}
+    apply_yaml("""
+apiVersion: immortalcontainer.flugel.it/v1alpha1
+kind: ImmortalContainer
+metadata: {name: eventful}
+spec: {image: nginx:latest}
+""", namespace)
+    wait_for(lambda: core.read_namespaced_pod("eventful-immortalpod", namespace), timeout=30, what="the pod")
+    wait_for(lambda: all(events(resource) > count for resource, count in before.items()), timeout=10,
+             what="events of both resources counted")
+    assert "# TYPE kopf_operators_events_total counter" in operator.metrics()
