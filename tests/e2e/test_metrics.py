@@ -16,14 +16,18 @@ def counter(text: str, name: str, **labels: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
-def test_metrics_count_each_pod_the_operator_starts(namespace: str, operator: OperatorProcess, core: Any) -> None:
-    started = counter(operator.metrics(), "kopf_operators_actions_total", operator="immortal", action="create-pod")
-    apply_yaml("""
+def apply_ic(namespace: str, name: str) -> None:
+    apply_yaml(f"""
 apiVersion: immortalcontainer.flugel.it/v1alpha1
 kind: ImmortalContainer
-metadata: {name: counted}
-spec: {image: nginx:latest}
+metadata: {{name: {name}}}
+spec: {{image: nginx:latest}}
 """, namespace)
+
+
+def test_metrics_count_each_pod_the_operator_starts(namespace: str, operator: OperatorProcess, core: Any) -> None:
+    started = counter(operator.metrics(), "kopf_operators_actions_total", operator="immortal", action="create-pod")
+    apply_ic(namespace, "counted")
     wait_for(lambda: core.read_namespaced_pod("counted-immortalpod", namespace), timeout=30, what="the pod")
     wait_for(lambda: counter(operator.metrics(), "kopf_operators_actions_total", operator="immortal",
                              action="create-pod") == started + 1, timeout=10, what="the counter to grow by one")
@@ -37,12 +41,7 @@ def test_reaction_latency_is_a_histogram_per_operator(namespace: str, operator: 
                        operator="immortal", trigger="pod deleted")
 
     before = reactions()
-    apply_yaml("""
-apiVersion: immortalcontainer.flugel.it/v1alpha1
-kind: ImmortalContainer
-metadata: {name: timed}
-spec: {image: nginx:latest}
-""", namespace)
+    apply_ic(namespace, "timed")
     pod = wait_for(lambda: core.read_namespaced_pod("timed-immortalpod", namespace), timeout=30, what="the pod")
     core.delete_namespaced_pod("timed-immortalpod", namespace, grace_period_seconds=0)
     wait_for(lambda: reactions() > before, timeout=30, what="a timed reaction to the pod's deletion")
@@ -62,12 +61,7 @@ def test_events_are_counted_by_resource_and_outcome(namespace: str, operator: Op
                    for outcome in ("processed", "superseded"))
 
     before = {resource: events(resource) for resource in ("immortalcontainers", "pods")}
-    apply_yaml("""
-apiVersion: immortalcontainer.flugel.it/v1alpha1
-kind: ImmortalContainer
-metadata: {name: eventful}
-spec: {image: nginx:latest}
-""", namespace)
+    apply_ic(namespace, "eventful")
     wait_for(lambda: core.read_namespaced_pod("eventful-immortalpod", namespace), timeout=30, what="the pod")
     wait_for(lambda: all(events(resource) > count for resource, count in before.items()), timeout=10,
              what="events of both resources counted")
