@@ -49,6 +49,9 @@ RULE = k8s.Kind(logic.API_VERSION, logic.PLURAL, logic.KIND)
 KINDS = {"ConfigMap": k8s.CONFIGMAP, "Secret": k8s.SECRET}
 # A failed pass outside Kopf's retrying handlers: try the rule again after this long (doubling, capped).
 RETRY_SECONDS = (2.0, 300.0)
+# A new rule waits at most this long for the sources of older rules of its kind to be listed (their
+# handlers run concurrently) before it claims a free target name; then it goes ahead.
+OLDER_LISTINGS_SECONDS = 10.0
 
 logger = logging.getLogger("kopf_operators.copyrator")
 CopyKey = tuple[str, str, str]  # (kind, namespace, name)
@@ -116,6 +119,8 @@ class CopyratorController:
         self._deleting: set[str] = set()  # rule uids being deleted: they write nothing any more
         self._inflight: collections.Counter[str] = collections.Counter()  # rule uid -> syncs running
         self._parsed: dict[str, tuple[Any, logic.Rule | logic.RuleError]] = {}
+        # rule uid -> set once this process has listed the rule's sources (``_list_sources``)
+        self._sources_listed: dict[str, asyncio.Event] = collections.defaultdict(asyncio.Event)
         self.background = Background(OPERATOR)
         self._flush: KeyedTimers[RuleKey] = self.background.timers()  # a rule's status, once per burst
         self._retry: KeyedTimers[RuleKey] = self.background.timers()
@@ -461,10 +466,22 @@ class CopyratorController:
         if rule is None:
             return
         await self._list_sources(rule)
+        await self._older_rules_listed(rule)
         errors = await self._sweep(rule, trigger)
         await self.flush_status(snapshot)
         if errors:
             raise errors[0]
+
+    async def _older_rules_listed(self, rule: logic.Rule) -> None:
+        """Wait (at most OLDER_LISTINGS_SECONDS) until the sources of every older rule of the kind are
+        listed. Two rules created together that want one free target name: the older gets it, and
+        until the older's sources are listed the newer one cannot see that the older wants it."""
+        pending = [self._sources_listed[other.uid] for _snapshot, other in self.active_rules(rule.kind)
+                   if not other.push and other.claim < rule.claim and not self._sources_listed[other.uid].is_set()]
+        if pending:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*(listed.wait() for listed in pending)),
+                                       OLDER_LISTINGS_SECONDS)
 
     async def _list_sources(self, rule: logic.Rule) -> None:
         """The one LIST per rule (create/update/resume): what existed before the rule had no event."""
@@ -485,6 +502,7 @@ class CopyratorController:
             for key in [k for k, entry in store.items() if k[0] == ns and k not in seen
                         and logic.selects(rule, rule.kind, entry)]:
                 store.pop(key, None)
+        self._sources_listed[rule.uid].set()
 
     async def _sweep(self, rule: logic.Rule, trigger: str) -> list[ApiError]:
         """Every copy of one rule, from the indexes: writes only what differs."""
@@ -544,7 +562,8 @@ class CopyratorController:
         for timers in (self._flush, self._retry):
             timers.cancel(key)
         count = await self._prune(uid, f"{key[0]}/{key[1]}", "rule deleted")
-        for store in (self._failed, self._rejected, self._done, self._status, self._parsed, self._triggers):
+        for store in (self._failed, self._rejected, self._done, self._status, self._parsed, self._triggers,
+                      self._sources_listed):
             store.pop(uid, None)
         self._forget(uid)
         return count

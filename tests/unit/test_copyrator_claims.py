@@ -33,6 +33,18 @@ class FakeAccess:
     async def serialised(self, key: Hashable) -> AsyncIterator[None]:
         yield
 
+    async def list(self, kind: Any, namespace: str | None = None, *, labels: str = "") -> list[dict[str, Any]]:
+        """The sources in ``namespace`` that match ``labels`` (colour=...); blue answers last."""
+        colour = labels.partition("=")[2]
+        await asyncio.sleep(0.05 if colour == "blue" else 0)
+        return [source(colour, colour)]
+
+    async def patch_status(self, kind: Any, namespace: str | None, name: str, status: Any, **_: Any) -> dict[str, Any]:
+        return {"status": status}
+
+    def event(self, body: Any, type_: str, reason: str, message: str) -> None:
+        pass
+
 
 def rule(name: str, uid: str, created: str, colour: str, **spec: Any) -> dict[str, Any]:
     return {"apiVersion": "flant.com/v1", "kind": "CopyratorRule",
@@ -86,6 +98,20 @@ def test_a_free_name_goes_to_the_older_rule_whichever_syncs_first() -> None:
         assert access.calls == [("create", "t", "app", "u-old")]
         tally = ctl.tally(logic.parse_rule(NEWER))
         assert tally.contested == ["t/app (held by src/z-older)"], tally
+
+
+def test_two_rules_created_together_the_free_name_goes_to_the_older_whose_sources_list_slower() -> None:
+    """Both rules' handlers run at once, each listing its sources first (the older's answer comes
+    last): the newer waits for the older's sources before it claims the name, so it never takes it."""
+    access = FakeAccess()
+    ctl = controller(access, [OLDER, NEWER], [])
+    ctl.sources["ConfigMap"].clear()  # neither rule's sources listed yet
+
+    async def both() -> None:
+        await asyncio.gather(ctl.rule_changed(OLDER, "rule create"), ctl.rule_changed(NEWER, "rule create"))
+
+    asyncio.run(both())
+    assert access.calls == [("create", "t", "app", "u-old")]
 
 
 def test_the_holder_keeps_the_name_and_the_older_rule_is_refused() -> None:
