@@ -17,6 +17,8 @@ from testsupport.paths import REPO
 
 IDLE_TARGET_MB = 85
 GROWTH_TARGET_MB = 15
+
+
 def chart_limit_mb() -> float:
     """The chart's memory limit (values.yaml, resources.limits.memory, in Mi) in MB."""
     values = yaml.safe_load((REPO / "charts" / "kopf-operators" / "values.yaml").read_text())

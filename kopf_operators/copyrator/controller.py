@@ -476,8 +476,9 @@ class CopyratorController:
         """Wait (at most OLDER_LISTINGS_SECONDS) until the sources of every older rule of the kind are
         listed. Two rules created together that want one free target name: the older gets it, and
         until the older's sources are listed the newer one cannot see that the older wants it."""
-        pending = [self._sources_listed[other.uid] for _snapshot, other in self.active_rules(rule.kind)
-                   if not other.push and other.claim < rule.claim and not self._sources_listed[other.uid].is_set()]
+        older = [self._sources_listed[other.uid] for _snapshot, other in self.active_rules(rule.kind)
+                 if not other.push and other.claim < rule.claim]
+        pending = [listed for listed in older if not listed.is_set()]
         if pending:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*(listed.wait() for listed in pending)),
