@@ -147,9 +147,9 @@ class Operator(KopfProcess):
 
     def __init__(self, kubeconfig: Path, env: dict[str, str], log_path: Path, files: list[str],
                  root: Path = REPO) -> None:
-        # The operator's default METRICS_PORT: the benchmark runs one operator at a time.
+        # Metrics served, as the chart ships them (on a free port).
         super().__init__(files, kubeconfig, log_path, env, standalone=False, verbose=False,
-                         extra_args=["--peering=kopf-operators"], metrics_port=False, root=root, log_env=True)
+                         extra_args=["--peering=kopf-operators"], root=root, log_env=True)
 
     def start(self, timeout: float = 90) -> None:
         super().start(timeout)

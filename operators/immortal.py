@@ -21,6 +21,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any)
     _, access = process.shared(memo)
     # Only our pods are streamed (immortal is the only operator that watches pods).
     settings.watching.label_selectors["pods"] = logic.OWNER_LABEL
+    # A pod's binding to a node (and any status that changes nothing we read) runs no pass.
+    process.skip_unchanged(memo, "", "pods", logic.pod_fingerprint)
     controller = CONTROLLER.set(memo, ImmortalController(access, kwargs[OBJECTS_INDEX], kwargs[PODS_INDEX]))
     controller.start_resync()
 

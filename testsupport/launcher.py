@@ -21,6 +21,13 @@ from testsupport.paths import REPO
 TRANSIENT_API_RETRY = re.compile(r"Request attempt #\d+/\d+ failed; will retry")
 
 
+def counter(text: str, name: str, **labels: str) -> float:
+    """One sample of a Prometheus text exposition (0 when absent): ``name`` with exactly ``labels``."""
+    rendered = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    match = re.search(rf"^{re.escape(name)}\{{{re.escape(rendered)}\}} (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
 class OperatorFailed(AssertionError):
     """The operator exited, or did not become healthy in time (the message carries its log's tail)."""
 

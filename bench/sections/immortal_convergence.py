@@ -21,6 +21,7 @@ import aiohttp
 
 from bench.harness import IC_PATH, Bench, Floor, Proc, collect, convergence, log, per_change
 from bench.kube import ApiError, Watcher, bounded
+from testsupport.launcher import counter
 
 
 async def run(b: Bench) -> dict[str, Any]:
@@ -58,6 +59,7 @@ async def burst(b: Bench, side: str, m: int,
         await proc.settle()
         rss_before, cpu_before, loop_before = proc.status(), proc.cpu_seconds(), proc.main_thread_cpu_seconds()
         spy = await _py_spy(proc.pid) if side == "op" else None
+        events_before = _events(b) if side == "op" else {}
         mark = b.a.mark()
         t0 = time.monotonic()
         await bounded(32, [b.kube.create(f"{IC_PATH}/namespaces/{ns}/immortalcontainers", {
@@ -87,6 +89,8 @@ async def burst(b: Bench, side: str, m: int,
     }
     if side == "op":
         extra["api"] = per_change(await b.a.count(mark), m)
+        extra["watch_events_per_object"] = {key: round((count - events_before.get(key, 0)) / m, 2)
+                                            for key, count in _events(b).items()}
         extra["rss_mb"]["restart_with_objects"] = await _restart_rss(b, m)
     await pods.stop()
     await ics.stop()
@@ -102,6 +106,15 @@ async def burst(b: Bench, side: str, m: int,
         await b.operator.settle()
         extra["rss_mb"]["after_delete"] = b.operator.p.rss_mb()
     return elapsed, extra
+
+
+def _events(b: Bench) -> dict[str, float]:
+    """The operator's watch events of ImmortalContainers and pods so far, by resource and outcome
+    (kopf_operators_events_total: processed, or skipped and why)."""
+    text = b.operator.metrics() if b.operator is not None else ""
+    return {f"{resource} {outcome}": counter(text, "kopf_operators_events_total", resource=resource, outcome=outcome)
+            for resource in ("immortalcontainers", "pods")
+            for outcome in ("processed", "superseded", "echo", "unchanged")}
 
 
 async def _restart_rss(b: Bench, m: int) -> dict[str, float]:

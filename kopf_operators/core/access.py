@@ -17,7 +17,9 @@ subclass the caller can catch by name:
 - one error model (``ApiError``) with its mapping onto Kopf's TemporaryError/PermanentError,
 - ``serialised(key)``: per-object serialisation inside the process, in one place,
 - ``paused``: while Kopf has paused this process (a standby replica), every write and Event is refused
-  here (``Paused``), whichever loop or timer asks for it: a standby writes nothing.
+  here (``Paused``), whichever loop or timer asks for it: a standby writes nothing;
+- ``keep_answer`` / ``is_echo``: a write whose answer the caller keeps as its newest state; the watch
+  event that echoes it back (the same uid and resourceVersion) is then skipped (``process.governed``).
 
 Requests are plain JSON dicts in and out (no generated models). Transient failures (connection
 errors, 429, 5xx) are retried here with a capped exponential backoff plus jitter; what still fails
@@ -144,6 +146,9 @@ class Access:
         self._locks: dict[Hashable, asyncio.Lock] = {}
         self._lock_users: collections.Counter[Hashable] = collections.Counter()
         self._client_guard = threading.Lock()
+        # uid -> resourceVersion of a write answer its caller kept (``keep_answer``), until the
+        # watch delivers that object's next event (the echo, or a newer version).
+        self._kept_answers: dict[str, str] = {}
 
     @classmethod
     def from_environment(cls) -> Access:
@@ -355,6 +360,24 @@ class Access:
         if self.paused:
             return
         kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message[:MAX_EVENT_MESSAGE])
+
+    # --- echoes of our own writes -----------------------------------------------------------------
+
+    def keep_answer(self, answer: Mapping[str, Any]) -> None:
+        """The caller keeps ``answer`` (a write's answer) as the object's newest state, and its
+        handlers would do nothing with that same version: the watch's echo of it need not be
+        processed. Only for resources without Kopf change handlers (those need every event)."""
+        meta = answer.get("metadata") or {}
+        if meta.get("uid") and meta.get("resourceVersion"):
+            self._kept_answers[meta["uid"]] = meta["resourceVersion"]
+
+    def is_echo(self, event_type: str | None, body: Mapping[str, Any]) -> bool:
+        """Whether this watch event only echoes a kept answer (that very version, ADDED after our
+        create or MODIFIED after our patch). Any event of the object ends the wait: the watch delivers
+        versions in order, so a newer one (or a re-listing, or a deletion) means the echo will not come."""
+        meta = body.get("metadata") or {}
+        kept = self._kept_answers.pop(meta.get("uid") or "", None)
+        return kept is not None and event_type in ("ADDED", "MODIFIED") and kept == meta.get("resourceVersion")
 
     # --- per-object serialisation ---------------------------------------------------------------
 

@@ -21,7 +21,7 @@ import logging
 import re
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Mapping
 from typing import Any
 
 import kopf
@@ -204,6 +204,8 @@ wake_gate_waiters_only_on_change()
 
 
 ProcessEvent = Callable[..., Awaitable[Any]]
+# What every index and handler of a resource reads of one object, its version left out.
+Fingerprint = Callable[[Mapping[str, Any]], Hashable]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,6 +218,24 @@ class EventPolicy:
     kopf_change_groups: frozenset[str]
     # At most this many objects' events processed at once (None: no cap).
     slots: asyncio.Semaphore | None
+    # (group, plural) -> its Fingerprint (``skip_unchanged``).
+    fingerprints: dict[tuple[str, str], Fingerprint] = dataclasses.field(default_factory=dict)
+    # uid -> the fingerprint of that object's newest event, for the fingerprinted resources.
+    latest: dict[str, Hashable] = dataclasses.field(default_factory=dict)
+
+    def unchanged(self, resource: kopf.Resource, event_type: str | None, body: Mapping[str, Any]) -> bool:
+        """Whether this is a modification that leaves the object's fingerprint as its previous
+        event had it. Every event of a fingerprinted resource is remembered (a deletion forgets)."""
+        fingerprint = self.fingerprints.get((resource.group, resource.plural))
+        uid = (body.get("metadata") or {}).get("uid")
+        if fingerprint is None or not uid:
+            return False
+        if event_type == "DELETED":
+            self.latest.pop(uid, None)
+            return False
+        new, old = fingerprint(body), self.latest.get(uid)
+        self.latest[uid] = new
+        return event_type == "MODIFIED" and old == new
 
 
 def governed(process: ProcessEvent) -> ProcessEvent:
@@ -226,6 +246,11 @@ def governed(process: ProcessEvent) -> ProcessEvent:
       the object's ``stream_pressure`` then): the newer body carries its state forward to the indexes
       and to the level-triggered handlers, as a client-go work queue processes a key once for many
       events. ADDED, DELETED and listing events are never skipped.
+    - an event that only echoes a write whose answer its controller kept (``Access.keep_answer``: an
+      ImmortalContainer's status patch, its pod's creation) is skipped: the controller already holds
+      that version, and its pass would change nothing;
+    - a MODIFIED event that leaves the object's fingerprint unchanged (``skip_unchanged``: a pod's
+      binding to a node, for the immortal operator) is skipped: no index or handler would see a change.
     - at most ``slots`` objects' events are processed at once; the rest wait in their queues.
 
     Neither applies to an object while Kopf still waits for it to be indexed in an initial listing
@@ -234,15 +259,24 @@ def governed(process: ProcessEvent) -> ProcessEvent:
 
     @functools.wraps(process)
     async def governing(**kwargs: Any) -> Any:
-        policy = kwargs["memobase"].get(EVENT_POLICY.name)
-        if (not isinstance(policy, EventPolicy) or kwargs["resource"].group in policy.kopf_change_groups
-                or kwargs.get("resource_indexed") is not None):
+        policy, resource = kwargs["memobase"].get(EVENT_POLICY.name), kwargs["resource"]
+        if not isinstance(policy, EventPolicy) or resource.group in policy.kopf_change_groups:
             return await process(**kwargs)
-        pressure = kwargs.get("stream_pressure")
-        if kwargs["raw_event"].get("type") == "MODIFIED" and pressure is not None and pressure.is_set():
-            metrics.event(kwargs["resource"].plural, "superseded")
+        event_type, body = kwargs["raw_event"].get("type"), kwargs["raw_event"].get("object") or {}
+        # Both are asked on every event: each remembers what the object's next event is compared with.
+        access = kwargs["memobase"].get(ACCESS.name)
+        echo = isinstance(access, Access) and access.is_echo(event_type, body)
+        unchanged = policy.unchanged(resource, event_type, body)
+        if kwargs.get("resource_indexed") is not None:
+            return await process(**kwargs)
+        if echo or unchanged:
+            metrics.event(resource.plural, "echo" if echo else "unchanged")
             return None  # Kopf's processor returns the version it patched: none here
-        metrics.event(kwargs["resource"].plural, "processed")
+        pressure = kwargs.get("stream_pressure")
+        if event_type == "MODIFIED" and pressure is not None and pressure.is_set():
+            metrics.event(resource.plural, "superseded")
+            return None
+        metrics.event(resource.plural, "processed")
         if policy.slots is None:
             return await process(**kwargs)
         async with policy.slots:
@@ -353,6 +387,28 @@ TRIMMER = MemoSlot("allocator_trim", asyncio.Task)
 EVENT_POLICY = MemoSlot("event_policy", EventPolicy)
 
 
+def event_policy(memo: kopf.Memo) -> EventPolicy | None:
+    """The process's EventPolicy, created on first use; None when a handler with change detection
+    names no API group (then every event is left to Kopf)."""
+    if not EVENT_POLICY.present(memo):
+        changing_groups = DiffBaseWhereUsed.groups_of(kopf.get_default_registry())
+        if changing_groups is None:
+            return None
+        config, _ = shared(memo)
+        slots = asyncio.Semaphore(config.concurrent_events) if config.concurrent_events else None
+        EVENT_POLICY.set(memo, EventPolicy(changing_groups, slots))
+    return EVENT_POLICY(memo)
+
+
+def skip_unchanged(memo: kopf.Memo, group: str, plural: str, fingerprint: Fingerprint) -> None:
+    """Skip a modification of a ``group``/``plural`` object that leaves ``fingerprint(body)`` as it
+    was: it must cover every field that any index or handler of that resource, in any operator of
+    the process, reads (tests/unit/test_process.py checks who watches each fingerprinted resource)."""
+    policy = event_policy(memo)
+    if policy is not None:
+        policy.fingerprints[(group, plural)] = fingerprint
+
+
 def shared(memo: kopf.Memo) -> tuple[Config, Access]:
     """The shared configuration and access layer, created on first use (startup handlers of the
     operators may run before or after ``configure``)."""
@@ -392,9 +448,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.queueing.idle_timeout = IDLE_WORKER_SECONDS
     # Groups whose handlers use Kopf's change detection (None: a handler names no group, so any may).
     changing_groups = DiffBaseWhereUsed.groups_of(kopf.get_default_registry())
-    if changing_groups is not None and not EVENT_POLICY.present(memo):
-        slots = asyncio.Semaphore(config.concurrent_events) if config.concurrent_events else None
-        EVENT_POLICY.set(memo, EventPolicy(changing_groups, slots))
+    event_policy(memo)
     asyncio.get_running_loop().set_default_executor(
         concurrent.futures.ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix="kopf-operators"))
     # Two replicas: only one acts (peering CRDs in manifests/crds). `--peering NAME` and

@@ -194,6 +194,7 @@ class ImmortalController:
                     self._saw_pod((namespace, name), existing)
                 return decide(pod), pod
             self._saw_pod((namespace, name), created)
+            self.access.keep_answer(created)  # its ADDED event would run a pass that changes nothing
             if created.get("metadata", {}).get("uid"):
                 self._uncounted.setdefault((namespace, name), set()).add(created["metadata"]["uid"])
             pod = logic.observe_pod(created, uid)
@@ -264,6 +265,8 @@ class ImmortalController:
         if answer is None:
             return  # deleted meanwhile
         self._written[key] = logic.snapshot(answer)
+        # This pass has acted on that version: the watch's echo of it would run a pass that does nothing.
+        self.access.keep_answer(answer)
         if new["startTimes"] != old.get("startTimes"):
             logger.info(f"[{key[0]}/{key[1]}] Counted start #{new['startTimes']} "
                         f"(pod uid {new.get('currentPodUID')})")

@@ -95,6 +95,16 @@ def pod_summary(pod: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def pod_fingerprint(pod: Mapping[str, Any]) -> int:
+    """What the pods index and the pod handler read of a pod (its owner label and summary), without
+    its version: equal across a modification they need not see (the scheduler binding it to a node,
+    a kubelet status with the same phase, readiness and counts). A 64-bit hash: one is kept per pod."""
+    summary = pod_summary(pod)
+    summary["metadata"].pop("resourceVersion", None)
+    owner = ((pod.get("metadata") or {}).get("labels") or {}).get(OWNER_LABEL)
+    return hash((owner, repr(summary)))
+
+
 def pod_ready(pod: Mapping[str, Any]) -> bool:
     """The pod's own Ready condition (its readiness probes pass), or the summary's copy of it."""
     status = pod.get("status") or {}

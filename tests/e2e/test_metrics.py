@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from tests.e2e.test_immortal import pod_or_none
 from tests.kube import OperatorProcess, wait_for
 from testsupport.kubectl import apply_yaml
-
-
-def counter(text: str, name: str, **labels: str) -> float:
-    rendered = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    match = re.search(rf"^{re.escape(name)}\{{{re.escape(rendered)}\}} (\S+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
+from testsupport.launcher import counter
 
 
 def apply_ic(namespace: str, name: str) -> None:
@@ -52,13 +46,14 @@ def test_reaction_latency_is_a_histogram_per_operator(namespace: str, operator: 
 
 
 def test_events_are_counted_by_resource_and_outcome(namespace: str, operator: OperatorProcess, core: Any) -> None:
-    """Every watch event of a resource without change handlers is either processed or superseded by
-    a newer one of the same object; a new ImmortalContainer brings its own and its pod's."""
+    """Every watch event of a resource without change handlers is processed, or skipped (superseded by
+    a newer one of the same object, the echo of our own write, or a change nothing reads); a new
+    ImmortalContainer brings its own and its pod's."""
 
     def events(resource: str) -> float:
         text = operator.metrics()
         return sum(counter(text, "kopf_operators_events_total", resource=resource, outcome=outcome)
-                   for outcome in ("processed", "superseded"))
+                   for outcome in ("processed", "superseded", "echo", "unchanged"))
 
     before = {resource: events(resource) for resource in ("immortalcontainers", "pods")}
     apply_ic(namespace, "eventful")

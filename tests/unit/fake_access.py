@@ -103,6 +103,9 @@ class FakeAccess:
     def event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         self.events.append((type_, reason))
 
+    def keep_answer(self, answer: Mapping[str, Any]) -> None:
+        pass  # only Kopf's event processing asks about it (tests/unit/test_process.py)
+
     @contextlib.asynccontextmanager
     async def serialised(self, key: Hashable) -> AsyncIterator[None]:
         yield

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from typing import Any
@@ -404,6 +405,9 @@ class FakeAccess:
     def event(self, body: Any, type_: str, reason: str, message: str) -> None:
         self.calls.append((f"event {reason}", False))
 
+    def keep_answer(self, answer: dict[str, Any]) -> None:
+        pass  # only Kopf's event processing asks about it (tests/unit/test_process.py)
+
 
 @pytest.mark.parametrize("refuse", [True, False])
 def test_a_running_pod_is_deleted_only_after_the_dry_run_accepts_its_replacement(refuse: bool) -> None:
@@ -435,3 +439,31 @@ def test_a_running_pod_is_deleted_only_after_the_dry_run_accepts_its_replacement
     else:
         assert decisions[0] is not None and decisions[0].reason == "ImageChanged"
         assert access.calls[:2] == [("create", True), ("delete", False)]
+
+
+def test_a_pods_fingerprint_changes_only_with_what_the_operator_reads() -> None:
+    """A pod's binding to a node and a kubelet status that changes no phase, readiness or count run no
+    pass (process.skip_unchanged); whatever the controller reads changes the fingerprint."""
+    created = {"metadata": {"name": "x-immortalpod", "uid": "pod-1", "resourceVersion": "10",
+                            "labels": {logic.OWNER_LABEL: "x"},
+                            "ownerReferences": [{"controller": True, "uid": "ic-1"}]},
+               "spec": {"containers": [{"name": "acontainer", "image": "nginx"}]}, "status": {"phase": "Pending"}}
+
+    def changed(**parts: Any) -> dict[str, Any]:
+        pod = copy.deepcopy(created)
+        for part, fields in parts.items():
+            pod[part].update(fields)
+        return pod
+
+    fingerprint = logic.pod_fingerprint(created)
+    bound = changed(metadata={"resourceVersion": "11"}, spec={"nodeName": "node-1"},
+                    status={"conditions": [{"type": "PodScheduled", "status": "True"}]})
+    assert logic.pod_fingerprint(bound) == fingerprint
+    running = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    for other in (changed(status={"phase": "Running"}), changed(status=running),
+                  changed(status={"startTime": "2026-11-26T06:00:00Z"}),
+                  changed(status={"containerStatuses": [{"restartCount": 1}]}),
+                  changed(metadata={"deletionTimestamp": "2026-11-26T06:00:00Z"}),
+                  changed(metadata={"labels": {logic.OWNER_LABEL: "y"}}),
+                  changed(spec={"containers": [{"name": "acontainer", "image": "nginx:2"}]})):
+        assert logic.pod_fingerprint(other) != fingerprint

@@ -19,7 +19,9 @@ from kopf._core.reactor import processing
 
 from kopf_operators.blackadder import decisions as blackadder
 from kopf_operators.copyrator import decisions as copyrator
+from kopf_operators.core.access import Access
 from kopf_operators.core.process import (
+    ACCESS,
     EVENT_POLICY,
     DiffBaseWhereUsed,
     EventPolicy,
@@ -27,6 +29,7 @@ from kopf_operators.core.process import (
     governed,
     lean_listing,
     lean_stream,
+    skip_unchanged,
     trim_allocator,
 )
 from kopf_operators.immortal import decisions as immortal
@@ -40,15 +43,25 @@ from kopf._cogs.aiokits import aiotoggles
 
 from kopf_operators.core.process import DiffBaseWhereUsed, glibc_malloc_trim, trim_allocator
 preload(sorted(glob.glob("operators/*.py")), [])
-groups = DiffBaseWhereUsed.groups_of(kopf.get_default_registry())
+registry = kopf.get_default_registry()
+groups = DiffBaseWhereUsed.groups_of(registry)
 print(json.dumps(None if groups is None else sorted(groups)))
+pod_handlers = [handler.id for kind in (registry._indexing, registry._watching, registry._changing,
+                                        registry._spawning, registry._webhooks)
+                for handler in kind.get_all_handlers()
+                if handler.selector is not None and "pods" in (handler.selector.any_name, handler.selector.plural)]
+print(json.dumps(sorted(pod_handlers)))
 """
 
 
-def test_the_diff_base_is_kept_only_for_the_groups_with_change_handlers_or_daemons() -> None:
+def _probe() -> list[Any]:
     out = subprocess.run([sys.executable, "-c", _PROBE], cwd=REPO, env={**os.environ, "CHAOS_TENANTS": "true"},
                          capture_output=True, text=True, check=True, timeout=120)
-    groups = json.loads(out.stdout.strip().splitlines()[-1])
+    return [json.loads(line) for line in out.stdout.strip().splitlines()[-2:]]
+
+
+def test_the_diff_base_is_kept_only_for_the_groups_with_change_handlers_or_daemons() -> None:
+    groups, _ = _probe()
     assert groups == sorted({copyrator.GROUP, blackadder.GROUP})
     assert immortal.GROUP not in groups and "" not in groups  # ImmortalContainers, pods, ConfigMaps: none
 
@@ -227,6 +240,92 @@ def test_objects_of_a_listing_and_groups_with_change_handlers_are_left_to_kopf()
     events: list[str | None] = ["MODIFIED"] * 20
     assert _processed(policy, events, listed=True, newer_waiting=True) == (20, events)
     assert _processed(policy, events, group="flant.com", newer_waiting=True) == (20, events)
+
+
+def test_the_echo_of_a_kept_write_answer_is_skipped_and_nothing_else() -> None:
+    """A controller that keeps its status patch's answer (an ImmortalContainer) needs no pass for the
+    watch event that delivers that very version; any other event of the object is processed, and ends
+    the wait for the echo (the watch delivers versions in order)."""
+
+    def thing(rv: str, uid: str = "u1") -> dict[str, Any]:
+        return {"metadata": {"uid": uid, "resourceVersion": rv}}
+
+    async def scenario() -> list[tuple[str | None, str]]:
+        processed: list[tuple[str | None, str]] = []
+
+        async def process(raw_event: dict[str, Any], **_: Any) -> None:
+            processed.append((raw_event["type"], raw_event["object"]["metadata"]["resourceVersion"]))
+
+        memo = kopf.Memo()
+        EVENT_POLICY.set(memo, EventPolicy(frozenset({"flant.com"}), asyncio.Semaphore(3)))
+        access = ACCESS.set(memo, Access(None))  # type: ignore[arg-type]  # no request is made
+        governing = governed(process)
+        resource = kopf.Resource(immortal.GROUP, "v1", immortal.PLURAL)
+
+        async def event(kind: str | None, body: dict[str, Any]) -> None:
+            await governing(memobase=memo, resource=resource, resource_indexed=None,
+                            stream_pressure=asyncio.Event(), raw_event={"type": kind, "object": body})
+
+        access.keep_answer(thing("5"))
+        access.keep_answer(thing("9", uid="u2"))
+        await event("MODIFIED", thing("5"))   # the echo: skipped
+        await event("MODIFIED", thing("5"))   # delivered again (a re-watch): processed
+        access.keep_answer(thing("7"))
+        await event("MODIFIED", thing("6"))   # somebody else's write came first: processed...
+        await event("MODIFIED", thing("7"))   # ...and the echo is no longer waited for
+        access.keep_answer(thing("8"))
+        await event(None, thing("8"))         # a re-listing always runs
+        await event("MODIFIED", thing("9"))   # another object's version number
+        await event("MODIFIED", thing("9", uid="u2"))  # that object's echo
+        access.keep_answer(thing("1", uid="u3"))
+        await event("ADDED", thing("1", uid="u3"))  # the echo of our create
+        await event("DELETED", thing("1", uid="u3"))  # never skipped
+        return processed
+
+    assert asyncio.run(scenario()) == [("MODIFIED", "5"), ("MODIFIED", "6"), ("MODIFIED", "7"),
+                                       (None, "8"), ("MODIFIED", "9"), ("DELETED", "1")]
+
+
+def test_pods_are_read_only_by_the_immortal_handlers_that_their_fingerprint_covers() -> None:
+    """The immortal operator skips a pod's modification that leaves ``pod_fingerprint`` unchanged, for
+    every handler of the process: a new handler or index of pods elsewhere must extend it first."""
+    _, pod_handlers = _probe()
+    assert pod_handlers == ["immortal-pod-event", "immortal-pods"]
+
+
+def test_a_modification_that_leaves_the_fingerprint_unchanged_is_skipped() -> None:
+    def pod(rv: str, phase: str = "Pending", uid: str = "p1", node: str = "") -> dict[str, Any]:
+        return {"metadata": {"uid": uid, "resourceVersion": rv}, "spec": {"nodeName": node},
+                "status": {"phase": phase}}
+
+    async def scenario() -> list[tuple[str | None, str]]:
+        processed: list[tuple[str | None, str]] = []
+
+        async def process(raw_event: dict[str, Any], **_: Any) -> None:
+            processed.append((raw_event["type"], raw_event["object"]["metadata"]["resourceVersion"]))
+
+        memo = kopf.Memo()
+        policy = EventPolicy(frozenset({"flant.com"}), None)
+        EVENT_POLICY.set(memo, policy)
+        skip_unchanged(memo, "", "pods", lambda body: body["status"]["phase"])
+        governing = governed(process)
+
+        async def event(kind: str | None, body: dict[str, Any], plural: str = "pods") -> None:
+            await governing(memobase=memo, resource=kopf.Resource("", "v1", plural), resource_indexed=None,
+                            stream_pressure=asyncio.Event(), raw_event={"type": kind, "object": body})
+
+        await event("ADDED", pod("1"))
+        await event("MODIFIED", pod("2", node="n1"))      # bound to a node: skipped
+        await event("MODIFIED", pod("3", "Running", node="n1"))
+        await event("MODIFIED", pod("4", "Running", uid="p2"))  # another pod, never seen: processed
+        await event("DELETED", pod("5", "Running", node="n1"))  # always processed, and forgotten
+        await event("MODIFIED", pod("1", uid="c"), plural="configmaps")
+        await event("MODIFIED", pod("2", uid="c"), plural="configmaps")  # not fingerprinted
+        assert set(policy.latest) == {"p2"}
+        return processed
+
+    assert asyncio.run(scenario()) == [("ADDED", "1"), ("MODIFIED", "3"), ("MODIFIED", "4"), ("DELETED", "5"),
+                                       ("MODIFIED", "1"), ("MODIFIED", "2")]
 
 
 def test_kopf_lists_and_streams_every_object_without_its_managed_fields() -> None:
