@@ -444,10 +444,11 @@ def test_a_running_pod_is_deleted_only_after_the_dry_run_accepts_its_replacement
 def test_a_pods_fingerprint_changes_only_with_what_the_operator_reads() -> None:
     """A pod's binding to a node and a kubelet status that changes no phase, readiness or count run no
     pass (process.skip_unchanged); whatever the controller reads changes the fingerprint."""
-    created = {"metadata": {"name": "x-immortalpod", "uid": "pod-1", "resourceVersion": "10",
-                            "labels": {logic.OWNER_LABEL: "x"},
-                            "ownerReferences": [{"controller": True, "uid": "ic-1"}]},
-               "spec": {"containers": [{"name": "acontainer", "image": "nginx"}]}, "status": {"phase": "Pending"}}
+    created: dict[str, dict[str, Any]] = {"metadata": {"name": "x-immortalpod", "uid": "pod-1", "resourceVersion": "10",
+                                           "labels": {logic.OWNER_LABEL: "x"},
+                                           "ownerReferences": [{"controller": True, "uid": "ic-1"}]},
+                                      "spec": {"containers": [{"name": "acontainer", "image": "nginx"}]},
+                                      "status": {"phase": "Pending"}}
 
     def changed(**parts: Any) -> dict[str, Any]:
         pod = copy.deepcopy(created)

@@ -258,7 +258,7 @@ def test_the_echo_of_a_kept_write_answer_is_skipped_and_nothing_else() -> None:
 
         memo = kopf.Memo()
         EVENT_POLICY.set(memo, EventPolicy(frozenset({"flant.com"}), asyncio.Semaphore(3)))
-        access = ACCESS.set(memo, Access(None))  # type: ignore[arg-type]  # no request is made
+        access = ACCESS.set(memo, Access(None))  # no request is made
         governing = governed(process)
         resource = kopf.Resource(immortal.GROUP, "v1", immortal.PLURAL)
 
