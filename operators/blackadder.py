@@ -57,12 +57,13 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.index("namespaces", id=NAMESPACES_INDEX)
-def blackadder_namespaces(name: str, labels: kopf.Labels, status: kopf.Status, **_: Any) -> dict[str, dict[str, Any]]:
+async def blackadder_namespaces(name: str, labels: kopf.Labels, status: kopf.Status,
+                                **_: Any) -> dict[str, dict[str, Any]]:
     return {name: {"labels": dict(labels), "terminating": status.get("phase") == "Terminating"}}
 
 
 @kopf.index("flant.com", "v1", "copyrators", id=SOURCES_INDEX)
-def blackadder_copyrator_sources(namespace: str | None, name: str, body: kopf.Body,
+async def blackadder_copyrator_sources(namespace: str | None, name: str, body: kopf.Body,
                                  **_: Any) -> dict[tuple[str, str], list[dict[str, Any]]] | None:
     """Which ConfigMaps Copyrator rules copy (sharedConfigMaps: Skip keeps ipsum off them)."""
     sources = logic.copyrator_sources(body)

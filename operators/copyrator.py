@@ -50,24 +50,24 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
 # --- indexes (small entries: never whole bodies of unrelated objects) -----------------------------
 
 @kopf.index(*RULES, id=RULES_INDEX)
-def copyrator_rules(namespace: str | None, name: str, body: kopf.Body,
+async def copyrator_rules(namespace: str | None, name: str, body: kopf.Body,
                     **_: Any) -> dict[RuleKey, dict[str, Any]] | None:
     return {(namespace, name): logic.rule_snapshot(body)} if namespace else None
 
 
 @kopf.index("", "v1", "namespaces", id=NAMESPACES_INDEX)
-def copyrator_namespaces(name: str, body: kopf.Body, **_: Any) -> dict[str, logic.NamespaceInfo]:
+async def copyrator_namespaces(name: str, body: kopf.Body, **_: Any) -> dict[str, logic.NamespaceInfo]:
     return {name: logic.namespace_info(body)}
 
 
 @kopf.index("", "v1", "configmaps", labels={logic.RULE_UID_LABEL: kopf.PRESENT},
             id=COPIES_INDEXES["ConfigMap"])
-def copyrator_configmap_copies(body: kopf.Body, **_: Any) -> dict[CopyIndexKey, logic.CopyView]:
+async def copyrator_configmap_copies(body: kopf.Body, **_: Any) -> dict[CopyIndexKey, logic.CopyView]:
     return copy_index_keys(logic.copy_view(body, "ConfigMap"))
 
 
 @kopf.index("", "v1", "secrets", labels={logic.RULE_UID_LABEL: kopf.PRESENT}, id=COPIES_INDEXES["Secret"])
-def copyrator_secret_copies(body: kopf.Body, **_: Any) -> dict[CopyIndexKey, logic.CopyView]:
+async def copyrator_secret_copies(body: kopf.Body, **_: Any) -> dict[CopyIndexKey, logic.CopyView]:
     return copy_index_keys(logic.copy_view(body, "Secret"))
 
 

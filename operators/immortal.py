@@ -33,12 +33,13 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.index(logic.GROUP, logic.PLURAL, id=OBJECTS_INDEX)
-def immortal_objects(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Key, Snapshot] | None:
+async def immortal_objects(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Key, Snapshot] | None:
     return {(namespace, name): logic.snapshot(body)} if namespace else None
 
 
 @kopf.index("pods", labels={logic.OWNER_LABEL: kopf.PRESENT}, id=PODS_INDEX)
-def immortal_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, Snapshot] | None:
+async def immortal_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body,
+                       **_: Any) -> dict[Key, Snapshot] | None:
     return {(namespace, labels[logic.OWNER_LABEL]): logic.pod_summary(body)} if namespace else None
 
 

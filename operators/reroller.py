@@ -46,7 +46,7 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
 
 
 def _source_index(kind: str) -> Any:
-    def index(namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> Any:
+    async def index(namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> Any:
         return {(kind, namespace or "", name): logic.source_view(kind, body, CONTROLLER(memo).resource_selector)}
     return index
 
@@ -56,7 +56,7 @@ kopf.index("secrets", id=SOURCE_INDEXES["Secret"])(_source_index("Secret"))
 
 
 def _workload_index(kind: str) -> Any:
-    def index(body: kopf.Body, memo: kopf.Memo, **_: Any) -> Any:
+    async def index(body: kopf.Body, memo: kopf.Memo, **_: Any) -> Any:
         return logic.workload_index_entries(logic.workload_view(kind, body, CONTROLLER(memo).options))
     return index
 
@@ -73,7 +73,7 @@ for _kind, (_group, _version, _plural) in _WORKLOADS.items():
 
 
 @kopf.index("namespaces", id=NAMESPACES_INDEX)
-def namespace_labels(name: str, labels: kopf.Labels, **_: Any) -> Any:
+async def namespace_labels(name: str, labels: kopf.Labels, **_: Any) -> Any:
     return {name: dict(labels)}
 
 

@@ -36,14 +36,14 @@ import dataclasses
 import json
 import logging
 import random
-import threading
-from collections.abc import AsyncIterator, Callable, Hashable, Mapping
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping
 from typing import Any, TypeVar, cast
 from urllib.parse import quote, urlencode
 
+import aiohttp
 import kopf
 import kubernetes
-import urllib3
 
 from kopf_operators.core import metrics
 
@@ -53,9 +53,11 @@ T = TypeVar("T")
 # Transient failures are retried this many times in the layer (0.2 s, 0.4 s, 0.8 s, ±50 %).
 RETRIES = 3
 BACKOFF_SECONDS = 0.2
+# A request whose answer stalls this long is retried (time waiting for a pooled connection is not counted).
 REQUEST_TIMEOUT_SECONDS = 30.0
+CONNECT_TIMEOUT_SECONDS = 10.0
 MAX_EVENT_MESSAGE = 1000
-# As many pooled connections as process.WORKER_THREADS (the threads that make the requests).
+# Requests in flight at once (more wait for a connection): as many as process.WORKER_THREADS were.
 POOL_CONNECTIONS = 16
 
 
@@ -140,12 +142,12 @@ class Access:
     """The API client of all four operators (one per process, kept in Kopf's ``memo``)."""
 
     def __init__(self, client: kubernetes.client.ApiClient) -> None:
-        self._client = client
+        self._client = client  # its configuration: the server, TLS files, and credentials it refreshes
+        self._session: aiohttp.ClientSession | None = None  # created in the event loop, on first use
         # Kopf's peering pause, followed by process.PeeringState: True while another replica acts.
         self.paused = False
         self._locks: dict[Hashable, asyncio.Lock] = {}
         self._lock_users: collections.Counter[Hashable] = collections.Counter()
-        self._client_guard = threading.Lock()
         # uid -> resourceVersion of a write answer its caller kept (``keep_answer``), until the
         # watch delivers that object's next event (the echo, or a newer version).
         self._kept_answers: dict[str, str] = {}
@@ -157,35 +159,28 @@ class Access:
             kubernetes.config.load_incluster_config()
         except kubernetes.config.ConfigException:
             kubernetes.config.load_kube_config()
-        configuration = kubernetes.client.Configuration.get_default_copy()
-        # One pooled connection per worker thread: urllib3's default (5 per CPU) is smaller than the
-        # thread pool, so concurrent writes kept opening and discarding TLS connections.
-        configuration.connection_pool_maxsize = POOL_CONNECTIONS
-        return cls(kubernetes.client.ApiClient(configuration))
+        return cls(kubernetes.client.ApiClient(kubernetes.client.Configuration.get_default_copy()))
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     # --- the one request path -------------------------------------------------------------------
 
-    def request_sync(self, method: str, path: str, *, query: Mapping[str, str] | None = None,
-                     body: Any = None, content_type: str = "application/json") -> dict[str, Any] | None:
-        """Blocking: one request with the layer's retries; the decoded body (None on a 404)."""
-        url = path + ("?" + urlencode(query) if query else "")
-        return self._retrying(lambda: self._once(method, url, body, content_type))
-
-    @staticmethod
-    def _retrying(attempt: Callable[[], T]) -> T:
-        """Blocking: ``attempt()`` with the layer's retries of transient failures; every failed attempt
+    async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``await attempt()`` with the layer's retries of transient failures; every failed attempt
         is counted in ``kopf_operators_api_errors``."""
         attempts = 0
         while True:
             try:
-                return attempt()
+                return await attempt()
             except ApiError as exc:
                 metrics.API_ERRORS.labels(status=str(exc.status or "unreachable")).inc()
                 if not exc.transient or attempts >= RETRIES:
                     raise
             attempts += 1
-            delay = BACKOFF_SECONDS * (2 ** (attempts - 1)) * random.uniform(0.5, 1.5)
-            threading.Event().wait(delay)
+            await asyncio.sleep(BACKOFF_SECONDS * (2 ** (attempts - 1)) * random.uniform(0.5, 1.5))
 
     async def call(self, blocking: Callable[[], T]) -> T:
         """A read through another client (Blackadder's listings with pykube-ng), in a worker thread
@@ -202,32 +197,65 @@ class Access:
                     raise from_pykube(exc) from None
                 raise
 
-        return await asyncio.to_thread(self._retrying, attempt)
+        return await self._retrying(lambda: asyncio.to_thread(attempt))
 
-    def _once(self, method: str, url: str, body: Any, content_type: str) -> dict[str, Any] | None:
+    def session(self) -> aiohttp.ClientSession:
+        """The connection pool to the API server, made from the client's configuration (kubeconfig or
+        in-cluster): its CA, client certificate, TLS server name and proxy. Requests run on the
+        event loop: no thread per request, and the TLS of POOL_CONNECTIONS kept-alive connections."""
+        if self._session is None:
+            cfg = self._client.configuration
+            context = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None)
+            if not cfg.verify_ssl:
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            elif cfg.assert_hostname is False:
+                context.check_hostname = False
+            if cfg.cert_file:
+                context.load_cert_chain(cfg.cert_file, cfg.key_file)
+            connector = aiohttp.TCPConnector(ssl=context, limit=POOL_CONNECTIONS)
+            self._session = aiohttp.ClientSession(
+                connector=connector, json_serialize=json.dumps,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_SECONDS,
+                                              sock_read=REQUEST_TIMEOUT_SECONDS))
+        return self._session
+
+    def _proxy(self, url: str) -> dict[str, Any]:
+        cfg = self._client.configuration
+        options: dict[str, Any] = {}
+        if cfg.tls_server_name:
+            options["server_hostname"] = cfg.tls_server_name
+        if cfg.proxy and not (cfg.no_proxy and kubernetes.client.rest.should_bypass_proxies(url, cfg.no_proxy)):
+            options["proxy"] = cfg.proxy
+            if cfg.proxy_headers:
+                options["proxy_headers"] = cfg.proxy_headers
+        return options
+
+    async def _once(self, method: str, url: str, body: Any, content_type: str) -> dict[str, Any] | None:
         headers = {"Accept": "application/json", "Content-Type": content_type}
-        with self._client_guard:  # param_serialize refreshes credentials; keep it single-threaded
-            _method, full_url, headers, _body, _ = self._client.param_serialize(
-                method=method, resource_path=url, header_params=headers, auth_settings=["BearerToken"])
+        # The credentials as the kubernetes client sends them (a bearer token is re-read when it expires).
+        _method, full_url, headers, _body, _ = self._client.param_serialize(
+            method=method, resource_path=url, header_params=headers, auth_settings=["BearerToken"])
+        data = json.dumps(body).encode() if body is not None else None
         try:
-            response = self._client.call_api(method, full_url, header_params=headers,
-                                             body=body,
-                                             _request_timeout=REQUEST_TIMEOUT_SECONDS)
-            response.read()
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            async with self.session().request(method, full_url, headers=headers, data=data,
+                                              **self._proxy(full_url)) as response:
+                status, reason, raw = response.status, response.reason or "", await response.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise ApiError(None, type(exc).__name__) from None
-        except kubernetes.client.ApiException as exc:
-            raise _error(exc.status or None, exc.reason or "", exc.body) from None
-        if response.status == 404 and method == "GET":
+        if status == 404 and method == "GET":
             return None
-        if not 200 <= response.status <= 299:
-            raise _error(response.status, response.reason or "", response.data)
-        return cast(dict[str, Any], json.loads(response.data)) if response.data else {}
+        if not 200 <= status <= 299:
+            raise _error(status, reason, raw)
+        return cast(dict[str, Any], json.loads(raw)) if raw else {}
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any] | None:
+    async def _request(self, method: str, path: str, *, query: Mapping[str, str] | None = None,
+                       body: Any = None, content_type: str = "application/json") -> dict[str, Any] | None:
+        """One request with the layer's retries; the decoded body (None on a 404 of a GET)."""
         if self.paused and method != "GET":
             raise Paused()
-        return await asyncio.to_thread(self.request_sync, method, path, **kwargs)
+        url = path + ("?" + urlencode(query) if query else "")
+        return await self._retrying(lambda: self._once(method, url, body, content_type))
 
     # --- reads ----------------------------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
 Importing this module registers exactly one Kopf startup handler (``shared-settings``), the only place
 where process-wide ``kopf.OperatorSettings`` are changed (an operator may add a server-side watch
-selector for a resource that only it watches, in its own startup handler). Every handler file in
+selector for a resource that only it watches, in its own startup handler), and one cleanup handler
+(``shared-cleanup``: the access layer's connections are closed). Every handler file in
 ``operators/`` imports this module, and Python imports a module once, so it registers once whatever
 subset of operator files ``kopf run`` is given.
 
@@ -490,3 +491,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     if config.metrics_port:
         metrics.serve(config.metrics_port)
         logger.info("Serving Prometheus metrics on :%d/metrics", config.metrics_port)
+
+
+@kopf.on.cleanup(id="shared-cleanup")
+async def close_connections(memo: kopf.Memo, **_: Any) -> None:
+    # A request after this (another cleanup handler's) opens a new pool.
+    if ACCESS.present(memo):
+        await ACCESS(memo).close()

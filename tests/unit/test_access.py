@@ -84,3 +84,45 @@ def test_kopf_bookkeeping_lines_are_dropped_unless_verbose() -> None:
         assert quiet.filter(record("Handler 'copyrator-namespace-event' succeeded."))
     finally:
         root.setLevel(saved)
+
+
+def test_transient_failures_are_retried_a_few_times_and_refusals_never(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(access, "BACKOFF_SECONDS", 0.001)
+    layer = access.Access(client=None)  # no request is made here
+
+    def attempts(*errors: access.ApiError) -> tuple[int, str]:
+        made: list[int] = []
+
+        async def attempt() -> str:
+            made.append(1)
+            if len(made) <= len(errors):
+                raise errors[len(made) - 1]
+            return "answer"
+
+        try:
+            outcome = asyncio.run(layer._retrying(attempt))
+        except access.ApiError as exc:
+            outcome = str(exc)
+        return len(made), outcome
+
+    unavailable, throttled = access.ApiError(503, "Service Unavailable"), access.ApiError(429, "Too Many Requests")
+    assert attempts(unavailable, throttled) == (3, "answer")
+    assert attempts(*[unavailable] * 10) == (access.RETRIES + 1, "HTTP 503 Service Unavailable")
+    assert attempts(access.ApiError(403, "Forbidden")) == (1, "HTTP 403 Forbidden")
+
+
+def test_requests_go_where_the_kubeconfig_says() -> None:
+    """The TLS server name and the proxy of the configuration (kubeconfig or in-cluster) apply to the
+    layer's own connections, and ``no_proxy`` exempts the server."""
+    import kubernetes
+
+    configuration = kubernetes.client.Configuration()
+    configuration.host = "https://10.0.0.1:6443"
+    layer = access.Access(kubernetes.client.ApiClient(configuration))
+    url = "https://10.0.0.1:6443/api/v1/pods"
+    assert layer._proxy(url) == {}
+    configuration.tls_server_name = "kubernetes.default.svc"
+    configuration.proxy = "http://127.0.0.1:3128"
+    assert layer._proxy(url) == {"server_hostname": "kubernetes.default.svc", "proxy": "http://127.0.0.1:3128"}
+    configuration.no_proxy = "10.0.0.0/8"
+    assert layer._proxy(url) == {"server_hostname": "kubernetes.default.svc"}

@@ -51,17 +51,23 @@ pod_handlers = [handler.id for kind in (registry._indexing, registry._watching, 
                 for handler in kind.get_all_handlers()
                 if handler.selector is not None and "pods" in (handler.selector.any_name, handler.selector.plural)]
 print(json.dumps(sorted(pod_handlers)))
+from kopf._core.actions.invocation import is_async_fn
+sync = [handler.id for kind in (registry._activities, registry._indexing, registry._watching, registry._changing,
+                                registry._spawning, registry._webhooks)
+        for handler in kind.get_all_handlers()
+        if not is_async_fn(handler.fn) and handler.id not in ("login_via_client", "login_via_pykube")]
+print(json.dumps(sync))
 """
 
 
 def _probe() -> list[Any]:
     out = subprocess.run([sys.executable, "-c", _PROBE], cwd=REPO, env={**os.environ, "CHAOS_TENANTS": "true"},
                          capture_output=True, text=True, check=True, timeout=120)
-    return [json.loads(line) for line in out.stdout.strip().splitlines()[-2:]]
+    return [json.loads(line) for line in out.stdout.strip().splitlines()[-3:]]
 
 
 def test_the_diff_base_is_kept_only_for_the_groups_with_change_handlers_or_daemons() -> None:
-    groups, _ = _probe()
+    groups, _, _ = _probe()
     assert groups == sorted({copyrator.GROUP, blackadder.GROUP})
     assert immortal.GROUP not in groups and "" not in groups  # ImmortalContainers, pods, ConfigMaps: none
 
@@ -289,8 +295,16 @@ def test_the_echo_of_a_kept_write_answer_is_skipped_and_nothing_else() -> None:
 def test_pods_are_read_only_by_the_immortal_handlers_that_their_fingerprint_covers() -> None:
     """The immortal operator skips a pod's modification that leaves ``pod_fingerprint`` unchanged, for
     every handler of the process: a new handler or index of pods elsewhere must extend it first."""
-    _, pod_handlers = _probe()
+    _, pod_handlers, _ = _probe()
     assert pod_handlers == ["immortal-pod-event", "immortal-pods"]
+
+
+def test_every_handler_and_index_runs_on_the_event_loop() -> None:
+    """Kopf runs a sync handler in a worker thread on every call (a hand-off each way, a task for its
+    shield, a copy of the context): an index function of ours, cheap and pure, is ``async def``
+    and runs inline."""
+    _, _, sync = _probe()
+    assert sync == []
 
 
 def test_a_modification_that_leaves_the_fingerprint_unchanged_is_skipped() -> None:

@@ -36,7 +36,8 @@ def test_each_handler_registers_exactly_once() -> None:
     duplicates = [hid for hid, n in Counter(all_ids).items() if n > 1]
     assert not duplicates, f"registered more than once: {duplicates}"
     assert handlers["_activities"].count("shared-settings") == 1
-    assert len(all_ids) == len(EXPECTED_HANDLER_IDS) == 43
+    assert handlers["_activities"].count("shared-cleanup") == 1
+    assert len(all_ids) == len(EXPECTED_HANDLER_IDS) == 44
     assert sorted(all_ids) == sorted(EXPECTED_HANDLER_IDS)
 
 
@@ -53,8 +54,8 @@ def test_each_operator_file_loads_alone() -> None:
     for path in sorted((REPO / "operators").glob("*.py")):
         handlers = registered(f"operators/{path.name}")
         ids = [hid for group in handlers.values() for hid in group]
-        assert "shared-settings" in ids, path.name
-        own = [hid for hid in ids if hid != "shared-settings" and hid not in KOPF_BUILTIN_IDS]
+        assert {"shared-settings", "shared-cleanup"} <= set(ids), path.name
+        own = [hid for hid in ids if not hid.startswith("shared-") and hid not in KOPF_BUILTIN_IDS]
         assert own and all(hid.startswith(path.stem + "-") for hid in own), (path.name, own)
 
 
@@ -62,7 +63,7 @@ def test_each_operator_file_loads_alone() -> None:
 KOPF_BUILTIN_IDS = {"login_via_client", "login_via_pykube"}
 
 EXPECTED_HANDLER_IDS: list[str] = [
-    "shared-settings",
+    "shared-settings", "shared-cleanup",
     # operators/immortal.py
     "immortal-startup", "immortal-cleanup", "immortal-objects", "immortal-pods",
     "immortal-event", "immortal-pod-event",
