@@ -57,7 +57,7 @@ BACKOFF_SECONDS = 0.2
 REQUEST_TIMEOUT_SECONDS = 30.0
 CONNECT_TIMEOUT_SECONDS = 10.0
 MAX_EVENT_MESSAGE = 1000
-# Requests in flight at once (more wait for a connection): as many as process.WORKER_THREADS were.
+# Requests in flight at once, on as many kept-alive connections; more wait for a free one.
 POOL_CONNECTIONS = 16
 
 
@@ -215,7 +215,7 @@ class Access:
                 context.load_cert_chain(cfg.cert_file, cfg.key_file)
             connector = aiohttp.TCPConnector(ssl=context, limit=POOL_CONNECTIONS)
             self._session = aiohttp.ClientSession(
-                connector=connector, json_serialize=json.dumps,
+                connector=connector,
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_SECONDS,
                                               sock_read=REQUEST_TIMEOUT_SECONDS))
         return self._session

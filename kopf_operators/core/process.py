@@ -37,7 +37,8 @@ from kopf_operators.core.conventions import Config, shard_selector
 
 logger = logging.getLogger("kopf_operators")
 
-# Threads for blocking API calls, in Kopf's pool (sync handlers) and asyncio's (to_thread) alike.
+# Threads for blocking calls, in Kopf's pool (sync handlers: none of ours) and asyncio's (to_thread:
+# Blackadder's pykube-ng listings) alike. The access layer's own requests need none.
 WORKER_THREADS = 16
 
 # Kopf keeps one worker (a task, its queue, and the last event's whole body) per object that had an
