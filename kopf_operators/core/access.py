@@ -37,6 +37,7 @@ import json
 import logging
 import random
 import ssl
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping
 from typing import Any, TypeVar, cast
 from urllib.parse import quote, urlencode
@@ -56,6 +57,8 @@ BACKOFF_SECONDS = 0.2
 # A request whose answer stalls this long is retried (time waiting for a pooled connection is not counted).
 REQUEST_TIMEOUT_SECONDS = 30.0
 CONNECT_TIMEOUT_SECONDS = 10.0
+# The client's credentials are asked for again this often (and after a 401).
+CREDENTIALS_SECONDS = 10.0
 MAX_EVENT_MESSAGE = 1000
 # Requests in flight at once, on as many kept-alive connections; more wait for a free one.
 POOL_CONNECTIONS = 16
@@ -144,6 +147,7 @@ class Access:
     def __init__(self, client: kubernetes.client.ApiClient) -> None:
         self._client = client  # its configuration: the server, TLS files, and credentials it refreshes
         self._session: aiohttp.ClientSession | None = None  # created in the event loop, on first use
+        self._credentials_cache: tuple[float, dict[str, str]] | None = None  # (until, headers)
         # Kopf's peering pause, followed by process.PeeringState: True while another replica acts.
         self.paused = False
         self._locks: dict[Hashable, asyncio.Lock] = {}
@@ -231,11 +235,20 @@ class Access:
                 options["proxy_headers"] = cfg.proxy_headers
         return options
 
+    def _credentials(self) -> dict[str, str]:
+        """The headers the kubernetes client would send (its bearer token, its User-Agent), asked of it
+        at most every CREDENTIALS_SECONDS: its refresh hook re-reads a rotated token file or renews
+        an expired exec/OIDC token, and re-applied the whole kubeconfig on every request."""
+        now = time.monotonic()
+        if self._credentials_cache is None or now >= self._credentials_cache[0]:
+            headers = dict(self._client.default_headers)
+            self._client.update_params_for_auth(headers, [], ["BearerToken"], "", "", None)
+            self._credentials_cache = (now + CREDENTIALS_SECONDS, headers)
+        return self._credentials_cache[1]
+
     async def _once(self, method: str, url: str, body: Any, content_type: str) -> dict[str, Any] | None:
-        headers = {"Accept": "application/json", "Content-Type": content_type}
-        # The credentials as the kubernetes client sends them (a bearer token is re-read when it expires).
-        _method, full_url, headers, _body, _ = self._client.param_serialize(
-            method=method, resource_path=url, header_params=headers, auth_settings=["BearerToken"])
+        headers = {**self._credentials(), "Accept": "application/json", "Content-Type": content_type}
+        full_url = self._client.configuration.host + url
         data = json.dumps(body).encode() if body is not None else None
         try:
             async with self.session().request(method, full_url, headers=headers, data=data,
@@ -243,6 +256,8 @@ class Access:
                 status, reason, raw = response.status, response.reason or "", await response.read()
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise ApiError(None, type(exc).__name__) from None
+        if status == 401:
+            self._credentials_cache = None  # revoked or expired early: ask the client again next time
         if status == 404 and method == "GET":
             return None
         if not 200 <= status <= 299:

@@ -66,6 +66,7 @@ class ImmortalController:
         # Pods this process created that no status write has counted yet: one deleted before the write
         # that would count it (before it ran) is still a start, counted in the next write.
         self._uncounted: dict[Key, set[str]] = {}
+        self._hashes: dict[Key, tuple[tuple[str, int | None], str]] = {}  # see _template_hash
         self.background = Background(OPERATOR)
         self._retries: KeyedTimers[Key] = self.background.timers()  # a foreign pod in the way, a failed pass
         self._backoff: Backoff[Key] = Backoff(*RETRY_SECONDS)
@@ -93,6 +94,7 @@ class ImmortalController:
         self._backoff.reset(key)
         self._refused.pop(key, None)
         self._uncounted.pop(key, None)
+        self._hashes.pop(key, None)
         for timers in (self._retries, self._wakes, self._settling):
             timers.cancel(key)
 
@@ -152,6 +154,16 @@ class ImmortalController:
         self._pods_seen[key] = newest
         return logic.observe_pod(newest[1], ic["metadata"]["uid"])
 
+    def _template_hash(self, ic: Mapping[str, Any]) -> str:
+        """The hash of the pod the spec asks for, computed once per spec (uid and generation): every
+        pass compares it with the pod's, and hashing the template was a tenth of a pass."""
+        meta = ic["metadata"]
+        key, version = (meta["namespace"], meta["name"]), (meta["uid"], meta.get("generation"))
+        known = self._hashes.get(key)
+        if known is None or known[0] != version:
+            known = self._hashes[key] = (version, logic.template_hash(ic["spec"]))
+        return known[1]
+
     def _saw_pod(self, key: Key, pod: Mapping[str, Any]) -> None:
         """Our own create's answer: newer than anything the watch has delivered so far."""
         if _rv(pod) >= (self._pods_seen.get(key) or (0, None))[0]:
@@ -161,7 +173,7 @@ class ImmortalController:
                    ) -> tuple[logic.Decision, logic.PodView | None]:
         meta = ic["metadata"]
         namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-        image, wanted = logic.main_image(ic["spec"]), logic.template_hash(ic["spec"])
+        image, wanted = logic.main_image(ic["spec"]), self._template_hash(ic)
 
         def decide(pod: logic.PodView | None) -> logic.Decision:
             backoff = logic.observe_end((ic.get("status") or {}).get("backoff"), pod, now)

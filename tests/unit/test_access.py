@@ -126,3 +126,26 @@ def test_requests_go_where_the_kubeconfig_says() -> None:
     assert layer._proxy(url) == {"server_hostname": "kubernetes.default.svc", "proxy": "http://127.0.0.1:3128"}
     configuration.no_proxy = "10.0.0.0/8"
     assert layer._proxy(url) == {"server_hostname": "kubernetes.default.svc"}
+
+
+def test_credentials_are_asked_of_the_client_again_only_after_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rotated token (in-cluster: the kubelet rewrites the file) is picked up within
+    CREDENTIALS_SECONDS; the kubeconfig is not re-applied on every request."""
+
+    class Client:
+        default_headers = {"User-Agent": "test"}
+        asked = 0
+
+        def update_params_for_auth(self, headers: dict[str, str], *_: object) -> None:
+            Client.asked += 1
+            headers["authorization"] = f"Bearer token-{Client.asked}"
+
+    clock = [100.0]
+    monkeypatch.setattr(access.time, "monotonic", lambda: clock[0])
+    layer = access.Access(Client())
+    assert layer._credentials() == {"User-Agent": "test", "authorization": "Bearer token-1"}
+    clock[0] += access.CREDENTIALS_SECONDS - 1
+    assert layer._credentials()["authorization"] == "Bearer token-1"
+    clock[0] += 1
+    assert layer._credentials()["authorization"] == "Bearer token-2"
+    assert Client.asked == 2

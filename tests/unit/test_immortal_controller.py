@@ -132,6 +132,21 @@ def test_a_pod_running_the_wrong_image_is_replaced_after_a_dry_run() -> None:
     assert access.made("create")[0][4] is True  # the replacement was only validated
 
 
+def test_a_spec_change_replaces_a_pod_that_matched_the_spec_before() -> None:
+    """The template's hash is kept per spec generation: a new generation is hashed anew."""
+    access = FakeAccess()
+    running = pod(image="nginx:1")
+    running["metadata"]["annotations"] = {logic.TEMPLATE_HASH_ANNOTATION: logic.template_hash(IC["spec"])}
+    ctl = controller(access, [running])
+    run(ctl.converge(KEY))
+    assert not access.made("delete")
+    template = {"metadata": {"labels": {"tier": "web"}}, "spec": {"containers": [{"name": "acontainer"}]}}
+    changed = {**IC, "metadata": {**IC["metadata"], "generation": 2, "resourceVersion": "9"},
+               "spec": {"image": "nginx:1", "template": template}}  # the same image, a new label
+    run(ctl.converge(KEY, body=logic.snapshot(changed)))
+    assert access.made("delete")
+
+
 def test_a_foreign_pod_in_the_way_blocks_and_is_retried_with_doubling_backoff() -> None:
     async def scenario() -> tuple[list[float | None], list[tuple[Any, ...]]]:
         access = FakeAccess()
