@@ -58,7 +58,8 @@ class ImmortalController:
         self.access = access
         self.objects = objects  # Kopf's live index: (namespace, name) -> logic.snapshot(body)
         self.pods = pods        # Kopf's live index: (namespace, ic name) -> logic.pod_summary(pod)
-        # The answers to our own status patches: newer than the index until the watch catches up.
+        # The answers to our own status patches: newer than the index until the object's next event
+        # (the echo of the patch itself is not processed, so the index keeps the version before it).
         self._written: dict[Key, dict[str, Any]] = {}
         # The newest pod version seen per object (None: deleted at that version): see ``_pod``.
         self._pods_seen: dict[Key, tuple[int, dict[str, Any] | None]] = {}
