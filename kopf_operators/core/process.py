@@ -255,8 +255,8 @@ def governed(process: ProcessEvent) -> ProcessEvent:
       binding to a node, for the immortal operator) is skipped: no index or handler would see a change.
     - at most ``slots`` objects' events are processed at once; the rest wait in their queues.
 
-    Neither applies to an object while Kopf still waits for it to be indexed in an initial listing
-    (its ``resource_indexed`` toggle): Kopf gates every handler until every listed object is
+    None of this applies to an object while Kopf still waits for it to be indexed in an initial
+    listing (its ``resource_indexed`` toggle): Kopf gates every handler until every listed object is
     indexed, so those must neither wait for a slot nor leave their toggle up."""
 
     @functools.wraps(process)
