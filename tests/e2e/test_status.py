@@ -297,6 +297,34 @@ def test_argocd_health_before_the_operator_writes_a_status() -> None:
     assert argo_health(fresh)["status"] == "Progressing"
 
 
+# --- before the operator's first status write ------------------------------------------------------
+
+
+@pytest.mark.usefixtures("crds")
+def test_an_object_the_operator_has_not_observed_yet_is_in_progress(namespace: str, kstatus_checker: Path) -> None:
+    """Until the operator writes a status (it is down, or has not got to the object yet), every read
+    shows the CRDs' default ``status: {observedGeneration: 0}``: kstatus says InProgress, as it must,
+    not the Current it says of an object with no status at all; Argo CD says Progressing. The API
+    server's own dry-run create shows what a read would (no operator involved)."""
+    new_objects = [
+        ({"apiVersion": immortal.API_VERSION, "kind": immortal.KIND, "metadata": {"name": "unseen"},
+          "spec": {"image": "busybox:1.36"}}, namespace),
+        ({"apiVersion": copyrator.API_VERSION, "kind": copyrator.KIND, "metadata": {"name": "unseen"},
+          "spec": {"ruleType": "configmap", "selector": {"copy": "unseen"}, "namespace": namespace}}, namespace),
+        ({"apiVersion": f"{blackadder.GROUP}/{blackadder.VERSION}", "kind": blackadder.KIND,
+          "metadata": {"name": f"unseen-{uuid.uuid4().hex[:6]}"}, "spec": {"eagerness": 1, "dryRun": True}}, None),
+        ({"apiVersion": f"{blackadder.GROUP}/{blackadder.VERSION}", "kind": blackadder.TENANT_KIND,
+          "metadata": {"name": "unseen"}, "spec": {"eagerness": 1, "dryRun": True}}, namespace),
+    ]
+    for obj, where in new_objects:
+        scope = ["-n", where] if where else []
+        read = json.loads(kubectl("create", "--dry-run=server", "-o", "json", *scope, "-f", "-",
+                                  input=json.dumps(obj)).stdout)
+        assert read["status"] == {"observedGeneration": 0}, read["kind"]
+        judged(kstatus_checker, read, "InProgress")
+        assert kstatus(kstatus_checker, {k: v for k, v in read.items() if k != "status"})["status"] == "Current"
+
+
 # --- the real kubelet: readiness probes that really run -----------------------------------------------
 
 
