@@ -73,7 +73,8 @@ async def copyrator_secret_copies(body: kopf.Body, **_: Any) -> dict[CopyIndexKe
 
 # --- rules --------------------------------------------------------------------------------------
 
-# retries=None with a backoff: API failures are retried every 10 s (TemporaryError), never hot.
+# retries=None with a backoff: a failed listing or status write is retried every 10 s (TemporaryError),
+# never hot; failed copies are retried by the controller with its own backoff.
 @kopf.on.resume(*RULES, id="copyrator-resume", backoff=10)
 @kopf.on.create(*RULES, id="copyrator-create", backoff=10)
 @kopf.on.update(*RULES, id="copyrator-update", backoff=10)

@@ -460,7 +460,10 @@ class CopyratorController:
 
     async def rule_changed(self, body: Mapping[str, Any], trigger: str) -> None:
         """A rule created, updated or resumed: list its sources once, then converge all its copies.
-        Raises ApiError (Kopf retries the handler)."""
+        A copy the API server refuses (a quota, a policy) or fails is in the rule's status and is
+        retried here with backoff, as outside Kopf's handlers: handed to Kopf, a refusal (403, 422)
+        failed the handler "permanently" with an ERROR line while the status said it would be retried.
+        Raises ApiError when listing the sources or writing the status fails (Kopf retries the handler)."""
         snapshot = logic.rule_snapshot(body)
         rule = await self._valid_rule(snapshot)
         if rule is None:
@@ -470,7 +473,9 @@ class CopyratorController:
         errors = await self._sweep(rule, trigger)
         await self.flush_status(snapshot)
         if errors:
-            raise errors[0]
+            self._retry_later(rule)
+        else:
+            self._backoff.reset((rule.namespace, rule.name))
 
     async def _older_rules_listed(self, rule: logic.Rule) -> None:
         """Wait (at most OLDER_LISTINGS_SECONDS) until the sources of every older rule of the kind are

@@ -114,6 +114,26 @@ def test_a_failed_sweep_is_retried_with_doubling_backoff_and_a_success_resets_it
     assert failures == 0
 
 
+def test_a_refused_copy_is_retried_with_backoff_and_does_not_fail_the_handler() -> None:
+    """A target namespace's quota refuses the copy (403): the rule's status says so and the operator
+    retries; Kopf's handler neither fails permanently (an ERROR line, no retry) nor retries hot."""
+
+    async def scenario() -> tuple[float | None, list[tuple[Any, ...]]]:
+        access = FakeAccess()
+        quota = copyrator.ApiError(403, "Forbidden", 'configmaps "conf" is forbidden: exceeded quota: no-more')
+        access.answer("list", [SOURCE])
+        access.answer("create", quota)
+        ctl = controller(access)
+        await ctl.rule_changed(RULE, "rule created")  # raises nothing
+        due = ctl._retry.due_in(RULE_KEY)
+        await ctl.stop()
+        return due, access.made("create")
+
+    due, creates = run(scenario())
+    assert due == pytest.approx(copyrator.RETRY_SECONDS[0], abs=0.05)
+    assert len(creates) == 1
+
+
 def test_a_standby_sweeps_nothing() -> None:
     access = FakeAccess()
     access.paused = True
