@@ -342,6 +342,15 @@ def test_a_modification_that_leaves_the_fingerprint_unchanged_is_skipped() -> No
                                        ("MODIFIED", "1"), ("MODIFIED", "2")]
 
 
+def test_kopf_posts_events_from_at_most_the_configured_number_of_workers() -> None:
+    """``settings.posting.worker_limit`` and ``idle_timeout`` (set by ``configure``) are what bound Kopf's
+    concurrent Event posts, each on its own connection of an unbounded pool (pinned: Kopf's poster)."""
+    posting = Path(processing.__file__).parent.parent / "engines" / "posting.py"
+    source = posting.read_text()
+    assert "aiotasks.Scheduler(limit=settings.posting.worker_limit)" in source
+    assert "settings.posting.idle_timeout" in source
+
+
 def test_kopf_lists_and_streams_every_object_without_its_managed_fields() -> None:
     """Kopf's watcher reaches the listing and the watch stream through these module attributes; each
     object comes out lean, everything else in it as the API server sent it."""
