@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -467,3 +468,24 @@ class Bench:
         await self.kube.delete(f"{RULE_PATH}/namespaces/{ns}/copyrators/idle")
         await self.gone(f"{RULE_PATH}/namespaces/{ns}/copyrators/idle", 60)
         await self.cleanup([ns])
+
+
+async def py_spy(pid: int) -> asyncio.subprocess.Process | None:
+    """``py-spy record`` attached to ``pid`` when BENCH_PYSPY names an output file (raw format, at
+    BENCH_PYSPY_RATE samples per second, 50 unless set), else None. Stop it with ``py_spy_stop``."""
+    out = os.environ.get("BENCH_PYSPY")
+    if not out:
+        return None
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    rate = os.environ.get("BENCH_PYSPY_RATE", "50")
+    proc = await asyncio.create_subprocess_exec(exe, "record", "--pid", str(pid), "--format", "raw", "--threads",
+                                                "--rate", rate, "--output", out, "--nonblocking",
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    await asyncio.sleep(1)  # attached
+    return proc
+
+
+async def py_spy_stop(spy: asyncio.subprocess.Process | None) -> None:
+    if spy is not None:
+        spy.send_signal(2)  # py-spy writes its profile on SIGINT
+        await spy.wait()

@@ -1,5 +1,6 @@
 """copyrator_convergence: one CopyratorRule created -> its ConfigMap copied into m existing namespaces
-(floor: its source ConfigMap created -> the same copies under another name)."""
+(floor: its source ConfigMap created -> the same copies under another name).
+BENCH_PYSPY=<file>: record the operator until its copies are seen (``harness.py_spy``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 import time
 from typing import Any
 
-from bench.harness import RULE_PATH, Bench, Floor, collect, convergence, per_change, within
+from bench.harness import RULE_PATH, Bench, Floor, collect, convergence, per_change, py_spy, py_spy_stop, within
 from bench.kube import Watcher, bounded
 
 
@@ -37,12 +38,14 @@ async def run(b: Bench) -> dict[str, Any]:
         done = watcher.expect(lambda t, o, _, seen=seen: len(seen) >= m)
         mark = b.a.mark()
         if side == "op":
+            spy = await py_spy(b.operator.p.pid) if b.operator else None
             t0 = time.monotonic()
             await b.kube.create(f"{RULE_PATH}/namespaces/{src}/copyrators", {
                 "apiVersion": "flant.com/v1", "kind": "CopyratorRule", "metadata": {"name": "conv"},
                 "spec": {"ruleType": "configmap", "selector": {"bench-conv": run_id}, "namespace": [src],
                          "namespaceSelector": {"matchLabels": {"bench-cpc-target": run_id}}}})
             timings[side] = await within(done, 600, f"{m} copies") - t0
+            await py_spy_stop(spy)
             results["api"] = per_change(await b.a.count(mark), m)
         else:
             async with Floor("copyrator", "--source-namespace", src, "--source", "floor-conv-src",

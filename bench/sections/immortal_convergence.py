@@ -3,23 +3,19 @@ One burst per side; the operator is stopped during the floor's turn (both handle
 Per side also: CPU per object (utime+stime of the reacting process over the burst, until it is quiet
 again), RSS before, at the end of the burst, at rest with the m objects in place, the high-water mark,
 and (operator) of a restart with the m objects in place and once the objects are deleted again.
-BENCH_PYSPY=<file>: record the operator's burst with ``py-spy record --pid`` into <file> (raw format)."""
+BENCH_PYSPY=<file>: record the operator's burst (``harness.py_spy``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import shutil
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from bench.harness import IC_PATH, Bench, Floor, Proc, collect, convergence, log, per_change
+from bench.harness import IC_PATH, Bench, Floor, Proc, collect, convergence, log, per_change, py_spy, py_spy_stop
 from bench.kube import ApiError, Watcher, bounded
 from testsupport.launcher import counter
 
@@ -58,7 +54,7 @@ async def burst(b: Bench, side: str, m: int,
         proc: Proc = reacting.p if reacting is not None else b.operator.p  # type: ignore[union-attr]
         await proc.settle()
         rss_before, cpu_before, loop_before = proc.status(), proc.cpu_seconds(), proc.main_thread_cpu_seconds()
-        spy = await _py_spy(proc.pid) if side == "op" else None
+        spy = await py_spy(proc.pid) if side == "op" else None
         events_before = _events(b) if side == "op" else {}
         mark = b.a.mark()
         t0 = time.monotonic()
@@ -71,9 +67,7 @@ async def burst(b: Bench, side: str, m: int,
             raise TimeoutError(f"{side}: {len(counted)}/{m} counted, {len(pods_seen)}/{m} pods after 600 s")
         elapsed = next(iter(finished)).result() - t0
         rss_burst = proc.status()
-        if spy is not None:
-            spy.send_signal(2)  # py-spy writes its profile on SIGINT
-            await spy.wait()
+        await py_spy_stop(spy)
         await proc.settle()
         cpu = proc.cpu_seconds() - cpu_before
         loop_cpu = proc.main_thread_cpu_seconds() - loop_before
@@ -121,16 +115,3 @@ async def _restart_rss(b: Bench, m: int) -> dict[str, float]:
     """Whether a pod OOM-killed in a burst comes back, or dies again on its own listing (a crash loop)."""
     _, listed = await b.start_with_objects_in_place()
     return {"objects": m, "at_rest": round(listed["VmRSS"] / 1024, 1), "hwm": round(listed["VmHWM"] / 1024, 1)}
-
-
-async def _py_spy(pid: int) -> asyncio.subprocess.Process | None:
-    """``py-spy record`` attached to ``pid`` when BENCH_PYSPY names an output file, else None."""
-    out = os.environ.get("BENCH_PYSPY")
-    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    if not out:
-        return None
-    proc = await asyncio.create_subprocess_exec(exe, "record", "--pid", str(pid), "--format", "raw", "--threads",
-                                                "--rate", "50", "--output", out, "--nonblocking",
-                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
-    await asyncio.sleep(1)  # attached
-    return proc

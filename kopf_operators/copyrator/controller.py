@@ -389,7 +389,7 @@ class CopyratorController:
                 created = await self.access.create(api_kind, desired)
             except k8s.AlreadyExists:
                 return 1 + await self._in_the_way(rule, key, desired)
-            self._remember(key, logic.copy_view(created, kind))
+            self._remember(key, logic.copy_view(created, kind), created)
             if recreate:
                 self._count(rule, "updated")
                 logger.info(f"{where} updated {kind} {namespace}/{name} (re-created: type or immutability)")
@@ -416,7 +416,7 @@ class CopyratorController:
         if answer is None:  # deleted meanwhile: create it
             self._remember(key, Gone(view.uid))
             return 1 + await self._apply(rule, key, desired)
-        self._remember(key, logic.copy_view(answer, kind))
+        self._remember(key, logic.copy_view(answer, kind), answer)
         self._count(rule, "updated")
         logger.info(f"{where} updated {kind} {namespace}/{name}" + (" (edited by hand)" if view.drifted else ""))
         return 1
@@ -438,10 +438,14 @@ class CopyratorController:
         self._touched(*key)
         return 1
 
-    def _remember(self, key: CopyKey, written: logic.CopyView | Gone) -> None:
-        """Our write's answer, until the watch catches up (``copy``)."""
+    def _remember(self, key: CopyKey, written: logic.CopyView | Gone,
+                  answer: Mapping[str, Any] | None = None) -> None:
+        """Our write's answer, until the watch catches up (``copy``). Its echo (``answer``) is indexed
+        once the writes in flight are done (``Access.defer_echo``): in a burst, writes come first."""
         self._written[key] = written
         self._touched(*key)
+        if answer is not None:
+            self.access.defer_echo(answer)
 
     def _count(self, rule: logic.Rule, what: str) -> None:
         metrics.action(OPERATOR, what)

@@ -18,8 +18,9 @@ subclass the caller can catch by name:
 - ``serialised(key)``: per-object serialisation inside the process, in one place,
 - ``paused``: while Kopf has paused this process (a standby replica), every write and Event is refused
   here (``Paused``), whichever loop or timer asks for it: a standby writes nothing;
-- ``keep_answer`` / ``is_echo``: a write whose answer the caller keeps as its newest state; the watch
-  event that echoes it back (the same uid and resourceVersion) is then skipped (``process.governed``).
+- ``keep_answer`` / ``defer_echo`` / ``echo``: a write whose answer the caller keeps as its newest state;
+  the watch event that echoes it back (the same uid and resourceVersion) is then skipped, or processed
+  only once the writes in flight are done (``process.governed``).
 
 Requests are plain JSON dicts in and out (no generated models). Transient failures (connection
 errors, 429, 5xx) are retried here with a capped exponential backoff plus jitter; what still fails
@@ -33,6 +34,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import enum
 import json
 import logging
 import random
@@ -62,6 +64,15 @@ CREDENTIALS_SECONDS = 10.0
 MAX_EVENT_MESSAGE = 1000
 # Requests in flight at once, on as many kept-alive connections; more wait for a free one.
 POOL_CONNECTIONS = 16
+# The echo of a write marked with ``defer_echo`` waits at most this long for the writes in flight.
+ECHO_DEFER_SECONDS = 2.0
+
+
+class Echo(enum.Enum):
+    """What a watch event is to the writes of this process (``Access.echo``)."""
+
+    SKIP = "echo"  # the echo of a kept answer: nothing to do (``keep_answer``)
+    DEFER = "deferred"  # the echo of a write whose indexes still need it, after the writes (``defer_echo``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,9 +163,12 @@ class Access:
         self.paused = False
         self._locks: dict[Hashable, asyncio.Lock] = {}
         self._lock_users: collections.Counter[Hashable] = collections.Counter()
-        # uid -> resourceVersion of a write answer its caller kept (``keep_answer``), until the
-        # watch delivers that object's next event (the echo, or a newer version).
-        self._kept_answers: dict[str, str] = {}
+        # uid -> (resourceVersion, what its echo is) of a write answer its caller kept (``keep_answer``,
+        # ``defer_echo``), until the watch delivers that object's next event (the echo, or a newer one).
+        self._kept_answers: dict[str, tuple[str, Echo]] = {}
+        self._writes_in_flight = 0
+        self._no_writes = asyncio.Event()  # set while no write is in flight
+        self._no_writes.set()
 
     @classmethod
     def from_environment(cls) -> Access:
@@ -270,7 +284,16 @@ class Access:
         if self.paused and method != "GET":
             raise Paused()
         url = path + ("?" + urlencode(query) if query else "")
-        return await self._retrying(lambda: self._once(method, url, body, content_type))
+        if method == "GET":
+            return await self._retrying(lambda: self._once(method, url, body, content_type))
+        self._writes_in_flight += 1
+        self._no_writes.clear()
+        try:
+            return await self._retrying(lambda: self._once(method, url, body, content_type))
+        finally:
+            self._writes_in_flight -= 1
+            if not self._writes_in_flight:
+                self._no_writes.set()
 
     # --- reads ----------------------------------------------------------------------------------
 
@@ -409,18 +432,38 @@ class Access:
     def keep_answer(self, answer: Mapping[str, Any]) -> None:
         """The caller keeps ``answer`` (a write's answer) as the object's newest state, and its
         handlers would do nothing with that same version: the watch's echo of it need not be
-        processed. Only for resources without Kopf change handlers (those need every event)."""
+        processed, not even by the indexes. Only for resources without Kopf change handlers (those
+        need every event), and whose indexes may lag behind the caller's own copy."""
+        self._keep(answer, Echo.SKIP)
+
+    def defer_echo(self, answer: Mapping[str, Any]) -> None:
+        """The caller keeps ``answer`` until the indexes catch up, but they must see it (other readers
+        use them): the watch's echo of it is processed once the writes in flight are done, at most
+        ECHO_DEFER_SECONDS later. On one event loop, a burst of echoes (500 copies created) processed
+        at once slowed the writes still to make by as much as it cost."""
+        self._keep(answer, Echo.DEFER)
+
+    def _keep(self, answer: Mapping[str, Any], echo: Echo) -> None:
         meta = answer.get("metadata") or {}
         if meta.get("uid") and meta.get("resourceVersion"):
-            self._kept_answers[meta["uid"]] = meta["resourceVersion"]
+            self._kept_answers[meta["uid"]] = (meta["resourceVersion"], echo)
 
-    def is_echo(self, event_type: str | None, body: Mapping[str, Any]) -> bool:
-        """Whether this watch event only echoes a kept answer (that very version, ADDED after our
-        create or MODIFIED after our patch). Any event of the object ends the wait: the watch delivers
-        versions in order, so a newer one (or a re-listing, or a deletion) means the echo will not come."""
+    def echo(self, event_type: str | None, body: Mapping[str, Any]) -> Echo | None:
+        """What this watch event is when it echoes a marked answer (that very version, ADDED after our
+        create or MODIFIED after our patch), else None. Any event of the object ends the wait: the watch
+        delivers versions in order, so a newer one (or a re-listing, or a deletion) means the echo will
+        not come."""
         meta = body.get("metadata") or {}
         kept = self._kept_answers.pop(meta.get("uid") or "", None)
-        return kept is not None and event_type in ("ADDED", "MODIFIED") and kept == meta.get("resourceVersion")
+        if kept is None or event_type not in ("ADDED", "MODIFIED") or kept[0] != meta.get("resourceVersion"):
+            return None
+        return kept[1]
+
+    async def writes_done(self, timeout: float = ECHO_DEFER_SECONDS) -> None:
+        """Return once no write of this process is in flight, or after ``timeout``."""
+        if self._writes_in_flight:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._no_writes.wait(), timeout)
 
     # --- per-object serialisation ---------------------------------------------------------------
 

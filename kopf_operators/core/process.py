@@ -31,7 +31,7 @@ from kopf._cogs.clients import api, fetching
 from kopf._core.reactor import processing
 
 from kopf_operators.core import metrics
-from kopf_operators.core.access import Access
+from kopf_operators.core.access import Access, Echo
 from kopf_operators.core.controller import MemoSlot
 from kopf_operators.core.conventions import Config, shard_selector
 
@@ -255,6 +255,9 @@ def governed(process: ProcessEvent) -> ProcessEvent:
     - an event that only echoes a write whose answer its controller kept (``Access.keep_answer``: an
       ImmortalContainer's status patch, its pod's creation) is skipped: the controller already holds
       that version, and its pass would change nothing;
+    - an echo its indexes still need (``Access.defer_echo``: a Copyrator copy created or patched) waits
+      until the process has no write in flight (at most ``ECHO_DEFER_SECONDS``): the writer holds the
+      answer meanwhile, and on one event loop the echoes of a burst slowed the writes still to make;
     - a MODIFIED event that leaves the object's fingerprint unchanged (``skip_unchanged``: a pod's
       binding to a node, for the immortal operator) is skipped: no index or handler would see a change.
     - at most ``slots`` objects' events are processed at once; the rest wait in their queues.
@@ -271,13 +274,15 @@ def governed(process: ProcessEvent) -> ProcessEvent:
         event_type, body = kwargs["raw_event"].get("type"), kwargs["raw_event"].get("object") or {}
         # Both are asked on every event: each remembers what the object's next event is compared with.
         access = kwargs["memobase"].get(ACCESS.name)
-        echo = isinstance(access, Access) and access.is_echo(event_type, body)
+        echo = access.echo(event_type, body) if isinstance(access, Access) else None
         unchanged = policy.unchanged(resource, event_type, body)
         if kwargs.get("resource_indexed") is not None:
             return await process(**kwargs)
-        if echo or unchanged:
+        if echo is Echo.SKIP or unchanged:
             metrics.event(resource.plural, "echo" if echo else "unchanged")
             return None  # Kopf's processor returns the version it patched: none here
+        if echo is Echo.DEFER and isinstance(access, Access):
+            await access.writes_done()
         pressure = kwargs.get("stream_pressure")
         if event_type == "MODIFIED" and pressure is not None and pressure.is_set():
             metrics.event(resource.plural, "superseded")

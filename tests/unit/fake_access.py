@@ -106,6 +106,9 @@ class FakeAccess:
     def keep_answer(self, answer: Mapping[str, Any]) -> None:
         pass  # only Kopf's event processing asks about it (tests/unit/test_process.py)
 
+    def defer_echo(self, answer: Mapping[str, Any]) -> None:
+        pass  # likewise
+
     @contextlib.asynccontextmanager
     async def serialised(self, key: Hashable) -> AsyncIterator[None]:
         yield

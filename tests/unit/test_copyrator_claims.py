@@ -45,6 +45,9 @@ class FakeAccess:
     def event(self, body: Any, type_: str, reason: str, message: str) -> None:
         pass
 
+    def defer_echo(self, answer: Any) -> None:
+        pass  # only Kopf's event processing asks about it (tests/unit/test_process.py)
+
 
 def rule(name: str, uid: str, created: str, colour: str, **spec: Any) -> dict[str, Any]:
     return {"apiVersion": "flant.com/v1", "kind": "CopyratorRule",

@@ -19,7 +19,7 @@ from kopf._core.reactor import processing
 
 from kopf_operators.blackadder import decisions as blackadder
 from kopf_operators.copyrator import decisions as copyrator
-from kopf_operators.core.access import Access
+from kopf_operators.core.access import CONFIGMAP, ECHO_DEFER_SECONDS, Access
 from kopf_operators.core.process import (
     ACCESS,
     EVENT_POLICY,
@@ -290,6 +290,63 @@ def test_the_echo_of_a_kept_write_answer_is_skipped_and_nothing_else() -> None:
 
     assert asyncio.run(scenario()) == [("MODIFIED", "5"), ("MODIFIED", "6"), ("MODIFIED", "7"),
                                        (None, "8"), ("MODIFIED", "9"), ("DELETED", "1")]
+
+
+def test_an_echo_the_writer_defers_is_processed_once_its_writes_are_done() -> None:
+    """A Copyrator copy's creation: its echo must reach the indexes (other readers use them), but not
+    before the writes in flight (the rest of the burst) are done, and at most ECHO_DEFER_SECONDS
+    later; other events are not held back."""
+
+    def thing(rv: str, uid: str = "u1") -> dict[str, Any]:
+        return {"metadata": {"uid": uid, "resourceVersion": rv, "namespace": "ns"}}
+
+    async def scenario() -> None:
+        processed: list[tuple[str | None, str]] = []
+
+        async def process(raw_event: dict[str, Any], **_: Any) -> None:
+            processed.append((raw_event["type"], raw_event["object"]["metadata"]["resourceVersion"]))
+
+        memo = kopf.Memo()
+        EVENT_POLICY.set(memo, EventPolicy(frozenset({"flant.com"}), asyncio.Semaphore(3)))
+        access = ACCESS.set(memo, Access(None))
+        answered = asyncio.Event()
+
+        async def held_answer(*_: Any) -> dict[str, Any]:  # the API server answers when told to
+            await answered.wait()
+            return thing("7", uid="u9")
+
+        access._once = held_answer  # type: ignore[method-assign,assignment]
+        governing = governed(process)
+        resource = kopf.Resource("", "v1", "configmaps")
+
+        def event(kind: str | None, body: dict[str, Any]) -> asyncio.Future[Any]:
+            return asyncio.ensure_future(governing(
+                memobase=memo, resource=resource, resource_indexed=None, stream_pressure=asyncio.Event(),
+                raw_event={"type": kind, "object": body}))
+
+        write = asyncio.create_task(access.create(CONFIGMAP, thing("")))
+        await asyncio.sleep(0)  # the write is sent (and held)
+        access.defer_echo(thing("5"))
+        echo = event("ADDED", thing("5"))
+        await event("MODIFIED", thing("3", uid="u2"))  # another object's event: at once
+        assert processed == [("MODIFIED", "3")] and not echo.done()
+        answered.set()
+        await write
+        await echo
+        assert processed == [("MODIFIED", "3"), ("ADDED", "5")]
+
+        answered.clear()
+        write = asyncio.create_task(access.create(CONFIGMAP, thing("")))
+        await asyncio.sleep(0)
+        access.defer_echo(thing("6"))
+        started = asyncio.get_running_loop().time()
+        await event("MODIFIED", thing("6"))  # writes that never end hold it for ECHO_DEFER_SECONDS only
+        assert processed[-1] == ("MODIFIED", "6")
+        assert asyncio.get_running_loop().time() - started >= ECHO_DEFER_SECONDS * 0.9
+        answered.set()
+        await write
+
+    asyncio.run(scenario())
 
 
 def test_pods_are_read_only_by_the_immortal_handlers_that_their_fingerprint_covers() -> None:
