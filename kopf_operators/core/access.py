@@ -66,6 +66,9 @@ MAX_EVENT_MESSAGE = 1000
 POOL_CONNECTIONS = 16
 # The echo of a write marked with ``defer_echo`` waits at most this long for the writes in flight.
 ECHO_DEFER_SECONDS = 2.0
+# Marked answers kept at most (the oldest goes first): an echo that never comes (a copy written into
+# another shard's namespace, which this process does not watch) must not hold its mark for ever.
+KEPT_ANSWERS_MAX = 16384
 
 
 class Echo(enum.Enum):
@@ -446,7 +449,10 @@ class Access:
     def _keep(self, answer: Mapping[str, Any], echo: Echo) -> None:
         meta = answer.get("metadata") or {}
         if meta.get("uid") and meta.get("resourceVersion"):
+            self._kept_answers.pop(meta["uid"], None)  # re-marked: now the newest
             self._kept_answers[meta["uid"]] = (meta["resourceVersion"], echo)
+            if len(self._kept_answers) > KEPT_ANSWERS_MAX:  # its echo is then processed as any event
+                del self._kept_answers[next(iter(self._kept_answers))]
 
     def echo(self, event_type: str | None, body: Mapping[str, Any]) -> Echo | None:
         """What this watch event is when it echoes a marked answer (that very version, ADDED after our

@@ -279,7 +279,7 @@ def governed(process: ProcessEvent) -> ProcessEvent:
         if kwargs.get("resource_indexed") is not None:
             return await process(**kwargs)
         if echo is Echo.SKIP or unchanged:
-            metrics.event(resource.plural, "echo" if echo else "unchanged")
+            metrics.event(resource.plural, "echo" if echo is Echo.SKIP else "unchanged")
             return None  # Kopf's processor returns the version it patched: none here
         if echo is Echo.DEFER and isinstance(access, Access):
             await access.writes_done()

@@ -19,7 +19,7 @@ from kopf._core.reactor import processing
 
 from kopf_operators.blackadder import decisions as blackadder
 from kopf_operators.copyrator import decisions as copyrator
-from kopf_operators.core.access import CONFIGMAP, ECHO_DEFER_SECONDS, Access
+from kopf_operators.core.access import CONFIGMAP, ECHO_DEFER_SECONDS, KEPT_ANSWERS_MAX, Access, Echo
 from kopf_operators.core.process import (
     ACCESS,
     EVENT_POLICY,
@@ -347,6 +347,20 @@ def test_an_echo_the_writer_defers_is_processed_once_its_writes_are_done() -> No
         await write
 
     asyncio.run(scenario())
+
+
+def test_marks_of_echoes_that_never_come_are_bounded() -> None:
+    """A copy written into another shard's namespace is never echoed to this process: its mark must not
+    stay for ever. The oldest marks go first; a re-marked object counts as new."""
+    access = Access(None)
+    for n in range(KEPT_ANSWERS_MAX + 10):
+        access.defer_echo({"metadata": {"uid": f"u{n}", "resourceVersion": "1"}})
+        if n == 20:
+            access.defer_echo({"metadata": {"uid": "u0", "resourceVersion": "2"}})
+    assert access.echo("ADDED", {"metadata": {"uid": "u1", "resourceVersion": "1"}}) is None  # gone
+    assert access.echo("ADDED", {"metadata": {"uid": "u0", "resourceVersion": "2"}}) is Echo.DEFER
+    last = f"u{KEPT_ANSWERS_MAX + 9}"
+    assert access.echo("ADDED", {"metadata": {"uid": last, "resourceVersion": "1"}}) is Echo.DEFER
 
 
 def test_pods_are_read_only_by_the_immortal_handlers_that_their_fingerprint_covers() -> None:
