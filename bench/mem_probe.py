@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import tracemalloc
 import uuid
@@ -45,6 +46,27 @@ def _rss_kb(field: str = "VmRSS") -> int:
     return 0
 
 
+def _pymalloc() -> dict[str, int]:
+    """pymalloc's own figures (``sys._debugmallocstats``, written to the C stderr): how much of its arenas
+    the live small objects use. Arenas that a few long-lived objects keep are what RSS holds at rest."""
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as out:
+        os.dup2(out.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    figures: dict[str, int] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition("=")
+        if line.startswith("# ") and value.strip().replace(",", "").isdigit():
+            figures[name.strip("# ").strip()] = int(value.strip().replace(",", ""))
+    return figures
+
+
 def _dump(outdir: Path) -> None:
     seq = len(list(outdir.glob("snap-*.json")))
     rss_before = _rss_kb()
@@ -60,7 +82,7 @@ def _dump(outdir: Path) -> None:
     traced, peak = tracemalloc.get_traced_memory()
     (outdir / f"snap-{seq}.json").write_text(json.dumps({
         "rss_kb": rss_before, "hwm_kb": _rss_kb("VmHWM"), "rss_gc_kb": rss_gc, "rss_trimmed_kb": rss_trimmed,
-        "traced": traced, "traced_peak": peak, "types": dict(types)}))
+        "traced": traced, "traced_peak": peak, "types": dict(types), "pymalloc": _pymalloc()}))
 
 
 def child(outdir: Path, kopf_args: list[str]) -> None:
@@ -129,6 +151,12 @@ def report(label: str, count: int, a: tuple[tracemalloc.Snapshot, dict[str, Any]
           f"{result['rss_trimmed_mb']:+} MB; absolute {meta_b['rss_trimmed_kb'] / 1024:.1f} MB, "
           f"high-water {meta_b['hwm_kb'] / 1024:.1f} MB); "
           f"Python allocations alive {result['traced_mb']:+} MB = {result['traced_bytes_per_object']} B/object")
+    arenas = {key: (meta_b["pymalloc"].get(key, 0) - meta_a["pymalloc"].get(key, 0)) / 2**20
+              for key in ("bytes in allocated blocks", "arenas allocated current")}
+    result["pymalloc_blocks_mb"] = round(arenas["bytes in allocated blocks"], 1)
+    result["pymalloc_arenas_mb"] = round(arenas["arenas allocated current"] * 2**20, 1)  # 1 MiB arenas
+    print(f"pymalloc: arenas {result['pymalloc_arenas_mb']:+} MB, of which small objects alive "
+          f"{result['pymalloc_blocks_mb']:+} MB")
     filters = [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<frozen *>")]
     print(f"-- by line (first frame), bytes per object, top {top}")
     lines = []

@@ -17,7 +17,7 @@ import enum
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from kopf_operators.core.conventions import DOMAIN, epoch_to_iso, iso_to_epoch, kstatus_conditions, stable_hash
+from kopf_operators.core.conventions import DOMAIN, compact, epoch_to_iso, iso_to_epoch, kstatus_conditions, stable_hash
 
 GROUP = "immortalcontainer.flugel.it"
 VERSION = "v1alpha1"
@@ -59,19 +59,21 @@ def ic_name_for_pod(name: str) -> str | None:
 
 def snapshot(ic: Mapping[str, Any]) -> dict[str, Any]:
     """What the controller keeps of an ImmortalContainer (its index entry): enough to build the pod,
-    count starts, patch status with a resourceVersion and post Events; nothing else."""
+    count starts, patch status with a resourceVersion and post Events; nothing else. Compact: it is
+    kept for the object's lifetime, in Kopf's index and as the controller's newest answer."""
     meta = ic.get("metadata") or {}
-    return {
+    return compact({
         "apiVersion": ic.get("apiVersion", API_VERSION),
         "kind": ic.get("kind", KIND),
         "metadata": {key: meta[key] for key in SNAPSHOT_METADATA if meta.get(key) is not None},
-        "spec": dict(ic.get("spec") or {}),
-        "status": dict(ic.get("status") or {}),
-    }
+        "spec": ic.get("spec") or {},
+        "status": ic.get("status") or {},
+    })
 
 
 def pod_summary(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """What the pods index keeps of one of our pods: what ``observe_pod`` reads, nothing more."""
+    """What the pods index keeps of one of our pods: what ``observe_pod`` reads, nothing more (compact:
+    it is kept for the pod's lifetime)."""
     meta = pod.get("metadata") or {}
     containers = (pod.get("spec") or {}).get("containers") or []
     status = pod.get("status") or {}
@@ -88,11 +90,11 @@ def pod_summary(pod: Mapping[str, Any]) -> dict[str, Any]:
     if finished:
         summary_status["finishedAt"] = max(finished)
     summary_status["ready"] = pod_ready(pod)
-    return {
+    return compact({
         "metadata": summary_meta,
         "spec": {"containers": [{"name": c.get("name"), "image": c.get("image")} for c in containers]},
         "status": summary_status,
-    }
+    })
 
 
 def pod_fingerprint(pod: Mapping[str, Any]) -> int:

@@ -292,7 +292,7 @@ def test_operator_down_while_pods_deleted_converges_on_start(core: Any, custom: 
 
 def test_more_objects_than_the_event_cap_converge_at_once_and_after_a_restart(
         core: Any, custom: Any, namespace: str, operator: OperatorProcess) -> None:
-    """With CONCURRENT_EVENTS=2 (the chart: 64), 20 ImmortalContainers created at once each get their
+    """With CONCURRENT_EVENTS=2 (the chart: 32), 20 ImmortalContainers created at once each get their
     pod and a counted start; so do 5 created while the process is down, after a restart that lists
     far more objects of every kind than the cap. Kopf's own cap (worker_limit) never finished that
     listing: a worker held its slot while waiting for every index (nolar/kopf#1243)."""

@@ -367,6 +367,34 @@ def test_pod_readiness_survives_the_index_summary() -> None:
         assert observed is not None and observed.ready
 
 
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, dict):
+        return [s for key, item in value.items() for s in (key, *_strings(item))]
+    if isinstance(value, list):
+        return [s for item in value for s in _strings(item)]
+    return [value] if isinstance(value, str) else []
+
+
+def test_kept_entries_share_their_strings_across_decoded_versions() -> None:
+    """Each watch event is decoded with strings of its own; what the index and the controller keep of
+    an object for its lifetime holds each distinct string once per process, however many versions
+    (the index entry, the controller's newer answer) and objects keep it."""
+    status = logic.next_status({}, 1, view(), logic.decide("nginx:latest", view()))
+    ic = json.dumps({**IC, "status": status})
+    owner = {"uid": "ic-uid", "controller": True, "kind": "ImmortalContainer"}
+    pod = json.dumps({"metadata": {"name": "example-immortalcontainer-immortalpod", "uid": "pod-1",
+                                   "ownerReferences": [owner]},
+                      "spec": {"containers": [{"name": "acontainer", "image": "nginx:latest"}]},
+                      "status": {"phase": "Running", "startTime": "2026-11-26T12:00:00Z"}})
+    for keep in ((lambda: logic.snapshot(json.loads(ic))), (lambda: logic.pod_summary(json.loads(pod)))):
+        first, second = _strings(keep()), _strings(keep())
+        assert first
+        assert all(a is b for a, b in zip(first, second, strict=True))
+    # Within one entry, the conditions' repeated reasons, messages and timestamps are one string each.
+    kept = _strings(logic.snapshot(json.loads(ic)))
+    assert len({id(s) for s in kept}) == len(set(kept))
+
+
 class FakeAccess:
     """The access layer's surface the immortal controller uses, recording writes (controller logic
     only; behaviour against the API server is in tests/e2e)."""
