@@ -63,7 +63,7 @@ test: setup ## everything: set-up, local cluster, lint, unit and end-to-end test
 
 # BENCH_ARGS e.g. "--quick", "--only scale peers", "--operators operators/immortal.py" (or OPERATOR_FILES=...).
 # The Go peers are built from source by the run itself (testsupport/peer_build.py; see bench/README.md).
-bench: setup ## benchmarks (ours, floor, Go peers) on the local cluster -> bench/results.{json,md}
+bench: setup ## benchmarks (ours, floor, Go peers) on the local cluster -> .bench/results.{json,md}
 	@cluster/cluster.sh up
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 

@@ -1,4 +1,4 @@
-"""bench/results.md from a results dict: one table per section; columns ours | floor | peer | target | result
+""".bench/results.md from a results dict: one table per section; columns ours | floor | peer | target | result
 (pass, or miss and by how much)."""
 
 from __future__ import annotations

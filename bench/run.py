@@ -1,12 +1,12 @@
 """Benchmarks of the operator process against the local control plane, each next to its floor (and its
 Go peer where there is one).
 
-    .venv/bin/python -m bench.run                       # full run -> bench/results.{json,md}
-    .venv/bin/python -m bench.run --quick               # small counts -> bench/results-quick.{json,md}
+    .venv/bin/python -m bench.run                       # full run -> .bench/results.{json,md} (git-ignored)
+    .venv/bin/python -m bench.run --quick               # small counts -> .bench/results-quick.{json,md}
     .venv/bin/python -m bench.run --quick --only scale quiet_logs
     .venv/bin/python -m bench.run --operators operators/immortal.py   # load only these operator files
     .venv/bin/python -m bench.run --only scale --set scale_pods=0,10000,20000     # override a count
-    .venv/bin/python -m bench.run --render bench/results.json         # re-render the markdown only
+    .venv/bin/python -m bench.run --render .bench/results.json         # re-render the markdown only
 
 Honours CLUSTER_DIR (the cluster is started if needed) and OPERATOR_FILES (as --operators). The operator
 runs as in the Helm chart's default (``kopf run --peering=kopf-operators --all-namespaces <files>``, log
@@ -78,7 +78,7 @@ async def main_async(b: Bench, quick: bool) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small counts; results to bench/results-quick.*")
+    parser.add_argument("--quick", action="store_true", help="small counts; results to .bench/results-quick.*")
     parser.add_argument("--only", nargs="*", choices=list(sections.SECTIONS), metavar="SECTION",
                         help=f"run only these sections ({', '.join(sections.SECTIONS)})")
     parser.add_argument("--operators", help="operator files to load, comma or space separated "
@@ -88,7 +88,7 @@ def main() -> None:
                              "e.g. to compare two revisions with the same harness")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a count, e.g. --set events=50 --set scale_pods=0,10000,20000")
-    parser.add_argument("--output", help="results file prefix (default bench/results or bench/results-quick)")
+    parser.add_argument("--output", help="results file prefix (default .bench/results or .bench/results-quick)")
     parser.add_argument("--render", metavar="JSON", help="only re-render the markdown of a results JSON file")
     args = parser.parse_args()
     if args.render:
@@ -105,7 +105,10 @@ def main() -> None:
     root = Path(args.operator_root).resolve() if args.operator_root else REPO
     bench = Bench(counts, args.only or list(sections.SECTIONS), operator_files(args.operators, root), root)
     results = asyncio.run(main_async(bench, args.quick))
-    prefix = Path(args.output) if args.output else REPO / "bench" / ("results-quick" if args.quick else "results")
+    # Results stay out of the source tree: bench/ holds only code (raw runs worth keeping go to the
+    # bench-results branch).
+    prefix = Path(args.output) if args.output else REPO / ".bench" / ("results-quick" if args.quick else "results")
+    prefix.parent.mkdir(parents=True, exist_ok=True)
     prefix.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
     prefix.with_suffix(".md").write_text(render(results))
     print(render(results))
