@@ -35,18 +35,21 @@ image: ## build the operator image with podman, no Docker, no registry (IMAGE=na
 	@cluster/image.sh build $(IMAGE)
 
 # The cluster `install`, `uninstall`, `run` and `deploy` act on: $KUBECONFIG or the current
-# context when one answers, else the local control plane (started if needed).
-TARGET_KUBECONFIG = $(shell cluster/target-kubeconfig.sh)
+# context when one answers, else the local control plane (started if needed). Another cluster than
+# the local one is named and confirmed first (CONFIRM_CLUSTER=no skips the question, for scripts).
+# A recipe line, not $(shell ...): a refusal must stop the recipe, never leave KUBECONFIG empty.
+TARGET = target=$$(cluster/target-kubeconfig.sh) && export KUBECONFIG=$$target
 
 install: ## apply the CRDs to the target cluster
-	KUBECONFIG=$(TARGET_KUBECONFIG) kubectl apply --server-side -f manifests/crds/
-	KUBECONFIG=$(TARGET_KUBECONFIG) kubectl wait --for=condition=Established --timeout=60s -f manifests/crds/
+	@$(TARGET) && \
+	kubectl apply --server-side -f manifests/crds/ && \
+	kubectl wait --for=condition=Established --timeout=60s -f manifests/crds/
 
 uninstall: ## remove the CRDs (and so every custom resource) from the target cluster
 	@cluster/uninstall.sh
 
 run: setup ## install the CRDs and run all four operators against the target cluster
-	@export KUBECONFIG=$(TARGET_KUBECONFIG) && \
+	@$(TARGET) && \
 	kubectl apply --server-side -f manifests/crds/ && \
 	kubectl wait --for=condition=Established --timeout=60s -f manifests/crds/ && \
 	exec $(BIN)/kopf run $(RUN_ARGS) operators/*.py
@@ -83,7 +86,7 @@ lint: setup ## ruff, mypy
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-HELM = $(shell cluster/build.sh)/helm
+HELM = $(shell cluster/helm.sh)
 KUBE_VERSION = $(shell sed -n "s/^KUBERNETES_VERSION=v//p" cluster/versions.env)
 CHART := charts/kopf-operators
 RELEASE ?= kopf-operators
@@ -102,7 +105,7 @@ deploy: ## install the Helm chart into the target cluster (IMAGE=repo:tag; local
 # REVERT_ATTEMPTS times lets go and keeps its ledger Secret (docs/blackadder.md, "Uninstalling").
 REVERT_TIMEOUT ?= 180s
 revert-agents: ## delete every ChaosAgent while the operator runs (each reverts first); run before undeploy
-	@export KUBECONFIG=$(TARGET_KUBECONFIG) && \
+	@$(TARGET) && \
 	if kubectl get crd chaosagents.blackadder.io >/dev/null 2>&1; then \
 	  kubectl delete chaosagents.blackadder.io --all --wait=true --timeout=$(REVERT_TIMEOUT); \
 	else echo "no ChaosAgent CRD: nothing to revert"; fi; \

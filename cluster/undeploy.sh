@@ -10,7 +10,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 release=${RELEASE:-kopf-operators}
 ns=${DEPLOY_NAMESPACE:-kopf-operators}
 timeout=${UNDEPLOY_TIMEOUT:-120s}
-helm="$("$here/build.sh")/helm"
+helm=$("$here/helm.sh")
 KUBECONFIG=$("$here/target-kubeconfig.sh")
 export KUBECONFIG
 
