@@ -12,7 +12,7 @@ RUN_ARGS ?= --all-namespaces --verbose
 
 .PHONY: help setup cluster cluster-down image install uninstall run test unit lint bench manifests deploy undeploy \
 	revert-agents \
-	peers-test reloader-e2e reloader-bench
+	peers-test reloader-e2e reloader-bench reference
 
 help: ## list the verbs
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -81,6 +81,9 @@ reloader-bench: setup ## re-roller vs stakater Reloader (built from source): iso
 peers-test: setup ## tests side by side with Go peers built from source (their sources: docs/blackadder.md)
 	@cluster/cluster.sh up
 	$(BIN)/pytest -m peers
+
+reference: setup ## regenerate docs/reference/ from the CRDs, chart values, environment variables and metrics
+	$(BIN)/python -m testsupport.reference
 
 lint: setup ## ruff, mypy
 	$(BIN)/ruff check .
