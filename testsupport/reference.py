@@ -153,7 +153,7 @@ def env_reads(path: Path) -> Iterator[tuple[str, str, str]]:
             yield name, "string", default
 
 
-def environment_page() -> str:
+def environment_reads() -> dict[str, dict[str, set[str]]]:
     reads: dict[str, dict[str, set[str]]] = {}
     sources = sorted([*(REPO / "kopf_operators").rglob("*.py"), *(REPO / "operators").glob("*.py")])
     for path in sources:
@@ -163,6 +163,15 @@ def environment_page() -> str:
             if default:
                 entry["default"].add(default)
             entry["where"].add(str(path.relative_to(REPO)))
+    return reads
+
+
+def environment_variables() -> list[str]:
+    return sorted(environment_reads())
+
+
+def environment_page() -> str:
+    reads = environment_reads()
     out = [HEADER.format(source="the source (kopf_operators/, operators/)"),
            "# Environment variables\n\nWhat the process reads at start. The chart sets them from its values "
            "(docs/reference/values.md); `make run` passes the shell's. A malformed value stops the start with "

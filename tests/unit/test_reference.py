@@ -19,3 +19,9 @@ def test_every_environment_variable_the_code_reads_is_listed() -> None:
     listed = reference.environment_page()
     for name in ("METRICS_PORT", "CHAOS_DRY_RUN", "REROLLER_RELOAD_STRATEGY", "COPYRATOR_RESYNC_SECONDS"):
         assert f"`{name}`" in listed
+
+
+def test_the_configuration_guide_names_every_environment_variable() -> None:
+    guide = (reference.REPO / "docs" / "configuration.md").read_text()
+    missing = [name for name in reference.environment_variables() if name not in guide]
+    assert not missing, f"docs/configuration.md does not explain: {', '.join(missing)}"
