@@ -483,3 +483,82 @@ def cycle_status(previous: Any, settings: AgentSettings, generation: int | None,
             "Active", True, "InWindow" if settings.windows else "Always",
             "inside activeWindows" if settings.windows else "no activeWindows: always active", generation),
     }
+
+
+# --- One cycle's decision ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CycleDecision:
+    """What a cycle does: ``step`` (chaos: plan and act, then ``cycle_status``; revert: restore the
+    ledger, then ``revert_status``); for a cycle without chaos or revert, the ``status`` to write and
+    what to say about it once per episode (``say``: "log" a line, or a "Warning" Event; ``reason``,
+    ``message``)."""
+
+    step: str
+    status: dict[str, Any] | None = None
+    say: str | None = None
+    reason: str = ""
+    message: str = ""
+
+
+def _ready_reason(conditions: Any) -> str | None:
+    return next((str(c.get("reason")) for c in conditions or () if c.get("type") == "Ready"), None)
+
+
+def _waiting(step: str, settings: AgentSettings, now: float) -> tuple[bool, str, str] | None:
+    """Why a cycle makes no chaos, as (ready, reason, message), or None when it does."""
+    if step == INVALID_STEP:
+        return False, "InvalidSpec", spec_problem(settings) or "invalid spec"
+    if step == EXCLUDED_DATE_STEP:
+        date = excluded_date(settings.excluded_dates, settings.time_zone, now)
+        return True, "ExcludedDate", f"today is an excluded date ({date} in {settings.time_zone}): no chaos"
+    if step == IDLE_STEP:
+        opens = next_window_start(settings.windows, settings.time_zone, now)
+        return True, "OutsideWindow", f"outside activeWindows ({settings.time_zone}); idle until {opens or 'never'}"
+    return None
+
+
+def decide_cycle(settings: AgentSettings, now: float, kill_switch: bool, previous: Any, generation: int | None,
+                 ledger_namespace: str) -> CycleDecision:
+    """One cycle of one agent, from what it observed: its settings, the clock, the kill switch and the
+    conditions its status holds."""
+    step = cycle_step(settings, now, kill_switch)
+    if step in (REVERT_STEP, CHAOS_STEP):
+        return CycleDecision(step)
+    if step == STOPPED_STEP:
+        return CycleDecision(step, simple_status(
+            previous, settings, generation, True, "KillSwitch",
+            f"stopped by the kill switch ({KILL_SWITCH_LABEL}=true on namespace {ledger_namespace}, or "
+            "CHAOS_STOP_ALL) — no chaos"))
+    if step == PAUSED_STEP:
+        return CycleDecision(step, simple_status(previous, settings, generation, True, "Paused",
+                                                 "paused: true — no chaos"))
+    waiting = _waiting(step, settings, now)
+    if waiting is None:  # a step this function does not know: no chaos rather than a guess
+        return CycleDecision(CHAOS_STEP)
+    ready, reason, message = waiting
+    say = None if _ready_reason(previous) == reason else "log" if ready else "Warning"
+    return CycleDecision(step, simple_status(previous, settings, generation, ready, reason, message), say,
+                         reason, message)
+
+
+def revert_status(previous: Any, settings: AgentSettings, generation: int | None,
+                  summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The status after a cycle with revert: true (``summary``: what the revert did)."""
+    failed = summary["failed"]
+    status = simple_status(
+        previous, settings, generation, not failed, "Reverted" if not failed else "RevertFailed",
+        "revert: true — no chaos; the ledger has been reverted" if not failed else
+        f"revert: true — no chaos; {len(failed)} change(s) could not be restored yet (retried "
+        "every pauseDuration): see status.revert.failed")
+    if summary["processed"]:
+        status["revert"] = summary
+    return status
+
+
+def failed_status(previous: Any, settings: AgentSettings, generation: int | None, error: str,
+                  retried: bool) -> dict[str, Any]:
+    """The status after a failed cycle: retried by the next cycle (Reconciling), unless the API refused
+    it (403, 422...): then only a person can help (Stalled)."""
+    return simple_status(previous, settings, generation, False, "CycleFailed", error[:300], stalled=not retried)

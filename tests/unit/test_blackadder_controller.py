@@ -48,9 +48,9 @@ def test_the_inventory_skips_terminating_namespaces_and_copyrators_sources(monke
     access = FakeAccess()
     ctl = controller(access, namespaces, sources)
     listed = [configmap("a", "mine"), configmap("a", "shared", {"app": "shared"}), configmap("b", "going")]
-    monkeypatch.setattr(ctl, "_list_sync", lambda *args: listed)
+    monkeypatch.setattr(ctl.chaos, "_list_sync", lambda *args: listed)
     settings = logic.settings_from_spec({"ipsumMode": True, "eagerness": 1, "targetNamespaces": ["a", "b"]})
-    inventory = asyncio.run(ctl.inventory(settings, NOW))
+    inventory = asyncio.run(ctl.chaos.inventory(settings, NOW))
     assert [(cm.namespace, cm.name) for cm in inventory.configmaps] == [("a", "mine")]
     assert access.made("call")  # the listing went through the access layer
 
@@ -99,7 +99,7 @@ def test_stop_cancels_webhook_notifications_in_flight_and_waits_for_them() -> No
         ctl = controller(access, {})
         body = {"metadata": {"name": "agent", "uid": "agent-uid"}}
         entries: list[Mapping[str, Any]] = [{"cycle": 1, "at": "t", "action": "pod-killed"}]
-        ctl._notify(body, "hook", entries, logging.getLogger("test-blackadder"))
+        ctl.notes.webhook(body, "hook", entries, logging.getLogger("test-blackadder"))
         while not access.made("read"):
             await asyncio.sleep(0)
         await ctl.stop()
@@ -123,5 +123,5 @@ def test_a_stalled_status_gets_its_event_even_when_the_live_body_catches_up_duri
 
     access = FakeAccess()
     access.answer("patch_status", kopf_updates_the_body)
-    asyncio.run(controller(access, {})._patch_status(body["metadata"], stalled, body))
+    asyncio.run(controller(access, {}).notes.patch_status(body["metadata"], stalled, body))
     assert ("Warning", "Stalled") in access.events
