@@ -1,4 +1,4 @@
-# ruff: noqa: F811  (the fixtures imported from test_blackadder are parameters here)
+# ruff: noqa: F811  (the fixtures imported from blackadder_helpers are parameters here)
 """Blackadder, issue #23: chaoskube's remaining filters (owner kinds, pod-name patterns, excluded
 dates, the grace period) and per-target frequency (blackadder.io/mtbf labels). Real local API server,
 KWOK-backed pods; every agent is confined to its test's namespace.
@@ -15,7 +15,7 @@ import kubernetes
 import pytest
 
 from kopf_operators.blackadder import decisions as logic
-from tests.e2e.test_blackadder import (  # noqa: F401 (fixtures)
+from tests.e2e.blackadder_helpers import (  # noqa: F401 (fixtures)
     GREEDY,
     PAUSE,
     Agents,
@@ -26,6 +26,7 @@ from tests.e2e.test_blackadder import (  # noqa: F401 (fixtures)
     live_pods,
     make_pod,
     next_cycles,
+    replicas,
 )
 from tests.kube import stays, wait_for
 from testsupport.kubectl import kubectl
