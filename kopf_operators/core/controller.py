@@ -313,6 +313,21 @@ class Newest(Generic[K, V]):
     these objects, so a written value the index does not hold yet (or holds as another object) stays
     the newest; without it the index is the authority on existence (an object gone from it, or
     replaced, drops what we wrote to the old one).
+
+    How each controller's own cache maps onto it (they move in a later phase; ``tests/unit/
+    test_structure.py`` lists them until then):
+    - immortal ``_written`` + ``current()``: an overlay (identity uid, version resourceVersion):
+      ``remember(key, snapshot(answer))`` after a status patch, ``current(key, first(objects, key))``;
+      the event body's ``_rv(body) > _rv(ic)`` step is ``newer(ic, body)``;
+    - immortal ``_pods_seen`` + ``_pod``/``_saw_pod``: ``saw(key, summary or None, rv)`` for every
+      indexed pod, the pod event (None when DELETED) and our create's answer, then ``seen(key)``;
+    - Copyrator ``_written`` (a CopyView, or ``Gone`` after our delete) + ``copy()``: an overlay with
+      ``ours_until_seen=True`` (we create copies), ``remember_gone(key, uid)`` for ``Gone``;
+      ``copies_of`` walks ``held()``; its source entries kept newest-first are ``saw``;
+    - the re-roller ``_written`` + ``current()``: an overlay of WorkloadViews (identity uid, version
+      rv), then ``newer(view, event_view)``;
+    - Blackadder's ledgers (``blackadder/ledger.py``, done): ``ours_until_seen=True`` with no index
+      (we are the ledger's only writer): ``remember`` after our read and after every write.
     """
 
     def __init__(self, version: Callable[[V], int], identity: Callable[[V], Hashable], *,
@@ -349,6 +364,16 @@ class Newest(Generic[K, V]):
             return known.value  # our create (or re-create) the watch has not delivered yet
         del self._known[key]
         return indexed
+
+    def newer(self, known: V | None, reported: V | None) -> V | None:
+        """The newer of what is known and what an event just reported (not remembered): the report
+        when it is another object or not older (a resourceVersion is a global order, and the same
+        version is the same state)."""
+        if reported is None:
+            return known
+        if known is None or self.identity(reported) != self.identity(known):
+            return reported
+        return reported if self.version(reported) >= self.version(known) else known
 
     def saw(self, key: K, value: V | None, version: int, identity: Hashable = None) -> None:
         """A report of the object at ``version`` (None: deleted at that version): kept unless an older

@@ -250,6 +250,15 @@ def test_with_ours_until_seen_our_create_and_our_delete_hold_until_the_watch_see
     assert known.held() == []
 
 
+def test_an_events_body_replaces_what_is_known_unless_older() -> None:
+    known = overlay()
+    assert known.newer(view("u", 5), None) == view("u", 5)
+    assert known.newer(None, view("u", 5)) == view("u", 5)
+    assert known.newer(view("u", 5), view("u", 4)) == view("u", 5)  # a late event of an older version
+    assert known.newer(view("u", 5), view("u", 5)) == view("u", 5)
+    assert known.newer(view("u", 5), view("v", 2)) == view("v", 2)  # another object: the event's
+
+
 def test_the_newest_report_wins_and_a_deletion_is_remembered() -> None:
     reports: Newest[str, str] = Newest(len, lambda v: v)
     assert reports.seen("k") is None
