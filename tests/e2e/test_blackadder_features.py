@@ -152,7 +152,9 @@ def test_grace_period_reaches_the_deletion(
     pod = wait_for(lambda: (p := core.read_namespaced_pod("slow", namespace)).metadata.deletion_timestamp and p,
                    timeout=20, what="the pod killed")
     assert pod.metadata.deletion_grace_period_seconds == 7
-    assert any("grace period 7s" in e.message for e in events(core, "PodKilled", namespace=namespace))
+    # The Event is posted after the deletion (Kopf's event queue): waited for, not read at once.
+    wait_for(lambda: any("grace period 7s" in e.message for e in events(core, "PodKilled", namespace=namespace)),
+             timeout=10, what="the PodKilled Event naming the grace period")
 
 
 # --- 2. per-target frequency ------------------------------------------------------------------------
