@@ -11,16 +11,29 @@ backoff's end, a burst's status flush) and from a periodic resync. Those live he
   (jittered, skipped while Kopf has paused the process); ``stop()`` cancels all of them and waits;
 - ``MemoSlot``: one typed entry of Kopf's ``memo`` (handlers reach their controller as ``SLOT(memo)``,
   so mypy checks every call from a handler into a controller; ``memo.x`` would be ``Any``).
+
+The one reconcile shape (a pass is observe -> decide -> act) rests on three more pieces:
+- ``KeyedState``: everything a controller keeps per key, registered once, so that one ``forget(key)``
+  drops all of it when the object goes (maps, sets, backoffs, timers, newest versions);
+- ``Newest``: the newest known version of each key's object, where the watch lags behind: the answers
+  to our own writes (and tombstones of our deletes) until the watch catches up, or the newest of
+  several reports that may arrive out of order;
+- ``GuardedPass``: one pass for one key outside Kopf's retrying handlers: skipped while paused, a
+  failure counted, said in the log and retried with backoff (never hot), a success resets the backoff.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Hashable, Mapping, MutableMapping
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
+
+from kopf_operators.core import metrics
+from kopf_operators.core.access import ApiError
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -76,6 +89,8 @@ class Backoff(Generic[K]):
     def reset(self, key: K) -> None:
         self._failures.pop(key, None)
 
+    forget = reset  # a KeyedState part
+
 
 # When a timer is asked for while one is pending for the same key: keep the pending one, keep
 # whichever fires earlier, or replace it.
@@ -123,6 +138,8 @@ class KeyedTimers(Generic[K]):
         pending = self._handles.pop(key, None)
         if pending is not None:
             pending[1].cancel()
+
+    forget = cancel  # a KeyedState part
 
     def cancel_all(self) -> None:
         for _, handle in self._handles.values():
@@ -207,3 +224,262 @@ class MemoSlot(Generic[T]):
 
     def present(self, memo: Mapping[str, Any]) -> bool:
         return isinstance(memo.get(self.name), self.kind)
+
+
+# --- the one reconcile shape ---------------------------------------------------------------------
+
+
+class Forgetful(Protocol):
+    """A part of a controller's per-key state."""
+
+    def forget(self, key: Any) -> None: ...
+
+
+class PerKey(dict[K, V]):
+    """A map of per-key state that a ``KeyedState`` forgets."""
+
+    def forget(self, key: K) -> None:
+        self.pop(key, None)
+
+
+class PerKeySet(set[K]):
+    """A set of keys that a ``KeyedState`` forgets."""
+
+    def forget(self, key: K) -> None:
+        self.discard(key)
+
+
+P = TypeVar("P", bound=Forgetful)
+
+
+class KeyedState(Generic[K]):
+    """Everything a controller keeps per key, registered where it is made: one ``forget(key)`` drops
+    all of it, so nothing is left behind (or fires later) for an object that is gone, and a new piece
+    of state cannot be forgotten by the cleanup."""
+
+    def __init__(self) -> None:
+        self._parts: list[Forgetful] = []
+        self._hooks: list[Callable[[K], None]] = []
+
+    def track(self, part: P) -> P:
+        self._parts.append(part)
+        return part
+
+    def map(self) -> PerKey[K, Any]:
+        """A new per-key map (typed by the caller: ``self.x: PerKey[Key, int] = state.map()``)."""
+        return self.track(PerKey())
+
+    def set(self) -> PerKeySet[K]:
+        return self.track(PerKeySet())
+
+    def on_forget(self, hook: Callable[[K], None]) -> None:
+        """Cleanup that is more than dropping an entry (say, giving back a reserved token)."""
+        self._hooks.append(hook)
+
+    def forget(self, key: K) -> None:
+        for hook in self._hooks:
+            hook(key)
+        for part in self._parts:
+            part.forget(key)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Known(Generic[V]):
+    version: int
+    identity: Hashable
+    value: V | None  # None: gone at this version (a tombstone)
+
+
+def version_of(resource_version: Any) -> int:
+    """A resourceVersion as a number to compare (0 when absent or not a number)."""
+    try:
+        return int(resource_version or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+class Newest(Generic[K, V]):
+    """The newest known version of each key's object, where Kopf's watch lags behind.
+
+    Two uses, one per instance:
+    - an overlay of our own writes on an index (``remember``/``remember_gone`` then ``current(key,
+      indexed)``): the answer to our write is newer than the index until the watch delivers that
+      version (same identity, version at least ours), then the index is the truth again;
+    - the newest of reports that may arrive out of order (``saw`` then ``seen``): an older report never
+      replaces a newer one, and a deletion is remembered as "gone at that version".
+
+    ``version(value)`` orders the versions of one object; ``identity(value)`` tells objects of the same
+    key apart (a uid: a deleted and re-created object is another one). ``ours_until_seen``: we create
+    these objects, so a written value the index does not hold yet (or holds as another object) stays
+    the newest; without it the index is the authority on existence (an object gone from it, or
+    replaced, drops what we wrote to the old one).
+
+    How each controller's own cache maps onto it (they move in a later phase; ``tests/unit/
+    test_structure.py`` lists them until then):
+    - immortal ``_written`` + ``current()``: an overlay (identity uid, version resourceVersion):
+      ``remember(key, snapshot(answer))`` after a status patch, ``current(key, first(objects, key))``;
+      the event body's ``_rv(body) > _rv(ic)`` step is ``newer(ic, body)``;
+    - immortal ``_pods_seen`` + ``_pod``/``_saw_pod``: ``saw(key, summary or None, rv)`` for every
+      indexed pod, the pod event (None when DELETED) and our create's answer, then ``seen(key)``;
+    - Copyrator ``_written`` (a CopyView, or ``Gone`` after our delete) + ``copy()``: an overlay with
+      ``ours_until_seen=True`` (we create copies), ``remember_gone(key, uid)`` for ``Gone``;
+      ``copies_of`` walks ``held()``; its source entries kept newest-first are ``saw``;
+    - the re-roller ``_written`` + ``current()``: an overlay of WorkloadViews (identity uid, version
+      rv), then ``newer(view, event_view)``;
+    - Blackadder's ledgers (``blackadder/ledger.py``, done): ``ours_until_seen=True`` with no index
+      (we are the ledger's only writer): ``remember`` after our read and after every write.
+    """
+
+    def __init__(self, version: Callable[[V], int], identity: Callable[[V], Hashable], *,
+                 ours_until_seen: bool = False) -> None:
+        self.version, self.identity = version, identity
+        self.ours_until_seen = ours_until_seen
+        self._known: dict[K, _Known[V]] = {}
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+    def remember(self, key: K, value: V) -> None:
+        """The answer to our own write (or our own read): the newest version there is."""
+        self._known[key] = _Known(self.version(value), self.identity(value), value)
+
+    def remember_gone(self, key: K, identity: Hashable) -> None:
+        """We deleted the object ``identity``: absent until the watch no longer holds it."""
+        self._known[key] = _Known(0, identity, None)
+
+    def current(self, key: K, indexed: V | None = None) -> V | None:
+        """The newest of what we remember and ``indexed`` (the index's value, None when it holds none);
+        what we remember is dropped once the index has caught up with it."""
+        known = self._known.get(key)
+        if known is None:
+            return indexed
+        same = indexed is not None and self.identity(indexed) == known.identity
+        if known.value is None:  # our delete
+            if same:
+                return None  # the watch has not delivered the deletion yet
+        elif same:
+            if indexed is not None and self.version(indexed) < known.version:
+                return known.value
+        elif self.ours_until_seen:
+            return known.value  # our create (or re-create) the watch has not delivered yet
+        del self._known[key]
+        return indexed
+
+    def newer(self, known: V | None, reported: V | None) -> V | None:
+        """The newer of what is known and what an event just reported (not remembered): the report
+        when it is another object or not older (a resourceVersion is a global order, and the same
+        version is the same state)."""
+        if reported is None:
+            return known
+        if known is None or self.identity(reported) != self.identity(known):
+            return reported
+        return reported if self.version(reported) >= self.version(known) else known
+
+    def saw(self, key: K, value: V | None, version: int, identity: Hashable = None) -> None:
+        """A report of the object at ``version`` (None: deleted at that version): kept unless an older
+        one; a report of the same version replaces the one held (the same state)."""
+        known = self._known.get(key)
+        if known is None or version >= known.version:
+            self._known[key] = _Known(version, identity, value)
+
+    def seen(self, key: K) -> V | None:
+        """The newest reported value (None: nothing reported, or gone)."""
+        known = self._known.get(key)
+        return None if known is None else known.value
+
+    def held(self) -> list[tuple[K, V]]:
+        """Every value remembered (tombstones left out)."""
+        return [(key, known.value) for key, known in self._known.items() if known.value is not None]
+
+    def forget(self, key: K) -> None:
+        self._known.pop(key, None)
+
+
+# What a pass may answer: False asks for another try with backoff (say, something in the way that no
+# watch reports); anything else is done (the key's backoff starts afresh).
+RETRY = False
+
+
+class GuardedPass(Generic[K]):
+    """One pass for one key outside Kopf's retrying handlers (an event the controller handles itself,
+    a timer, the resync, a daemon's cycle). ``run(key, trigger, *args)`` is the pass.
+
+    - Nothing while ``paused()`` (Kopf has paused this process: a standby writes nothing).
+    - A failure (``catch``) is counted as ``errors_total{kind=error_kind}``, said in one log line
+      (``say(key, trigger, exc, delay)``; ``traceback``: with the traceback, for a crash) and, when
+      ``retry`` is (first, cap) and ``retried(exc)``, tried again as ``run(key, "retry")`` after a
+      backoff that doubles per failure in a row (one pending retry per key, ``if_pending`` as in
+      ``KeyedTimers.start``). Never hot.
+    - A pass answering ``RETRY`` (False) is tried again the same way, without a log line (it says why
+      itself); any other answer resets the key's backoff.
+    - ``limit``: at most this many passes at once (over all keys).
+    """
+
+    def __init__(self, operator: str, background: Background, run: Callable[..., Awaitable[Any]], *,
+                 say: Callable[[K, str, Exception, float | None], str],
+                 paused: Callable[[], bool] = lambda: False, retry: tuple[float, float] | None = None,
+                 if_pending: IfPending = "keep", catch: tuple[type[Exception], ...] = (ApiError,),
+                 retried: Callable[[Exception], bool] = lambda exc: True, error_kind: str = "api",
+                 traceback: bool = False, limit: int | None = None,
+                 on_failure: Callable[[K, Exception], None] | None = None) -> None:
+        self.operator, self.run, self.say = operator, run, say
+        self.paused, self.catch, self.retried = paused, catch, retried
+        self.error_kind, self.traceback, self.if_pending = error_kind, traceback, if_pending
+        self.on_failure = on_failure
+        self.backoff: Backoff[K] | None = None if retry is None else Backoff(*retry)
+        self.timers: KeyedTimers[K] = background.timers()
+        self._limit = None if limit is None else asyncio.Semaphore(limit)
+
+    async def __call__(self, key: K, trigger: str, *args: Any,
+                       log: logging.Logger | logging.LoggerAdapter[Any] | None = None) -> bool:
+        """One pass; True when it is done (no retry due)."""
+        if self.paused():
+            return False
+        try:
+            if self._limit is None:
+                answer = await self.run(key, trigger, *args)
+            else:
+                async with self._limit:
+                    answer = await self.run(key, trigger, *args)
+        except asyncio.CancelledError:
+            raise
+        except self.catch as exc:
+            metrics.error(self.operator, self.error_kind)
+            if self.on_failure is not None:
+                self.on_failure(key, exc)
+            if self.retried(exc):
+                delay = self.retry_later(key, if_pending=self.if_pending)
+            else:  # refused: counted (``failures``: say it once), retried only by the next change
+                delay = None
+                if self.backoff is not None:
+                    self.backoff.next_delay(key)
+            message = self.say(key, trigger, exc, delay)
+            if message:
+                (log or logger).log(logging.WARNING if not self.traceback else logging.ERROR, message,
+                                    exc_info=self.traceback)
+            return False
+        if answer is RETRY:
+            self.retry_later(key, if_pending=self.if_pending)
+            return False
+        if self.backoff is not None:
+            self.backoff.reset(key)
+        return True
+
+    def retry_later(self, key: K, *, if_pending: IfPending = "keep") -> float | None:
+        """Try ``key`` again after its backoff; the delay (None: no retries, or one already pending)."""
+        if self.backoff is None or (if_pending == "keep" and self.timers.pending(key)):
+            return None
+        delay = self.backoff.next_delay(key)
+        self.timers.start(key, delay, lambda: self._retry(key), if_pending=if_pending)
+        return delay
+
+    async def _retry(self, key: K) -> None:
+        await self(key, "retry")
+
+    def failures(self, key: K) -> int:
+        return 0 if self.backoff is None else self.backoff.failures(key)
+
+    def forget(self, key: K) -> None:
+        if self.backoff is not None:
+            self.backoff.reset(key)
+        self.timers.cancel(key)

@@ -1,4 +1,4 @@
-# ruff: noqa: F811  (the fixtures imported from test_blackadder are parameters here)
+# ruff: noqa: F811  (the fixtures imported from blackadder_helpers are parameters here)
 """Blackadder under adversarial conditions (#20): names at the API's limits, edits in the middle of a
 cycle, the operator stopped between steps, objects owned by someone else, the same change twice.
 Real local API server, KWOK-backed pods; every agent is confined to its test's namespace.
@@ -13,12 +13,12 @@ import kubernetes
 import pytest
 
 from kopf_operators.blackadder import decisions as logic
-from tests.e2e.test_blackadder import (  # noqa: F401 (fixtures)
+from tests.e2e.blackadder_helpers import (  # noqa: F401 (fixtures)
     PAUSE,
     Agents,
-    _gone,
     agents,
     events,
+    gone,
     ledger,
     ledger_location,
     make_cm,
@@ -64,7 +64,7 @@ def test_agent_names_at_the_limits_complete_cycles_revert_and_go(
     agents.delete(name)
     agents.names.remove(name)
     assert replicas(apps, namespace, "grow") == 1
-    assert _gone(lambda: core.read_namespaced_secret(ledger_name, ledger_ns))
+    assert gone(lambda: core.read_namespaced_secret(ledger_name, ledger_ns))
 
 
 def test_two_long_names_with_the_same_prefix_keep_separate_ledgers() -> None:
@@ -125,7 +125,7 @@ def test_operator_stopped_while_revert_or_delete_is_asked_acts_on_restart(
     kubectl("delete", "chaosagent", deleted, "--wait=false")
     operator.start()
     wait_for(lambda: replicas(apps, namespace, "a") == 1, timeout=STOP_SECONDS + 5, what="reverted after restart")
-    wait_for(lambda: _gone(lambda: agents.get(deleted)), timeout=30, what="deleted after restart")
+    wait_for(lambda: gone(lambda: agents.get(deleted)), timeout=30, what="deleted after restart")
     agents.names.remove(deleted)
     assert replicas(apps, namespace, "b") == 1
 
@@ -180,7 +180,7 @@ spec: {{cancerMode: true, eagerness: 100, pauseDuration: 600, targetNamespaces: 
     assert len(events(core, "Reverted", agent=name)) == 1
     kubectl("delete", "chaosagent", name, "--wait=false")
     kubectl("delete", "chaosagent", name, "--wait=false", "--ignore-not-found")
-    wait_for(lambda: _gone(lambda: agents.get(name)), timeout=30, what="deleted")
+    wait_for(lambda: gone(lambda: agents.get(name)), timeout=30, what="deleted")
     agents.names.remove(name)
     assert replicas(apps, namespace, "grow") == 1
 

@@ -1,4 +1,4 @@
-# ruff: noqa: F811  (the fixtures imported from test_blackadder are parameters here)
+# ruff: noqa: F811  (the fixtures imported from blackadder_helpers are parameters here)
 """Blackadder, issue #23: chaoskube's remaining filters (owner kinds, pod-name patterns, excluded
 dates, the grace period) and per-target frequency (blackadder.io/mtbf labels). Real local API server,
 KWOK-backed pods; every agent is confined to its test's namespace.
@@ -15,7 +15,7 @@ import kubernetes
 import pytest
 
 from kopf_operators.blackadder import decisions as logic
-from tests.e2e.test_blackadder import (  # noqa: F401 (fixtures)
+from tests.e2e.blackadder_helpers import (  # noqa: F401 (fixtures)
     GREEDY,
     PAUSE,
     Agents,
@@ -26,6 +26,7 @@ from tests.e2e.test_blackadder import (  # noqa: F401 (fixtures)
     live_pods,
     make_pod,
     next_cycles,
+    replicas,
 )
 from tests.kube import stays, wait_for
 from testsupport.kubectl import kubectl
@@ -151,7 +152,9 @@ def test_grace_period_reaches_the_deletion(
     pod = wait_for(lambda: (p := core.read_namespaced_pod("slow", namespace)).metadata.deletion_timestamp and p,
                    timeout=20, what="the pod killed")
     assert pod.metadata.deletion_grace_period_seconds == 7
-    assert any("grace period 7s" in e.message for e in events(core, "PodKilled", namespace=namespace))
+    # The Event is posted after the deletion (Kopf's event queue): waited for, not read at once.
+    wait_for(lambda: any("grace period 7s" in e.message for e in events(core, "PodKilled", namespace=namespace)),
+             timeout=10, what="the PodKilled Event naming the grace period")
 
 
 # --- 2. per-target frequency ------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-# ruff: noqa: F811  (the fixtures imported from test_blackadder are parameters here)
+# ruff: noqa: F811  (the fixtures imported from blackadder_helpers are parameters here)
 """Blackadder, issues #18 and #20: no secret in a ChaosAgent, the way out of its finalizer, a revert
 that keeps being refused lets go, and emergency stops (paused, revert, the global kill switch) that act
 within seconds. Real local API server, KWOK-backed pods; every agent is confined to its test's namespace.
@@ -22,12 +22,12 @@ import kubernetes
 import pytest
 
 from kopf_operators.blackadder import decisions as logic
-from tests.e2e.test_blackadder import (  # noqa: F401 (fixtures)
+from tests.e2e.blackadder_helpers import (  # noqa: F401 (fixtures)
     PAUSE,
     Agents,
-    _gone,
     agents,
     events,
+    gone,
     ledger_location,
     make_cm,
     make_deployment,
@@ -178,10 +178,10 @@ def test_revert_first_uninstall_path(
                             env={**os.environ, "KUBECONFIG": str(KUBECONFIG)})
     assert result.returncode == 0, result.stdout + result.stderr
     agents.names.remove(name)
-    assert _gone(lambda: agents.get(name))
+    assert gone(lambda: agents.get(name))
     assert replicas(apps, namespace, "grow") == 2
     assert core.read_namespaced_config_map("settings", namespace).data == {"k": "original"}
-    assert _gone(lambda: core.read_namespaced_secret(ledger_name, ledger_ns))
+    assert gone(lambda: core.read_namespaced_secret(ledger_name, ledger_ns))
 
 
 def test_operator_gone_the_documented_finalizer_removal_keeps_the_ledger(
@@ -202,7 +202,7 @@ def test_operator_gone_the_documented_finalizer_removal_keeps_the_ledger(
     kubectl("-n", ledger_ns, "patch", "secret", ledger_name, "--type=json",
             "-p", '[{"op":"remove","path":"/metadata/ownerReferences"}]')
     kubectl("patch", "chaosagent", name, "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
-    wait_for(lambda: _gone(lambda: agents.get(name)), timeout=10, what="the agent gone")
+    wait_for(lambda: gone(lambda: agents.get(name)), timeout=10, what="the agent gone")
     agents.names.remove(name)
     grown = replicas(apps, namespace, "grow")
     assert grown >= 2  # not reverted: nobody could
@@ -210,7 +210,7 @@ def test_operator_gone_the_documented_finalizer_removal_keeps_the_ledger(
     entry = kept["undo"][f"Deployment/{namespace}/grow"]
     assert entry["before"] == 1 and entry["written"] == grown
     operator.start()
-    stays(lambda: not _gone(lambda: core.read_namespaced_secret(ledger_name, ledger_ns)), seconds=3,
+    stays(lambda: not gone(lambda: core.read_namespaced_secret(ledger_name, ledger_ns)), seconds=3,
           what="the kept ledger")
     core.delete_namespaced_secret(ledger_name, ledger_ns)
 
@@ -272,7 +272,7 @@ def test_a_revert_refused_again_and_again_lets_go_and_keeps_the_ledger(
             lambda: agents.status(name) if agents.status(name).get("state") == "RevertFailed" else {},
             timeout=30, what="the Terminating agent saying what is left")
         assert [f["key"] for f in retrying["revert"]["failed"]] == [f"Deployment/{namespace}/frozen"], retrying
-        wait_for(lambda: _gone(lambda: agents.get(name)), timeout=90, what="the agent let go")
+        wait_for(lambda: gone(lambda: agents.get(name)), timeout=90, what="the agent let go")
         agents.names.remove(name)
         assert replicas(apps, namespace, "frozen") == grown  # could not be reverted
         assert core.read_namespaced_config_map("settings", namespace).data == {"k": "original"}  # the rest was
@@ -289,7 +289,7 @@ def test_a_revert_refused_again_and_again_lets_go_and_keeps_the_ledger(
         kept = json.loads(base64.b64decode(secret.data[logic.LEDGER_KEY]))
         assert list(kept["undo"]) == [f"Deployment/{namespace}/frozen"]
         assert kept["undo"][f"Deployment/{namespace}/frozen"]["before"] == 1
-        stays(lambda: not _gone(lambda: core.read_namespaced_secret(ledger_name, ledger_ns)), seconds=3,
+        stays(lambda: not gone(lambda: core.read_namespaced_secret(ledger_name, ledger_ns)), seconds=3,
               what="the kept ledger")
 
         # A new agent of the same name never overwrites the kept ledger: it says why and does nothing.

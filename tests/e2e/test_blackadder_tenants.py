@@ -18,17 +18,22 @@ import pytest
 import yaml
 
 from kopf_operators.blackadder import decisions as logic
-from tests.e2e.test_blackadder import condition, events, live_pods, make_pod
-from tests.e2e.test_chart import CHART, helm, render
+from tests.e2e.blackadder_helpers import (
+    LIMITS,
+    RELEASE,
+    TENANT_VALUES,
+    condition,
+    events,
+    live_pods,
+    make_pod,
+    render,
+)
 from tests.kube import OperatorProcess, chart_objects, delete_namespaces, stays, wait_for
 from testsupport.kubectl import kubectl
-from testsupport.paths import CLUSTER_DIR, KUBECONFIG, REPO, kube_version
+from testsupport.paths import CLUSTER_DIR, KUBECONFIG, REPO, helm_binary, kube_version
 from testsupport.tokens import token_kubeconfig
 
 G, V, P = logic.GROUP, logic.VERSION, logic.TENANT_PLURAL
-RELEASE = "kopf-operators-tenants"  # its own release: the session's operator keeps the default RBAC
-LIMITS = {"enabled": "true", "maxKillsPerCycle": "2", "minPauseSeconds": "5"}
-TENANT_VALUES = [f"operators.blackadder.tenants.{k}={v}" for k, v in LIMITS.items()]
 ENV = {"CHAOS_TENANTS": "true", "CHAOS_TENANTS_MAX_KILLS_PER_CYCLE": LIMITS["maxKillsPerCycle"],
        "CHAOS_TENANTS_MIN_PAUSE_SECONDS": LIMITS["minPauseSeconds"], "CHAOS_DRY_RUN": "false",
        "OPERATOR_NAMESPACE": RELEASE}
@@ -347,5 +352,7 @@ def test_the_chart_grants_tenant_rbac_only_when_tenants_are_enabled() -> None:
     ("operators.blackadder.tenants.namespaces=all", "additional properties 'namespaces' not allowed"),
 ])
 def test_the_chart_refuses_a_wrong_tenant_limit(value: str, message: str) -> None:
-    result = helm("template", "x", str(CHART), "--kube-version", kube_version(), "--set", value, check=False)
+    chart = REPO / "charts" / "kopf-operators"
+    result = subprocess.run([str(helm_binary()), "template", "x", str(chart), "--kube-version", kube_version(),
+                             "--set", value], capture_output=True, text=True)
     assert result.returncode != 0 and message in result.stderr, result.stderr

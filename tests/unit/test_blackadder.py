@@ -420,3 +420,49 @@ def test_an_edit_mid_cycle_keeps_only_actions_the_live_spec_still_wants() -> Non
     assert logic.still_wanted(dataclasses.replace(planned, ipsum=False), planned, logic.CANCER, "a", "")
     assert not logic.still_wanted(dataclasses.replace(planned, dry_run=True), planned, logic.CANCER, "a", "")
     assert not logic.still_wanted(planned, planned, logic.IPSUM, "kube-system", "")  # the deny-list, always
+
+
+def test_one_cycle_is_decided_in_one_call() -> None:
+    windows = ({"from": "09:00", "to": "10:00"},)
+    settings = AgentSettings(windows=windows, time_zone="UTC")
+    inside, outside = at(2026, 11, 23, 9, 30, zone=datetime.UTC), at(2026, 11, 23, 11, 0, zone=datetime.UTC)
+    chaos = logic.decide_cycle(settings, inside, False, None, 1, "ops")
+    assert chaos.step == logic.CHAOS_STEP and chaos.status is None
+    revert = logic.decide_cycle(dataclasses.replace(settings, revert=True), inside, True, None, 1, "ops")
+    assert revert.step == logic.REVERT_STEP and revert.status is None  # revert goes on under the kill switch
+    stopped = logic.decide_cycle(settings, inside, True, None, 1, "ops")
+    assert stopped.status is not None and stopped.status["state"] == "Paused"
+    assert "blackadder.io/stop=true on namespace ops" in condition_of(stopped.status, "Ready")["message"]
+    paused = logic.decide_cycle(dataclasses.replace(settings, paused=True), inside, False, None, 1, "ops")
+    assert paused.status is not None and condition_of(paused.status, "Ready")["reason"] == "Paused"
+    assert paused.say is None  # paused by its own spec: nothing more to say
+    # Outside the window: said once (a log line: nothing is wrong), not again while it lasts.
+    idle = logic.decide_cycle(settings, outside, False, None, 1, "ops")
+    assert idle.step == logic.IDLE_STEP and idle.say == "log" and idle.reason == "OutsideWindow"
+    assert idle.status is not None and idle.status["state"] == "Idle"
+    again = logic.decide_cycle(settings, outside, False, idle.status["conditions"], 1, "ops")
+    assert again.say is None and again.status == idle.status
+    # An invalid spec: a Warning Event, once.
+    invalid = logic.decide_cycle(dataclasses.replace(settings, time_zone="Mars/Olympus"), 0, False, None, 1, "ops")
+    assert invalid.say == "Warning" and invalid.reason == "InvalidSpec"
+    assert condition_of(invalid.status or {}, "Stalled")["status"] == "True"
+
+
+def condition_of(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == type_)
+
+
+def test_the_status_after_a_revert_and_after_a_failed_cycle() -> None:
+    settings = AgentSettings(revert=True)
+    summary: dict[str, Any] = {"processed": 2, "restored": ["a"], "failed": [{"key": "b", "error": "HTTP 403"}]}
+    failed = logic.revert_status(None, settings, 1, summary)
+    assert failed["state"] == "RevertFailed" and failed["revert"] == summary
+    assert "1 change(s) could not be restored yet" in condition_of(failed, "Ready")["message"]
+    done = logic.revert_status(None, settings, 1, {"processed": 0, "failed": []})
+    assert done["state"] == "Reverted" and "revert" not in done
+    retried = logic.failed_status(None, AgentSettings(), 1, "HTTP 503 Service Unavailable" + "x" * 400, True)
+    assert condition_of(retried, "Ready")["reason"] == "CycleFailed"
+    assert len(condition_of(retried, "Ready")["message"]) == 300
+    assert condition_of(retried, "Stalled")["status"] == "False"
+    refused = logic.failed_status(None, AgentSettings(), 1, "HTTP 403 Forbidden", False)
+    assert condition_of(refused, "Stalled")["status"] == "True"  # only a person can help

@@ -48,9 +48,9 @@ def test_the_inventory_skips_terminating_namespaces_and_copyrators_sources(monke
     access = FakeAccess()
     ctl = controller(access, namespaces, sources)
     listed = [configmap("a", "mine"), configmap("a", "shared", {"app": "shared"}), configmap("b", "going")]
-    monkeypatch.setattr(ctl, "_list_sync", lambda *args: listed)
+    monkeypatch.setattr(ctl.chaos, "_list_sync", lambda *args: listed)
     settings = logic.settings_from_spec({"ipsumMode": True, "eagerness": 1, "targetNamespaces": ["a", "b"]})
-    inventory = asyncio.run(ctl.inventory(settings, NOW))
+    inventory = asyncio.run(ctl.chaos.inventory(settings, NOW))
     assert [(cm.namespace, cm.name) for cm in inventory.configmaps] == [("a", "mine")]
     assert access.made("call")  # the listing went through the access layer
 
@@ -99,7 +99,7 @@ def test_stop_cancels_webhook_notifications_in_flight_and_waits_for_them() -> No
         ctl = controller(access, {})
         body = {"metadata": {"name": "agent", "uid": "agent-uid"}}
         entries: list[Mapping[str, Any]] = [{"cycle": 1, "at": "t", "action": "pod-killed"}]
-        ctl._notify(body, "hook", entries, logging.getLogger("test-blackadder"))
+        ctl.notes.webhook(body, "hook", entries, logging.getLogger("test-blackadder"))
         while not access.made("read"):
             await asyncio.sleep(0)
         await ctl.stop()
@@ -123,5 +123,64 @@ def test_a_stalled_status_gets_its_event_even_when_the_live_body_catches_up_duri
 
     access = FakeAccess()
     access.answer("patch_status", kopf_updates_the_body)
-    asyncio.run(controller(access, {})._patch_status(body["metadata"], stalled, body))
+    asyncio.run(controller(access, {}).notes.patch_status(body["metadata"], stalled, body))
     assert ("Warning", "Stalled") in access.events
+
+
+def agent(name: str = "agent") -> dict[str, Any]:
+    return {"apiVersion": "blackadder.io/v1beta1", "kind": "ChaosAgent",
+            "metadata": {"name": name, "uid": f"uid-{name}", "generation": 1}, "spec": {"paused": True}}
+
+
+def test_a_crashing_cycle_is_counted_and_logged_and_the_loop_goes_on(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    ctl = controller(FakeAccess(), {})
+    cycles = 0
+
+    async def crash(*args: Any, **kwargs: Any) -> None:
+        nonlocal cycles
+        cycles += 1
+        raise KeyError("a bug")
+
+    async def no_delay(body: Any) -> float:
+        return 0.0
+
+    async def sleep(body: Any, seconds: float, ran_with: Any, wait: Any) -> bool:  # True: stopped meanwhile
+        return cycles >= 2
+
+    monkeypatch.setattr(ctl, "cycle", crash)
+    monkeypatch.setattr(ctl, "initial_delay", no_delay)
+    monkeypatch.setattr(ctl, "_sleep", sleep)
+    crashes = metrics.ERRORS.labels(operator="blackadder", kind="cycle-crash")
+    before = crashes._value.get()
+    log = logging.getLogger("test-blackadder-agent")
+    with caplog.at_level(logging.ERROR, logger="test-blackadder-agent"):
+        asyncio.run(ctl.agent_loop(agent(), lambda: False, asyncio.sleep, log))
+    assert cycles == 2  # the crash did not end the loop
+    assert crashes._value.get() - before == 2
+    lines = [r for r in caplog.records if r.name == "test-blackadder-agent"]
+    assert [r.getMessage() for r in lines] == ["cycle crashed: 'a bug'"] * 2 and all(r.exc_info for r in lines)
+
+
+def test_the_ledger_is_read_once_then_our_own_write_is_the_newest_and_delete_forgets_it() -> None:
+    async def scenario() -> tuple[FakeAccess, BlackadderController, list[str]]:
+        access = FakeAccess()
+        ctl = controller(access, {})
+        body = agent()
+        body["spec"] = {"paused": True, "revertOnDelete": True}
+        await ctl.cycle(body, lambda: False, logging.getLogger("test"))
+        await ctl.cycle(body, lambda: False, logging.getLogger("test"))
+        handle = await ctl.ledgers.get("agent", "uid-agent")
+        await ctl.ledgers.save(handle)  # created: the answer's version is ours now
+        versions = [handle.resource_version]
+        await ctl.ledgers.save(handle)  # replaced with the version of our own last write
+        versions.append(handle.resource_version)
+        assert [uid for uid, _ in ctl.ledgers.handles.held()] == ["uid-agent"]
+        await ctl.revert_on_delete(body, logging.getLogger("test"))
+        return access, ctl, versions
+
+    access, ctl, versions = asyncio.run(scenario())
+    assert len(access.made("read")) == 1  # two cycles and a delete: one read of the ledger
+    assert versions == ["100", "100"] and access.made("create") and access.made("replace")
+    assert access.made("delete")  # the ledger went with the agent
+    assert ctl.ledgers.handles.held() == []  # and so did everything kept for it

@@ -246,9 +246,9 @@ def test_new_filters_add_no_listing_and_filter_the_listed_pods() -> None:
             calls.append(args)
             return listed
 
-        controller._list = fake_list  # type: ignore[method-assign, assignment]
+        controller.chaos._list = fake_list  # type: ignore[method-assign, assignment]
         settings = logic.settings_from_spec({"tantrumMode": True, "eagerness": 1, "targetNamespaces": ["ns"], **spec})
-        result = asyncio.run(controller.inventory(settings, epoch("2026-06-01T12:00:00")))
+        result = asyncio.run(controller.chaos.inventory(settings, epoch("2026-06-01T12:00:00")))
         return sorted(p.name for p in result.pods)
 
     assert inventory({}) == ["api-1", "web-1", "web-bare", "web-canary-1", "web-ds"]

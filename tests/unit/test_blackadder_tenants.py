@@ -119,10 +119,10 @@ def test_the_controller_lists_only_the_agents_own_namespace() -> None:
         calls.append(args)
         return [pod("team-a", "mine"), pod("other", "theirs"), pod("kube-system", "dns")]
 
-    controller._list = fake_list  # type: ignore[method-assign, assignment]
+    controller.chaos._list = fake_list  # type: ignore[method-assign, assignment]
     body = {"metadata": {"namespace": "team-a", "name": "chaos", "uid": "u"}, "spec": EVERY_FIELD}
     settings = controller.agent_settings(body)
-    inventory = asyncio.run(controller.inventory(settings, 0.0))
+    inventory = asyncio.run(controller.chaos.inventory(settings, 0.0))
     assert [p.name for p in inventory.pods] == ["mine"]
     assert inventory.deployments == () and inventory.configmaps == ()
     assert len(calls) == 1 and calls[0][1] == ["team-a"]  # one namespaced listing, never all namespaces

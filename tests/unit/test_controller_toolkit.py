@@ -1,15 +1,32 @@
-"""The controller toolkit (kopf_operators/core/controller.py): backoff, keyed timers, resync, stop."""
+"""The controller toolkit (kopf_operators/core/controller.py): backoff, keyed timers, resync, stop, and the
+one reconcile shape: per-key state, the newest known version, the guarded pass."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
 
 from kopf_operators.core import controller as toolkit
-from kopf_operators.core.controller import Background, Backoff, MemoSlot, backoff_delay, first, values
+from kopf_operators.core import metrics
+from kopf_operators.core.access import ApiError
+from kopf_operators.core.controller import (
+    RETRY,
+    Background,
+    Backoff,
+    GuardedPass,
+    KeyedState,
+    MemoSlot,
+    Newest,
+    PerKey,
+    backoff_delay,
+    first,
+    values,
+    version_of,
+)
 
 
 def test_first_and_values_read_a_kopf_index_or_a_plain_dict() -> None:
@@ -144,3 +161,223 @@ def test_a_memo_slot_hands_out_its_typed_value_and_says_when_it_is_missing() -> 
     memo["thing"] = "something else"
     with pytest.raises(RuntimeError):
         slot(memo)
+
+
+# --- per-key state ---------------------------------------------------------------------------------
+
+
+def test_one_forget_drops_every_piece_of_a_keys_state() -> None:
+    async def scenario() -> tuple[list[str], bool, bool]:
+        background = Background("test")
+        state: KeyedState[str] = KeyedState()
+        seen: PerKey[str, int] = state.map()
+        flagged = state.set()
+        backoff: Backoff[str] = state.track(Backoff(1.0, 10.0))
+        timers = state.track(background.timers())
+        newest: Newest[str, dict[str, Any]] = state.track(
+            Newest(lambda v: v["rv"], lambda v: v["uid"], ours_until_seen=True))
+        released: list[str] = []
+        state.on_forget(released.append)
+        fired: list[str] = []
+
+        async def fire() -> None:
+            fired.append("fired")
+
+        for key in ("a", "b"):
+            seen[key] = 1
+            flagged.add(key)
+            backoff.next_delay(key)
+            timers.start(key, 0.05, fire)
+            newest.remember(key, {"rv": 1, "uid": key})
+        state.forget("a")
+        assert "a" not in seen and "a" not in flagged and backoff.failures("a") == 0
+        assert not timers.pending("a") and [key for key, _ in newest.held()] == ["b"]
+        # the other key keeps all of it
+        assert seen["b"] == 1 and "b" in flagged and backoff.failures("b") == 1 and timers.pending("b")
+        assert newest.current("b") == {"rv": 1, "uid": "b"}
+        await asyncio.sleep(0.1)
+        await background.stop()
+        return released, timers.pending("a"), len(fired) == 1
+
+    released, pending, one_fired = asyncio.run(scenario())
+    assert released == ["a"]
+    assert not pending and one_fired  # only b's timer fired
+
+
+# --- the newest known version ------------------------------------------------------------------------
+
+
+def view(uid: str, rv: int) -> dict[str, Any]:
+    return {"uid": uid, "rv": rv}
+
+
+def overlay(*, ours_until_seen: bool = False) -> Newest[str, dict[str, Any]]:
+    return Newest(lambda v: int(v["rv"]), lambda v: v["uid"], ours_until_seen=ours_until_seen)
+
+
+def test_our_write_is_newer_than_the_index_until_the_watch_catches_up() -> None:
+    known = overlay()
+    assert known.current("k", view("u", 5)) == view("u", 5)  # nothing written: the index
+    known.remember("k", view("u", 7))
+    assert known.current("k", view("u", 5)) == view("u", 7)  # the index lags behind our write
+    assert known.current("k", view("u", 7)) == view("u", 7)  # caught up: the index again
+    assert len(known) == 0
+    known.remember("k", view("u", 9))
+    assert known.current("k", view("u", 12)) == view("u", 12)  # someone wrote after us
+
+
+def test_without_ours_until_seen_the_index_says_whether_the_object_exists() -> None:
+    known = overlay()
+    known.remember("k", view("u", 7))
+    assert known.current("k", None) is None  # gone from the index: gone
+    known.remember("k", view("u", 7))
+    assert known.current("k", view("other", 3)) == view("other", 3)  # replaced: our write was to the old one
+    assert len(known) == 0
+
+
+def test_with_ours_until_seen_our_create_and_our_delete_hold_until_the_watch_sees_them() -> None:
+    known = overlay(ours_until_seen=True)
+    known.remember("k", view("new", 2))
+    assert known.current("k", None) == view("new", 2)  # created: the watch has not delivered it yet
+    assert known.current("k", view("old", 9)) == view("new", 2)  # re-created over an older object
+    assert known.current("k", view("new", 2)) == view("new", 2)
+    assert len(known) == 0
+    known.remember_gone("k", "new")
+    assert known.current("k", view("new", 2)) is None  # deleted: the watch still holds it
+    assert known.current("k", None) is None
+    known.remember_gone("k", "new")
+    assert known.current("k", view("newer", 4)) == view("newer", 4)  # someone made another one since
+    assert known.held() == []
+
+
+def test_an_events_body_replaces_what_is_known_unless_older() -> None:
+    known = overlay()
+    assert known.newer(view("u", 5), None) == view("u", 5)
+    assert known.newer(None, view("u", 5)) == view("u", 5)
+    assert known.newer(view("u", 5), view("u", 4)) == view("u", 5)  # a late event of an older version
+    assert known.newer(view("u", 5), view("u", 5)) == view("u", 5)
+    assert known.newer(view("u", 5), view("v", 2)) == view("v", 2)  # another object: the event's
+
+
+def test_the_newest_report_wins_and_a_deletion_is_remembered() -> None:
+    reports: Newest[str, str] = Newest(len, lambda v: v)
+    assert reports.seen("k") is None
+    reports.saw("k", "at 5", 5)
+    reports.saw("k", "at 3", 3)  # an older report arriving late
+    assert reports.seen("k") == "at 5"
+    reports.saw("k", None, 8)  # deleted at 8
+    reports.saw("k", "at 6", 6)  # the deleted object's late event does not bring it back
+    assert reports.seen("k") is None
+    reports.saw("k", "at 9", 9)
+    assert reports.seen("k") == "at 9"
+    assert reports.held() == [("k", "at 9")]
+
+
+def test_version_of_reads_a_resource_version() -> None:
+    assert version_of("42") == 42
+    assert version_of(None) == 0 and version_of("") == 0 and version_of("x1") == 0
+
+
+# --- the guarded pass --------------------------------------------------------------------------------
+
+
+def test_a_failed_pass_is_counted_said_once_and_retried_with_backoff(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(toolkit.random, "uniform", lambda low, high: 1.0)
+    errors = metrics.ERRORS.labels(operator="guard-test", kind="api")
+    before = errors._value.get()
+
+    async def scenario() -> tuple[list[str], int]:
+        background = Background("test")
+        runs: list[str] = []
+
+        async def run(key: str, trigger: str) -> None:
+            runs.append(trigger)
+            if len(runs) < 3:
+                raise ApiError(503, "Unavailable")
+
+        guard: GuardedPass[str] = GuardedPass(
+            "guard-test", background, run, retry=(0.01, 1.0),
+            say=lambda key, trigger, exc, delay: f"[{key}] {trigger}: {exc}; retrying in {delay}s")
+        assert not await guard("k", "event")
+        while len(runs) < 3:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.02)
+        failures = guard.failures("k")
+        await background.stop()
+        return runs, failures
+
+    with caplog.at_level(logging.WARNING, logger="kopf_operators.controller"):
+        runs, failures = asyncio.run(scenario())
+    assert runs == ["event", "retry", "retry"]
+    assert failures == 0  # the third pass succeeded: the backoff starts afresh
+    assert errors._value.get() - before == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "[k] event: HTTP 503 Unavailable; retrying in 0.01s", "[k] retry: HTTP 503 Unavailable; retrying in 0.02s"]
+
+
+def test_a_refused_pass_is_not_retried_and_a_paused_process_runs_nothing() -> None:
+    async def scenario() -> tuple[list[str], list[float | None], int]:
+        background = Background("test")
+        runs: list[str] = []
+        delays: list[float | None] = []
+        paused = True
+
+        async def run(key: str, trigger: str) -> None:
+            runs.append(trigger)
+            raise ApiError(422, "Invalid")
+
+        def say(key: str, trigger: str, exc: Exception, delay: float | None) -> str:
+            delays.append(delay)
+            return ""
+
+        guard: GuardedPass[str] = GuardedPass(
+            "guard-test", background, run, retry=(0.01, 1.0), paused=lambda: paused, say=say,
+            retried=lambda exc: isinstance(exc, ApiError) and exc.transient)
+        assert not await guard("k", "event")
+        paused = False
+        await guard("k", "event")
+        await guard("k", "event")
+        await asyncio.sleep(0.05)
+        pending = len(guard.timers)
+        failures = guard.failures("k")
+        await background.stop()
+        assert pending == 0
+        return runs, delays, failures
+
+    runs, delays, failures = asyncio.run(scenario())
+    assert runs == ["event", "event"]  # nothing while paused; no retry of a refusal
+    assert delays == [None, None]
+    assert failures == 2  # counted, so that the caller can say it once
+
+
+def test_a_pass_asking_for_retry_is_retried_and_a_crash_is_logged_with_its_traceback(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> list[str]:
+        background = Background("test")
+        runs: list[str] = []
+
+        async def run(key: str, trigger: str, *args: Any) -> bool:
+            runs.append(trigger)
+            if trigger == "crash":
+                raise ValueError("a bug")
+            return RETRY if len(runs) < 2 else True
+
+        guard: GuardedPass[str] = GuardedPass(
+            "guard-test", background, run, retry=(0.01, 1.0), catch=(Exception,), error_kind="crash",
+            traceback=True, say=lambda key, trigger, exc, delay: f"pass crashed: {exc}")
+        assert not await guard("k", "event")
+        while len(runs) < 2:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.02)
+        assert guard.failures("k") == 0
+        guard.timers.cancel_all()
+        assert not await guard("k", "crash", "an argument", log=logging.getLogger("agent"))
+        await background.stop()
+        return runs
+
+    with caplog.at_level(logging.WARNING):
+        runs = asyncio.run(scenario())
+    assert runs == ["event", "retry", "crash"]
+    crash = [r for r in caplog.records if r.name == "agent"]
+    assert len(crash) == 1 and crash[0].getMessage() == "pass crashed: a bug" and crash[0].exc_info
