@@ -6,8 +6,8 @@ subclass the caller can catch by name:
 
 - ``read``: the object, or None when absent; ``list``: every object (start-up and periodic resync
   only, never per event); ``watch``: one narrow watch (a field selector on one name) on a connection
-  of its own, for what Kopf's watches do not see; ``call``: a blocking call of another client (pykube-ng's listings) under the
-  same retries, error model and metrics;
+  of its own, for what Kopf's watches do not see; ``call``: a blocking call of another client
+  (pykube-ng's listings) under the same retries, error model and metrics;
 - ``create``: the created object; ``AlreadyExists`` when the name is taken (someone else's object, or
   ours not yet seen by the watch); ``dry_run`` validates and admits only;
 - ``replace`` / ``patch`` / ``patch_status``: the new object, or None when gone; ``Conflict`` when the
@@ -41,7 +41,7 @@ import logging
 import random
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Hashable, Mapping
 from typing import Any, TypeVar, cast
 from urllib.parse import quote, urlencode
 
@@ -339,7 +339,7 @@ class Access:
             query["continue"] = token
 
     async def watch(self, kind: Kind, namespace: str | None, *, fields: str, resource_version: str = ""
-                    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+                    ) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
         """The events (type, object) of one watch from ``resource_version`` until the server ends it
         (after WATCH_SECONDS), bookmarks included (their object carries only the resourceVersion to
         resume from). For narrow watches only (``fields``, e.g. ``metadata.name=x``): what Kopf's

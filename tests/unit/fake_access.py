@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Hashable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable, Mapping
 from typing import Any, TypeVar
 
 from kopf_operators.core.access import AlreadyExists, ApiError, Kind
@@ -100,7 +100,7 @@ class FakeAccess:
         return self._next("delete", True)
 
     async def watch(self, kind: Kind, namespace: str | None, *, fields: str, resource_version: str = ""
-                    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+                    ) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
         self.calls.append(("watch", kind.kind, namespace, fields, resource_version))
         if self.watch_events is None:
             self.watch_events = asyncio.Queue()

@@ -149,8 +149,12 @@ def test_a_spec_change_replaces_a_pod_that_matched_the_spec_before() -> None:
     assert access.made("delete")
 
 
-FOREIGN = {"metadata": {"name": logic.pod_name("app"), "uid": "someone-else", "resourceVersion": "3"},
+FOREIGN: dict[str, Any] = {"metadata": {"name": logic.pod_name("app"), "uid": "someone-else", "resourceVersion": "3"},
            "spec": {"containers": [{"name": "c", "image": "busybox"}]}, "status": {"phase": "Running"}}
+
+
+def at_version(version: str) -> dict[str, Any]:
+    return {**FOREIGN, "metadata": {**FOREIGN["metadata"], "resourceVersion": version}}
 
 
 async def until(condition: Callable[[], bool]) -> None:
@@ -178,9 +182,9 @@ def test_a_foreign_pod_in_the_way_is_followed_by_a_watch_of_its_name_and_its_del
         assert access.watch_events is not None
         # The server ends the watch after its timeout: resumed from the newest version (a bookmark's).
         await access.watch_events.put(("BOOKMARK", {"metadata": {"resourceVersion": "40"}}))
-        await access.watch_events.put(("MODIFIED", {**FOREIGN, "metadata": {**FOREIGN["metadata"], "resourceVersion": "41"}}))
+        await access.watch_events.put(("MODIFIED", at_version("41")))
         await until(lambda: access.watch_events is not None and access.watch_events.empty())
-        await access.watch_events.put(("DELETED", {**FOREIGN, "metadata": {**FOREIGN["metadata"], "resourceVersion": "50"}}))
+        await access.watch_events.put(("DELETED", at_version("50")))
         await until(lambda: len(access.made("create")) == 2)
         assert not ctl._followers and not ctl._retries.pending(KEY)
         await ctl.stop()
