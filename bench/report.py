@@ -182,7 +182,8 @@ def scale_table(results: dict[str, Any]) -> str:
             foreign_label = "Immortal: a foreign pod in the way deleted → our pod"
             t.row(f"{foreign_label}: p50 latency at {top:,} unrelated pods vs 0", f"{fr['p50']}x", "", "", "≤ 1.3x",
                   judge(fr["p50"], 1.3, "x"))
-            t.row(f"{foreign_label}: CPU per event, same", f"{fr['cpu']}x", "", "", "≤ 1.3x", judge(fr["cpu"], 1.3, "x"))
+            t.row(f"{foreign_label}: CPU per event, same", f"{fr['cpu']}x", "", "", "≤ 1.3x",
+                  judge(fr["cpu"], 1.3, "x"))
             detail += [f"{foreign_label} — per level (the process's CPU while it follows the foreign pod, per second "
                        "of the hold):", "", "| Level | p50 / p99 | CPU/event | requests/event | CPU while following |",
                        "|---|---|---|---|---|"]
