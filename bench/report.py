@@ -178,6 +178,22 @@ def scale_table(results: dict[str, Any]) -> str:
                 + f"{f['latency']['p50_ms']} / {f['latency']['p99_ms']} ms | {f['cpu_per_event']['mean_ms']} ms | "
                   f"{f['rss_mb']} MB | {made} s |")
         detail.append("")
+        if key == "immortal" and (fr := r.get("foreign_ratio_top_vs_empty")):
+            foreign_label = "Immortal: a foreign pod in the way deleted → our pod"
+            t.row(f"{foreign_label}: p50 latency at {top:,} unrelated pods vs 0", f"{fr['p50']}x", "", "", "≤ 1.3x",
+                  judge(fr["p50"], 1.3, "x"))
+            t.row(f"{foreign_label}: CPU per event, same", f"{fr['cpu']}x", "", "", "≤ 1.3x",
+                  judge(fr["cpu"], 1.3, "x"))
+            detail += [f"{foreign_label} — per level (the process's CPU while it follows the foreign pod, per second "
+                       "of the hold):", "", "| Level | p50 / p99 | CPU/event | requests/event | CPU while following |",
+                       "|---|---|---|---|---|"]
+            for lv in levels:
+                if fo := lv.get("foreign"):
+                    detail.append(f"| {lv[unit]:,} | {fo['latency']['p50_ms']} / {fo['latency']['p99_ms']} ms | "
+                                  f"{fo['cpu_per_event']['mean_ms']} ms | {fo['api_per_event']['requests']} "
+                                  f"({verbs(fo['api_per_event']['by_verb_resource'])}) | "
+                                  f"{fo['cpu_while_following_ms_per_s']['mean_ms']} ms/s |")
+            detail.append("")
     return t.text() + "\n" + "\n".join(detail)
 
 

@@ -76,6 +76,9 @@ class PodLife:
     uid: str
     seen_at: float
     gone_at: float | None = None
+    ended_at: float | None = None  # first seen in a terminal phase (Failed, Succeeded)
+    ended_phase: str | None = None
+    ended_deleting: bool = False  # that terminal phase came with a deletionTimestamp (a kubelet's way out)
 
 
 class PodCreations:
@@ -112,8 +115,13 @@ class PodCreations:
                         if meta.uid not in uids:
                             uids.append(meta.uid)
                             self._lives[meta.uid] = PodLife(meta.uid, time.monotonic())
-                        if event["type"] == "DELETED" and self._lives[meta.uid].gone_at is None:
-                            self._lives[meta.uid].gone_at = time.monotonic()
+                        life = self._lives[meta.uid]
+                        if event["type"] == "DELETED" and life.gone_at is None:
+                            life.gone_at = time.monotonic()
+                        phase = event["object"].status.phase if event["object"].status else None
+                        if phase in ("Failed", "Succeeded") and life.ended_at is None:
+                            life.ended_at, life.ended_phase = time.monotonic(), phase
+                            life.ended_deleting = meta.deletion_timestamp is not None
             except Exception:
                 time.sleep(0.1)
 
@@ -122,7 +130,8 @@ class PodCreations:
             return list(self._uids.get(pod_name, []))
 
     def lives(self, pod_name: str) -> list[PodLife]:
-        """When each pod of that name was first seen and seen deleted (this process's monotonic clock)."""
+        """When each pod of that name was first seen, seen ended and seen deleted (this process's
+        monotonic clock)."""
         with self._lock:
             return [dataclasses.replace(self._lives[uid]) for uid in self._uids.get(pod_name, [])]
 

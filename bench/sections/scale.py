@@ -2,7 +2,9 @@
 
 - immortal: at 0 / 10,000 / 20,000 unrelated pods (on the KWOK node, in a namespace of their own), an
   ImmortalContainer's pod deleted -> replacement pod ADDED (operator) and a floor pod deleted -> re-created
-  (floor), alternating;
+  (floor), alternating; and a foreign pod in the way: an ImmortalContainer created while a pod it does
+  not own holds its name (the operator follows that pod with a watch of its name), the foreign pod
+  deleted -> our pod ADDED, with the process's CPU while it follows the foreign pod (per second);
 - copyrator: one CopyratorRule in the article's form (top-level ruleType/selector/namespace, so it copies
   into every namespace) at 0 / 1,000 / 3,000 / 5,000 namespaces (each with its copy), a namespace created ->
   the operator's copy and the floor's copy ADDED (both copy into every namespace, under different names).
@@ -160,6 +162,8 @@ async def immortal(b: Bench) -> dict[str, Any]:
             if op_on and b.operator:
                 entry["operator"] = {"latency": summary_ms(lat["op"]), "cpu_per_event": cpu_ms(cpu["op"]),
                                      "api_per_event": api_per_change(audit, events), "rss_mb": b.operator.p.rss_mb()}
+            if op_on and b.operator:
+                entry["foreign"] = await foreign_pod(b, ns, pods, ics, b.n["scale_foreign_events"])
             out.append(entry)
             log(f"  scale/immortal @{level}: {entry}")
     await pods.stop()
@@ -172,6 +176,7 @@ async def immortal(b: Bench) -> dict[str, Any]:
         "events_per_level": events, "levels": out}
     if op_on:
         result["ratio_top_vs_empty"] = ratios(out)
+        result["foreign_ratio_top_vs_empty"] = ratios(out, "foreign")
         api = out[-1]["operator"]["api_per_event"]
         by = api["by_verb_resource"]
         status_patches = sum(v for k, v in by.items() if k.startswith("patch ") and k.endswith("/status"))
@@ -185,6 +190,57 @@ async def immortal(b: Bench) -> dict[str, Any]:
         result["operator"] = "not loaded in this run (floor figures only)"
     result["floor_ratio_top_vs_empty"] = ratios(out, "floor")
     return result
+
+
+HOLD_SECONDS = 5.0  # how long the foreign pod holds the name, its watch open, per sample
+
+
+async def foreign_pod(b: Bench, ns: str, pods: Watcher, ics: Watcher, samples: int) -> dict[str, Any]:
+    """A foreign pod in the way, ``samples`` times: the foreign pod ``fx-immortalpod`` (no label of ours)
+    created, then the ImmortalContainer ``fx`` (ForeignPod); the process's CPU over HOLD_SECONDS while it
+    follows the foreign pod; the foreign pod deleted (grace 0) -> our pod ADDED (latency, CPU and requests
+    until it is counted); the ImmortalContainer deleted and its pod gone before the next sample."""
+    assert b.operator is not None
+    proc, name = b.operator.p, "fx-immortalpod"
+    lat: list[float] = []
+    cpu: list[float] = []
+    hold_cpu: list[float] = []
+    audit: Counter[str] = Counter()
+    for _ in range(samples):
+        await b.kube.create(f"/api/v1/namespaces/{ns}/pods", {
+            "metadata": {"name": name, "labels": {"app": "not-ours"}},
+            "spec": {"containers": [{"name": "c", "image": "busybox:1.36"}]}})
+        blocked = ics.expect(lambda t, o, _: o["metadata"]["name"] == "fx" and any(
+            c.get("reason") == "ForeignPod" for c in (o.get("status") or {}).get("conditions") or ()))
+        await b.kube.create(f"{IC_PATH}/namespaces/{ns}/immortalcontainers", {
+            "apiVersion": "immortalcontainer.flugel.it/v1alpha1", "kind": "ImmortalContainer",
+            "metadata": {"name": "fx"}, "spec": {"image": "busybox:1.36"}})
+        await within(blocked, 30, "ForeignPod")
+        await asyncio.sleep(0.5)  # the follower's watch is open
+        c0 = proc.cpu_seconds()
+        await asyncio.sleep(HOLD_SECONDS)
+        hold_cpu.append((proc.cpu_seconds() - c0) / HOLD_SECONDS)
+        ours = pods.expect(lambda t, o, _: t == "ADDED" and o["metadata"]["name"] == name
+                           and bool(o["metadata"].get("ownerReferences")))
+        gone = pods.expect(lambda t, o, _: t == "DELETED" and o["metadata"]["name"] == name
+                           and not o["metadata"].get("ownerReferences"))
+        counted = ics.expect(starts_at(1, "fx"))
+        mark = b.a.mark()
+        c0 = proc.cpu_seconds()
+        await b.kube.delete(f"/api/v1/namespaces/{ns}/pods/{name}", {"gracePeriodSeconds": 0})
+        t0 = time.monotonic()
+        t1 = await within(ours, 30, "our pod after the foreign pod's deletion")
+        t0 = await origin(t0, gone)
+        lat.append(t1 - t0)
+        await within(counted, 30, "the start counted")
+        await asyncio.sleep(0.05)
+        cpu.append(proc.cpu_seconds() - c0)
+        audit.update(b.a.requests(mark, b.a.mark()))
+        ours_gone = pods.expect(lambda t, o, _: t == "DELETED" and o["metadata"]["name"] == name)
+        await b.kube.delete(f"{IC_PATH}/namespaces/{ns}/immortalcontainers/fx")
+        await within(ours_gone, 60, "our pod garbage-collected")
+    return {"latency": summary_ms(lat), "cpu_per_event": cpu_ms(cpu), "api_per_event": api_per_change(audit, samples),
+            "cpu_while_following_ms_per_s": cpu_ms(hold_cpu)}
 
 
 # --- copyrator -----------------------------------------------------------------------------------
@@ -304,6 +360,7 @@ async def copyrator(b: Bench) -> dict[str, Any]:
         "events_per_level": events, "levels": out}
     if op_on:
         result["ratio_top_vs_empty"] = ratios(out)
+        result["foreign_ratio_top_vs_empty"] = ratios(out, "foreign")
         api = out[-1]["operator"]["api_per_event"]
         creates = api["by_verb_resource"].get("create configmaps", 0)
         result["requests_target"] = {"target": "1 create per copy, 0 reads per namespace created",

@@ -5,8 +5,9 @@ One result convention for every request: a method returns the object the server 
 subclass the caller can catch by name:
 
 - ``read``: the object, or None when absent; ``list``: every object (start-up and periodic resync
-  only, never per event); ``call``: a blocking call of another client (pykube-ng's listings) under the
-  same retries, error model and metrics;
+  only, never per event); ``watch``: one narrow watch (a field selector on one name) on a connection
+  of its own, for what Kopf's watches do not see; ``call``: a blocking call of another client
+  (pykube-ng's listings) under the same retries, error model and metrics;
 - ``create``: the created object; ``AlreadyExists`` when the name is taken (someone else's object, or
   ours not yet seen by the watch); ``dry_run`` validates and admits only;
 - ``replace`` / ``patch`` / ``patch_status``: the new object, or None when gone; ``Conflict`` when the
@@ -40,7 +41,7 @@ import logging
 import random
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Hashable, Mapping
 from typing import Any, TypeVar, cast
 from urllib.parse import quote, urlencode
 
@@ -64,6 +65,10 @@ CREDENTIALS_SECONDS = 10.0
 MAX_EVENT_MESSAGE = 1000
 # Requests in flight at once, on as many kept-alive connections; more wait for a free one.
 POOL_CONNECTIONS = 16
+# Narrow watches (``watch``) open at once, each holding a connection of its own pool (never one a write
+# needs); the server ends each after WATCH_SECONDS, and a silent stream is given up 30 s after that.
+WATCH_CONNECTIONS = 8
+WATCH_SECONDS = 290
 # The echo of a write marked with ``defer_echo`` waits at most this long for the writes in flight.
 ECHO_DEFER_SECONDS = 2.0
 # Marked answers kept at most (the oldest goes first): an echo that never comes (a copy written into
@@ -161,6 +166,7 @@ class Access:
     def __init__(self, client: kubernetes.client.ApiClient) -> None:
         self._client = client  # its configuration: the server, TLS files, and credentials it refreshes
         self._session: aiohttp.ClientSession | None = None  # created in the event loop, on first use
+        self._watch_session: aiohttp.ClientSession | None = None  # ``watch``'s own pool, on first use
         self._credentials_cache: tuple[float, dict[str, str]] | None = None  # (until, headers)
         # Kopf's peering pause, followed by process.PeeringState: True while another replica acts.
         self.paused = False
@@ -183,9 +189,10 @@ class Access:
         return cls(kubernetes.client.ApiClient(kubernetes.client.Configuration.get_default_copy()))
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._watch_session):
+            if session is not None:
+                await session.close()
+        self._session = self._watch_session = None
 
     # --- the one request path -------------------------------------------------------------------
 
@@ -220,26 +227,34 @@ class Access:
 
         return await self._retrying(lambda: asyncio.to_thread(attempt))
 
-    def session(self) -> aiohttp.ClientSession:
+    def session(self, *, watches: bool = False) -> aiohttp.ClientSession:
         """The connection pool to the API server, made from the client's configuration (kubeconfig or
         in-cluster): its CA, client certificate, TLS server name and proxy. Requests run on the
-        event loop: no thread per request, and the TLS of POOL_CONNECTIONS kept-alive connections."""
+        event loop: no thread per request, and the TLS of POOL_CONNECTIONS kept-alive connections.
+        ``watches``: the pool of narrow watches (WATCH_CONNECTIONS), apart from the requests'."""
+        if watches:
+            if self._watch_session is None:
+                self._watch_session = self._new_session(WATCH_CONNECTIONS)
+            return self._watch_session
         if self._session is None:
-            cfg = self._client.configuration
-            context = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None)
-            if not cfg.verify_ssl:
-                context.check_hostname = False
-                context.verify_mode = ssl.CERT_NONE
-            elif cfg.assert_hostname is False:
-                context.check_hostname = False
-            if cfg.cert_file:
-                context.load_cert_chain(cfg.cert_file, cfg.key_file)
-            connector = aiohttp.TCPConnector(ssl=context, limit=POOL_CONNECTIONS)
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_SECONDS,
-                                              sock_read=REQUEST_TIMEOUT_SECONDS))
+            self._session = self._new_session(POOL_CONNECTIONS)
         return self._session
+
+    def _new_session(self, connections: int) -> aiohttp.ClientSession:
+        cfg = self._client.configuration
+        context = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None)
+        if not cfg.verify_ssl:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        elif cfg.assert_hostname is False:
+            context.check_hostname = False
+        if cfg.cert_file:
+            context.load_cert_chain(cfg.cert_file, cfg.key_file)
+        connector = aiohttp.TCPConnector(ssl=context, limit=connections)
+        return aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_SECONDS,
+                                          sock_read=REQUEST_TIMEOUT_SECONDS))
 
     def _proxy(self, url: str) -> dict[str, Any]:
         cfg = self._client.configuration
@@ -322,6 +337,40 @@ class Access:
             if not token:
                 return items
             query["continue"] = token
+
+    async def watch(self, kind: Kind, namespace: str | None, *, fields: str, resource_version: str = ""
+                    ) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
+        """The events (type, object) of one watch from ``resource_version`` until the server ends it
+        (after WATCH_SECONDS), bookmarks included (their object carries only the resourceVersion to
+        resume from). For narrow watches only (``fields``, e.g. ``metadata.name=x``): what Kopf's
+        watches do not see. No retries: an ERROR event (410, the version is too old) or a failed
+        connection raises ``ApiError``, and the caller looks at the object afresh."""
+        query = {"watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": str(WATCH_SECONDS),
+                 "fieldSelector": fields}
+        if resource_version:
+            query["resourceVersion"] = resource_version
+        url = self._client.configuration.host + kind.path(namespace) + "?" + urlencode(query)
+        headers = {**self._credentials(), "Accept": "application/json"}
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_SECONDS, sock_read=WATCH_SECONDS + 30)
+        try:
+            async with self.session(watches=True).get(url, headers=headers, timeout=timeout,
+                                                      **self._proxy(url)) as response:
+                if response.status != 200:
+                    raise _error(response.status, response.reason or "", await response.read())
+                pending = b""
+                async for chunk in response.content.iter_any():  # lines of any length (a pod may be 1 MiB)
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    for line in lines:
+                        if not line.strip():
+                            continue
+                        event = json.loads(line)
+                        obj = event.get("object") or {}
+                        if event.get("type") == "ERROR":
+                            raise ApiError(obj.get("code"), str(obj.get("reason") or "Error"),
+                                           str(obj.get("message") or "")[:500])
+                        yield str(event.get("type")), obj
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise ApiError(None, type(exc).__name__) from None
 
     async def honours_shard_selectors(self) -> bool:
         """Whether the API server filters by ``shardSelector`` (the ShardedListAndWatch feature gate).

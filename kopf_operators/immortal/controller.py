@@ -9,8 +9,11 @@ A pod event costs one write (create or delete) and at most one status patch: a p
 counted in the same status write that reports it Running, unless it takes longer than
 ``TRANSIENT_SECONDS`` to start (then it is reported as starting, and again when it runs). A pod we
 created that is deleted before that write is remembered and counted in the next one. A pod that
-we do not own but has the target name is not watched: the create answers 409, and only then is the
-pod read once.
+we do not own but has the target name is not in the label-selected watch: the create answers 409,
+only then is the pod read once, and from the version read a watch of that one name (a field selector:
+the API server sends nothing of any other pod) follows it until it goes; its DELETED event starts
+our pod at once. The capped doubling retry is only the fallback: for more foreign pods at once than
+``access.WATCH_CONNECTIONS``, and when such a watch fails.
 The status patch carries the newest resourceVersion known (the index, or the answer to our own last
 patch), so a start is never counted twice. A 409 means a newer version exists: its watch event runs
 the next pass, so nothing is read.
@@ -18,6 +21,8 @@ the next pass, so nothing is read.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -38,7 +43,7 @@ IMMORTAL = k8s.Kind(logic.API_VERSION, logic.PLURAL, logic.KIND)
 RESYNC_SECONDS = 300.0
 # A pod of ours going away, or a new one starting, is reported in status only if it still is this much later.
 TRANSIENT_SECONDS = 2.0
-# A foreign pod in the way, or a failed pass: look again after this long (doubling, capped).
+# A failed pass, or a foreign pod in the way that no watch follows: look again after this long (doubling, capped).
 RETRY_SECONDS = (1.0, 300.0)
 
 logger = logging.getLogger("kopf_operators.immortal")
@@ -73,6 +78,9 @@ class ImmortalController:
         self._backoff: Backoff[Key] = Backoff(*RETRY_SECONDS)
         self._wakes: KeyedTimers[Key] = self.background.timers()  # crash backoff: the replacement's wake-up
         self._settling: KeyedTimers[Key] = self.background.timers()  # a pod going away: report it if it lasts
+        # A foreign pod in the way: (uid, resourceVersion) as read after a 409, and the watch following it.
+        self._foreign: dict[Key, tuple[str, str]] = {}
+        self._followers: dict[Key, asyncio.Task[Any]] = {}
 
     # --- state -------------------------------------------------------------------------------------
 
@@ -96,6 +104,7 @@ class ImmortalController:
         self._refused.pop(key, None)
         self._uncounted.pop(key, None)
         self._hashes.pop(key, None)
+        self._unfollow(key)
         for timers in (self._retries, self._wakes, self._settling):
             timers.cancel(key)
 
@@ -130,9 +139,12 @@ class ImmortalController:
                 else:
                     await self._write_status(key, ic, pod, decision, now)
             if decision.action is logic.Action.BLOCKED:
-                self._retry_later(key)
+                self._follow_foreign(key)
+            elif decision.action is logic.Action.CREATE:
+                self._retry_later(key)  # a 409, and the pod in the way was gone when read: create again soon
             else:
                 self._backoff.reset(key)
+                self._unfollow(key)
             if decision.action is logic.Action.BACKOFF:
                 self._wake_later(key, decision.retry_in)
             return decision
@@ -203,8 +215,10 @@ class ImmortalController:
                 existing = await self.access.read(k8s.POD, namespace, logic.pod_name(name))
                 pod = logic.observe_pod(existing, uid)
                 if existing is not None and pod is not None and pod.owned:
-                    # A foreign pod is not remembered: it is not watched, so the next pass tries again.
                     self._saw_pod((namespace, name), existing)
+                elif existing is not None and pod is not None:
+                    # A foreign pod: followed from this version by a watch of its name (``_follow_foreign``).
+                    self._foreign[(namespace, name)] = (pod.uid, str(existing["metadata"].get("resourceVersion") or ""))
                 return decide(pod), pod
             self._saw_pod((namespace, name), created)
             self.access.keep_answer(created)  # its ADDED event would run a pass that changes nothing
@@ -318,10 +332,57 @@ class ImmortalController:
         self._settling.start(key, TRANSIENT_SECONDS, lambda: self.guarded(key, "settle"))
 
     def _retry_later(self, key: Key) -> None:
-        """Look again later, with backoff: a foreign pod in the way is not watched, and a failed pass
-        outside Kopf's handlers is not retried by Kopf."""
+        """Look again later, with backoff: a failed pass outside Kopf's handlers is not retried by Kopf,
+        and a foreign pod in the way may be followed by no watch (``_follow_foreign``)."""
         if not self._retries.pending(key):
             self._retries.start(key, self._backoff.next_delay(key), lambda: self.guarded(key, "retry"))
+
+    def _follow_foreign(self, key: Key) -> None:
+        """Follow the foreign pod in the way (read after a 409) with a watch of its name alone, so that
+        its deletion starts our pod at once; without a version to start from (a foreign pod wearing
+        our label, which the pods watch sees anyway) or past the cap, the capped retry looks again."""
+        seen = self._foreign.pop(key, None)
+        follower = self._followers.get(key)
+        if follower is not None and not follower.done():
+            return
+        if seen is None or len(self._followers) >= k8s.WATCH_CONNECTIONS:
+            self._retry_later(key)
+            return
+        self._followers[key] = self.background.spawn(self._follow(key, *seen), name=f"immortal follow {key}")
+
+    def _unfollow(self, key: Key) -> None:
+        follower = self._followers.pop(key, None)
+        if follower is not None:
+            follower.cancel()
+
+    async def _follow(self, key: Key, uid: str, version: str) -> None:
+        """Watch the pod name from ``version`` (resuming when the server ends the watch) until the
+        foreign pod (``uid``) is gone or replaced, then run a pass. A failed watch falls back to the
+        capped retry (so a watch refused or broken again and again is never retried hot)."""
+        gone = False
+        try:
+            while not gone:
+                started = time.monotonic()
+                events = self.access.watch(k8s.POD, key[0], fields=f"metadata.name={logic.pod_name(key[1])}",
+                                           resource_version=version)
+                async with contextlib.aclosing(events):
+                    async for event_type, pod in events:
+                        meta = pod.get("metadata") or {}
+                        version = str(meta.get("resourceVersion") or version)
+                        if event_type == "DELETED" or (event_type != "BOOKMARK" and meta.get("uid") != uid):
+                            gone = True
+                            break
+                if not gone and time.monotonic() - started < 1.0:  # ended at once: not a healthy watch
+                    raise ApiError(None, "watch ended at once")
+        except ApiError as exc:
+            logger.debug(f"[{key[0]}/{key[1]}] the watch of the foreign pod ended: {exc}; looking again later")
+        finally:
+            if self._followers.get(key) is asyncio.current_task():
+                del self._followers[key]
+        if gone:
+            await self.guarded(key, "foreign pod deleted")
+        else:
+            self._retry_later(key)
 
     def _wake_later(self, key: Key, delay: float) -> None:
         """Converge again when a crash backoff is over (the replacement is due)."""

@@ -43,6 +43,34 @@ BACKOFF_FIRST_SECONDS = 10.0
 BACKOFF_CAP_SECONDS = 300.0
 BACKOFF_RESET_SECONDS = 600.0
 
+# A pod that something took away did not end by itself, whatever phase it reports on its way out (since
+# Kubernetes 1.27 the kubelet moves a deleted or evicted pod to Failed or Succeeded before it is
+# removed). It is replaced at once and never counts toward the crash backoff. The cases, by what
+# the pod shows (``departure``):
+#  - a deletionTimestamp: deleted by hand, by a ChaosAgent, by the garbage collector, or by the
+#    eviction that ``kubectl drain`` and the Eviction API make (the pod is deleted once evicted);
+#  - the DisruptionTarget condition (True) the control plane or the kubelet adds before taking a pod
+#    away, by its reason:
+DISRUPTION_REASONS = {
+    "EvictionByEvictionAPI": "evicted through the Eviction API (a drain, a ChaosAgent, a user)",
+    "PreemptionByScheduler": "preempted by the scheduler for a pod of higher priority",
+    "DeletionByTaintManager": "deleted for a NoExecute taint of its node",
+    "DeletionByPodGC": "deleted by the pod garbage collector (its node is gone)",
+    "TerminationByKubelet": "stopped by the kubelet (node pressure or the node's shutdown)",
+}
+#  - the pod's status.reason, set by the kubelet (older kubelets set no DisruptionTarget condition):
+TAKEN_AWAY_REASONS = {
+    "Evicted": "evicted by the kubelet (node pressure)",
+    "Preempting": "preempted by the kubelet for a critical pod",
+    "Terminated": "stopped for the node's shutdown",  # the graceful node shutdown manager's reason
+    "Shutdown": "stopped for the node's shutdown",  # its reason before Kubernetes 1.26
+    "NodeShutdown": "stopped for the node's shutdown",
+    "NodeLost": "lost with its node",
+}
+# Every other end (a container that exited under restartPolicy Never/OnFailure, an admission refused
+# by the kubelet, a deadline) is the pod's own: one more end in a row (``observe_end``).
+DISRUPTION_CONDITION = "DisruptionTarget"
+
 SNAPSHOT_METADATA = ("name", "namespace", "uid", "generation", "resourceVersion", "deletionTimestamp")
 
 
@@ -83,6 +111,9 @@ def pod_summary(pod: Mapping[str, Any]) -> dict[str, Any]:
     if template_hash:
         summary_meta["annotations"] = {TEMPLATE_HASH_ANNOTATION: template_hash}
     summary_status = {key: status[key] for key in ("phase", "reason", "startTime") if status.get(key) is not None}
+    disruption = pod_disruption(pod)
+    if disruption:
+        summary_status["disruption"] = disruption
     statuses = status.get("containerStatuses") or []
     summary_status["restartCount"] = sum(int(c.get("restartCount") or 0) for c in statuses)
     finished = [t["finishedAt"] for c in statuses
@@ -105,6 +136,17 @@ def pod_fingerprint(pod: Mapping[str, Any]) -> int:
     summary["metadata"].pop("resourceVersion", None)
     owner = ((pod.get("metadata") or {}).get("labels") or {}).get(OWNER_LABEL)
     return hash((owner, repr(summary)))
+
+
+def pod_disruption(pod: Mapping[str, Any]) -> str | None:
+    """The reason of the pod's DisruptionTarget condition while it is True (or the summary's copy)."""
+    status = pod.get("status") or {}
+    if "disruption" in status:
+        return str(status["disruption"]) if status["disruption"] else None
+    for cond in status.get("conditions") or ():
+        if cond.get("type") == DISRUPTION_CONDITION and cond.get("status") == "True":
+            return str(cond.get("reason") or "Unknown")
+    return None
 
 
 def pod_ready(pod: Mapping[str, Any]) -> bool:
@@ -189,10 +231,25 @@ class PodView:
     started_at: str | None = None
     finished_at: str | None = None
     ready: bool = False  # the pod's Ready condition: its containers are ready (readiness probes pass)
+    disruption: str | None = None  # the reason of its DisruptionTarget condition (True)
 
     @property
     def ended(self) -> bool:
         return self.phase in TERMINAL_PHASES
+
+    @property
+    def departure(self) -> str | None:
+        """What took the pod away, in words (None: nothing did; if it ended, it ended by itself)."""
+        if self.terminating:
+            return "deleted"
+        if self.disruption:
+            return DISRUPTION_REASONS.get(self.disruption, f"disrupted ({self.disruption})")
+        return TAKEN_AWAY_REASONS.get(self.reason or "")
+
+    @property
+    def ended_by_itself(self) -> bool:
+        """An end that counts toward the crash backoff: terminal, and nothing took the pod away."""
+        return self.ended and self.departure is None
 
     def ran_seconds(self, now: float) -> float:
         """How long the pod ran before ending (0 when its start is unknown)."""
@@ -228,6 +285,7 @@ def observe_pod(pod: Mapping[str, Any] | None, owner_uid: str) -> PodView | None
         started_at=status.get("startTime"),
         finished_at=status.get("finishedAt"),
         ready=pod_ready(pod),
+        disruption=pod_disruption(pod),
     )
 
 
@@ -277,6 +335,10 @@ def decide(image: str, pod: PodView | None, wanted_hash: str | None = None,
         return Decision(Action.WAIT, "PodTerminating",
                         f"pod {pod.name} is terminating; waiting to replace it")
     changed = spec_change(image, pod, wanted_hash)
+    if pod.ended and pod.departure is not None:
+        return Decision(Action.DELETE, "PodDisrupted",
+                        f"pod {pod.name} was {pod.departure} (phase {pod.phase}); not an end of its own: "
+                        "replacing it at once, no crash backoff")
     if pod.ended:
         why = f" ({pod.reason})" if pod.reason else ""
         if changed is not None:
@@ -330,12 +392,14 @@ def backoff_delay(ends_before: int) -> float:
 
 
 def observe_end(backoff: Mapping[str, Any] | None, pod: PodView | None, now: float) -> dict[str, Any]:
-    """The crash backoff state after observing ``pod`` at ``now``: an owned pod that ended and was not
-    counted yet (by uid, so retries and restarts count it once) is one more end in a row, unless it
-    ran 10 minutes or was made from another spec than the last pod that ended (the count starts
-    again)."""
+    """The crash backoff state after observing ``pod`` at ``now``: an owned pod that ended by itself
+    and was not counted yet (by uid, so retries and restarts count it once) is one more end in a row,
+    unless it ran 10 minutes or was made from another spec than the last pod that ended (the count
+    starts again). A pod taken away (``PodView.departure``: deleted, evicted, drained, preempted)
+    neither counts nor resets the count, whichever of its events (the kubelet's terminal phase, the
+    deletion) is seen first: every one of them carries the deletionTimestamp or disruption."""
     state = dict(backoff or {})
-    if pod is None or not pod.owned or not pod.ended or state.get("podUID") == pod.uid:
+    if pod is None or not pod.owned or not pod.ended_by_itself or state.get("podUID") == pod.uid:
         return state
     new_spec = bool(pod.template_hash and state.get("templateHash") and pod.template_hash != state["templateHash"])
     fresh = new_spec or pod.ran_seconds(now) >= BACKOFF_RESET_SECONDS

@@ -161,9 +161,10 @@ def test_deleted_pod_is_recreated_and_counted_exactly_once(core: Any, custom: An
     assert status(custom, namespace, "web")["currentPod"] == "web-immortalpod"
 
 
-@pytest.mark.parametrize(("phase", "reason"), [("Failed", None), ("Succeeded", None), ("Failed", "Evicted")])
+@pytest.mark.parametrize(("phase", "reason", "event"), [("Failed", None, "PodEnded"), ("Succeeded", None, "PodEnded"),
+                                                    ("Failed", "Evicted", "PodDisrupted")])
 def test_ended_pod_is_replaced_and_counted(core: Any, custom: Any, namespace: str, operator: OperatorProcess,
-                                           phase: str, reason: str | None) -> None:
+                                           phase: str, reason: str | None, event: str) -> None:
     create_ic(custom, namespace, "job")
     pod = wait_pod(core, namespace, "job-immortalpod")
     wait_for(lambda: core.read_namespaced_pod("job-immortalpod", namespace).status.phase == "Running",
@@ -173,8 +174,10 @@ def test_ended_pod_is_replaced_and_counted(core: Any, custom: Any, namespace: st
     core.patch_namespaced_pod_status("job-immortalpod", namespace, patch)
     new = wait_pod(core, namespace, "job-immortalpod", not_uid=pod.metadata.uid)
     wait_counted(custom, namespace, "job", 2, new.metadata.uid)
-    wait_for(lambda: has_event(core, namespace, "job", "PodEnded", "Normal"), what="a PodEnded event")
+    wait_for(lambda: has_event(core, namespace, "job", event, "Normal"), what=f"a {event} event")
     stays(lambda: status(custom, namespace, "job")["startTimes"] == 2, 2, what="exactly two starts")
+    # An eviction is not an end of the pod's own: nothing counts toward the crash backoff.
+    assert bool((status(custom, namespace, "job").get("backoff") or {}).get("failures")) == (reason is None)
 
 
 def test_image_change_replaces_the_pod(core: Any, custom: Any, namespace: str, operator: OperatorProcess) -> None:
@@ -221,10 +224,14 @@ def test_foreign_pod_with_the_target_name_is_left_alone(core: Any, custom: Any, 
                     and "kopf-operators.dev/immortal" not in (pod.metadata.labels or {}))
     stays(untouched, 3, what="the foreign pod untouched and not adopted")
     assert status(custom, namespace, "mine").get("startTimes", 0) == 0
-    # The foreign pod goes away: the ImmortalContainer recovers on its own.
+    # The foreign pod goes away: the ImmortalContainer recovers on its own, at once (a watch of the name
+    # sees the foreign pod's DELETED; the label-selected pods watch does not).
     delete_pod(core, namespace, "mine-immortalpod")
     ours = wait_pod(core, namespace, "mine-immortalpod", not_uid=foreign.metadata.uid)
     assert ours.metadata.owner_references[0].name == "mine"
+    [gone] = [life for life in creations.lives("mine-immortalpod") if life.uid == foreign.metadata.uid]
+    [mine, *_] = [life for life in creations.lives("mine-immortalpod") if life.uid != foreign.metadata.uid]
+    assert gone.gone_at is not None and mine.seen_at - gone.gone_at <= 2.0
     wait_counted_exactly(custom, namespace, "mine", creations, not_ours=(foreign.metadata.uid,))
     creations.stop()
     wait_for(lambda: ready(status(custom, namespace, "mine"))["status"] == "True", what="Ready=True")

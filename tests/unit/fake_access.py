@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Hashable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable, Mapping
 from typing import Any, TypeVar
 
 from kopf_operators.core.access import AlreadyExists, ApiError, Kind
@@ -42,6 +42,9 @@ class FakeAccess:
         self.calls: list[tuple[Any, ...]] = []
         self.events: list[tuple[str, str]] = []  # (type, reason)
         self.script: dict[str, list[Any]] = {}
+        # What ``watch`` streams: (type, object) events, an exception to raise, or None to end the stream;
+        # a watch with nothing queued waits (a quiet, healthy watch).
+        self.watch_events: asyncio.Queue[Any] | None = None
 
     def answer(self, method: str, *results: Any) -> None:
         """Queue answers of ``method``: an exception instance is raised instead of returned; a
@@ -95,6 +98,19 @@ class FakeAccess:
     async def delete(self, kind: Kind, namespace: str | None, name: str, **options: Any) -> bool:
         self.calls.append(("delete", kind.kind, namespace, name))
         return self._next("delete", True)
+
+    async def watch(self, kind: Kind, namespace: str | None, *, fields: str, resource_version: str = ""
+                    ) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
+        self.calls.append(("watch", kind.kind, namespace, fields, resource_version))
+        if self.watch_events is None:
+            self.watch_events = asyncio.Queue()
+        while True:
+            event = await self.watch_events.get()
+            if event is None:
+                return
+            if isinstance(event, BaseException):
+                raise event
+            yield event
 
     async def call(self, blocking: Callable[[], T]) -> T:
         self.calls.append(("call",))

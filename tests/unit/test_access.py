@@ -149,3 +149,57 @@ def test_credentials_are_asked_of_the_client_again_only_after_a_while(monkeypatc
     clock[0] += 1
     assert layer._credentials()["authorization"] == "Bearer token-2"
     assert Client.asked == 2
+
+
+def test_a_narrow_watch_streams_events_of_any_size_and_raises_on_an_error_event() -> None:
+    """``watch`` against a local HTTP server: lines split across chunks and a line over aiohttp's 64 KiB
+    line limit arrive whole; the query asks for the field selector, the version and bookmarks; an ERROR
+    event (410: the version is too old) raises."""
+    import asyncio
+    import json
+
+    import kubernetes
+    from aiohttp import web
+
+    big = {"metadata": {"name": "x-immortalpod", "resourceVersion": "5", "annotations": {"a": "b" * 200_000}}}
+    lines = [json.dumps({"type": "MODIFIED", "object": big}).encode(),
+             json.dumps({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}}).encode(),
+             json.dumps({"type": "ERROR", "object": {"code": 410, "reason": "Expired", "message": "too old"}}).encode()]
+    queries: list[dict[str, str]] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        queries.append(dict(request.query))
+        response = web.StreamResponse()
+        await response.prepare(request)
+        data = b"\n".join(lines) + b"\n"
+        for start in range(0, len(data), 7000):  # many chunks, none at a line's end
+            await response.write(data[start:start + 7000])
+        return response
+
+    async def scenario() -> tuple[list[tuple[str, str]], str]:
+        app = web.Application()
+        app.router.add_get("/api/v1/namespaces/ns1/pods", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        configuration = kubernetes.client.Configuration()
+        configuration.host = f"http://127.0.0.1:{port}"
+        layer = access.Access(kubernetes.client.ApiClient(configuration))
+        seen: list[tuple[str, str]] = []
+        try:
+            async for event_type, obj in layer.watch(access.POD, "ns1", fields="metadata.name=x-immortalpod",
+                                                     resource_version="3"):
+                seen.append((event_type, obj["metadata"]["resourceVersion"]))
+        except access.ApiError as exc:
+            error = str(exc)
+        await layer.close()
+        await runner.cleanup()
+        return seen, error
+
+    seen, error = asyncio.run(scenario())
+    assert seen == [("MODIFIED", "5"), ("BOOKMARK", "9")]
+    assert "410" in error
+    assert queries[0]["fieldSelector"] == "metadata.name=x-immortalpod" and queries[0]["resourceVersion"] == "3"
+    assert queries[0]["watch"] == "true" and queries[0]["allowWatchBookmarks"] == "true"

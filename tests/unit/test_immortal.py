@@ -70,7 +70,8 @@ def test_observe_pod_ownership_by_controller_uid() -> None:
     (view(terminating=True), logic.Action.WAIT, "PodTerminating"),
     (view(phase="Failed"), logic.Action.DELETE, "PodEnded"),
     (view(phase="Succeeded"), logic.Action.DELETE, "PodEnded"),
-    (view(phase="Failed", reason="Evicted"), logic.Action.DELETE, "PodEnded"),
+    (view(phase="Failed", reason="Evicted"), logic.Action.DELETE, "PodDisrupted"),
+    (view(phase="Failed", reason="Error"), logic.Action.DELETE, "PodEnded"),
     (view(image="nginx:1.0"), logic.Action.DELETE, "ImageChanged"),
     (view(phase="Pending"), logic.Action.NONE, "PodStarting"),
     (view(phase="Running", ready=False), logic.Action.NONE, "PodNotReady"),  # Running is not enough
@@ -263,6 +264,113 @@ def test_a_spec_change_ends_the_backoff_and_starts_the_count_again() -> None:
     # Pods without a digest (from before templates) keep counting.
     legacy = logic.observe_end(state, ended("e"), NOW)
     assert legacy["failures"] == 2
+
+
+def kubelet_pod(phase: str = "Running", *, deleted: bool = False, reason: str | None = None,
+                disruption: str | None = None, uid: str = "gone") -> dict[str, Any]:
+    """A pod of ours as a real kubelet reports it (camelCase API dict)."""
+    meta: dict[str, Any] = {"name": "example-immortalcontainer-immortalpod", "uid": uid, "resourceVersion": "7",
+                            "ownerReferences": [{"uid": "ic-uid", "controller": True}]}
+    if deleted:
+        meta["deletionTimestamp"] = "2026-11-26T10:00:00Z"
+    conditions = [{"type": "Ready", "status": "False"}]
+    if disruption:
+        conditions.append({"type": "DisruptionTarget", "status": "True", "reason": disruption})
+    status: dict[str, Any] = {"phase": phase, "conditions": conditions, "startTime": "2026-11-26T09:59:00Z",
+                              "containerStatuses": [{"restartCount": 0, "state": {"terminated": {
+                                  "exitCode": 137, "finishedAt": "2026-11-26T10:00:01Z"}}}]}
+    if reason:
+        status["reason"] = reason
+    return {"metadata": meta, "spec": {"containers": [{"name": "acontainer", "image": "nginx:latest"}]},
+            "status": status}
+
+
+# Each way a pod is taken away, as the kubelet reports it on its way out (Kubernetes >= 1.27 moves such a
+# pod to a terminal phase before it is removed): not an end of its own.
+TAKEN_AWAY = {
+    "deleted by hand (graceful)": kubelet_pod("Failed", deleted=True),
+    "deleted, all containers exited 0": kubelet_pod("Succeeded", deleted=True),
+    "a ChaosAgent's kill (a deletion)": kubelet_pod("Failed", deleted=True),
+    "Eviction API / kubectl drain, before the deletion": kubelet_pod("Running", disruption="EvictionByEvictionAPI"),
+    "Eviction API / kubectl drain, on its way out": kubelet_pod("Failed", deleted=True,
+                                                                disruption="EvictionByEvictionAPI"),
+    "evicted by the kubelet (node pressure), left Failed": kubelet_pod("Failed", reason="Evicted",
+                                                                       disruption="TerminationByKubelet"),
+    "evicted by an older kubelet (no condition)": kubelet_pod("Failed", reason="Evicted"),
+    "preempted by the scheduler": kubelet_pod("Failed", disruption="PreemptionByScheduler"),
+    "preempted by the kubelet": kubelet_pod("Failed", reason="Preempting"),
+    "graceful node shutdown": kubelet_pod("Failed", reason="Terminated"),
+    "graceful node shutdown (before 1.26)": kubelet_pod("Failed", reason="Shutdown"),
+    "NoExecute taint": kubelet_pod("Failed", disruption="DeletionByTaintManager"),
+    "pod garbage collector (node gone)": kubelet_pod("Failed", disruption="DeletionByPodGC"),
+    "a disruption this version does not name": kubelet_pod("Failed", disruption="SomethingNew"),
+}
+
+
+@pytest.mark.parametrize("case", TAKEN_AWAY)
+def test_a_pod_taken_away_is_not_an_end_and_is_replaced_at_once(case: str) -> None:
+    body = TAKEN_AWAY[case]
+    for pod in (logic.observe_pod(body, "ic-uid"), logic.observe_pod(logic.pod_summary(body), "ic-uid")):
+        assert pod is not None and pod.departure is not None and not pod.ended_by_itself
+        # Two ends of its own in a row before: the next one would wait 20 s; this one neither waits nor counts.
+        state = {"podUID": "earlier", "failures": 2, "delaySeconds": 10, "nextAttempt": logic.epoch_to_iso(NOW + 5)}
+        assert logic.observe_end(state, pod, NOW) == state
+        decision = logic.decide("nginx:latest", pod, None, logic.observe_end(state, pod, NOW), NOW)
+        if pod.terminating:
+            assert decision.action is logic.Action.WAIT  # its DELETED event replaces it at once
+        elif pod.ended:
+            assert (decision.action, decision.reason) == (logic.Action.DELETE, "PodDisrupted")
+            assert "no crash backoff" in decision.message
+        else:
+            assert decision.action is logic.Action.NONE  # still running: the deletion follows
+        # The disappearance itself (DELETED): replaced at once.
+        assert logic.decide("nginx:latest", None, None, state, NOW).action is logic.Action.CREATE
+
+
+@pytest.mark.parametrize("body", [kubelet_pod("Failed"), kubelet_pod("Succeeded"),
+                                  kubelet_pod("Failed", reason="Error"),
+                                  kubelet_pod("Failed", reason="UnexpectedAdmissionError")])
+def test_an_end_the_pod_reached_by_itself_counts(body: dict[str, Any]) -> None:
+    pod = logic.observe_pod(logic.pod_summary(body), "ic-uid")
+    assert pod is not None and pod.departure is None and pod.ended_by_itself
+    state = logic.observe_end({"podUID": "earlier", "failures": 1}, pod, NOW)
+    assert (state["failures"], state["delaySeconds"]) == (2, 10)
+    assert logic.decide("nginx:latest", pod, None, state, NOW).action is logic.Action.BACKOFF
+
+
+def test_a_deletion_counts_nothing_whichever_event_comes_first() -> None:
+    """A kubelet reports a deleted pod Failed before it is removed; the operator may see that MODIFIED
+    first, or only the DELETED (a watch reconnect, a busy process). Same state and decisions either way."""
+    failed = logic.observe_pod(kubelet_pod("Failed", deleted=True), "ic-uid")
+    crash = logic.observe_pod(kubelet_pod("Failed", uid="crash"), "ic-uid")
+    assert failed is not None and crash is not None
+    for seen in ([failed, None], [None], [failed]):
+        state: dict[str, Any] = {}
+        for pod in seen:
+            state = logic.observe_end(state, pod, NOW)
+        assert state == {}
+        # A real crash afterwards is the first end in a row: replaced at once.
+        after = logic.observe_end(state, crash, NOW)
+        assert (after["failures"], after["delaySeconds"]) == (1, 0)
+        assert logic.decide("nginx:latest", crash, None, after, NOW).action is logic.Action.DELETE
+    # Between two crashes, deletions neither count nor reset the count.
+    state = logic.observe_end({}, crash, NOW)
+    for i in range(3):
+        state = logic.observe_end(state, logic.observe_pod(kubelet_pod("Failed", deleted=True, uid=f"d{i}"),
+                                                           "ic-uid"), NOW)
+    again = logic.observe_pod(kubelet_pod("Failed", uid="crash-2"), "ic-uid")
+    assert logic.observe_end(state, again, NOW)["failures"] == 2
+
+
+def test_the_pods_index_keeps_the_disruption() -> None:
+    summary = logic.pod_summary(kubelet_pod("Running", disruption="EvictionByEvictionAPI"))
+    assert summary["status"]["disruption"] == "EvictionByEvictionAPI"
+    assert "disruption" not in logic.pod_summary(kubelet_pod("Running"))["status"]
+    # A condition that is not True (the disruption was called off) is no disruption.
+    body = kubelet_pod("Running")
+    body["status"]["conditions"].append({"type": "DisruptionTarget", "status": "False", "reason": "x"})
+    assert logic.pod_disruption(body) is None
+    assert logic.pod_fingerprint(body) != logic.pod_fingerprint(kubelet_pod("Running", disruption="x"))
 
 
 @pytest.mark.parametrize(("status", "message", "refuses"), [

@@ -9,7 +9,9 @@ from typing import Any, TypeVar
 
 import pytest
 
+from kopf_operators.core import access as k8s
 from kopf_operators.core import controller as toolkit
+from kopf_operators.core.access import ApiError
 from kopf_operators.immortal import controller as immortal
 from kopf_operators.immortal import decisions as logic
 from kopf_operators.immortal.controller import ImmortalController
@@ -147,28 +149,115 @@ def test_a_spec_change_replaces_a_pod_that_matched_the_spec_before() -> None:
     assert access.made("delete")
 
 
-def test_a_foreign_pod_in_the_way_blocks_and_is_retried_with_doubling_backoff() -> None:
-    async def scenario() -> tuple[list[float | None], list[tuple[Any, ...]]]:
+FOREIGN: dict[str, Any] = {"metadata": {"name": logic.pod_name("app"), "uid": "someone-else", "resourceVersion": "3"},
+           "spec": {"containers": [{"name": "c", "image": "busybox"}]}, "status": {"phase": "Running"}}
+
+
+def at_version(version: str) -> dict[str, Any]:
+    return {**FOREIGN, "metadata": {**FOREIGN["metadata"], "resourceVersion": version}}
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(200):
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("the condition never held")
+
+
+def test_a_foreign_pod_in_the_way_is_followed_by_a_watch_of_its_name_and_its_deletion_starts_ours() -> None:
+    """The pods watch sees only pods with our label: the foreign pod's DELETED comes from a watch of its
+    name alone, from the version read after the 409 (nothing is missed in between), and starts our pod
+    at once; no timer polls meanwhile."""
+    async def scenario() -> FakeAccess:
         access = FakeAccess()
-        foreign = {"metadata": {"name": logic.pod_name("app"), "uid": "someone-else", "resourceVersion": "3"},
-                   "spec": {"containers": [{"name": "c", "image": "busybox"}]}, "status": {"phase": "Running"}}
+        access.answer("create", conflict_on_create())
+        access.answer("read", FOREIGN)
+        ctl = controller(access)
+        decision = await ctl.converge(KEY)
+        assert decision is not None and decision.action is logic.Action.BLOCKED
+        await until(lambda: bool(access.made("watch")))
+        assert access.made("watch") == [("watch", "Pod", "ns1", f"metadata.name={logic.pod_name('app')}", "3")]
+        assert not ctl._retries.pending(KEY)
+        assert access.watch_events is not None
+        # The server ends the watch after its timeout: resumed from the newest version (a bookmark's).
+        await access.watch_events.put(("BOOKMARK", {"metadata": {"resourceVersion": "40"}}))
+        await access.watch_events.put(("MODIFIED", at_version("41")))
+        await until(lambda: access.watch_events is not None and access.watch_events.empty())
+        await access.watch_events.put(("DELETED", at_version("50")))
+        await until(lambda: len(access.made("create")) == 2)
+        assert not ctl._followers and not ctl._retries.pending(KEY)
+        await ctl.stop()
+        return access
+
+    access = run(scenario())
+    assert [c[1:4] for c in access.made("create")] == [("Pod", "ns1", logic.pod_name("app"))] * 2
+    assert ("Normal", "PodCreated") in access.events
+    assert not access.made("delete")  # never touches a pod it does not own
+
+
+def test_a_watch_that_ends_is_resumed_from_the_newest_version() -> None:
+    async def scenario() -> list[tuple[Any, ...]]:
+        access = FakeAccess()
+        access.answer("create", conflict_on_create())
+        access.answer("read", FOREIGN)
+        ctl = controller(access)
+        await ctl.converge(KEY)
+        await until(lambda: access.watch_events is not None)
+        assert access.watch_events is not None
+        await access.watch_events.put(("BOOKMARK", {"metadata": {"resourceVersion": "40"}}))
+        await asyncio.sleep(1.05)  # a watch that lasted (the server's timeout), then ends
+        await access.watch_events.put(None)
+        await until(lambda: len(access.made("watch")) == 2)
+        assert ctl._followers and not ctl._retries.pending(KEY)
+        await ctl.stop()
+        return access.made("watch")
+
+    watches = run(scenario())
+    assert [w[4] for w in watches] == ["3", "40"]
+
+
+def test_a_failed_watch_falls_back_to_the_doubling_retry() -> None:
+    async def scenario() -> list[float | None]:
+        access = FakeAccess()
         access.answer("create", conflict_on_create(), conflict_on_create())
-        access.answer("read", foreign, foreign)
+        access.answer("read", FOREIGN, FOREIGN)
         ctl = controller(access)
         delays: list[float | None] = []
         for _ in range(2):
             decision = await ctl.converge(KEY)
             assert decision is not None and decision.action is logic.Action.BLOCKED
+            await until(lambda: access.watch_events is not None)
+            assert access.watch_events is not None
+            await access.watch_events.put(ApiError(410, "Gone"))  # e.g. the version is too old
+            await until(lambda: ctl._retries.pending(KEY))
             delays.append(ctl._retries.due_in(KEY))
             ctl._retries.cancel(KEY)  # as if it had fired
         await ctl.stop()
-        return delays, access.calls
+        return delays
 
-    delays, calls = run(scenario())
+    delays = run(scenario())
     first, _cap = immortal.RETRY_SECONDS
     assert delays[0] == pytest.approx(first, abs=0.05)
     assert delays[1] == pytest.approx(2 * first, abs=0.05)
-    assert not [c for c in calls if c[0] == "delete"]  # never touches a pod it does not own
+
+
+def test_more_foreign_pods_than_watch_connections_fall_back_to_the_retry() -> None:
+    async def scenario() -> tuple[int, int]:
+        access = FakeAccess()
+        keys = [("ns1", f"app{i}") for i in range(k8s.WATCH_CONNECTIONS + 2)]
+        objects = {key: [logic.snapshot({**IC, "metadata": {**IC["metadata"], "name": key[1], "uid": f"u{key[1]}"}})]
+                   for key in keys}
+        ctl = ImmortalController(access, objects, {})  # type: ignore[arg-type]
+        for key in keys:
+            access.answer("create", conflict_on_create())
+            access.answer("read", {**FOREIGN, "metadata": {**FOREIGN["metadata"], "name": logic.pod_name(key[1])}})
+            await ctl.converge(key)
+        followed, retried = len(ctl._followers), sum(ctl._retries.pending(key) for key in keys)
+        await ctl.stop()
+        return followed, retried
+
+    assert run(scenario()) == (k8s.WATCH_CONNECTIONS, 2)
 
 
 def test_a_failed_pass_is_retried_and_a_success_resets_the_backoff() -> None:
