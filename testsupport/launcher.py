@@ -99,10 +99,13 @@ class KopfProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def command(self) -> list[str]:
-        kopf = Path(sys.executable).parent / "kopf"
+        # The entry point with Kopf's patches (kopf_operators/__main__.py); plain `kopf run` for a
+        # checkout from before it.
+        entry = ([sys.executable, "-m", "kopf_operators"] if (self.root / "kopf_operators" / "__main__.py").exists()
+                 else [str(Path(sys.executable).parent / "kopf")])
         mode = ["--standalone"] if self.standalone else []
         scope = [f"--namespace={pattern}" for pattern in self.namespaces] or ["--all-namespaces"]
-        return [str(kopf), "run", *mode, *scope, *(["--verbose"] if self.verbose else []), *self.extra_args,
+        return [*entry, "run", *mode, *scope, *(["--verbose"] if self.verbose else []), *self.extra_args,
                 f"--liveness=http://127.0.0.1:{self.health_port}/healthz", *self.files]
 
     def start(self, timeout: float = 60) -> None:
