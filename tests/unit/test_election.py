@@ -69,7 +69,7 @@ class Clock:
 def candidate(server: LeaseServer, clock: Clock, name: str, settings: LeaseSettings = SETTINGS,
               lost: list[str] | None = None) -> Elector:
     access = k8s.Access(client=None)
-    access._once = server.request  # type: ignore[method-assign,assignment]
+    access._once = server.request  # type: ignore[method-assign]
     return Elector(access, settings, on_lost=lambda: (lost if lost is not None else []).append(name),
                    identity=name, clock=clock, wall=lambda: clock.now)
 
@@ -83,7 +83,7 @@ async def step(elector: Elector) -> bool:
 
 
 def leader_gauge(name: str) -> float:
-    return metrics.LEADER.labels(lease=name)._value.get()  # type: ignore[attr-defined]
+    return metrics.LEADER.labels(lease=name)._value.get()
 
 
 def test_settings_from_the_environment(tmp_path: Path) -> None:
@@ -118,7 +118,7 @@ def test_the_first_candidate_acts_and_the_other_writes_nothing_while_it_renews()
         a, b = candidate(server, clock, "a"), candidate(server, clock, "b")
         assert a.access.paused and b.access.paused  # nobody acts before it holds the Lease
         assert await step(a) and not a.access.paused and leader_gauge("kopf-operators") == 1
-        assert server.holder == "a" and server.lease["spec"]["leaseDurationSeconds"] == 15  # type: ignore[index]
+        assert server.holder == "a" and server.lease["spec"]["leaseDurationSeconds"] == 15
         writes = len(server.writes)
         for _ in range(30):  # a minute: a renews every 2 s, b looks every 2 s
             clock.now += 1
@@ -127,7 +127,7 @@ def test_the_first_candidate_acts_and_the_other_writes_nothing_while_it_renews()
             assert not await step(b)
         assert b.access.paused and not b.leading
         assert [holder for _, holder in server.writes[writes:]] == ["a"] * 30  # b: not one write
-        assert server.lease["spec"]["leaseTransitions"] == 0  # type: ignore[index]
+        assert server.lease["spec"]["leaseTransitions"] == 0
 
     asyncio.run(scenario())
 
@@ -179,7 +179,7 @@ def test_a_holder_that_cannot_renew_stops_acting_at_its_renew_deadline_and_exits
     monkeypatch.setattr(k8s, "BACKOFF_SECONDS", 0.0)  # the layer's retries of each attempt: no real wait
 
     async def scenario() -> None:
-        server, clock, lost = LeaseServer(), Clock(), []
+        server, clock, lost = LeaseServer(), Clock(), list[str]()
 
         async def sleep(seconds: float) -> None:
             clock.now += seconds
@@ -188,7 +188,7 @@ def test_a_holder_that_cannot_renew_stops_acting_at_its_renew_deadline_and_exits
             await asyncio.sleep(0)
 
         a = candidate(server, clock, "a", lost=lost)
-        a.sleep = sleep  # type: ignore[method-assign]
+        a.sleep = sleep
         start = clock.now
         await asyncio.wait_for(a.run(), 5)  # returns once it has lost the Lease
         assert lost == ["a"] and a.access.paused and not a.leading
@@ -200,7 +200,7 @@ def test_a_holder_that_cannot_renew_stops_acting_at_its_renew_deadline_and_exits
 
 def test_a_holder_that_finds_another_holder_exits() -> None:
     async def scenario() -> None:
-        server, clock, lost = LeaseServer(), Clock(), []
+        server, clock, lost = LeaseServer(), Clock(), list[str]()
         a = candidate(server, clock, "a", lost=lost)
         await step(a)
         server.lease["spec"]["holderIdentity"] = "usurper"  # type: ignore[index]
@@ -211,7 +211,7 @@ def test_a_holder_that_finds_another_holder_exits() -> None:
             clock.now += seconds
             await asyncio.sleep(0)
 
-        a.sleep = sleep  # type: ignore[method-assign]
+        a.sleep = sleep
         a._renewed_at = clock.now
         await asyncio.wait_for(a.run(), 5)
         assert lost == ["a"] and a.access.paused
@@ -242,7 +242,7 @@ def test_a_standby_sends_no_write_and_posts_no_event_but_its_lease_attempts(monk
         sent.append(f"{method} {url}")
         return {}
 
-    layer._once = once  # type: ignore[method-assign,assignment]
+    layer._once = once  # type: ignore[method-assign]
 
     async def writes() -> None:
         for write in (layer.create(k8s.POD, {"metadata": {"namespace": "ns", "name": "p"}}),
