@@ -112,6 +112,12 @@ class KopfProcess:
         """Start it (no-op when running) and wait until its liveness endpoint answers 200."""
         if self.running:
             return
+        self.launch()
+        self.wait_healthy(timeout)
+
+    def launch(self) -> None:
+        """Start the process and return at once (``wait_healthy`` waits for it): replicas started
+        at the same instant."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.health_port = free_port()
         cmd = self.command()
@@ -129,6 +135,8 @@ class KopfProcess:
             log.flush()
             self.proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
+
+    def wait_healthy(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while not self._healthy():
             if time.monotonic() > deadline:
