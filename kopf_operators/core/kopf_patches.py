@@ -195,7 +195,9 @@ class EventPolicy:
 class ActingGate:
     """Kopf's "every index is filled" gate (its ``operator_indexed`` toggle set, which the processor
     waits on after indexing an object and before its handlers), extended by the Lease: a standby
-    indexes every event as it comes (warm) and holds each object's handlers here until it acts."""
+    indexes such an object's event and holds its handlers here until it acts. The object's later
+    events wait in its queue meanwhile (only resources with Kopf's change handlers: few objects, and
+    Kopf's change detection compares each body with its own last-handled state)."""
 
     def __init__(self, indexed: Any, access: Access) -> None:
         self.indexed = indexed
@@ -211,10 +213,15 @@ class ActingGate:
 
 def governed(process: ProcessEvent) -> ProcessEvent:
     """``process`` (Kopf's ``process_resource_event``, one event of one object) with the Lease's gate
-    for every resource, and under the operator's ``EventPolicy`` (in its memo) for resources that have
-    only indexes and event handlers:
+    for resources with Kopf's change handlers, and under the operator's ``EventPolicy`` (in its memo)
+    for resources that have only indexes and event handlers:
 
-    - a standby (``Access.paused``) indexes the event and holds its handlers until it acts (``ActingGate``);
+    - resources with Kopf's change handlers, daemons or timers (Kopf writes their progress, finalizers
+      and annotations itself): a standby (``Access.paused``) indexes the event and holds its handlers
+      until it acts (``ActingGate``). The other resources are indexed and their event handlers run
+      as on the holder, every event: their controllers write nothing while paused (the access layer
+      refuses it), and make one level-triggered pass over their indexes when the Lease is taken
+      (``controller.Background.resync``), so the indexes stay current on the standby;
     - a MODIFIED event is skipped when a newer event of the same object is already queued (Kopf sets
       the object's ``stream_pressure`` then): the newer body carries its state forward to the indexes
       and to the level-triggered handlers, as a client-go work queue processes a key once for many
@@ -238,10 +245,10 @@ def governed(process: ProcessEvent) -> ProcessEvent:
         memobase = kwargs["memobase"]
         access = memobase.get(ACCESS_MEMO)
         access = access if isinstance(access, Access) else None
-        if access is not None and kwargs.get("operator_indexed") is not None:
-            kwargs["operator_indexed"] = ActingGate(kwargs["operator_indexed"], access)
         policy, resource = memobase.get(EVENT_POLICY_MEMO), kwargs["resource"]
         if not isinstance(policy, EventPolicy) or resource.group in policy.kopf_change_groups:
+            if access is not None and kwargs.get("operator_indexed") is not None:
+                kwargs["operator_indexed"] = ActingGate(kwargs["operator_indexed"], access)
             return await process(**kwargs)
         event_type, body = kwargs["raw_event"].get("type"), kwargs["raw_event"].get("object") or {}
         # Both are asked on every event: each remembers what the object's next event is compared with.

@@ -17,8 +17,8 @@ import pytest
 from kopf_operators.core import access as k8s
 from kopf_operators.core import metrics
 from kopf_operators.core.election import Elector, LeaseSettings
-from kopf_operators.core.kopf_patches import ActingGate, governed
-from kopf_operators.core.process import ACCESS
+from kopf_operators.core.kopf_patches import EventPolicy, governed
+from kopf_operators.core.process import ACCESS, EVENT_POLICY
 
 SETTINGS = LeaseSettings(enabled=True, name="kopf-operators", namespace="ops")
 
@@ -258,9 +258,11 @@ def test_a_standby_sends_no_write_and_posts_no_event_but_its_lease_attempts(monk
     assert posted == [] and sent == ["POST /apis/coordination.k8s.io/v1/namespaces/ops/leases"]
 
 
-def test_a_warm_standby_indexes_every_event_and_holds_the_handlers_until_it_acts() -> None:
+def test_a_warm_standby_indexes_every_event_and_holds_only_kopfs_change_handlers_until_it_acts() -> None:
     """Kopf's processor indexes an object, then waits on its "indexed" gate before the handlers: the
-    patched processor adds the Lease to that gate (``ActingGate``)."""
+    patched processor adds the Lease to that gate (``ActingGate``) for resources with Kopf's change
+    handlers (Kopf writes their state itself). Event-only resources run on: their controllers write
+    nothing while paused, and sweep at once when the replica starts to act."""
 
     async def scenario() -> None:
         steps: list[str] = []
@@ -276,17 +278,22 @@ def test_a_warm_standby_indexes_every_event_and_holds_the_handlers_until_it_acts
 
         memo = kopf.Memo()
         access = ACCESS.set(memo, k8s.Access(None))
+        EVENT_POLICY.set(memo, EventPolicy(frozenset({"flant.com"}), None))
         access.paused = True
         governing = governed(process)
-        event = governing(memobase=memo, resource=kopf.Resource("", "v1", "configmaps"), resource_indexed=None,
-                          operator_indexed=Indexed(), stream_pressure=asyncio.Event(),
-                          raw_event={"type": "ADDED", "object": {"metadata": {"name": "x"}}})
-        task = asyncio.ensure_future(event)
+
+        def event(group: str, name: str) -> asyncio.Future[Any]:
+            return asyncio.ensure_future(governing(
+                memobase=memo, resource=kopf.Resource(group, "v1", "things"), resource_indexed=None,
+                operator_indexed=Indexed(), stream_pressure=asyncio.Event(),
+                raw_event={"type": "ADDED", "object": {"metadata": {"name": name}}}))
+
+        rule, configmap = event("flant.com", "rule"), event("", "cm")
+        await asyncio.wait_for(configmap, 1)
         await asyncio.sleep(0.05)
-        assert steps == ["indexed x"] and not task.done()
+        assert steps == ["indexed rule", "indexed cm", "handled cm"] and not rule.done()
         access.paused = False
-        await asyncio.wait_for(task, 1)
-        assert steps == ["indexed x", "handled x"]
-        assert isinstance(ActingGate(Indexed(), access), ActingGate)
+        await asyncio.wait_for(rule, 1)
+        assert steps[-1] == "handled rule"
 
     asyncio.run(scenario())
