@@ -9,6 +9,8 @@ cluster, fast; no real node needed): exactly one pod per ImmortalContainer, no 4
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -254,6 +256,9 @@ def test_twins_started_at_the_same_instant_act_once(
             wait_for(lambda: starts(custom, space, name) == 1, timeout=60, what=f"{name}'s pod")  # noqa: B023
             assert [ACTING in twin.output() for twin in twins].count(True) == 1, [t.tail() for t in twins]
         finally:
+            for twin in twins:  # both at once: each takes a few seconds to stop
+                if twin.proc is not None and twin.running:
+                    os.killpg(twin.proc.pid, signal.SIGTERM)
             for twin in twins:
                 twin.stop()
         delete_lease()
