@@ -48,7 +48,7 @@ from testsupport.audit import AuditLog, audit_now, resource_of
 from testsupport.kubectl import apply_yaml, kubectl
 
 RELEASE = NAMESPACE = "kopf-ha"
-LEASE = RELEASE  # the chart's Lease: the release's fullname
+LEASE = f"{RELEASE}-kopf-operators"  # the chart's Lease: the release's fullname
 SIGKILL_LIMIT = 15.0  # seconds from a SIGKILL of the holder until the standby acts (the lease duration)
 SIGTERM_LIMIT = 3.0  # seconds from a SIGTERM of the holder (its pod deleted) until the standby acts
 TWIN_STARTS = 20
