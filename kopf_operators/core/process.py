@@ -228,6 +228,9 @@ async def close_connections(memo: kopf.Memo, **_: Any) -> None:
     if ELECTOR.present(memo):
         ELECTION(memo).cancel()
         await ELECTOR(memo).release()
+    # Kopf waits up to 5 s at exit for tasks that are still running: the trim loop never ends by itself.
+    if TRIMMER.present(memo):
+        TRIMMER(memo).cancel()
     # A request after this (another cleanup handler's) opens a new pool.
     if ACCESS.present(memo):
         await ACCESS(memo).close()
