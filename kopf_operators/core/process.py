@@ -167,6 +167,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         concurrent.futures.ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix="kopf-operators"))
     # Kopf's peering is off: replicas elect a holder on a Lease instead (``elect``).
     settings.peering.standalone = True
+    settings.peering.mandatory = False  # `--peering NAME` would otherwise hold every watch until Kopf's CRD exists
     await elect(memo, LeaseSettings.from_env(), _access)
     if config.shard_count > 1:
         await serve_one_shard(settings, config, _access)
