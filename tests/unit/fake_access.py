@@ -46,6 +46,10 @@ class FakeAccess:
         # a watch with nothing queued waits (a quiet, healthy watch).
         self.watch_events: asyncio.Queue[Any] | None = None
 
+    async def until_acting(self) -> None:
+        while self.paused:
+            await asyncio.sleep(0.01)
+
     def answer(self, method: str, *results: Any) -> None:
         """Queue answers of ``method``: an exception instance is raised instead of returned; a
         callable is called with the default answer and its result returned."""

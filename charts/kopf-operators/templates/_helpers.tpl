@@ -20,4 +20,5 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- else -}}{{ default "default" .Values.serviceAccount.name }}{{- end -}}
 {{- end -}}
 
-{{- define "kopf-operators.peeringName" -}}kopf-operators{{- end -}}
+{{- /* The Lease the replicas elect a holder on (per shard: "-shard-N" added). */}}
+{{- define "kopf-operators.leaseName" -}}{{ include "kopf-operators.fullname" . }}{{- end -}}
