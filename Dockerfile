@@ -18,6 +18,12 @@ RUN /opt/venv/bin/pip install --no-compile . \
  && /opt/venv/bin/python -c "import kopf, kubernetes, pykube, lorem, munch, kopf_operators.core.conventions"
 
 FROM ${BASE_IMAGE} AS runtime
+# VERSION: the release's version (release/release.sh passes the one in pyproject.toml).
+ARG VERSION=unreleased
+LABEL org.opencontainers.image.title="kopf-operators" \
+      org.opencontainers.image.description="Four Kubernetes operators in one Kopf process: immortal containers, Copyrator, Blackadder, re-roller." \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}"
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 # Not "operator": Debian's base-passwd already has that group (gid 37), so groupadd would exit 9.
 RUN groupadd --system --gid 10001 kopf \
@@ -25,6 +31,7 @@ RUN groupadd --system --gid 10001 kopf \
 COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
 COPY operators/ operators/
+COPY LICENSE /usr/share/doc/kopf-operators/LICENSE
 USER 10001:10001
 EXPOSE 8080 9090
 # A shell form on purpose: the glob must expand (an exec-form CMD would pass "operators/*.py" literally).
