@@ -11,10 +11,19 @@ FROM ${BASE_IMAGE} AS build
 ARG PIP_CERT
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-RUN python -m venv /opt/venv
-COPY pyproject.toml README.md ./
+# Only the locked versions, each file checked against the lock's hashes (requirements.lock: `make lock`);
+# the package's wheel is built without build isolation by the locked setuptools in a venv of its own,
+# then installed without dependencies, so nothing unpinned reaches the image.
+COPY requirements.lock requirements-build.lock ./
+RUN python -m venv /opt/venv \
+ && /opt/venv/bin/pip install --no-compile --require-hashes --no-deps -r requirements.lock \
+ && python -m venv /opt/build \
+ && /opt/build/bin/pip install --require-hashes --no-deps -r requirements-build.lock
+COPY pyproject.toml README.md LICENSE ./
 COPY kopf_operators/ kopf_operators/
-RUN /opt/venv/bin/pip install --no-compile . \
+RUN /opt/build/bin/pip wheel --no-deps --no-build-isolation -w /tmp/wheel . \
+ && /opt/venv/bin/pip install --no-compile --no-deps /tmp/wheel/*.whl \
+ && /opt/venv/bin/pip check \
  && /opt/venv/bin/python -c "import kopf, kubernetes, pykube, lorem, munch, kopf_operators.core.conventions"
 
 FROM ${BASE_IMAGE} AS runtime

@@ -11,16 +11,21 @@ LOCAL_KUBECONFIG := $(CLUSTER_DIR)/kubeconfig
 RUN_ARGS ?= --all-namespaces --verbose
 
 .PHONY: help setup cluster cluster-down image install uninstall run test unit lint bench manifests deploy undeploy \
-	revert-agents version version-check \
+	revert-agents version version-check lock deps-check \
 	peers-test reloader-e2e reloader-bench
 
 help: ## list the verbs
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
-$(BIN)/.installed: pyproject.toml
+# Only what the lock names, verified by its hashes (pip's --require-hashes), so every machine and CI gets
+# the same versions; the package itself goes in editable without touching the index (no build isolation:
+# its build backend is in the lock too).
+PIP := $(BIN)/pip --disable-pip-version-check
+$(BIN)/.installed: pyproject.toml requirements-dev.lock
 	python3 -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -U pip
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	$(PIP) install -q --require-hashes --no-deps -r requirements-dev.lock
+	$(PIP) install -q --no-deps --no-build-isolation -e .
+	$(PIP) check
 	touch $@
 
 setup: $(BIN)/.installed ## create .venv with the package and its dev tools
@@ -122,3 +127,15 @@ version: setup ## write VERSION=x.y.z into every place it appears (pyproject, Ch
 
 version-check: setup ## fail unless every version string agrees
 	$(BIN)/python -m release.version check
+
+# The lock files (hashes of every file of every pinned version, for every platform: the arm64 image
+# installs from the same lock). Re-run after changing a dependency in pyproject.toml; the dev lock takes
+# its runtime pins from requirements.lock, so the tests run what the image ships.
+UV_COMPILE = $(BIN)/uv pip compile -q --universal --python-version 3.11 --generate-hashes --custom-compile-command "make lock"
+lock: setup ## re-resolve requirements.lock, requirements-build.lock and requirements-dev.lock (hashes) from pyproject.toml
+	$(UV_COMPILE) pyproject.toml -o requirements.lock
+	$(UV_COMPILE) requirements-build.in -o requirements-build.lock
+	$(UV_COMPILE) pyproject.toml requirements-build.in --extra dev -c requirements.lock -c requirements-build.lock -o requirements-dev.lock
+
+deps-check: setup ## newest allowed dependencies (Kopf up to <2) in a scratch venv + the unit tests of Kopf's internals: is a bump safe?
+	@release/deps-check.sh

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import importlib.metadata
 import re
 import shutil
 import tomllib
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.markers import Marker
+from packaging.requirements import Requirement
 
 from release import licenses, version
 
@@ -97,3 +100,67 @@ def test_set_writes_every_place_and_the_changelog(repo_copy: Path) -> None:
         version.set_image("127.0.0.1:5000/kopf-operators:1.0.0@sha256:" + "ab" * 32)
     with pytest.raises(SystemExit, match="not a semantic version"):
         version.set_version("1.2", datetime.date(2030, 1, 2))
+
+
+# ---- locked dependencies ----------------------------------------------------------------------------------
+
+def lock_pins(name: str) -> dict[str, tuple[str, frozenset[str], str]]:
+    """A lock file's pins: canonical name -> (version, its hashes, its environment marker or "")."""
+    pins = {}
+    for block in re.split(r"\n(?=\S)", (REPO / name).read_text()):
+        head = re.match(r"([A-Za-z0-9._-]+)==([^\s;\\]+)(?: ; ([^\\\n]+))?", block)
+        if head:
+            hashes = frozenset(re.findall(r"--hash=sha256:([0-9a-f]{64})", block))
+            pins[licenses.canonical(head[1])] = (head[2], hashes, (head[3] or "").strip())
+    return pins
+
+
+def test_every_locked_dependency_is_pinned_with_hashes() -> None:
+    for name in ("requirements.lock", "requirements-build.lock", "requirements-dev.lock"):
+        pins = lock_pins(name)
+        assert pins, name
+        assert all(hashes for _, hashes, _ in pins.values()), f"{name}: a pin without hashes"
+        # Every line that names a package is a pin (no range slipped in by hand).
+        text = (REPO / name).read_text()
+        assert len(re.findall(r"^[A-Za-z0-9]", text, re.M)) == len(pins), name
+
+
+def test_the_lock_satisfies_pyproject_and_the_tests_run_what_the_image_ships() -> None:
+    runtime, dev, build = lock_pins("requirements.lock"), lock_pins("requirements-dev.lock"), lock_pins(
+        "requirements-build.lock")
+    project = pyproject()["project"]
+    for line in project["dependencies"] + project["optional-dependencies"]["dev"]:
+        requirement = Requirement(line)
+        pinned = dev[licenses.canonical(requirement.name)][0]
+        assert requirement.specifier.contains(pinned, prereleases=True), f"lock {pinned} outside {line}: make lock"
+    for line in project["dependencies"]:
+        requirement = Requirement(line)
+        assert requirement.specifier.contains(runtime[licenses.canonical(requirement.name)][0], prereleases=True)
+    # Kopf is pinned exactly (its internals are patched): one version in pyproject and both locks.
+    (kopf,) = [Requirement(r) for r in project["dependencies"] if Requirement(r).name == "kopf"]
+    (spec,) = kopf.specifier
+    assert spec.operator == "==" and runtime["kopf"][0] == dev["kopf"][0] == spec.version
+    # The dev venv has exactly the image's runtime versions and files, and the build backend's.
+    assert {k: dev[k] for k in runtime} == runtime
+    assert {k: dev[k] for k in build} == build
+
+
+def test_every_install_verifies_the_lock_hashes() -> None:
+    dockerfile = (REPO / "Dockerfile").read_text().replace("\\\n", " ")
+    makefile = (REPO / "Makefile").read_text()
+    installs = [line for line in re.findall(r"pip install[^&\n]*", dockerfile + makefile)]
+    assert installs
+    for line in installs:
+        # A requirements file only with its hashes; anything else only without dependencies (a local wheel
+        # or the editable package), so nothing is resolved from the index.
+        assert ("--require-hashes" in line and "-r requirements" in line) or "--no-deps" in line, line
+        assert "-r requirements" not in line or "--require-hashes" in line, line
+
+
+def test_this_venv_has_exactly_the_locked_versions() -> None:
+    # Two set-ups of the same commit install the same versions: the lock's, verified by hash.
+    dev = lock_pins("requirements-dev.lock")
+    installed = {licenses.canonical(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()}
+    wrong = {name: (version, installed.get(name)) for name, (version, _, marker) in dev.items()
+             if installed.get(name) != version and (not marker or Marker(marker).evaluate())}
+    assert not wrong, f"installed versions differ from requirements-dev.lock (make setup): {wrong}"
