@@ -25,6 +25,10 @@ RUN /opt/build/bin/pip wheel --no-deps --no-build-isolation -w /tmp/wheel . \
  && /opt/venv/bin/pip install --no-compile --no-deps /tmp/wheel/*.whl \
  && /opt/venv/bin/pip check \
  && /opt/venv/bin/python -c "import kopf, kubernetes, pykube, lorem, munch, kopf_operators.core.conventions"
+# The image's SBOM (CycloneDX): every Python distribution in the shipped venv, with versions and licences,
+# read from the venv itself by cyclonedx-bom (the build venv's; not shipped). The release attests it.
+RUN /opt/build/bin/cyclonedx-py environment --pyproject pyproject.toml --mc-type application \
+      --output-reproducible --of JSON -o /opt/sbom.cdx.json /opt/venv/bin/python
 
 FROM ${BASE_IMAGE} AS runtime
 # VERSION: the release's version (release/release.sh passes the one in pyproject.toml).
@@ -41,6 +45,7 @@ COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
 COPY operators/ operators/
 COPY LICENSE /usr/share/doc/kopf-operators/LICENSE
+COPY --from=build /opt/sbom.cdx.json /usr/share/doc/kopf-operators/sbom.cdx.json
 USER 10001:10001
 EXPOSE 8080 9090
 # A shell form on purpose: the glob must expand (an exec-form CMD would pass "operators/*.py" literally).

@@ -11,7 +11,7 @@ LOCAL_KUBECONFIG := $(CLUSTER_DIR)/kubeconfig
 RUN_ARGS ?= --all-namespaces --verbose
 
 .PHONY: help setup cluster cluster-down image install uninstall run test unit lint bench manifests deploy undeploy \
-	revert-agents version version-check lock deps-check \
+	revert-agents version version-check lock deps-check release release-e2e registry registry-down \
 	peers-test reloader-e2e reloader-bench
 
 help: ## list the verbs
@@ -134,8 +134,29 @@ version-check: setup ## fail unless every version string agrees
 UV_COMPILE = $(BIN)/uv pip compile -q --universal --python-version 3.11 --generate-hashes --custom-compile-command "make lock"
 lock: setup ## re-resolve requirements.lock, requirements-build.lock and requirements-dev.lock (hashes) from pyproject.toml
 	$(UV_COMPILE) pyproject.toml -o requirements.lock
-	$(UV_COMPILE) requirements-build.in -o requirements-build.lock
+	$(UV_COMPILE) requirements-build.in -c requirements.lock -o requirements-build.lock
 	$(UV_COMPILE) pyproject.toml requirements-build.in --extra dev -c requirements.lock -c requirements-build.lock -o requirements-dev.lock
 
 deps-check: setup ## newest allowed dependencies (Kopf up to <2) in a scratch venv + the unit tests of Kopf's internals: is a bump safe?
 	@release/deps-check.sh
+
+# The release (release/release.sh): images for linux/amd64 and linux/arm64 under one manifest list, an
+# SBOM each, cosign signatures, the chart by Helm's OCI support, pushed to REGISTRY (default: the local
+# registry on 127.0.0.1:5000, started here). With VERSION=x.y.z, `make version` first.
+REGISTRY ?= 127.0.0.1:5000
+export REGISTRY
+release: setup ## build, sign and push images (amd64, arm64), SBOMs and the chart to REGISTRY; VERSION=x.y.z sets it first
+	@if [ -n "$(VERSION)" ] && [ "$(VERSION)" != "$$($(BIN)/python -m release.version show)" ]; then \
+	  $(MAKE) version VERSION=$(VERSION); fi
+	release/release.sh
+
+registry: ## start the local release registry on REGISTRY (127.0.0.1 only)
+	@release/registry.sh up
+
+registry-down: ## stop the local release registry
+	@release/registry.sh down
+
+# Not in `make test` (CI): README, "Releases" says why. Needs the real node (REAL_NODE=1).
+release-e2e: setup ## release to the local registry, then verify and install it from there on the real node
+	@cluster/cluster.sh up
+	$(BIN)/pytest -m release tests/e2e/test_release.py

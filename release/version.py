@@ -3,6 +3,8 @@
     python -m release.version show            print the version (pyproject.toml's, the one source)
     python -m release.version set X.Y.Z       write X.Y.Z into every place (CHANGELOG: Unreleased -> X.Y.Z)
     python -m release.version image REF       record the released image (REGISTRY/NAME:X.Y.Z@sha256:...)
+    python -m release.version changes         write Chart.yaml's artifacthub.io/changes from CHANGELOG.md
+    python -m release.version signkey URL PUB record the cosign public key (its URL, fingerprint) for Artifact Hub
     python -m release.version check           exit 1 (one line per place) unless every place agrees
 
 The source is `[project] version` in pyproject.toml. Chart and image are versioned together: the chart's
@@ -15,7 +17,9 @@ is generated from the chart (`make manifests`, which `make version` runs after `
 from __future__ import annotations
 
 import argparse
+import base64
 import datetime
+import hashlib
 import re
 import sys
 import tomllib
@@ -74,6 +78,37 @@ def places() -> dict[str, str]:
     return found
 
 
+KINDS = {"Added": "added", "Changed": "changed", "Deprecated": "deprecated", "Removed": "removed",
+         "Fixed": "fixed", "Security": "security"}
+
+
+def changelog_changes(version: str) -> list[dict[str, str]]:
+    """The CHANGELOG.md section of a release as Artifact Hub's `changes`: one entry per top-level item,
+    its kind from the Keep a Changelog heading it is under, nested items folded into its description."""
+    section = re.search(r"^## \[" + re.escape(version) + r"\][^\n]*\n(.*?)(?=^## |\Z)", CHANGELOG.read_text(),
+                        re.M | re.S)
+    if not section:
+        raise SystemExit(f"CHANGELOG.md has no section for {version}")
+    changes: list[dict[str, str]] = []
+    kind = None
+    for line in section[1].splitlines():
+        if heading := re.match(r"^### (\w+)", line):
+            kind = KINDS.get(heading[1])
+            if kind is None:
+                raise SystemExit(f"CHANGELOG.md {version}: {heading[1]!r} is not a Keep a Changelog kind")
+        elif line.startswith("- ") and kind:
+            changes.append({"kind": kind, "description": line[2:].strip()})
+        elif line.strip() and changes and line.startswith(" "):
+            changes[-1]["description"] += " " + line.strip().removeprefix("- ")
+    return changes
+
+
+def chart_changes_block(version: str) -> str:
+    """The `artifacthub.io/changes` annotation's lines for Chart.yaml."""
+    text = yaml.safe_dump(changelog_changes(version), sort_keys=False, width=1_000_000, allow_unicode=True)
+    return "  artifacthub.io/changes: |\n" + "".join(f"    {line}\n" for line in text.splitlines())
+
+
 def disagreements() -> list[str]:
     version = source_version()
     problems = [f"{where}: {value} (pyproject.toml says {version})" for where, value in places().items()
@@ -81,6 +116,10 @@ def disagreements() -> list[str]:
     released = re.search(r"^## \[(?P<v>[^\]]+)\] - \d{4}-\d{2}-\d{2}$", CHANGELOG.read_text(), re.M)
     if not released or released["v"] != version:
         problems.append(f"CHANGELOG.md: the newest release is {released['v'] if released else None}, not {version}")
+    else:
+        changes = yaml.safe_load(yaml.safe_load(CHART.read_text())["annotations"].get("artifacthub.io/changes", "[]"))
+        if changes != changelog_changes(version):
+            problems.append(f"Chart.yaml artifacthub.io/changes: not CHANGELOG.md's {version} section")
     return problems
 
 
@@ -117,6 +156,17 @@ def set_version(version: str, today: datetime.date) -> None:
         _edit(README, _sub1(r"(helm install [^\n]*oci://\S+ --version )\S+", rf"\g<1>{version}"))
     heading = f"## [{version}] - {today.isoformat()}"
     _edit(CHANGELOG, _sub1(r"^## \[Unreleased\]\n", f"## [Unreleased]\n\n{heading}\n"))
+    write_changes(version)
+
+
+def write_changes(version: str) -> None:
+    """Chart.yaml's `artifacthub.io/changes`: the version's CHANGELOG.md section."""
+    block = chart_changes_block(version)
+    text = CHART.read_text()
+    new, count = re.subn(r"^  artifacthub\.io/changes: \|\n(    .*\n)+", block, text, flags=re.M)
+    if count == 0:
+        new = re.sub(r"^annotations:\n", "annotations:\n" + block, text, count=1, flags=re.M)
+    CHART.write_text(new)
 
 
 def set_image(ref: str) -> None:
@@ -138,20 +188,45 @@ def _write_image(ref: str) -> None:
     _edit(CHART, _sub1(r"(- name: kopf-operators\n\s+image: )\S+", rf"\g<1>{ref}", 0))
 
 
+def sign_key_fingerprint(public_key_pem: str) -> str:
+    """The SHA-256 of the key's DER bytes (what `openssl pkey -pubin -outform DER | sha256sum` prints)."""
+    body = "".join(line for line in public_key_pem.strip().splitlines() if not line.startswith("-----"))
+    return hashlib.sha256(base64.b64decode(body)).hexdigest().upper()
+
+
+def set_sign_key(url: str, public_key: Path) -> None:
+    """Chart.yaml's `artifacthub.io/signKey`: where users find the cosign public key, and its fingerprint."""
+    block = (f"  artifacthub.io/signKey: |\n    fingerprint: {sign_key_fingerprint(public_key.read_text())}\n"
+             f"    url: {url}\n")
+    text = CHART.read_text()
+    new, count = re.subn(r"^  artifacthub\.io/signKey: \|\n(    .*\n)+", block, text, flags=re.M)
+    if count == 0:
+        new = re.sub(r"^annotations:\n", "annotations:\n" + block, text, count=1, flags=re.M)
+    CHART.write_text(new)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("show")
     sub.add_parser("check")
+    sub.add_parser("changes")
     sub.add_parser("set").add_argument("version")
     sub.add_parser("image").add_argument("ref")
+    signkey = sub.add_parser("signkey")
+    signkey.add_argument("url")
+    signkey.add_argument("public_key", type=Path)
     args = parser.parse_args()
     if args.command == "show":
         print(source_version())
     elif args.command == "set":
         set_version(args.version, datetime.datetime.now(datetime.UTC).date())
+    elif args.command == "changes":
+        write_changes(source_version())
     elif args.command == "image":
         set_image(args.ref)
+    elif args.command == "signkey":
+        set_sign_key(args.url, args.public_key)
     else:
         problems = disagreements()
         for line in problems:
