@@ -33,8 +33,15 @@ storage:
 http:
   addr: $registry
 YAML
-  # No tracing exporter: nothing is sent anywhere.
-  OTEL_TRACES_EXPORTER=none setsid "$bin/registry" serve "$dir/registry.yaml" >"$dir/registry.log" 2>&1 </dev/null &
+  # No tracing exporter: nothing is sent anywhere. Every inherited descriptor above 2 is closed first: a
+  # caller's lock (flock /work/image.lock make release) must not stay held by the long-lived registry.
+  (
+    for fd in /proc/$BASHPID/fd/*; do
+      fd=${fd##*/}
+      if [ "$fd" -gt 2 ]; then eval "exec $fd>&-"; fi
+    done
+    OTEL_TRACES_EXPORTER=none exec setsid "$bin/registry" serve "$dir/registry.yaml" >"$dir/registry.log" 2>&1 </dev/null
+  ) &
   echo $! > "$dir/registry.pid"
   for _ in $(seq 1 100); do
     if answers; then log "serving $registry (storage $dir/registry, log $dir/registry.log)"; echo "$registry"; return; fi

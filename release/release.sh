@@ -30,7 +30,6 @@ version=$("$py" -m release.version show)
 "$py" -m release.version check >&2 || { log "the version strings disagree (above): make version VERSION=$version"; exit 1; }
 tools=$(cluster/release-tools.sh)
 cosign=$tools/cosign
-helm="$(cluster/build.sh)/helm"
 image_repo=$registry/kopf-operators
 chart_repo=$registry/charts
 RELEASE_DIR=$out REGISTRY=$registry release/registry.sh up >/dev/null
@@ -55,7 +54,9 @@ for arch in $platforms; do
   image=localhost/kopf-operators:$version-$arch
   log "building $image (linux/$arch)"
   ARCH=$arch VERSION=$version cluster/image.sh build "$image" >/dev/null
-  machine=$(pod run --rm --network=none --platform "linux/$arch" "$image" python -c '
+  # The machine's hard limits are below podman's defaults (as in cluster/image.sh).
+  machine=$(pod run --rm --network=none --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 \
+    --platform "linux/$arch" "$image" python -c '
 import glob, platform, runpy
 import kopf, kopf_operators
 for path in sorted(glob.glob("operators/*.py")):
@@ -100,6 +101,7 @@ curl -fsS -X PUT -H "Content-Type: application/octet-stream" --data-binary "@$pu
 key_url=http://$registry/v2/kopf-operators-signkey/blobs/$pub_digest
 
 # 4. The chart, from a copy of the tree that names the released image; pushed and signed.
+helm="$(cluster/build.sh)/helm"
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/tree"

@@ -75,6 +75,8 @@ def places() -> dict[str, str]:
     readme = README.read_text()
     for flag in sorted(set(re.findall(r"helm install [^\n]*oci://\S+ --version (\S+)", readme))):
         found[f"README.md helm install --version {flag}"] = flag
+    for tag in sorted(set(re.findall(r"\$REGISTRY/kopf-operators:(\S+)", readme))):
+        found[f"README.md $REGISTRY/kopf-operators:{tag}"] = tag
     return found
 
 
@@ -154,6 +156,8 @@ def set_version(version: str, today: datetime.date) -> None:
     _write_image(f"{name['name']}:{version}")
     if re.search(r"--version \S+", README.read_text()):
         _edit(README, _sub1(r"(helm install [^\n]*oci://\S+ --version )\S+", rf"\g<1>{version}"))
+    if "$REGISTRY/kopf-operators:" in README.read_text():
+        _edit(README, _sub1(r"(\$REGISTRY/kopf-operators:)\S+", rf"\g<1>{version}"))
     heading = f"## [{version}] - {today.isoformat()}"
     _edit(CHANGELOG, _sub1(r"^## \[Unreleased\]\n", f"## [Unreleased]\n\n{heading}\n"))
     write_changes(version)

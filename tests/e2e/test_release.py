@@ -39,7 +39,8 @@ from tests.kube import wait_for
 from testsupport.kubectl import apply_yaml, kubectl
 from testsupport.paths import CLUSTER_DIR, REPO
 
-pytestmark = [pytest.mark.e2e, pytest.mark.release]
+# The first test also runs the release (both image builds: long on a cold machine, see README).
+pytestmark = [pytest.mark.e2e, pytest.mark.release, pytest.mark.timeout(5400)]
 
 REGISTRY = os.environ.get("REGISTRY", "127.0.0.1:5000")  # the node's containerd pulls from it (node.sh)
 RELEASE = "kopf-released"

@@ -6,6 +6,7 @@ import datetime
 import importlib.metadata
 import re
 import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -141,8 +142,8 @@ def test_the_lock_satisfies_pyproject_and_the_tests_run_what_the_image_ships() -
     (spec,) = kopf.specifier
     assert spec.operator == "==" and runtime["kopf"][0] == dev["kopf"][0] == spec.version
     # The dev venv has exactly the image's runtime versions and files, and the build backend's.
-    assert {k: dev[k] for k in runtime} == runtime
-    assert {k: dev[k] for k in build} == build
+    assert {k: dev[k][:2] for k in runtime} == {k: v[:2] for k, v in runtime.items()}
+    assert {k: dev[k][:2] for k in build} == {k: v[:2] for k, v in build.items()}
 
 
 def test_every_install_verifies_the_lock_hashes() -> None:
@@ -164,3 +165,93 @@ def test_this_venv_has_exactly_the_locked_versions() -> None:
     wrong = {name: (version, installed.get(name)) for name, (version, _, marker) in dev.items()
              if installed.get(name) != version and (not marker or Marker(marker).evaluate())}
     assert not wrong, f"installed versions differ from requirements-dev.lock (make setup): {wrong}"
+
+
+# ---- Artifact Hub -----------------------------------------------------------------------------------------
+
+# Artifact Hub's supported Chart.yaml annotations, as documented at
+# https://artifacthub.io/docs/topics/annotations/helm/ (docs/helm_annotations.md in artifacthub/hub),
+# with the kind of value each takes.
+ARTIFACTHUB_HELM_ANNOTATIONS = {
+    "artifacthub.io/alternativeName": "string",
+    "artifacthub.io/category": "string",
+    "artifacthub.io/changes": "yaml",
+    "artifacthub.io/containsSecurityUpdates": "boolean",
+    "artifacthub.io/images": "yaml",
+    "artifacthub.io/crds": "yaml",
+    "artifacthub.io/crdsExamples": "yaml",
+    "artifacthub.io/license": "string",
+    "artifacthub.io/links": "yaml",
+    "artifacthub.io/maintainers": "yaml",
+    "artifacthub.io/operator": "boolean",
+    "artifacthub.io/operatorCapabilities": "string",
+    "artifacthub.io/prerelease": "boolean",
+    "artifacthub.io/recommendations": "yaml",
+    "artifacthub.io/screenshots": "yaml",
+    "artifacthub.io/signKey": "yaml",
+}
+# The same page: the kinds a structured `changes` entry may have.
+ARTIFACTHUB_CHANGE_KINDS = {"added", "changed", "deprecated", "removed", "fixed", "security"}
+# https://artifacthub.io/docs/topics/repositories/ (docs/metadata/artifacthub-repo.yml): its top-level keys.
+ARTIFACTHUB_REPO_KEYS = {"repositoryID", "owners", "ignore"}
+
+
+def test_chart_annotations_are_artifact_hubs_documented_keys() -> None:
+    annotations = chart()["annotations"]
+    ours = {k: v for k, v in annotations.items() if k.startswith("artifacthub.io/")}
+    assert set(ours) <= set(ARTIFACTHUB_HELM_ANNOTATIONS), set(ours) - set(ARTIFACTHUB_HELM_ANNOTATIONS)
+    assert {"artifacthub.io/operator", "artifacthub.io/crds", "artifacthub.io/crdsExamples", "artifacthub.io/images",
+            "artifacthub.io/license", "artifacthub.io/changes", "artifacthub.io/signKey"} <= set(ours)
+    for key, value in ours.items():
+        assert isinstance(value, str), f"{key}: annotations are strings"
+        kind = ARTIFACTHUB_HELM_ANNOTATIONS[key]
+        if kind == "boolean":
+            assert value in ("true", "false"), key
+        elif kind == "yaml":
+            assert isinstance(yaml.safe_load(value), list | dict), key
+
+
+def test_chart_annotations_describe_this_chart() -> None:
+    annotations = chart()["annotations"]
+    crds = yaml.safe_load(annotations["artifacthub.io/crds"])
+    shipped = {}
+    for path in (REPO / "manifests" / "crds").glob("*.yaml"):
+        for crd in yaml.safe_load_all(path.read_text()):
+            served = [v["name"] for v in crd["spec"]["versions"] if v.get("served")]
+            shipped[crd["spec"]["names"]["kind"]] = (crd["metadata"]["name"], served)
+    for card in crds:
+        name, versions = shipped[card["kind"]]
+        assert card["name"] == name and card["version"] in versions, card
+        assert card["displayName"] and card["description"], card
+    kinds = {card["kind"] for card in crds}
+    assert kinds == set(shipped) - {"KopfPeering", "ClusterKopfPeering"}  # Kopf's own peering CRDs: no card
+    examples = yaml.safe_load(annotations["artifacthub.io/crdsExamples"])
+    assert {e["kind"] for e in examples} == kinds
+    for example in examples:
+        name, _ = shipped[example["kind"]]
+        assert example["apiVersion"].split("/")[0] == name.split(".", 1)[1], example["apiVersion"]
+    changes = yaml.safe_load(annotations["artifacthub.io/changes"])
+    assert changes and all(c["kind"] in ARTIFACTHUB_CHANGE_KINDS and c["description"] for c in changes)
+    assert changes == version.changelog_changes(version.source_version())
+    (image,) = yaml.safe_load(annotations["artifacthub.io/images"])
+    assert image["platforms"] == ["linux/amd64", "linux/arm64"]
+    assert version.IMAGE_REF.match(image["image"]), image["image"]
+    sign_key = yaml.safe_load(annotations["artifacthub.io/signKey"])
+    assert sign_key["url"], "Artifact Hub: the url is mandatory in a signKey entry"
+
+
+def test_artifacthub_repository_metadata() -> None:
+    metadata = yaml.safe_load((REPO / "charts" / "artifacthub-repo.yml").read_text())
+    assert set(metadata) <= ARTIFACTHUB_REPO_KEYS
+
+
+def test_kustomization_names_the_released_image_by_version_and_digest() -> None:
+    # `kubectl apply -k manifests/` deploys the image the release pushed, never a name no cluster can pull.
+    ref = version.released_image()
+    match = version.IMAGE_REF.match(ref)
+    assert match and match["digest"] and match["tag"] == version.source_version(), ref
+    rendered = subprocess.run(["kubectl", "kustomize", str(REPO / "manifests")], capture_output=True, text=True,
+                              check=True, timeout=60).stdout
+    images = {c["image"] for doc in yaml.safe_load_all(rendered) if doc and doc["kind"] == "Deployment"
+              for c in doc["spec"]["template"]["spec"]["containers"]}
+    assert images == {ref}
