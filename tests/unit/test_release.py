@@ -238,6 +238,7 @@ def test_chart_annotations_describe_this_chart() -> None:
     assert version.IMAGE_REF.match(image["image"]), image["image"]
     sign_key = yaml.safe_load(annotations["artifacthub.io/signKey"])
     assert sign_key["url"], "Artifact Hub: the url is mandatory in a signKey entry"
+    assert sign_key["fingerprint"] == version.sign_key_fingerprint((REPO / "release" / "cosign.pub").read_text())
 
 
 def test_artifacthub_repository_metadata() -> None:
