@@ -11,16 +11,21 @@ LOCAL_KUBECONFIG := $(CLUSTER_DIR)/kubeconfig
 RUN_ARGS ?= --all-namespaces --verbose
 
 .PHONY: help setup cluster cluster-down image install uninstall run test unit lint bench manifests deploy undeploy \
-	revert-agents \
+	revert-agents version version-check lock deps-check release release-e2e registry registry-down \
 	peers-test reloader-e2e reloader-bench reference
 
 help: ## list the verbs
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
-$(BIN)/.installed: pyproject.toml
+# Only what the lock names, verified by its hashes (pip's --require-hashes), so every machine and CI gets
+# the same versions; the package itself goes in editable without touching the index (no build isolation:
+# its build backend is in the lock too).
+PIP := $(BIN)/pip --disable-pip-version-check
+$(BIN)/.installed: pyproject.toml requirements-dev.lock
 	python3 -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -U pip
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	$(PIP) install -q --require-hashes --no-deps -r requirements-dev.lock
+	$(PIP) install -q --no-deps --no-build-isolation -e .
+	$(PIP) check
 	touch $@
 
 setup: $(BIN)/.installed ## create .venv with the package and its dev tools
@@ -117,3 +122,47 @@ revert-agents: ## delete every ChaosAgent while the operator runs (each reverts 
 
 undeploy: ## delete the ChaosAgents (the operator reverts them), then uninstall the Helm release (CRDs stay)
 	@RELEASE=$(RELEASE) DEPLOY_NAMESPACE=$(DEPLOY_NAMESPACE) cluster/undeploy.sh
+
+# One version (pyproject.toml's), written everywhere by release/version.py; tests/unit/test_release.py fails
+# when two places disagree.
+version: setup ## write VERSION=x.y.z into every place it appears (pyproject, Chart.yaml, manifests, CHANGELOG)
+	@[ -n "$(VERSION)" ] || { echo "usage: make version VERSION=x.y.z" >&2; exit 2; }
+	$(BIN)/python -m release.version set $(VERSION)
+	$(MAKE) manifests
+	$(BIN)/python -m release.version check
+
+version-check: setup ## fail unless every version string agrees
+	$(BIN)/python -m release.version check
+
+# The lock files (hashes of every file of every pinned version, for every platform: the arm64 image
+# installs from the same lock). Re-run after changing a dependency in pyproject.toml; the dev lock takes
+# its runtime pins from requirements.lock, so the tests run what the image ships.
+UV_COMPILE = $(BIN)/uv pip compile -q --universal --python-version 3.11 --generate-hashes --custom-compile-command "make lock"
+lock: setup ## re-resolve requirements.lock, requirements-build.lock and requirements-dev.lock (hashes) from pyproject.toml
+	$(UV_COMPILE) pyproject.toml -o requirements.lock
+	$(UV_COMPILE) requirements-build.in -c requirements.lock -o requirements-build.lock
+	$(UV_COMPILE) pyproject.toml requirements-build.in --extra dev -c requirements.lock -c requirements-build.lock -o requirements-dev.lock
+
+deps-check: setup ## newest allowed dependencies (Kopf up to <2) in a scratch venv + the unit tests of Kopf's internals: is a bump safe?
+	@release/deps-check.sh
+
+# The release (release/release.sh): images for linux/amd64 and linux/arm64 under one manifest list, an
+# SBOM each, cosign signatures, the chart by Helm's OCI support, pushed to REGISTRY (default: the local
+# registry on 127.0.0.1:5000, started here). With VERSION=x.y.z, `make version` first.
+REGISTRY ?= 127.0.0.1:5000
+export REGISTRY
+release: setup ## build, sign and push images (amd64, arm64), SBOMs and the chart to REGISTRY; VERSION=x.y.z sets it first
+	@if [ -n "$(VERSION)" ] && [ "$(VERSION)" != "$$($(BIN)/python -m release.version show)" ]; then \
+	  $(MAKE) version VERSION=$(VERSION); fi
+	release/release.sh
+
+registry: ## start the local release registry on REGISTRY (127.0.0.1 only)
+	@release/registry.sh up
+
+registry-down: ## stop the local release registry
+	@release/registry.sh down
+
+# Not in `make test` (CI): README, "Releases" says why. Needs the real node (REAL_NODE=1).
+release-e2e: setup ## release to the local registry, then verify and install it from there on the real node
+	@cluster/cluster.sh up
+	$(BIN)/pytest -m release tests/e2e/test_release.py

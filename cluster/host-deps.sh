@@ -2,15 +2,17 @@
 # Install the Debian packages the real node and the image build need, once (a no-op when present):
 #   podman + buildah (build the image without Docker), runc (crun refuses hybrid cgroups),
 #   containerd (Debian's 1.6.20: the node's CRI runtime), containernetworking-plugins (bridge,
-#   host-local, loopback), debootstrap (the local base image), iptables (keep pod traffic local).
+#   host-local, loopback), debootstrap (the local base image), iptables (keep pod traffic local),
+#   qemu-user-static (another architecture's image: cluster/image.sh with ARCH=arm64).
 # Each step lists everything it uses: the node needs podman too (it packs the pod-sandbox image).
 # A failure stops the caller with apt's own message: nothing here is allowed to fail quietly.
-# Usage: host-deps.sh image|node
+# Usage: host-deps.sh image|node|emulation
 set -euo pipefail
 case "${1:-}" in
   image) pkgs=(podman buildah runc debootstrap uidmap fuse-overlayfs) ;;
   node) pkgs=(containerd runc containernetworking-plugins iptables conntrack podman) ;;
-  *) echo "usage: $0 image|node" >&2; exit 2 ;;
+  emulation) pkgs=(qemu-user-static) ;;
+  *) echo "usage: $0 image|node|emulation" >&2; exit 2 ;;
 esac
 missing=()
 for p in "${pkgs[@]}"; do

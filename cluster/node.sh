@@ -119,6 +119,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     bin_dir = "/usr/lib/cni"
     conf_dir = "$nd/cni/net.d"
     max_conf_num = 1
+  # Registries by host: the release's registry on the loopback (release/registry.sh) speaks plain HTTP.
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$nd/containerd/certs.d"
+EOF
+  local release_registry=${RELEASE_REGISTRY:-127.0.0.1:5000}
+  mkdir -p "$nd/containerd/certs.d/$release_registry"
+  cat > "$nd/containerd/certs.d/$release_registry/hosts.toml" <<EOF
+server = "http://$release_registry"
+[host."http://$release_registry"]
+  capabilities = ["pull", "resolve"]
 EOF
   # Routes to the service range and the node only: no default route, so a pod cannot even try to
   # reach another address. No ipMasq: pod traffic is never translated to the node's address.
