@@ -1,4 +1,4 @@
-# ruff: noqa: F811  (the fixture imported from test_copyrator is a parameter here)
+# ruff: noqa: F401, F811  (the fixture imported from test_copyrator is a parameter here)
 """Copyrator's tenant boundary, end to end: a user bound by a Role to ConfigMaps and Secrets in its own
 namespace only (impersonated: ``kubectl --as``) cannot make the operator write anywhere else without
 that namespace's consent. Every cross-namespace path is tried: push by name, by glob and by label;
