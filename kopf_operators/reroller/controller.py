@@ -84,7 +84,6 @@ class RerollerController:
         self._pending: dict[Key, dict[str, str]] = {}      # first-sighting baselines not yet written
         self._absent_until: dict[Key, float] = {}          # a first sighting's missing source: settle time
         self._last_roll: dict[Key, float] = {}             # monotonic time of each workload's last rollout
-        self._reserved: set[Key] = set()                   # holding a token-bucket slot
         self.background = Background(OPERATOR)
         self._timers: KeyedTimers[Key] = self.background.timers()  # the next look at a workload (earliest wins)
         self._backoff: Backoff[Key] = Backoff(*RETRY_SECONDS)
@@ -151,9 +150,7 @@ class RerollerController:
         self._timers.cancel(key)
 
     def _release(self, key: Key) -> None:
-        if key in self._reserved:
-            self._reserved.discard(key)
-            self.bucket.cancel(time.monotonic())
+        self.bucket.cancel(key[1], key)  # no longer waiting for a rollout slot
 
     # --- triggers ------------------------------------------------------------------------------------
 
@@ -297,17 +294,14 @@ class RerollerController:
         if at > now:
             self._schedule(key, at - now)
             return False
-        if key not in self._reserved:
-            wait = self.bucket.reserve(now)
-            self._reserved.add(key)
-            if wait > 0:
-                self._schedule(key, wait)
-                return False
+        wait = self.bucket.ask(key[1], key, now)  # fair between namespaces; asked again when due
+        if wait > 0:
+            self._schedule(key, wait)
+            return False
         if self.alerts.settings.notify_only:
             await self._notify_only(view, plan, snap)
         else:
             await self._roll(view, plan, snap, wall)
-        self._reserved.discard(key)
         self._first_rv.pop(key, None)
         self._pending.pop(key, None)
         self._absent_until.pop(key, None)
