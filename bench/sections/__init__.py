@@ -24,6 +24,7 @@ SECTIONS: dict[str, str] = {
     "copyrator_convergence": "copyrator_convergence:run",
     "reroller_convergence": "reroller_convergence:run",
     "reroller_latency_defaults": "reroller_latency:run_defaults",
+    "reroller_fairness": "reroller_fairness:run",
     "memory": "memory:run",
     "quiet_logs": "quiet_logs:run",
     "scale": "scale:run",
