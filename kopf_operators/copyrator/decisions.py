@@ -478,6 +478,10 @@ def consent_refusal(rule: Rule, source: Mapping[str, Any], settings: Options, *,
     return None
 
 
+CLOSED = ("closed: a system namespace or the operator's own, which receive copies from other namespaces "
+          "only when COPYRATOR_OPEN_NAMESPACES names them")
+
+
 def target_refusal(rule: Rule, ns: NamespaceInfo, settings: Options) -> str | None:
     """Why ``ns`` does not accept this push's (or, when rules need it, this rule's) copies; None: it
     accepts. The one asking is the rule's namespace (a push's: its source's). A namespace always
@@ -491,14 +495,12 @@ def target_refusal(rule: Rule, ns: NamespaceInfo, settings: Options) -> str | No
         return None
     if (ns.name in SYSTEM_NAMESPACES or ns.name == settings.operator_namespace) \
             and ns.name not in settings.open_namespaces:
-        return (f"namespace {ns.name} is closed to copies from other namespaces (a system namespace or the "
-                f"operator's own; COPYRATOR_OPEN_NAMESPACES opens it)")
+        return CLOSED
     if consent_allows(settings.trusted_namespaces, asker):
         return None
     if ns.accept_from is not None and consent_allows(ns.accept_from, asker):
         return None
-    return (f"namespace {ns.name} does not accept copies from {asker} (its {ACCEPT_FROM_ANNOTATION} "
-            f"annotation does not list {asker})")
+    return f"no {ACCEPT_FROM_ANNOTATION} annotation listing {asker}"
 
 
 # --- Targets ----------------------------------------------------------------------------------
@@ -790,9 +792,9 @@ class Tally:
     contested: list[str] = dataclasses.field(default_factory=list)  # "ns/name (rule ...)": another rule's
     invalid: list[str] = dataclasses.field(default_factory=list)  # sources not copyable as configured (why)
     rejected: list[str] = dataclasses.field(default_factory=list)  # copies the API server refuses (why)
-    # Target namespaces that do not accept the copies (target consent), as "ns: why"; "kept": those
-    # of them holding a copy made before (left as it is, no longer synced).
-    unaccepted: list[str] = dataclasses.field(default_factory=list)
+    # Target namespaces that do not accept the copies (target consent), as (namespace, why); "kept":
+    # those of them holding a copy made before ("ns/name", left as it is, no longer synced).
+    unaccepted: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     kept: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -892,7 +894,7 @@ def ledger_tally(rule: Rule, ledger: Ledger, sources: Mapping[str, tuple[Mapping
     that name, why it cannot copy it as configured or None)."""
     tally = Tally(targets=len(ledger.targets))
     invalid: set[str] = set()
-    unaccepted: set[str] = set()  # one line per namespace, whichever sources it refuses
+    unaccepted: set[tuple[str, str]] = set()  # once per namespace, whichever sources it refuses
     kept: list[str] = []
     for source_name, (source, blocked) in sorted(sources.items()):
         tally.sources += 1
@@ -913,7 +915,7 @@ def ledger_tally(rule: Rule, ledger: Ledger, sources: Mapping[str, tuple[Mapping
         for namespace, text in (ledger.problems.get(source_name) or {}).items():
             held = places[namespace][0]
             if held is Standing.UNACCEPTED:
-                unaccepted.add(text)
+                unaccepted.add((namespace, text))
             else:
                 {Standing.CONFLICT: tally.conflicts, Standing.CONTESTED: tally.contested,
                  Standing.KEPT: kept}[held].append(text)
@@ -1023,8 +1025,12 @@ def target_refusals(tally: Tally) -> str:
     the namespaces and the consent each lacks, and the copies made before that are kept unsynced."""
     parts = []
     if tally.unaccepted:
+        by_reason: dict[str, list[str]] = collections.defaultdict(list)
+        for namespace, why in tally.unaccepted[:MAX_LISTED]:
+            by_reason[why].append(namespace)
+        more = f" and {len(tally.unaccepted) - MAX_LISTED} more" if len(tally.unaccepted) > MAX_LISTED else ""
         parts.append(f"not copied into {len(tally.unaccepted)} namespace(s) without their consent: "
-                     + "; ".join(tally.unaccepted[:MAX_LISTED]))
+                     + "; ".join(f"{', '.join(names)} ({why})" for why, names in sorted(by_reason.items())) + more)
     if tally.kept:
         parts.append(f"{len(tally.kept)} copy(ies) made before in namespaces that do not consent are kept as "
                      f"they are and no longer synced (consent resumes them; deleting them is final): "

@@ -97,21 +97,23 @@ def test_a_tenant_pushes_nowhere_without_consent_and_with_consent_the_same_push_
 
     by_name = ",".join([other, *closed])
     for obj in (configmap("by-name", {logic.PUSH_TO_ANNOTATION: by_name}),
-                configmap("by-glob", {logic.PUSH_TO_ANNOTATION: "*"}),
+                configmap("by-glob", {logic.PUSH_TO_ANNOTATION: "tenant-*"}),
+                configmap("everywhere", {logic.PUSH_TO_ANNOTATION: "*"}),
                 configmap("by-label", {logic.PUSH_TO_MATCHING_ANNOTATION: f"team={token}"}),
                 {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "squat", "annotations": {
                     logic.PUSH_TO_ANNOTATION: by_name}}, "stringData": {"url": "http://127.0.0.1:9/"}}):
         done = tenant.apply(obj)
         assert done.returncode == 0, done.stderr
     # A Warning on each source, naming the namespaces it did not reach and the consent they lack.
-    warning(core, namespace, "by-name", "PushRefused", *[f"namespace {ns}" for ns in (other, *closed)],
-            logic.ACCEPT_FROM_ANNOTATION, "COPYRATOR_OPEN_NAMESPACES")
-    warning(core, namespace, "by-glob", "PushRefused", f"namespace {other}", f"namespace {labelled}")
-    warning(core, namespace, "by-label", "PushRefused", f"namespace {labelled}")
-    warning(core, namespace, "squat", "PushRefused", f"namespace {other}", *[f"namespace {ns}" for ns in closed])
+    no_consent = f"no {logic.ACCEPT_FROM_ANNOTATION} annotation listing {namespace}"
+    warning(core, namespace, "by-name", "PushRefused", *closed, f"{other} ({no_consent})", logic.CLOSED)
+    warning(core, namespace, "by-glob", "PushRefused", other, labelled, no_consent)
+    warning(core, namespace, "by-label", "PushRefused", f"{labelled} ({no_consent})")
+    warning(core, namespace, "squat", "PushRefused", *closed, f"{other} ({no_consent})", logic.CLOSED)
+    warning(core, namespace, "everywhere", "PushRefused", "without their consent")
     stays(lambda: written_outside(core, namespace) == [], 3, what="nothing written outside the tenant's namespace")
     for ns in (other, labelled, *closed):
-        for name in ("by-name", "by-glob", "by-label"):
+        for name in ("by-name", "by-glob", "by-label", "everywhere"):
             assert get(core, "ConfigMap", ns, name) is None
         assert get(core, "Secret", ns, "squat") is None
 
@@ -119,11 +121,12 @@ def test_a_tenant_pushes_nowhere_without_consent_and_with_consent_the_same_push_
     # still nowhere else (kube-system and the operator's namespace stay closed).
     core.patch_namespace(other, {"metadata": {"annotations": {logic.ACCEPT_FROM_ANNOTATION: namespace}}})
     core.patch_namespace(labelled, {"metadata": {"annotations": {logic.ACCEPT_FROM_ANNOTATION: "*"}}})
-    for ns, name in ((other, "by-name"), (other, "by-glob"), (labelled, "by-glob"), (labelled, "by-label")):
+    for ns, name in ((other, "by-name"), (other, "by-glob"), (labelled, "by-glob"), (labelled, "by-label"),
+                     (other, "everywhere"), (labelled, "everywhere")):
         wait_data(core, ns, name, {"HTTP_PROXY": "tenant-a's"})
     wait_for(lambda: get(core, "Secret", other, "squat"), timeout=30, what="the consented Secret")
     expected = sorted([f"{other}/by-name", f"{other}/by-glob", f"{labelled}/by-glob", f"{labelled}/by-label",
-                       f"{other}/squat"])
+                       f"{other}/everywhere", f"{labelled}/everywhere", f"{other}/squat"])
     stays(lambda: written_outside(core, namespace) == expected, 2, what="copies only where consented")
 
 
@@ -141,8 +144,7 @@ def test_copies_pushed_before_consent_existed_are_kept_unsynced_and_reported(
         rule = logic.push_rule(source)
         assert isinstance(rule, logic.Rule)
         core.create_namespaced_config_map(other, logic.desired_copy(rule, source, other))  # as the old version did
-    message = warning(core, namespace, "kept", "PushRefused", f"{other}/kept", "no longer synced").message
-    assert f"namespace {other} does not accept" in message
+    warning(core, namespace, "kept", "PushRefused", f"{other}/kept", "no longer synced")
     for name in ("kept", "adopted", "removed"):
         tenant.apply(configmap(name, {logic.PUSH_TO_ANNOTATION: other}, data="v2"))
     stays(lambda: all(data_of(core, other, n) == {"HTTP_PROXY": "v1"} for n in ("kept", "adopted", "removed")), 3,
@@ -197,7 +199,8 @@ def test_a_tenants_rules_need_the_sources_and_with_the_chart_value_the_targets_c
     assert done.returncode == 0, done.stderr
     try:
         wait_condition(custom, namespace, "pull", "Refused", status="True")
-        warning(core, namespace, "push", "TargetRefused", f"namespace {other}", *[f"namespace {n}" for n in closed])
+        warning(core, namespace, "push", "TargetRefused", other, *closed, logic.CLOSED,
+                f"no {logic.ACCEPT_FROM_ANNOTATION} annotation listing {namespace}")
         stays(lambda: get(core, "Secret", namespace, "creds") is None and written_outside(core, namespace) == [], 2,
               what="nothing copied without consent")
         assert condition(custom, namespace, "push", "Ready")["status"] == "True"  # nothing it may do is undone

@@ -52,8 +52,7 @@ def test_the_namespace_annotation_is_read_as_names_and_globs() -> None:
 def test_a_push_needs_the_targets_consent_by_name_or_glob() -> None:
     options = logic.Options()
     refusal = logic.target_refusal(push(), ns("tenant-b"), options)
-    assert refusal is not None and "tenant-b" in refusal and logic.ACCEPT_FROM_ANNOTATION in refusal
-    assert "tenant-a" in refusal
+    assert refusal == f"no {logic.ACCEPT_FROM_ANNOTATION} annotation listing tenant-a"
     assert logic.target_refusal(push(), ns("tenant-b", "tenant-x"), options) is not None
     assert logic.target_refusal(push(), ns("tenant-b", ""), options) is not None
     assert logic.target_refusal(push(), ns("tenant-b", "tenant-a"), options) is None
@@ -71,7 +70,7 @@ def test_a_trusted_source_namespace_needs_no_consent_from_ordinary_namespaces() 
 def test_system_namespaces_and_the_operators_own_are_closed_unless_opened(closed: str) -> None:
     shut = logic.Options(trusted_namespaces=("*",), operator_namespace="kopf-operators")
     refusal = logic.target_refusal(push(), ns(closed, "*"), shut)  # their own annotation does not open them
-    assert refusal is not None and "COPYRATOR_OPEN_NAMESPACES" in refusal
+    assert refusal == logic.CLOSED and "COPYRATOR_OPEN_NAMESPACES" in refusal
     opened = logic.Options(open_namespaces=(closed,), operator_namespace="kopf-operators")
     assert logic.target_refusal(push(), ns(closed), opened) is not None  # opened: consent still counts
     assert logic.target_refusal(push(), ns(closed, "tenant-a"), opened) is None
@@ -113,13 +112,22 @@ def test_a_refused_place_is_counted_apart_and_a_copy_from_before_is_kept() -> No
                           refusal="no") == (logic.Standing.KEPT, "tenant-b/cfg")
     ledger = logic.Ledger(kind="ConfigMap", targets={"tenant-b", "tenant-c", "tenant-d"})
     ledger.judge("cfg", "tenant-b", (logic.Standing.KEPT, "tenant-b/cfg"))
-    ledger.judge("cfg", "tenant-c", (logic.Standing.UNACCEPTED, "namespace tenant-c does not accept"))
+    ledger.judge("cfg", "tenant-c", (logic.Standing.UNACCEPTED, "no consent"))
     ledger.judge("cfg", "tenant-d", (logic.Standing.COPIED, ""))
     tally = logic.ledger_tally(rule, ledger, {"cfg": (source, None)}, logic.Options())
     assert (tally.desired, tally.copied) == (1, 1)
-    assert tally.unaccepted == ["namespace tenant-c does not accept"] and tally.kept == ["tenant-b/cfg"]
+    assert tally.unaccepted == [("tenant-c", "no consent")] and tally.kept == ["tenant-b/cfg"]
     message = logic.target_refusals(tally)
-    assert "tenant-c does not accept" in message and "tenant-b/cfg" in message and "no longer synced" in message
+    assert "tenant-c (no consent)" in message and "tenant-b/cfg" in message and "no longer synced" in message
+
+
+def test_the_refusal_message_groups_namespaces_by_reason_and_stays_short() -> None:
+    tally = logic.Tally(unaccepted=[("kube-system", logic.CLOSED), ("ops", logic.CLOSED), ("team-b", "no consent"),
+                                    *((f"team-{i:02d}", "no consent") for i in range(20))])
+    message = logic.target_refusals(tally)
+    assert message.startswith("not copied into 23 namespace(s) without their consent: ")
+    assert f"kube-system, ops ({logic.CLOSED})" in message and message.endswith(" and 13 more")
+    assert len(message) < 1000  # an Event's message (core/access.py MAX_EVENT_MESSAGE)
     assert logic.readiness(tally, {})[0]  # the push does its job where it is accepted
 
 
@@ -162,8 +170,8 @@ def test_a_push_writes_only_where_it_is_accepted_and_warns_once_naming_the_rest(
     asyncio.run(ctl._resync_pushes())
     assert writes(access) == [("create", "ConfigMap", "tenant-c", "cfg")]
     assert access.events == [("Warning", "PushRefused")]
-    for name in ("tenant-b", "kube-system", "kopf-operators"):
-        assert f"namespace {name}" in access.messages[0]
+    assert f"kopf-operators, kube-system ({logic.CLOSED})" in access.messages[0]
+    assert f"tenant-b (no {logic.ACCEPT_FROM_ANNOTATION} annotation listing tenant-a)" in access.messages[0]
     asyncio.run(ctl._resync_pushes())  # nothing changed: no second event, no write
     assert access.events == [("Warning", "PushRefused")]
     assert len(writes(access)) == 1
