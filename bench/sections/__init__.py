@@ -26,6 +26,7 @@ SECTIONS: dict[str, str] = {
     "reroller_latency_defaults": "reroller_latency:run_defaults",
     "reroller_fairness": "reroller_fairness:run",
     "memory": "memory:run",
+    "restart_configmaps": "restart_configmaps:run",
     "quiet_logs": "quiet_logs:run",
     "scale": "scale:run",
     "peers": "go_peers:run",  # side by side with the Go peers
