@@ -132,6 +132,7 @@ class CopyratorController:
         self.pushes: dict[str, dict[tuple[str, str], logic.Rule]] = {"ConfigMap": {}, "Secret": {}}
         self._push_reports: dict[str, str] = {}  # source uid -> the problems last reported on it
         self._target_reports: dict[str, str] = {}  # rule uid -> the targets' refusals last reported
+        self._unconsented: dict[str, int] = {}  # rule uid (a push: its source's) -> copies kept without consent
         # rule uid (a push: its source's uid) -> its places and their counts, kept as events touch them
         # (status in O(places changed), not O(copies)); rebuilt from the indexes at start and whenever
         # the rule, its sources or another rule of its kind changed, and at every resync.
@@ -740,8 +741,18 @@ class CopyratorController:
                     "metadata": {k: meta.get(k) for k in ("name", "namespace", "uid")}}
         self.access.event(involved, "Warning", reason, message)
 
+    def _kept(self, uid: str, count: int) -> None:
+        """The metric of copies kept without their namespace's consent, as the rules' counts change."""
+        if self._unconsented.get(uid, 0) != count:
+            if count:
+                self._unconsented[uid] = count
+            else:
+                self._unconsented.pop(uid, None)
+            metrics.unconsented_copies(sum(self._unconsented.values()))
+
     def _check_push(self, entry: Mapping[str, Any], rule: logic.Rule) -> None:
         tally = self.tally(rule)
+        self._kept(rule.uid, len(tally.kept))
         status = logic.build_status(rule, {}, tally)
         _ready, stalled, reason, message = logic.readiness(tally, status)
         if tally.skipped and not stalled:  # a token or a Helm release: never copied, and the owner is told
@@ -1035,6 +1046,7 @@ class CopyratorController:
                 self._schedule(key)
 
     def _forget(self, uid: str) -> None:
+        self._kept(uid, 0)
         self._ledgers.pop(uid, None)
         self._ledger_keys.pop(uid, None)
 
@@ -1077,6 +1089,7 @@ class CopyratorController:
             return
         previous = self._previous(snapshot)
         tally = self.tally(rule)
+        self._kept(rule.uid, len(tally.kept))
         status = logic.build_status(rule, previous, tally)
         done = self._done.pop(rule.uid, None)
         trigger = self._triggers.pop(rule.uid, "")

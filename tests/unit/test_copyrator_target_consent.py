@@ -13,6 +13,7 @@ import pytest
 
 from kopf_operators.copyrator import decisions as logic
 from kopf_operators.copyrator.controller import CopyratorController, copy_index_keys
+from kopf_operators.core import metrics
 from tests.unit.fake_access import FakeAccess
 
 
@@ -201,6 +202,10 @@ def test_a_copy_pushed_before_consent_existed_is_kept_unsynced_and_reported() ->
     assert writes(access) == []  # not patched to "new", not deleted
     assert access.events == [("Warning", "PushRefused")]
     assert "tenant-b/cfg" in access.messages[0] and "no longer synced" in access.messages[0]
+    assert metrics.UNCONSENTED_COPIES._value.get() == 1  # the administrator's count
+    asyncio.run(ctl.object_event("ConfigMap", "DELETED", pushing(data="new")))  # the source withdraws them
+    assert writes(access) == [("delete", "ConfigMap", "tenant-b", "cfg")]
+    assert metrics.UNCONSENTED_COPIES._value.get() == 0
 
 
 def test_the_source_deleted_still_prunes_its_kept_copies() -> None:
