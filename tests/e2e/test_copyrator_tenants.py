@@ -138,12 +138,16 @@ def test_copies_pushed_before_consent_existed_are_kept_unsynced_and_reported(
     (consent, or the marker label removed) or deletes it, and it is not put back."""
     other = make_namespace("tenant-b")
     for name in ("kept", "adopted", "removed"):
-        done = tenant.apply(configmap(name, {logic.PUSH_TO_ANNOTATION: other}, data="v1"))
+        # The sources, and the copies an earlier version pushed (made here as it made them), then the
+        # push annotation the new version sees at its start (as after an upgrade).
+        done = tenant.apply(configmap(name, {}, data="v1"))
         assert done.returncode == 0, done.stderr
         source = get(core, "ConfigMap", namespace, name) or {}
+        source["metadata"]["annotations"] = {logic.PUSH_TO_ANNOTATION: other}
         rule = logic.push_rule(source)
         assert isinstance(rule, logic.Rule)
-        core.create_namespaced_config_map(other, logic.desired_copy(rule, source, other))  # as the old version did
+        core.create_namespaced_config_map(other, logic.desired_copy(rule, source, other))
+        tenant.apply(configmap(name, {logic.PUSH_TO_ANNOTATION: other}, data="v1"))
     warning(core, namespace, "kept", "PushRefused", f"{other}/kept", "no longer synced")
     for name in ("kept", "adopted", "removed"):
         tenant.apply(configmap(name, {logic.PUSH_TO_ANNOTATION: other}, data="v2"))
