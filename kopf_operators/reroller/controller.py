@@ -27,7 +27,7 @@ from typing import Any, Literal
 from kopf_operators.core import access as k8s
 from kopf_operators.core import metrics
 from kopf_operators.core.access import Access, ApiError
-from kopf_operators.core.controller import Background, Backoff, Index, KeyedTimers, MemoSlot, first
+from kopf_operators.core.controller import Background, Backoff, FairLimit, Index, KeyedTimers, MemoSlot, first
 from kopf_operators.reroller import decisions as logic
 from kopf_operators.reroller.alerts import Alert, Alerts, AlertSettings
 
@@ -88,7 +88,9 @@ class RerollerController:
         self._timers: KeyedTimers[Key] = self.background.timers()  # the next look at a workload (earliest wins)
         self._backoff: Backoff[Key] = Backoff(*RETRY_SECONDS)
         self._warned: dict[Key, tuple[str, ...]] = {}
-        self._limit = asyncio.Semaphore(CONCURRENCY)
+        # Fair between namespaces, like the bucket: a flood of rollouts in one namespace, slower to write
+        # than the budget allows, must not queue another namespace's pass behind it.
+        self._limit = FairLimit(CONCURRENCY)
 
     # --- state ---------------------------------------------------------------------------------------
 
@@ -176,7 +178,7 @@ class RerollerController:
         if self.access.paused:
             return
         try:
-            async with self._limit:
+            async with self._limit.hold(key[1]):
                 await self.reconcile(key, trigger, event_view)
             self._backoff.reset(key)
         except ApiError as exc:

@@ -144,3 +144,33 @@ def test_a_memo_slot_hands_out_its_typed_value_and_says_when_it_is_missing() -> 
     memo["thing"] = "something else"
     with pytest.raises(RuntimeError):
         slot(memo)
+
+
+def test_a_fair_limit_serves_groups_round_robin_and_passes_on_a_cancelled_turn() -> None:
+    async def scenario() -> list[str]:
+        limit = toolkit.FairLimit(1)
+        served: list[str] = []
+        gate = asyncio.Event()
+
+        async def holder(group: str, name: str) -> None:
+            async with limit.hold(group):
+                served.append(name)
+                await gate.wait()
+
+        tasks = [asyncio.ensure_future(holder("flood", f"f{i}")) for i in range(5)]
+        await asyncio.sleep(0)
+        tasks.append(asyncio.ensure_future(holder("quiet", "q0")))
+        cancelled = asyncio.ensure_future(holder("other", "o0"))
+        await asyncio.sleep(0)
+        cancelled.cancel()
+        await asyncio.sleep(0)
+        gate.set()
+        await asyncio.gather(*tasks)
+        assert limit.free == 1 and not limit.waiting
+        return served
+
+    served = asyncio.run(scenario())
+    # f0 held the slot; the quiet group's first waiter waited one release (f1, whose turn came first),
+    # not four (a plain semaphore: f1-f4 first).
+    assert served == ["f0", "f1", "q0", "f2", "f3", "f4"]
+    assert "o0" not in served
