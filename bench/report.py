@@ -64,6 +64,7 @@ def render(results: dict[str, Any]) -> str:
     out.append(convergence_table(results))
     out.append(scale_table(results))
     out.append(memory_table(results))
+    out.append(tenants_table(results))
     out.append(api_table(results))
     out.append(logs_table(results))
     out.append(peers_table(peers))
@@ -224,6 +225,29 @@ def memory_table(results: dict[str, Any]) -> str:
               judge(nm["growth_mb"], nm["target_mb"], " MB"))
     elif cp:
         t.row("Growth at 3,000 namespaces with one copy each", err(cp) or cp.get("operator", "not measured"))
+    return t.text()
+
+
+def tenants_table(results: dict[str, Any]) -> str:
+    t = Table("One tenant against the others", ["Measure", "Ours", "Floor", "Peer", "Target", "Result"])
+    fair = results.get("reroller_fairness")
+    if e := err(fair):
+        t.row("Re-roller fairness", e)
+    else:
+        assert fair is not None
+        t.row(f"Quiet namespace's rollout during a flood of {fair['flood_floor_s']} s of rollouts: extra delay over "
+              f"the same edit alone, worst (p50 alone {fair['alone']['p50_ms']} ms)", f"{fair['worst_extra_ms']} ms",
+              "", "", f"≤ one token interval ({fair['token_interval_ms']:.0f} ms)",
+              judge(fair["worst_extra_ms"], fair["token_interval_ms"], " ms"))
+    restart = results.get("restart_configmaps")
+    if e := err(restart):
+        t.row("Restart with a tenant's ConfigMaps in place", e)
+    else:
+        assert restart is not None
+        t.row(f"A start with {restart['configmaps']:,} ConfigMaps in place: high-water (quiet after "
+              f"{restart['start_quiet_after_s']} s)", f"{restart['start_hwm_mb']} MB", "", "",
+              f"≤ {restart['chart_limit_mb']:.0f} MB (the chart's limit)",
+              judge(restart["start_hwm_mb"], restart["chart_limit_mb"], " MB"))
     return t.text()
 
 

@@ -34,8 +34,9 @@ RULES = (logic.GROUP, logic.VERSION, logic.PLURAL)
 
 @kopf.on.startup(id="copyrator-startup")
 async def start(memo: kopf.Memo, **kwargs: Any) -> None:
-    _, access = process.shared(memo)
-    options = logic.Options.from_env(os.environ)  # fails fast on a malformed variable
+    config, access = process.shared(memo)
+    # fails fast on a malformed variable
+    options = logic.Options.from_env(os.environ, operator_namespace=config.operator_namespace)
     copies = {kind: kwargs[index] for kind, index in COPIES_INDEXES.items()}
     controller = CONTROLLER.set(memo, CopyratorController(access, options, kwargs[RULES_INDEX],
                                                           kwargs[NAMESPACES_INDEX], copies))

@@ -88,13 +88,14 @@ def operator(operator_process: OperatorProcess) -> Iterator[OperatorProcess]:
 
 @pytest.fixture
 def make_namespace(core: kubernetes.client.CoreV1Api) -> Iterator[Callable[..., str]]:
-    """Extra namespaces for one test (the ``namespace`` fixture gives one): ``make(prefix, **labels)``;
-    deleted afterwards."""
+    """Extra namespaces for one test (the ``namespace`` fixture gives one): ``make(prefix, **labels)``,
+    ``accept_from``: the namespaces whose Copyrator pushes it accepts; deleted afterwards."""
     made: list[str] = []
 
-    def make(prefix: str = "extra", **labels: str) -> str:
+    def make(prefix: str = "extra", accept_from: str | None = None, **labels: str) -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-        core.create_namespace({"metadata": {"name": name,
+        annotations = {} if accept_from is None else {"copyrator.kopf-operators.dev/accept-from": accept_from}
+        core.create_namespace({"metadata": {"name": name, "annotations": annotations,
                                             "labels": {"kopf-operators.dev/test": "true", **labels}}})
         made.append(name)
         return name

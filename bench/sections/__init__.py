@@ -24,7 +24,9 @@ SECTIONS: dict[str, str] = {
     "copyrator_convergence": "copyrator_convergence:run",
     "reroller_convergence": "reroller_convergence:run",
     "reroller_latency_defaults": "reroller_latency:run_defaults",
+    "reroller_fairness": "reroller_fairness:run",
     "memory": "memory:run",
+    "restart_configmaps": "restart_configmaps:run",
     "quiet_logs": "quiet_logs:run",
     "scale": "scale:run",
     "peers": "go_peers:run",  # side by side with the Go peers

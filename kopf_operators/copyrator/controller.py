@@ -131,6 +131,8 @@ class CopyratorController:
         # Push sources (a push annotation, no rule): kind -> (namespace, name) -> their implicit rule.
         self.pushes: dict[str, dict[tuple[str, str], logic.Rule]] = {"ConfigMap": {}, "Secret": {}}
         self._push_reports: dict[str, str] = {}  # source uid -> the problems last reported on it
+        self._target_reports: dict[str, str] = {}  # rule uid -> the targets' refusals last reported
+        self._unconsented: dict[str, int] = {}  # rule uid (a push: its source's) -> copies kept without consent
         # rule uid (a push: its source's uid) -> its places and their counts, kept as events touch them
         # (status in O(places changed), not O(copies)); rebuilt from the indexes at start and whenever
         # the rule, its sources or another rule of its kind changed, and at every resync.
@@ -261,12 +263,15 @@ class CopyratorController:
             return None, True
         if source is None or not logic.allowed_into(rule, source, ns.name, self.options):
             return None, False
+        if logic.target_refusal(rule, ns, self.options) is not None:
+            return None, True  # the target does not consent: nothing new, and a copy from before stays
         return logic.desired_copy(rule, source, ns.name), False
 
     def wants(self, rule: logic.Rule, kind: str, namespace: str, name: str) -> bool:
         """Whether ``rule`` would copy something to this place (as ``desired``, without building it)."""
         ns = self.namespace(namespace)
-        if rule.kind != kind or ns is None or not logic.is_target(rule, ns):
+        if rule.kind != kind or ns is None or not logic.is_target(rule, ns) \
+                or logic.target_refusal(rule, ns, self.options) is not None:
             return False
         source, problem = self.source_for(rule, name)
         return source is not None and not problem and logic.allowed_into(rule, source, namespace, self.options)
@@ -573,7 +578,7 @@ class CopyratorController:
             timers.cancel(key)
         count = await self._prune(uid, f"{key[0]}/{key[1]}", "rule deleted")
         for store in (self._failed, self._rejected, self._done, self._status, self._parsed, self._triggers,
-                      self._sources_listed):
+                      self._sources_listed, self._target_reports):
             store.pop(uid, None)
         self._forget(uid)
         return count
@@ -706,6 +711,11 @@ class CopyratorController:
         meta = body.get("metadata") or {}
         place = (str(meta.get("namespace", "")), str(meta.get("name", "")))
         push = None if event_type == "DELETED" or meta.get("deletionTimestamp") else logic.push_rule(body)
+        if push is not None and not self.options.push:  # turned off: no push writes or deletes anything
+            self._report_push(body, "PushDisabled", f"push annotations are turned off in this cluster "
+                                                    f"(COPYRATOR_PUSH=false): {logic.PUSH_TO_ANNOTATION} and "
+                                                    f"{logic.PUSH_TO_MATCHING_ANNOTATION} copy nothing")
+            push = None
         if isinstance(push, logic.RuleError):
             self._report_push(body, push.reason, str(push))
             push = None
@@ -731,13 +741,27 @@ class CopyratorController:
                     "metadata": {k: meta.get(k) for k in ("name", "namespace", "uid")}}
         self.access.event(involved, "Warning", reason, message)
 
+    def _kept(self, uid: str, count: int) -> None:
+        """The metric of copies kept without their namespace's consent, as the rules' counts change."""
+        if self._unconsented.get(uid, 0) != count:
+            if count:
+                self._unconsented[uid] = count
+            else:
+                self._unconsented.pop(uid, None)
+            metrics.unconsented_copies(sum(self._unconsented.values()))
+
     def _check_push(self, entry: Mapping[str, Any], rule: logic.Rule) -> None:
         tally = self.tally(rule)
+        self._kept(rule.uid, len(tally.kept))
         status = logic.build_status(rule, {}, tally)
         _ready, stalled, reason, message = logic.readiness(tally, status)
         if tally.skipped and not stalled:  # a token or a Helm release: never copied, and the owner is told
             source = self.sources[rule.kind].get((rule.namespace, rule.name)) or {}
             reason, message, stalled = "Skipped", str(logic.skip_reason(rule, source)), True
+        if tally.unaccepted or tally.kept:  # the targets' consent: named, once per change
+            refused = logic.target_refusals(tally)
+            reason, message = (reason, f"{message}; {refused}") if stalled else ("PushRefused", refused)
+            stalled = True
         self._report_push(entry, reason, message if stalled else "")
 
     def _source_jobs(self, rule: logic.Rule, source_name: str) -> list[Awaitable[int]]:
@@ -855,8 +879,8 @@ class CopyratorController:
         """Push sources' copies, like a rule's; and copies made by a push whose source is gone or
         pushes no more (deleted while the operator was down): they are ours (marker and push mark).
         Nothing while Kopf has paused this process (a standby writes nothing)."""
-        if getattr(self.access, "paused", False):
-            return
+        if getattr(self.access, "paused", False) or not self.options.push:
+            return  # push turned off: copies pushed before stay as they are
         live = set()
         for kind in KINDS:
             for place, rule in list(self.pushes[kind].items()):
@@ -995,13 +1019,15 @@ class CopyratorController:
     def _standing(self, rule: logic.Rule, source: Mapping[str, Any], namespace: str, name: str,
                   wanted: Mapping[str, Any] | None) -> logic.Judgement:
         allowed = logic.allowed_into(rule, source, namespace, self.options)
+        info = self.namespace(namespace)
+        refusal = None if info is None else logic.target_refusal(rule, info, self.options)
         view = self.copy(rule.kind, namespace, name)
         foreign = (rule.kind, namespace, name) in self._foreign
         # Who else wants a free name is asked only where it matters (O(rules)).
         claimant = self.claimed(rule, rule.kind, namespace, name) \
-            if allowed and wanted is not None and view is None and not foreign else None
+            if allowed and refusal is None and wanted is not None and view is None and not foreign else None
         return logic.standing(rule, namespace, name, allowed=allowed, view=view, wanted=wanted, foreign=foreign,
-                              claimant=claimant)
+                              claimant=claimant, refusal=refusal)
 
     def _touched(self, kind: str, namespace: str, name: str, *, event: bool = False) -> None:
         """Something at a place changed (its object, our write, an object in the way): the ledgers
@@ -1021,6 +1047,7 @@ class CopyratorController:
                 self._schedule(key)
 
     def _forget(self, uid: str) -> None:
+        self._kept(uid, 0)
         self._ledgers.pop(uid, None)
         self._ledger_keys.pop(uid, None)
 
@@ -1062,7 +1089,9 @@ class CopyratorController:
         if rule is None or rule.uid in self._deleting:
             return
         previous = self._previous(snapshot)
-        status = logic.build_status(rule, previous, self.tally(rule))
+        tally = self.tally(rule)
+        self._kept(rule.uid, len(tally.kept))
+        status = logic.build_status(rule, previous, tally)
         done = self._done.pop(rule.uid, None)
         trigger = self._triggers.pop(rule.uid, "")
         if done:
@@ -1073,6 +1102,12 @@ class CopyratorController:
                        f"untouched: {', '.join(status['conflicts'])}")
             logger.warning(f"Copyrator {rule.key}: {message}")
             self.access.event(snapshot, "Warning", "Conflict", message)
+        refused = logic.target_refusals(tally)
+        if refused != self._target_reports.get(rule.uid, ""):  # the targets' consent (rules need it too)
+            self._target_reports[rule.uid] = refused
+            if refused:
+                logger.warning(f"Copyrator {rule.key}: {refused}")
+                self.access.event(snapshot, "Warning", "TargetRefused", refused)
         if status["refused"] and status["refused"] != (previous.get("refused") or []):
             message = "; ".join(status["refused"])
             logger.warning(f"Copyrator {rule.key}: {message}")

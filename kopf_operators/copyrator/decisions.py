@@ -9,6 +9,12 @@ Consent: a rule that reads a namespace other than its own copies a source only w
 carries ``copyrator.kopf-operators.dev/allowed-namespaces`` (names and globs), and only into the
 namespaces listed there, unless the operator runs with COPYRATOR_ALLOW_CROSS_NAMESPACE=true.
 
+Target consent: a push (annotations on a source, no rule) writes into a namespace only when that
+namespace accepts copies from the source's namespace (``copyrator.kopf-operators.dev/accept-from`` on
+the Namespace, names and globs) or the operator trusts the source's namespace cluster-wide
+(COPYRATOR_TRUSTED_NAMESPACES); the system namespaces and the operator's own never receive one unless
+COPYRATOR_OPEN_NAMESPACES names them. COPYRATOR_RULES_NEED_TARGET_CONSENT applies the same to rules.
+
 Objects are plain dicts as the API returns them (camelCase keys).
 """
 
@@ -26,6 +32,7 @@ from kopf_operators.core.conventions import (
     DOMAIN,
     env_bool,
     env_float,
+    env_list,
     kstatus_conditions,
     matches_label_selector,
     matches_labels,
@@ -57,6 +64,9 @@ PUSH_TO_ANNOTATION = PREFIX + "push-to"
 PUSH_TO_MATCHING_ANNOTATION = PREFIX + "push-to-matching"
 # On a copy made by a push annotation (no rule): its rule-uid label is then the source's uid.
 PUSHED_ANNOTATION = PREFIX + "pushed"
+# On a Namespace: the target's consent, the namespaces whose pushes (and, when rules need it too,
+# rules) may write copies into it ("team-a,platform-*"; "*": anyone's).
+ACCEPT_FROM_ANNOTATION = PREFIX + "accept-from"
 OUR_ANNOTATIONS = (RULE_ANNOTATION, SOURCE_ANNOTATION, SOURCE_UID_ANNOTATION, HASH_ANNOTATION)
 
 RULE_TYPES = {"configmap": "ConfigMap", "secret": "Secret"}
@@ -109,10 +119,25 @@ class Options:
     # Status and Synced events of a rule are written at most this often (a burst of namespace
     # events costs one status patch, not one per namespace).
     status_delay_seconds: float = 0.5
+    # Push annotations act at all (false: no push writes or deletes anything; copies already pushed stay).
+    push: bool = True
+    # Source namespaces (names and globs) whose pushes every namespace accepts (the platform's own).
+    trusted_namespaces: tuple[str, ...] = ()
+    # System namespaces, or the operator's own, that may receive pushes (names): closed otherwise.
+    open_namespaces: tuple[str, ...] = ()
+    # Rules need their targets' consent too (for clusters that let tenants write rules).
+    rules_need_target_consent: bool = False
+    # The operator's own namespace (closed to pushes like the system namespaces).
+    operator_namespace: str = ""
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Options:
+    def from_env(cls, env: Mapping[str, str], operator_namespace: str = "") -> Options:
         return cls(
+            push=env_bool(env, "COPYRATOR_PUSH", True),
+            trusted_namespaces=env_list(env, "COPYRATOR_TRUSTED_NAMESPACES"),
+            open_namespaces=env_list(env, "COPYRATOR_OPEN_NAMESPACES"),
+            rules_need_target_consent=env_bool(env, "COPYRATOR_RULES_NEED_TARGET_CONSENT"),
+            operator_namespace=operator_namespace,
             allow_cross_namespace=env_bool(env, "COPYRATOR_ALLOW_CROSS_NAMESPACE"),
             resync_seconds=env_float(env, "COPYRATOR_RESYNC_SECONDS", 60.0, minimum=1.0),
             write_concurrency=int(env_float(env, "COPYRATOR_WRITE_CONCURRENCY", 16, minimum=1)),
@@ -178,14 +203,18 @@ class NamespaceInfo:
     name: str
     labels: Mapping[str, str]
     active: bool  # False while terminating
+    # The namespaces it accepts copies from (ACCEPT_FROM_ANNOTATION; None: it gives no consent).
+    accept_from: tuple[str, ...] | None = None
 
 
 def namespace_info(body: Mapping[str, Any]) -> NamespaceInfo:
     meta = body.get("metadata") or {}
+    raw = (meta.get("annotations") or {}).get(ACCEPT_FROM_ANNOTATION)
     return NamespaceInfo(
         name=str(meta.get("name", "")),
         labels=dict(meta.get("labels") or {}),
         active=not meta.get("deletionTimestamp") and (body.get("status") or {}).get("phase") != "Terminating",
+        accept_from=None if raw is None else tuple(i.strip() for i in str(raw).split(",") if i.strip()),
     )
 
 
@@ -447,6 +476,31 @@ def consent_refusal(rule: Rule, source: Mapping[str, Any], settings: Options, *,
         return (f"source {where} allows copies only into {','.join(patterns) or 'no namespace'} "
                 f"({ALLOWED_NAMESPACES_ANNOTATION}), none of this rule's target namespaces")
     return None
+
+
+CLOSED = ("closed: a system namespace or the operator's own, which receive copies from other namespaces "
+          "only when COPYRATOR_OPEN_NAMESPACES names them")
+
+
+def target_refusal(rule: Rule, ns: NamespaceInfo, settings: Options) -> str | None:
+    """Why ``ns`` does not accept this push's (or, when rules need it, this rule's) copies; None: it
+    accepts. The one asking is the rule's namespace (a push's: its source's). A namespace always
+    accepts what its own rules ask (a pull rule); the system namespaces and the operator's own are
+    closed unless COPYRATOR_OPEN_NAMESPACES names them; then a trusted asker
+    (COPYRATOR_TRUSTED_NAMESPACES) or the namespace's own accept-from annotation decides."""
+    if not rule.push and not settings.rules_need_target_consent:
+        return None
+    asker = rule.namespace
+    if ns.name == asker:
+        return None
+    if (ns.name in SYSTEM_NAMESPACES or ns.name == settings.operator_namespace) \
+            and ns.name not in settings.open_namespaces:
+        return CLOSED
+    if consent_allows(settings.trusted_namespaces, asker):
+        return None
+    if ns.accept_from is not None and consent_allows(ns.accept_from, asker):
+        return None
+    return f"no {ACCEPT_FROM_ANNOTATION} annotation listing {asker}"
 
 
 # --- Targets ----------------------------------------------------------------------------------
@@ -738,6 +792,10 @@ class Tally:
     contested: list[str] = dataclasses.field(default_factory=list)  # "ns/name (rule ...)": another rule's
     invalid: list[str] = dataclasses.field(default_factory=list)  # sources not copyable as configured (why)
     rejected: list[str] = dataclasses.field(default_factory=list)  # copies the API server refuses (why)
+    # Target namespaces that do not accept the copies (target consent), as (namespace, why); "kept":
+    # those of them holding a copy made before ("ns/name", left as it is, no longer synced).
+    unaccepted: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    kept: list[str] = dataclasses.field(default_factory=list)
 
 
 class Standing(enum.Enum):
@@ -749,22 +807,29 @@ class Standing(enum.Enum):
     COPIED = "copied"  # the rule's copy, in sync
     CONFLICT = "conflict"  # an object that is nobody's copy is in the way
     CONTESTED = "contested"  # another rule holds the name, or gets it (the older rule)
+    UNACCEPTED = "unaccepted"  # the target namespace does not consent (a copy made before stays, unsynced)
+    KEPT = "kept"  # as UNACCEPTED, and the rule's copy from before is there
 
 
-PROBLEMS = (Standing.CONFLICT, Standing.CONTESTED)  # named in the status (the others are only counted)
+# Named (in the status, or a push's Warning); the others are only counted.
+PROBLEMS = (Standing.CONFLICT, Standing.CONTESTED, Standing.UNACCEPTED, Standing.KEPT)
 _PLAIN = {standing: (standing, "") for standing in Standing}  # one shared tuple each: a ledger holds many
 
 
 def standing(rule: Rule, namespace: str, name: str, *, allowed: bool, view: CopyView | None,
              wanted: Mapping[str, Any] | None, foreign: bool = False,
-             claimant: Rule | None = None) -> tuple[Standing, str]:
+             claimant: Rule | None = None, refusal: str | None = None) -> tuple[Standing, str]:
     """What the place ``namespace``/``name`` of ``rule`` holds, and the text the status names it by
     (conflicts and contested places only). ``view``: the copy there (any rule's); ``wanted``: the
     copy the rule wants there (None: its source cannot be copied as configured, so only consent
     counts); ``foreign``: an object that is nobody's copy is in the way; ``claimant``: an older rule
-    that gets this free name."""
+    that gets this free name; ``refusal``: why the target namespace does not accept the copy."""
     if not allowed:
         return _PLAIN[Standing.WITHHELD]
+    if refusal is not None:
+        if view is not None and view.rule_uid == rule.uid:
+            return Standing.KEPT, f"{namespace}/{name}"
+        return Standing.UNACCEPTED, refusal
     if wanted is None:
         return _PLAIN[Standing.MISSING]
     if view is None:
@@ -829,6 +894,8 @@ def ledger_tally(rule: Rule, ledger: Ledger, sources: Mapping[str, tuple[Mapping
     that name, why it cannot copy it as configured or None)."""
     tally = Tally(targets=len(ledger.targets))
     invalid: set[str] = set()
+    unaccepted: set[tuple[str, str]] = set()  # once per namespace, whichever sources it refuses
+    kept: list[str] = []
     for source_name, (source, blocked) in sorted(sources.items()):
         tally.sources += 1
         counts = ledger.counts.get(source_name) or collections.Counter()
@@ -842,12 +909,18 @@ def ledger_tally(rule: Rule, ledger: Ledger, sources: Mapping[str, tuple[Mapping
             invalid.add(blocked)
             continue
         tally.withheld += withheld
-        tally.desired += allowed
+        tally.desired += allowed - counts[Standing.UNACCEPTED] - counts[Standing.KEPT]
         tally.copied += counts[Standing.COPIED]
         places = ledger.places.get(source_name) or {}
         for namespace, text in (ledger.problems.get(source_name) or {}).items():
-            (tally.conflicts if places[namespace][0] is Standing.CONFLICT else tally.contested).append(text)
+            held = places[namespace][0]
+            if held is Standing.UNACCEPTED:
+                unaccepted.add((namespace, text))
+            else:
+                {Standing.CONFLICT: tally.conflicts, Standing.CONTESTED: tally.contested,
+                 Standing.KEPT: kept}[held].append(text)
     tally.invalid = sorted(invalid)
+    tally.unaccepted, tally.kept = sorted(unaccepted), sorted(kept)
     return tally
 
 
@@ -942,7 +1015,27 @@ def readiness(tally: Tally, status: Mapping[str, Any]) -> tuple[bool, bool, str,
     if tally.copied < tally.desired:
         return False, False, "Syncing", f"{tally.copied} of {tally.desired} copies in sync; copying the rest"
     withheld = f"; {tally.withheld} withheld by their sources' consent" if tally.withheld else ""
+    if tally.unaccepted or tally.kept:
+        withheld += f"; {target_refusals(tally)}"
     return True, False, "Synced", f"all {tally.copied} copies in sync across {tally.targets} namespace(s){withheld}"
+
+
+def target_refusals(tally: Tally) -> str:
+    """What the targets' consent refuses (the Warning a push's source gets, a rule's Synced message):
+    the namespaces and the consent each lacks, and the copies made before that are kept unsynced."""
+    parts = []
+    if tally.unaccepted:
+        by_reason: dict[str, list[str]] = collections.defaultdict(list)
+        for namespace, why in tally.unaccepted[:MAX_LISTED]:
+            by_reason[why].append(namespace)
+        more = f" and {len(tally.unaccepted) - MAX_LISTED} more" if len(tally.unaccepted) > MAX_LISTED else ""
+        parts.append(f"not copied into {len(tally.unaccepted)} namespace(s) without their consent: "
+                     + "; ".join(f"{', '.join(names)} ({why})" for why, names in sorted(by_reason.items())) + more)
+    if tally.kept:
+        parts.append(f"{len(tally.kept)} copy(ies) made before in namespaces that do not consent are kept as "
+                     f"they are and no longer synced (consent resumes them; deleting them is final): "
+                     + ", ".join(tally.kept[:MAX_LISTED]))
+    return "; ".join(parts)
 
 
 def status_changed(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:

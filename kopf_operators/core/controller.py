@@ -26,11 +26,21 @@ The one reconcile shape (a pass is observe -> decide -> act) rests on three more
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
 import random
-from collections.abc import Awaitable, Callable, Collection, Coroutine, Hashable, Mapping, MutableMapping
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Coroutine,
+    Hashable,
+    Mapping,
+    MutableMapping,
+)
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from kopf_operators.core import metrics
@@ -146,6 +156,55 @@ class KeyedTimers(Generic[K]):
         for _, handle in self._handles.values():
             handle.cancel()
         self._handles.clear()
+
+
+class FairLimit:
+    """At most ``slots`` holders at once, the waiters served round-robin by group (a namespace): a
+    group with hundreds of waiters delays another group's first waiter by at most one release, where
+    a plain semaphore would serve them in arrival order."""
+
+    def __init__(self, slots: int) -> None:
+        self.free = slots
+        self.waiting: dict[Hashable, collections.deque[asyncio.Future[None]]] = {}  # order: whose turn
+
+    @contextlib.asynccontextmanager
+    async def hold(self, group: Hashable) -> AsyncIterator[None]:
+        if self.free > 0 and not self.waiting:
+            self.free -= 1
+        else:
+            turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self.waiting.setdefault(group, collections.deque()).append(turn)
+            try:
+                await turn
+            except asyncio.CancelledError:
+                if turn.done() and not turn.cancelled():
+                    self._release()  # handed a slot just as it was cancelled: pass it on
+                else:
+                    self._forget(group, turn)
+                raise
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _forget(self, group: Hashable, turn: asyncio.Future[None]) -> None:
+        queue = self.waiting.get(group)
+        if queue is not None and turn in queue:
+            queue.remove(turn)
+            if not queue:
+                del self.waiting[group]
+
+    def _release(self) -> None:
+        while self.waiting:
+            group = next(iter(self.waiting))
+            queue = self.waiting.pop(group)
+            turn = queue.popleft()
+            if queue:
+                self.waiting[group] = queue  # served: to the back of the round
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self.free += 1
 
 
 class Background:

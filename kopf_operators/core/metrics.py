@@ -39,6 +39,16 @@ RELOADS_BY_NAMESPACE = prometheus_client.Counter(
     "kopf_operators_reroller_reloads", "Re-roller reloads by namespace, workload kind and outcome.",
     ["namespace", "kind", "outcome"])
 
+# Copyrator: copies kept, unsynced, in namespaces that do not consent to them (made before the target
+# consent existed, or consent withdrawn since): an administrator keeps or removes them (docs/copyrator.md).
+UNCONSENTED_COPIES = prometheus_client.Gauge(
+    "kopf_operators_copyrator_unconsented_copies",
+    "Copies kept as they are (no longer synced) in namespaces that do not consent to them.")
+
+
+def unconsented_copies(count: int) -> None:
+    UNCONSENTED_COPIES.set(count)
+
 
 def action(operator: str, name: str, amount: float = 1) -> None:
     ACTIONS.labels(operator=operator, action=name).inc(amount)

@@ -27,7 +27,7 @@ from typing import Any, Literal
 from kopf_operators.core import access as k8s
 from kopf_operators.core import metrics
 from kopf_operators.core.access import Access, ApiError
-from kopf_operators.core.controller import Background, Backoff, Index, KeyedTimers, MemoSlot, first
+from kopf_operators.core.controller import Background, Backoff, FairLimit, Index, KeyedTimers, MemoSlot, first
 from kopf_operators.reroller import decisions as logic
 from kopf_operators.reroller.alerts import Alert, Alerts, AlertSettings
 
@@ -84,12 +84,13 @@ class RerollerController:
         self._pending: dict[Key, dict[str, str]] = {}      # first-sighting baselines not yet written
         self._absent_until: dict[Key, float] = {}          # a first sighting's missing source: settle time
         self._last_roll: dict[Key, float] = {}             # monotonic time of each workload's last rollout
-        self._reserved: set[Key] = set()                   # holding a token-bucket slot
         self.background = Background(OPERATOR)
         self._timers: KeyedTimers[Key] = self.background.timers()  # the next look at a workload (earliest wins)
         self._backoff: Backoff[Key] = Backoff(*RETRY_SECONDS)
         self._warned: dict[Key, tuple[str, ...]] = {}
-        self._limit = asyncio.Semaphore(CONCURRENCY)
+        # Fair between namespaces, like the bucket: a flood of rollouts in one namespace, slower to write
+        # than the budget allows, must not queue another namespace's pass behind it.
+        self._limit = FairLimit(CONCURRENCY)
 
     # --- state ---------------------------------------------------------------------------------------
 
@@ -151,9 +152,7 @@ class RerollerController:
         self._timers.cancel(key)
 
     def _release(self, key: Key) -> None:
-        if key in self._reserved:
-            self._reserved.discard(key)
-            self.bucket.cancel(time.monotonic())
+        self.bucket.cancel(key[1], key)  # no longer waiting for a rollout slot
 
     # --- triggers ------------------------------------------------------------------------------------
 
@@ -179,7 +178,7 @@ class RerollerController:
         if self.access.paused:
             return
         try:
-            async with self._limit:
+            async with self._limit.hold(key[1]):
                 await self.reconcile(key, trigger, event_view)
             self._backoff.reset(key)
         except ApiError as exc:
@@ -297,17 +296,14 @@ class RerollerController:
         if at > now:
             self._schedule(key, at - now)
             return False
-        if key not in self._reserved:
-            wait = self.bucket.reserve(now)
-            self._reserved.add(key)
-            if wait > 0:
-                self._schedule(key, wait)
-                return False
+        wait = self.bucket.ask(key[1], key, now)  # fair between namespaces; asked again when due
+        if wait > 0:
+            self._schedule(key, wait)
+            return False
         if self.alerts.settings.notify_only:
             await self._notify_only(view, plan, snap)
         else:
             await self._roll(view, plan, snap, wall)
-        self._reserved.discard(key)
         self._first_rv.pop(key, None)
         self._pending.pop(key, None)
         self._absent_until.pop(key, None)

@@ -214,8 +214,9 @@ def test_a_source_pushes_itself_into_the_namespaces_it_names(
         operator: OperatorProcess, core: kubernetes.client.CoreV1Api, namespace: str,
         make_namespace: Callable[..., str]) -> None:
     token = namespace[-5:]
-    one, two, labelled, other = (make_namespace(), make_namespace(), make_namespace(push=token),
-                                 make_namespace())
+    one, two, labelled, other = (make_namespace(accept_from=namespace), make_namespace(accept_from=namespace),
+                                 make_namespace(push=token, accept_from=namespace),
+                                 make_namespace(accept_from=namespace))
     put_cm(core, other, "pushed", {"owner": "someone"}, labels={})
     before = get(core, "ConfigMap", other, "pushed") or {}
     body = {"metadata": {"name": "pushed", "namespace": namespace, "annotations": {
@@ -277,7 +278,7 @@ def test_a_malformed_push_annotation_is_reported_on_the_source(
 def test_a_pushed_secret_keeps_its_type_and_tokens_are_never_pushed(
         operator: OperatorProcess, core: kubernetes.client.CoreV1Api, namespace: str,
         make_namespace: Callable[..., str]) -> None:
-    target = make_namespace()
+    target = make_namespace(accept_from=namespace)
     push = {logic.PUSH_TO_ANNOTATION: target}
     core.create_namespaced_secret(namespace, {"metadata": {"name": "tls", "annotations": push},
                                               "type": "kubernetes.io/tls",
@@ -302,6 +303,12 @@ def test_the_push_example_works(operator: OperatorProcess, core: kubernetes.clie
     made = [ns for ns in names if not _exists(core, ns)]
     for ns in made:
         core.create_namespace({"metadata": {"name": ns, "labels": {"kopf-operators.dev/test": "true"}}})
+    # Each target consents, as the example's comment says (its own annotation).
+    accept = {logic.ACCEPT_FROM_ANNOTATION: doc["metadata"]["namespace"]}
+    before = {ns: ((core.read_namespace(ns).metadata.annotations or {}).get(logic.ACCEPT_FROM_ANNOTATION))
+              for ns in names}
+    for ns in names:
+        core.patch_namespace(ns, {"metadata": {"annotations": accept}})
     existed = get(core, "ConfigMap", doc["metadata"]["namespace"], doc["metadata"]["name"]) is not None
     try:
         kubectl("apply", "-f", "-", input=example)
@@ -313,6 +320,8 @@ def test_the_push_example_works(operator: OperatorProcess, core: kubernetes.clie
             name = doc["metadata"]["name"]
             wait_for(lambda: all(get(core, "ConfigMap", ns, name) is None for ns in names), timeout=30,
                      what="the pushed copies pruned")
+        for ns in set(names) - set(made):
+            core.patch_namespace(ns, {"metadata": {"annotations": {logic.ACCEPT_FROM_ANNOTATION: before[ns]}}})
         for ns in made:
             core.delete_namespace(ns)
 

@@ -406,3 +406,32 @@ def test_a_pass_asking_for_retry_is_retried_and_a_crash_is_logged_with_its_trace
     assert runs == ["event", "retry", "crash"]
     crash = [r for r in caplog.records if r.name == "agent"]
     assert len(crash) == 1 and crash[0].getMessage() == "pass crashed: a bug" and crash[0].exc_info
+
+def test_a_fair_limit_serves_groups_round_robin_and_passes_on_a_cancelled_turn() -> None:
+    async def scenario() -> list[str]:
+        limit = toolkit.FairLimit(1)
+        served: list[str] = []
+        gate = asyncio.Event()
+
+        async def holder(group: str, name: str) -> None:
+            async with limit.hold(group):
+                served.append(name)
+                await gate.wait()
+
+        tasks = [asyncio.ensure_future(holder("flood", f"f{i}")) for i in range(5)]
+        await asyncio.sleep(0)
+        tasks.append(asyncio.ensure_future(holder("quiet", "q0")))
+        cancelled = asyncio.ensure_future(holder("other", "o0"))
+        await asyncio.sleep(0)
+        cancelled.cancel()
+        await asyncio.sleep(0)
+        gate.set()
+        await asyncio.gather(*tasks)
+        assert limit.free == 1 and not limit.waiting
+        return served
+
+    served = asyncio.run(scenario())
+    # f0 held the slot; the quiet group's first waiter waited one release (f1, whose turn came first),
+    # not four (a plain semaphore: f1-f4 first).
+    assert served == ["f0", "f1", "q0", "f2", "f3", "f4"]
+    assert "o0" not in served

@@ -59,7 +59,7 @@ def controller(access: FakeAccess, views: list[logic.CopyView],
     for view in views:
         for copy_key, value in copy_index_keys(view).items():
             index.setdefault(copy_key, []).append(value)
-    namespaces = {name: [logic.NamespaceInfo(name, {}, True)] for name in ("src", "t")}
+    namespaces = {name: [logic.NamespaceInfo(name, {}, True, accept_from=("src",))] for name in ("src", "t")}
     ctl = CopyratorController(access, logic.Options(), {}, namespaces,  # type: ignore[arg-type]
                               {"ConfigMap": index, "Secret": {}})
     for body in in_view:

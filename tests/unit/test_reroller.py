@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import json
 from typing import Any, Final
 
@@ -377,12 +378,66 @@ def test_pacing_leading_edge_then_one_trailing_rollout() -> None:
     assert len(rolls) <= 7 and rolls[0] == 0.0
 
 
+def simulate(bucket: logic.TokenBucket, arrivals: list[tuple[float, str, str]]) -> dict[str, float]:
+    """Each rollout asks at its arrival and again whenever the bucket says (as the controller's timers
+    do); the time each one is granted."""
+    queue = [(at, ns, key) for at, ns, key in arrivals]
+    heapq.heapify(queue)
+    granted: dict[str, float] = {}
+    while queue:
+        at, ns, key = heapq.heappop(queue)
+        wait = bucket.ask(ns, key, at)
+        if wait == 0:
+            granted[key] = at
+        else:
+            heapq.heappush(queue, (at + wait, ns, key))
+    return granted
+
+
 def test_token_bucket_spreads_mass_rollouts() -> None:
     bucket = logic.TokenBucket(rate=20, burst=40, now=0.0)
-    waits = [bucket.reserve(0.0) for _ in range(500)]
-    assert waits[:40] == [0.0] * 40 and waits[40] > 0
-    assert waits[-1] == pytest.approx((500 - 40) / 20)
-    assert logic.TokenBucket(rate=0, burst=1, now=0).reserve(0) == 0.0
+    granted = simulate(bucket, [(0.0, "ns", f"w{i}") for i in range(500)])
+    times = sorted(granted.values())
+    assert times[:40] == [0.0] * 40 and times[40] > 0
+    assert times[-1] == pytest.approx((500 - 40) / 20, abs=0.01)
+    # Never faster than the rate: any window of one second holds at most rate (+ burst at the start).
+    assert all(times[i + 20] - times[i] >= 1 - 0.01 for i in range(40, len(times) - 20))
+    assert logic.TokenBucket(rate=0, burst=1, now=0).ask("ns", "k", 0) == 0.0
+    assert not bucket.waiting
+
+
+def test_a_flapping_namespace_delays_another_namespaces_first_rollout_by_at_most_one_token_interval() -> None:
+    rate = 20
+    for arrival in (0.0, 0.01, 2.0, 5.333, 11.9):
+        bucket = logic.TokenBucket(rate=rate, burst=40, now=0.0)
+        flapping = [(i * 0.001, "flapping", f"f{i}") for i in range(300)]  # 300 rollouts at once: ~13 s of tokens
+        granted = simulate(bucket, [*flapping, (arrival, "quiet", "q0"), (arrival + 0.5, "other", "o0")])
+        assert granted["q0"] - arrival <= 1 / rate + 1e-9, arrival
+        assert granted["o0"] - (arrival + 0.5) <= 1 / rate + 1e-9, arrival
+        # The flapping namespace still gets every rollout, at the rate overall.
+        assert len(granted) == 302 and max(granted.values()) == pytest.approx((302 - 40) / rate, abs=0.06)
+
+
+def test_namespaces_waiting_together_take_turns() -> None:
+    bucket = logic.TokenBucket(rate=10, burst=1, now=0.0)
+    arrivals = [(0.0, ns, f"{ns}{i}") for ns in ("a", "b", "c") for i in range(4)]
+    granted = simulate(bucket, arrivals)
+    order = [key for key, _at in sorted(granted.items(), key=lambda item: item[1])]
+    # After the one burst token, round-robin: no namespace gets two before the others got one.
+    firsts = [key[0] for key in order[1:]]
+    for i in range(0, len(firsts) - 2, 3):
+        assert len(set(firsts[i:i + 3])) == 3, firsts
+
+
+def test_a_cancelled_waiter_frees_its_place() -> None:
+    bucket = logic.TokenBucket(rate=1, burst=1, now=0.0)
+    assert bucket.ask("a", "a0", 0.0) == 0.0
+    assert bucket.ask("a", "a1", 0.0) == pytest.approx(1.0)
+    assert bucket.ask("a", "a2", 0.0) == pytest.approx(2.0)
+    bucket.cancel("a", "a1")
+    assert bucket.ask("a", "a2", 0.0) == pytest.approx(1.0)
+    bucket.cancel("a", "a2")
+    assert not bucket.waiting
 
 
 def test_workload_index_entries() -> None:

@@ -1,0 +1,231 @@
+"""Copyrator's target consent (pure decisions, and the controller with a fake access layer): a push
+writes into a namespace only with that namespace's consent or an administrator's trust; system
+namespaces and the operator's own are closed unless opened; a refusal is one Warning on the source
+per change; copies pushed before the consent existed are kept, unsynced, and reported; push can be
+turned off; rules need the same consent only when the chart says so."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from kopf_operators.copyrator import decisions as logic
+from kopf_operators.copyrator.controller import CopyratorController, copy_index_keys
+from kopf_operators.core import metrics
+from tests.unit.fake_access import FakeAccess
+
+
+def ns(name: str, accept: str | None = None) -> logic.NamespaceInfo:
+    body: dict[str, Any] = {"metadata": {"name": name}, "status": {"phase": "Active"}}
+    if accept is not None:
+        body["metadata"]["annotations"] = {logic.ACCEPT_FROM_ANNOTATION: accept}
+    return logic.namespace_info(body)
+
+
+def pushing(namespace: str = "tenant-a", to: str = "*", name: str = "cfg", uid: str = "src-uid",
+            data: str = "v") -> dict[str, Any]:
+    return {"kind": "ConfigMap", "metadata": {"namespace": namespace, "name": name, "uid": uid,
+                                              "resourceVersion": "2",
+                                              "annotations": {logic.PUSH_TO_ANNOTATION: to}},
+            "data": {"k": data}}
+
+
+def push(source: dict[str, Any] | None = None) -> logic.Rule:
+    rule = logic.push_rule(source or pushing())
+    assert isinstance(rule, logic.Rule)
+    return rule
+
+
+RULE = logic.parse_rule({"metadata": {"namespace": "default", "name": "main-rule", "uid": "r"},
+                         "ruleType": "configmap", "selector": {"copyrator": "true"}, "namespace": "default"})
+
+
+# --- decisions ----------------------------------------------------------------------------------
+
+def test_the_namespace_annotation_is_read_as_names_and_globs() -> None:
+    assert ns("b", " tenant-a , platform-* ").accept_from == ("tenant-a", "platform-*")
+    assert ns("b").accept_from is None
+    assert ns("b", "").accept_from == ()
+
+
+def test_a_push_needs_the_targets_consent_by_name_or_glob() -> None:
+    options = logic.Options()
+    refusal = logic.target_refusal(push(), ns("tenant-b"), options)
+    assert refusal == f"no {logic.ACCEPT_FROM_ANNOTATION} annotation listing tenant-a"
+    assert logic.target_refusal(push(), ns("tenant-b", "tenant-x"), options) is not None
+    assert logic.target_refusal(push(), ns("tenant-b", ""), options) is not None
+    assert logic.target_refusal(push(), ns("tenant-b", "tenant-a"), options) is None
+    assert logic.target_refusal(push(), ns("tenant-b", "tenant-*"), options) is None
+    assert logic.target_refusal(push(), ns("tenant-b", "*"), options) is None
+
+
+def test_a_trusted_source_namespace_needs_no_consent_from_ordinary_namespaces() -> None:
+    options = logic.Options(trusted_namespaces=("platform-*",))
+    assert logic.target_refusal(push(pushing("platform-certs")), ns("tenant-b"), options) is None
+    assert logic.target_refusal(push(pushing("tenant-a")), ns("tenant-b"), options) is not None
+
+
+@pytest.mark.parametrize("closed", ["kube-system", "kube-public", "kube-node-lease", "kopf-operators"])
+def test_system_namespaces_and_the_operators_own_are_closed_unless_opened(closed: str) -> None:
+    shut = logic.Options(trusted_namespaces=("*",), operator_namespace="kopf-operators")
+    refusal = logic.target_refusal(push(), ns(closed, "*"), shut)  # their own annotation does not open them
+    assert refusal == logic.CLOSED and "COPYRATOR_OPEN_NAMESPACES" in refusal
+    opened = logic.Options(open_namespaces=(closed,), operator_namespace="kopf-operators")
+    assert logic.target_refusal(push(), ns(closed), opened) is not None  # opened: consent still counts
+    assert logic.target_refusal(push(), ns(closed, "tenant-a"), opened) is None
+
+
+def test_rules_need_no_target_consent_unless_the_chart_says_so() -> None:
+    for target in ("tenant-b", "kopf-operators"):
+        assert logic.target_refusal(RULE, ns(target), logic.Options(operator_namespace="kopf-operators")) is None
+    strict = logic.Options(rules_need_target_consent=True, operator_namespace="kopf-operators")
+    assert logic.target_refusal(RULE, ns("tenant-b"), strict) is not None
+    assert logic.target_refusal(RULE, ns("tenant-b", "default"), strict) is None
+    assert logic.target_refusal(RULE, ns("kopf-operators", "default"), strict) is not None
+    pull = logic.parse_rule({"metadata": {"namespace": "tenant-b", "name": "pull", "uid": "p"},
+                             "spec": {"ruleType": "configmap", "selector": {"a": "b"}, "namespace": "platform"}})
+    assert logic.target_refusal(pull, ns("tenant-b"), strict) is None  # its own namespace asks
+
+
+def test_options_from_the_environment() -> None:
+    options = logic.Options.from_env({"COPYRATOR_PUSH": "false", "COPYRATOR_TRUSTED_NAMESPACES": "platform, ops-*",
+                                      "COPYRATOR_OPEN_NAMESPACES": "kube-system",
+                                      "COPYRATOR_RULES_NEED_TARGET_CONSENT": "true"}, operator_namespace="ops")
+    assert options == logic.Options(push=False, trusted_namespaces=("platform", "ops-*"),
+                                    open_namespaces=("kube-system",), rules_need_target_consent=True,
+                                    operator_namespace="ops")
+    assert logic.Options.from_env({}).push is True
+    with pytest.raises(ValueError, match="COPYRATOR_PUSH"):
+        logic.Options.from_env({"COPYRATOR_PUSH": "maybe"})
+
+
+def test_a_refused_place_is_counted_apart_and_a_copy_from_before_is_kept() -> None:
+    rule, source = push(), pushing()
+    view = logic.copy_view({**logic.desired_copy(rule, source, "tenant-b"),
+                            "metadata": {**logic.desired_copy(rule, source, "tenant-b")["metadata"],
+                                         "uid": "c", "resourceVersion": "3"}})
+    wanted = logic.desired_copy(rule, source, "")
+    assert logic.standing(rule, "tenant-b", "cfg", allowed=True, view=None, wanted=wanted,
+                          refusal="no") == (logic.Standing.UNACCEPTED, "no")
+    assert logic.standing(rule, "tenant-b", "cfg", allowed=True, view=view, wanted=wanted,
+                          refusal="no") == (logic.Standing.KEPT, "tenant-b/cfg")
+    ledger = logic.Ledger(kind="ConfigMap", targets={"tenant-b", "tenant-c", "tenant-d"})
+    ledger.judge("cfg", "tenant-b", (logic.Standing.KEPT, "tenant-b/cfg"))
+    ledger.judge("cfg", "tenant-c", (logic.Standing.UNACCEPTED, "no consent"))
+    ledger.judge("cfg", "tenant-d", (logic.Standing.COPIED, ""))
+    tally = logic.ledger_tally(rule, ledger, {"cfg": (source, None)}, logic.Options())
+    assert (tally.desired, tally.copied) == (1, 1)
+    assert tally.unaccepted == [("tenant-c", "no consent")] and tally.kept == ["tenant-b/cfg"]
+    message = logic.target_refusals(tally)
+    assert "tenant-c (no consent)" in message and "tenant-b/cfg" in message and "no longer synced" in message
+
+
+def test_the_refusal_message_groups_namespaces_by_reason_and_stays_short() -> None:
+    tally = logic.Tally(unaccepted=[("kube-system", logic.CLOSED), ("ops", logic.CLOSED), ("team-b", "no consent"),
+                                    *((f"team-{i:02d}", "no consent") for i in range(20))])
+    message = logic.target_refusals(tally)
+    assert message.startswith("not copied into 23 namespace(s) without their consent: ")
+    assert f"kube-system, ops ({logic.CLOSED})" in message and message.endswith(" and 13 more")
+    assert len(message) < 1000  # an Event's message (core/access.py MAX_EVENT_MESSAGE)
+    assert logic.readiness(tally, {})[0]  # the push does its job where it is accepted
+
+
+# --- the controller ---------------------------------------------------------------------------
+
+class Recorder(FakeAccess):
+    def event(self, obj: Any, type: str, reason: str, message: str) -> None:
+        self.events.append((type, reason))
+        self.messages.append(message)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+
+def controller(access: FakeAccess, namespaces: list[logic.NamespaceInfo], source: dict[str, Any],
+               copies: tuple[logic.CopyView, ...] = (), options: logic.Options | None = None) -> CopyratorController:
+    index: dict[Any, list[logic.CopyView]] = {}
+    for view in copies:
+        for key, value in copy_index_keys(view).items():
+            index.setdefault(key, []).append(value)
+    ctl = CopyratorController(access, options or logic.Options(operator_namespace="kopf-operators"), {},  # type: ignore[arg-type]
+                              {n.name: [n] for n in namespaces}, {"ConfigMap": index, "Secret": {}})
+    ctl._push_changed("ConfigMap", "ADDED", source)
+    ctl.sources["ConfigMap"][("tenant-a", "cfg")] = logic.source_entry(source)
+    return ctl
+
+
+def writes(access: FakeAccess) -> list[tuple[Any, ...]]:
+    return [call[:4] for call in access.calls if call[0] in ("create", "patch", "delete")]
+
+
+CLUSTER = [ns("tenant-a"), ns("tenant-b"), ns("kube-system", "*"), ns("kopf-operators", "*"),
+           ns("tenant-c", "tenant-a")]
+
+
+def test_a_push_writes_only_where_it_is_accepted_and_warns_once_naming_the_rest() -> None:
+    access = Recorder()
+    ctl = controller(access, CLUSTER, pushing(to="*,kube-system,kopf-operators"))
+    asyncio.run(ctl._resync_pushes())
+    assert writes(access) == [("create", "ConfigMap", "tenant-c", "cfg")]
+    assert access.events == [("Warning", "PushRefused")]
+    assert f"kopf-operators, kube-system ({logic.CLOSED})" in access.messages[0]
+    assert f"tenant-b (no {logic.ACCEPT_FROM_ANNOTATION} annotation listing tenant-a)" in access.messages[0]
+    asyncio.run(ctl._resync_pushes())  # nothing changed: no second event, no write
+    assert access.events == [("Warning", "PushRefused")]
+    assert len(writes(access)) == 1
+
+
+def test_consent_given_later_lets_the_same_push_copy() -> None:
+    access = Recorder()
+    ctl = controller(access, [ns("tenant-a"), ns("tenant-b")], pushing())
+    asyncio.run(ctl._resync_pushes())
+    assert writes(access) == []
+    ctl.namespaces["tenant-b"] = [ns("tenant-b", "tenant-*")]  # type: ignore[index]
+    asyncio.run(ctl.namespace_event("MODIFIED", {"metadata": {"name": "tenant-b", "annotations": {
+        logic.ACCEPT_FROM_ANNOTATION: "tenant-*"}}, "status": {"phase": "Active"}}))
+    assert writes(access) == [("create", "ConfigMap", "tenant-b", "cfg")]
+
+
+def test_a_copy_pushed_before_consent_existed_is_kept_unsynced_and_reported() -> None:
+    """The upgrade: copies already pushed into a namespace that never consented are neither deleted
+    nor updated; the source's owner is told which (and the administrator finds them by the Event)."""
+    old = pushing(data="old")
+    rule = push(old)
+    body = logic.desired_copy(rule, old, "tenant-b")
+    body["metadata"].update(uid="copy-uid", resourceVersion="3")
+    access = Recorder()
+    ctl = controller(access, [ns("tenant-a"), ns("tenant-b")], pushing(data="new"), (logic.copy_view(body),))
+    asyncio.run(ctl._resync_pushes())
+    assert writes(access) == []  # not patched to "new", not deleted
+    assert access.events == [("Warning", "PushRefused")]
+    assert "tenant-b/cfg" in access.messages[0] and "no longer synced" in access.messages[0]
+    assert metrics.UNCONSENTED_COPIES._value.get() == 1  # the administrator's count
+    asyncio.run(ctl.object_event("ConfigMap", "DELETED", pushing(data="new")))  # the source withdraws them
+    assert writes(access) == [("delete", "ConfigMap", "tenant-b", "cfg")]
+    assert metrics.UNCONSENTED_COPIES._value.get() == 0
+
+
+def test_the_source_deleted_still_prunes_its_kept_copies() -> None:
+    old = pushing()
+    body = logic.desired_copy(push(old), old, "tenant-b")
+    body["metadata"].update(uid="copy-uid", resourceVersion="3")
+    access = Recorder()
+    ctl = controller(access, [ns("tenant-a"), ns("tenant-b")], old, (logic.copy_view(body),))
+    asyncio.run(ctl.object_event("ConfigMap", "DELETED", old))
+    assert writes(access) == [("delete", "ConfigMap", "tenant-b", "cfg")]
+
+
+def test_push_turned_off_writes_and_deletes_nothing_and_tells_the_source() -> None:
+    old = pushing()
+    body = logic.desired_copy(push(old), old, "tenant-b")
+    body["metadata"].update(uid="copy-uid", resourceVersion="3")
+    access = Recorder()
+    ctl = controller(access, [ns("tenant-a"), ns("tenant-b", "*"), ns("tenant-c", "*")], old,
+                     (logic.copy_view(body),), options=logic.Options(push=False))
+    asyncio.run(ctl._resync_pushes())
+    asyncio.run(ctl.object_event("ConfigMap", "MODIFIED", pushing(data="new")))
+    assert writes(access) == []
+    assert access.events == [("Warning", "PushDisabled")]
