@@ -7,7 +7,9 @@
 {{- end -}}
 
 {{- /* Relabelings shared by the ServiceMonitor and the PodMonitor: a fixed job name (so alerts and the
-dashboard find this release whichever monitor scrapes it) and the shard index (sharding.enabled). */}}
+dashboard find this release whichever monitor scrapes it), the shard index (sharding.enabled) and, in
+deploymentMode perOperator, the operator a pod runs (`process`: the series' own `operator` label is
+the operator a sample counts for). */}}
 {{- define "kopf-operators.scrapeRelabelings" -}}
 - action: replace
   targetLabel: job
@@ -17,12 +19,17 @@ dashboard find this release whichever monitor scrapes it) and the shard index (s
   regex: shard-(.+)
   targetLabel: shard
   replacement: $1
+- action: replace
+  sourceLabels: [__meta_kubernetes_pod_label_kopf_operators_dev_operator]
+  regex: (.+)
+  targetLabel: process
+  replacement: $1
 {{- end -}}
 
 {{- /* Pod extras: metadata. */}}
 {{- define "kopf-operators.podLabels" -}}
 {{- range $key, $_ := .Values.podLabels }}
-{{- if has $key (list "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/component") }}
+{{- if has $key (list "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/component" "kopf-operators.dev/operator") }}
 {{- fail (printf "podLabels: %q is the chart's own selector label; choose another key" $key) }}
 {{- end }}
 {{- end }}
