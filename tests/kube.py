@@ -24,8 +24,8 @@ from testsupport.paths import CLUSTER_DIR, KUBECONFIG, LOGS, REPO, helm_binary, 
 from testsupport.tokens import token_kubeconfig
 
 __all__ = [
-    "E2E_RELEASE", "E2E_VALUES", "OPERATOR_KUBECONFIG", "Grant", "account_grants", "OperatorProcess", "PodCreations", "PodLife", "Timeout",
-    "as_service_account", "chart_objects", "delete_namespaces", "operator_namespace",
+    "E2E_RELEASE", "E2E_VALUES", "OPERATOR_KUBECONFIG", "Grant", "OperatorProcess", "PodCreations", "PodLife",
+    "Timeout", "account_grants", "as_service_account", "chart_objects", "delete_namespaces", "operator_namespace",
     "service_account_kubeconfig", "stays", "wait_for",
 ]
 

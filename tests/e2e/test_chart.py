@@ -377,7 +377,8 @@ PER_OPERATOR = "deploymentMode=perOperator"
 # its token (Secrets): no two processes' accounts may hold one of them.
 DANGEROUS = {("", "pods", "create"), ("batch", "jobs", "create"), ("batch", "cronjobs", "patch"),
              *{("", "secrets", v) for v in ("create", "update", "patch", "delete")},
-             *{("apps", kind, v) for kind in ("deployments", "statefulsets", "daemonsets") for v in ("patch", "update")}}
+             *{("apps", kind, verb) for kind in ("deployments", "statefulsets", "daemonsets")
+               for verb in ("patch", "update")}}
 # Blackadder's: what a forced dry-run withholds (docs/deploy.md, "Permissions").
 DESTRUCTIVE = {("", "pods", "delete"), ("", "pods/eviction", "create"), ("apps", "deployments/scale", "patch"),
                ("", "configmaps", "patch")}

@@ -38,8 +38,8 @@ Permission = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 
 def granted() -> set[Permission]:
     """Every (apiGroup, resource, verb) of the chart's ClusterRole and Roles."""
-    rules = [rule for obj in chart_objects(E2E_RELEASE, E2E_RELEASE, *E2E_VALUES) if obj["kind"] in {"ClusterRole", "Role"}
-             for rule in obj["rules"]]
+    rules = [rule for obj in chart_objects(E2E_RELEASE, E2E_RELEASE, *E2E_VALUES)
+             if obj["kind"] in {"ClusterRole", "Role"} for rule in obj["rules"]]
     perms: set[Permission] = set()
     for rule in rules:
         for group in rule["apiGroups"]:
@@ -85,8 +85,9 @@ def test_the_tenant_rbac_is_used_and_sufficient() -> None:
     calls, refused = used(f"system:serviceaccount:{RELEASE}:{RELEASE}")
     assert calls, "the tenant operator made no call: did test_blackadder_tenants.py run?"
     assert not refused, "the tenant operator was refused:\n" + "\n".join(sorted(set(refused)))
-    on = [rule for obj in chart_objects(RELEASE, RELEASE, *E2E_VALUES, *TENANT_VALUES) if obj["kind"] in {"ClusterRole", "Role"}
-          and obj["metadata"]["name"] != f"{RELEASE}-blackadder-tenant" for rule in obj["rules"]]
+    on = [rule for obj in chart_objects(RELEASE, RELEASE, *E2E_VALUES, *TENANT_VALUES)
+          if obj["kind"] in {"ClusterRole", "Role"} and obj["metadata"]["name"] != f"{RELEASE}-blackadder-tenant"
+          for rule in obj["rules"]]
     added = {(group, resource, verb) for rule in on for group in rule["apiGroups"] for resource in rule["resources"]
              for verb in rule["verbs"]} - granted()
     assert added == {("blackadder.io", "tenantchaosagents", v) for v in ("list", "watch", "patch")} | {
@@ -157,8 +158,8 @@ def test_per_operator_accounts_use_only_their_own_rights_and_releases_keep_apart
           and not ic_status(custom, b, "stranger"), seconds=5, what="no pod for an object release a does not watch")
     kubectl("delete", "chaosagent", agent, "--timeout=60s")
     for release, values in GROUPS.items():
-        objects = chart_objects(release, release, PER_OPERATOR, f"watchNamespaces={{{','.join(two_releases[release])}}}",
-                                *values)
+        watched = ",".join(two_releases[release])
+        objects = chart_objects(release, release, PER_OPERATOR, f"watchNamespaces={{{watched}}}", *values)
         others = {ns for name, spaces in two_releases.items() if name != release for ns in spaces}
         grants = account_grants(objects)
         assert len(grants) == 2
