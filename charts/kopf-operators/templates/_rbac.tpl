@@ -132,12 +132,13 @@ checks both directions against the API server's audit log). */}}
 {{- end -}}
 
 {{- /* What every process needs whatever its operators (Kopf itself): discover the CRDs; list the
-namespaces when it shards or watches globs (Kopf scans them); keep its peering. Argument: dict "ctx". */}}
+namespaces when it watches some namespaces only (Kopf scans them for the ones it serves, names or
+globs) or shards; keep its peering. Argument: dict "ctx". */}}
 {{- define "kopf-operators.processRules" -}}
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
-{{- if or .ctx.Values.sharding.enabled (and .ctx.Values.watchNamespaces (not (include "kopf-operators.namespacedRoles" .ctx))) }}
+{{- if or .ctx.Values.sharding.enabled .ctx.Values.watchNamespaces }}
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["list", "watch"]
