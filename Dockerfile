@@ -29,4 +29,4 @@ USER 10001:10001
 EXPOSE 8080 9090
 # A shell form on purpose: the glob must expand (an exec-form CMD would pass "operators/*.py" literally).
 # The Helm chart and manifests/ override the arguments to pick operators and namespaces.
-CMD ["sh", "-c", "exec kopf run --all-namespaces --liveness=http://0.0.0.0:8080/healthz operators/*.py"]
+CMD ["sh", "-c", "exec kopf-operators run --all-namespaces --liveness=http://0.0.0.0:8080/healthz operators/*.py"]

@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CLUSTER_DIR ?= $(CURDIR)/.cluster
 export CLUSTER_DIR
 LOCAL_KUBECONFIG := $(CLUSTER_DIR)/kubeconfig
-# Arguments for `kopf run` in `make run` (the operator files are always operators/*.py).
+# Arguments for `kopf-operators run` (Kopf's `kopf run`, patched) in `make run` (the operator files are always operators/*.py).
 RUN_ARGS ?= --all-namespaces --verbose
 
 .PHONY: help setup cluster cluster-down image install uninstall run test unit lint bench manifests deploy undeploy \
@@ -49,7 +49,7 @@ run: setup ## install the CRDs and run all four operators against the target clu
 	@export KUBECONFIG=$(TARGET_KUBECONFIG) && \
 	kubectl apply --server-side -f manifests/crds/ && \
 	kubectl wait --for=condition=Established --timeout=60s -f manifests/crds/ && \
-	exec $(BIN)/kopf run $(RUN_ARGS) operators/*.py
+	exec $(BIN)/kopf-operators run $(RUN_ARGS) operators/*.py
 
 unit: setup ## unit tests only (no cluster)
 	$(BIN)/pytest tests/unit

@@ -15,6 +15,7 @@ from typing import Any
 import kopf
 
 from kopf_operators.core import process
+from kopf_operators.core.conventions import env_bool
 from kopf_operators.reroller import decisions as logic
 from kopf_operators.reroller.alerts import AlertSettings
 from kopf_operators.reroller.controller import (
@@ -65,8 +66,9 @@ _WORKLOADS = {"Deployment": ("apps", "v1", "deployments"), "StatefulSet": ("apps
               "DaemonSet": ("apps", "v1", "daemonsets"), "CronJob": ("batch", "v1", "cronjobs"),
               "Job": ("batch", "v1", "jobs")}
 # Argo Rollouts only when enabled (the chart grants RBAC on them only then): handlers are registered
-# at import, so this one option is read here, before Kopf starts.
-if os.environ.get("REROLLER_ARGO_ROLLOUTS", "").strip().lower() == "true":
+# at import, so this one option is read here, before Kopf starts, by the same parser as the others.
+ARGO_ROLLOUTS = env_bool(os.environ, "REROLLER_ARGO_ROLLOUTS")
+if ARGO_ROLLOUTS:
     _WORKLOADS["Rollout"] = ("argoproj.io", "v1alpha1", "rollouts")
 for _kind, (_group, _version, _plural) in _WORKLOADS.items():
     kopf.index(_group, _version, _plural, id=WORKLOAD_INDEXES[_kind])(_workload_index(_kind))

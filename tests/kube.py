@@ -35,6 +35,8 @@ E2E_RELEASE = "kopf-operators-e2e"
 # The chart values the tests' operator identity is rendered with: the suite runs real chaos, so the
 # chart must not force Blackadder's dry-run (which withholds its destructive verbs).
 E2E_VALUES = ("operators.blackadder.dryRun=false",)
+# The chart's Lease for that release (its Role grants get/update on this name only), in its namespace.
+E2E_LEASE = E2E_RELEASE
 
 T = TypeVar("T")
 
@@ -222,3 +224,26 @@ class OperatorProcess(KopfProcess):
             kubeconfig or (OPERATOR_KUBECONFIG if as_service_account() else KUBECONFIG),
             LOGS / f"{log_name}-{os.getpid()}.log", extra_env,
             standalone=standalone, verbose=verbose, namespaces=namespaces, extra_args=extra_args)
+
+
+# --- replicas on a Lease (core/election.py) ---------------------------------------------------------
+
+# What a replica logs when it takes the Lease and starts acting.
+ACTING = "Acting: this replica"
+
+
+def lease_env(name: str = E2E_LEASE) -> dict[str, str]:
+    """The environment of a replica that elects on the Lease ``name`` in the e2e release's namespace,
+    as the chart sets it (LEADER_ELECTION, LEASE_NAME, the pod's namespace)."""
+    return {"LEADER_ELECTION": "true", "LEASE_NAME": name, "LEASE_NAMESPACE": E2E_RELEASE}
+
+
+def delete_lease(name: str = E2E_LEASE, namespace: str = E2E_RELEASE) -> None:
+    kubectl("create", "namespace", namespace, check=False)
+    kubectl("delete", "lease", "-n", namespace, name, "--ignore-not-found")
+
+
+def lease_holder(name: str = E2E_LEASE, namespace: str = E2E_RELEASE) -> str:
+    """The Lease's holderIdentity ("" when absent or released)."""
+    return kubectl("get", "lease", "-n", namespace, name, "-o", "jsonpath={.spec.holderIdentity}",
+                   check=False).stdout.strip()

@@ -99,16 +99,25 @@ class KopfProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def command(self) -> list[str]:
-        kopf = Path(sys.executable).parent / "kopf"
+        # The entry point with Kopf's patches (kopf_operators/__main__.py); plain `kopf run` for a
+        # checkout from before it.
+        entry = ([sys.executable, "-m", "kopf_operators"] if (self.root / "kopf_operators" / "__main__.py").exists()
+                 else [str(Path(sys.executable).parent / "kopf")])
         mode = ["--standalone"] if self.standalone else []
         scope = [f"--namespace={pattern}" for pattern in self.namespaces] or ["--all-namespaces"]
-        return [str(kopf), "run", *mode, *scope, *(["--verbose"] if self.verbose else []), *self.extra_args,
+        return [*entry, "run", *mode, *scope, *(["--verbose"] if self.verbose else []), *self.extra_args,
                 f"--liveness=http://127.0.0.1:{self.health_port}/healthz", *self.files]
 
     def start(self, timeout: float = 60) -> None:
         """Start it (no-op when running) and wait until its liveness endpoint answers 200."""
         if self.running:
             return
+        self.launch()
+        self.wait_healthy(timeout)
+
+    def launch(self) -> None:
+        """Start the process and return at once (``wait_healthy`` waits for it): replicas started
+        at the same instant."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.health_port = free_port()
         cmd = self.command()
@@ -126,6 +135,8 @@ class KopfProcess:
             log.flush()
             self.proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
+
+    def wait_healthy(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while not self._healthy():
             if time.monotonic() > deadline:

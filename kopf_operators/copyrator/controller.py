@@ -832,6 +832,7 @@ class CopyratorController:
         """Level-triggered: a sweep over the indexes, no request unless something must change. The
         orphan sweep runs at start (once the indexes are filled) and after every pass."""
         self.background.resync(self.options.resync_seconds, self._resync, paused=lambda: self.access.paused,
+                               until_acting=self.access.until_acting,
                                initial=self._initial_sweep)
 
     async def _initial_sweep(self) -> None:

@@ -16,8 +16,9 @@ subclass the caller can catch by name:
 - ``event`` (a Kubernetes Event through Kopf's poster),
 - one error model (``ApiError``) with its mapping onto Kopf's TemporaryError/PermanentError,
 - ``serialised(key)``: per-object serialisation inside the process, in one place,
-- ``paused``: while Kopf has paused this process (a standby replica), every write and Event is refused
-  here (``Paused``), whichever loop or timer asks for it: a standby writes nothing;
+- ``paused``: while this replica does not hold the Lease (a standby: ``core.election``), every write but
+  the Lease's and every Event is refused here (``Paused``), whichever loop or timer asks for it: a
+  standby writes nothing but its attempts at the Lease; ``until_acting()`` waits for the Lease;
 - ``keep_answer`` / ``defer_echo`` / ``echo``: a write whose answer the caller keeps as its newest state;
   the watch event that echoes it back (the same uid and resourceVersion) is then skipped, or processed
   only once the writes in flight are done (``process.governed``).
@@ -71,6 +72,10 @@ ECHO_DEFER_SECONDS = 2.0
 KEPT_ANSWERS_MAX = 16384
 
 
+# The only writes of a standby: its attempts at the Lease.
+_STANDBY_MAY_WRITE = "/apis/coordination.k8s.io/"
+
+
 class Echo(enum.Enum):
     """What a watch event is to the writes of this process (``Access.echo``)."""
 
@@ -109,6 +114,7 @@ STATEFULSET = Kind("apps/v1", "statefulsets", "StatefulSet")
 DAEMONSET = Kind("apps/v1", "daemonsets", "DaemonSet")
 JOB = Kind("batch/v1", "jobs", "Job")
 CRONJOB = Kind("batch/v1", "cronjobs", "CronJob")
+LEASE = Kind("coordination.k8s.io/v1", "leases", "Lease")
 BUILTIN_KINDS = {k.kind: k for k in (POD, CONFIGMAP, SECRET, NAMESPACE, DEPLOYMENT, STATEFULSET, DAEMONSET,
                                      JOB, CRONJOB)}
 
@@ -148,7 +154,7 @@ class AlreadyExists(ApiError):
 
 
 class Paused(ApiError):
-    """A write asked for while Kopf has paused this process in favour of a peer: not sent."""
+    """A write asked for while this replica is a standby (another holds the Lease): not sent."""
 
     def __init__(self) -> None:
         super().__init__(None, "paused")
@@ -162,8 +168,9 @@ class Access:
         self._client = client  # its configuration: the server, TLS files, and credentials it refreshes
         self._session: aiohttp.ClientSession | None = None  # created in the event loop, on first use
         self._credentials_cache: tuple[float, dict[str, str]] | None = None  # (until, headers)
-        # Kopf's peering pause, followed by process.PeeringState: True while another replica acts.
-        self.paused = False
+        # Set while this replica acts: always without leader election, else while it holds the Lease.
+        self._acting = asyncio.Event()
+        self._acting.set()
         self._locks: dict[Hashable, asyncio.Lock] = {}
         self._lock_users: collections.Counter[Hashable] = collections.Counter()
         # uid -> (resourceVersion, what its echo is) of a write answer its caller kept (``keep_answer``,
@@ -181,6 +188,22 @@ class Access:
         except kubernetes.config.ConfigException:
             kubernetes.config.load_kube_config()
         return cls(kubernetes.client.ApiClient(kubernetes.client.Configuration.get_default_copy()))
+
+    @property
+    def paused(self) -> bool:
+        """True while another replica acts (``core.election.Elector`` keeps it)."""
+        return not self._acting.is_set()
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        if value:
+            self._acting.clear()
+        else:
+            self._acting.set()
+
+    async def until_acting(self) -> None:
+        """Return once this replica acts (at once when it does)."""
+        await self._acting.wait()
 
     async def close(self) -> None:
         if self._session is not None:
@@ -284,7 +307,7 @@ class Access:
     async def _request(self, method: str, path: str, *, query: Mapping[str, str] | None = None,
                        body: Any = None, content_type: str = "application/json") -> dict[str, Any] | None:
         """One request with the layer's retries; the decoded body (None on a 404 of a GET)."""
-        if self.paused and method != "GET":
+        if self.paused and method != "GET" and not path.startswith(_STANDBY_MAY_WRITE):
             raise Paused()
         url = path + ("?" + urlencode(query) if query else "")
         if method == "GET":

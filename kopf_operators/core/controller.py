@@ -8,7 +8,8 @@ backoff's end, a burst's status flush) and from a periodic resync. Those live he
   that keys failing together do not retry together), and ``Backoff`` counting failures per key;
 - ``Background``: the controller's tasks (referenced until done), its keyed timers (``KeyedTimers``:
   at most one pending per key; when one fires, its coroutine runs as a task) and its resync loop
-  (jittered, skipped while Kopf has paused the process); ``stop()`` cancels all of them and waits;
+  (jittered, skipped while the process stands by, run at once when it starts to act); ``stop()``
+  cancels all of them and waits;
 - ``MemoSlot``: one typed entry of Kopf's ``memo`` (handlers reach their controller as ``SLOT(memo)``,
   so mypy checks every call from a handler into a controller; ``memo.x`` would be ``Any``).
 """
@@ -156,14 +157,21 @@ class Background:
         return frozenset(self._tasks)
 
     def resync(self, period: float, sweep: Callable[[], Awaitable[None]], *, paused: Callable[[], bool],
+               until_acting: Callable[[], Awaitable[object]] | None = None,
                initial: Callable[[], Awaitable[None]] | None = None) -> asyncio.Task[Any]:
         """Every ``period`` (jittered) run ``sweep()``, skipped while ``paused()`` (a standby replica);
-        ``initial()`` once first. A sweep that fails unexpectedly is logged and the loop goes on."""
+        ``initial()`` once first. With ``until_acting`` (``Access.until_acting``), a standby sweeps at
+        once when it starts to act: its event handlers did nothing while it stood by, so the sweep is
+        the takeover's pass over everything its indexes hold. A sweep that fails unexpectedly is
+        logged and the loop goes on."""
 
         async def loop() -> None:
             if initial is not None:
                 await self._survive(initial)
             while True:
+                if paused() and until_acting is not None:
+                    await until_acting()
+                    await self._survive(sweep)
                 await asyncio.sleep(jittered(period))
                 if not paused():
                     await self._survive(sweep)

@@ -30,6 +30,9 @@ EVENTS = prometheus_client.Counter(
     "superseded (skipped: a newer event of the same object was already queued).",
     ["resource", "outcome"])
 
+LEADER = prometheus_client.Gauge(
+    "kopf_operators_leader", "1 while this replica holds the Lease and acts, 0 while it stands by.", ["lease"])
+
 # Re-roller, opt-in (REROLLER_METRICS_BY_NAMESPACE, Reloader's enableMetricsByNamespace): one series per
 # namespace, so off by default (cardinality).
 RELOADS_BY_NAMESPACE = prometheus_client.Counter(

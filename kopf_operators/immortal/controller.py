@@ -343,7 +343,8 @@ class ImmortalController:
     # --- the periodic sweep --------------------------------------------------------------------------
 
     def start_resync(self) -> None:
-        self.background.resync(RESYNC_SECONDS, self._resync, paused=lambda: self.access.paused)
+        self.background.resync(RESYNC_SECONDS, self._resync, paused=lambda: self.access.paused,
+                               until_acting=self.access.until_acting)
 
     async def _resync(self) -> None:
         for key in list(self.objects):

@@ -439,7 +439,8 @@ class RerollerController:
     # --- the periodic sweep ----------------------------------------------------------------------------
 
     def start_resync(self) -> None:
-        self.background.resync(self.options.resync_seconds, self._resync, paused=lambda: self.access.paused)
+        self.background.resync(self.options.resync_seconds, self._resync, paused=lambda: self.access.paused,
+                               until_acting=self.access.until_acting)
         self.alerts.start()
 
     async def _resync(self) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import kubernetes
 
-from tests.kube import wait_for
+from tests.kube import ACTING, wait_for
 from testsupport.audit import AuditLog, resource_of
 from testsupport.kubectl import kubectl
 from testsupport.paths import CLUSTER_DIR, REPO, helm_binary
@@ -31,8 +31,8 @@ TEST_NAMESPACE_LABEL = "kopf-operators.dev/test"
 # The namespaced custom resources whose deletion the operator handles (a finalizer may wait for it).
 CUSTOM_RESOURCES = "copyrators.flant.com,immortalcontainers.immortalcontainer.flugel.it"
 WRITES = {"create", "update", "patch", "delete", "deletecollection"}
-RESUMED = "Resuming operations after the pause"
-PAUSED = "Pausing operations in favour of"
+# What a replica logs when it loses the Lease (and exits); ACTING (tests.kube) when it takes it.
+LOST = "Lost the Lease"
 
 
 def script(name: str, *args: str, timeout: float = 900, root: Any = REPO) -> str:
@@ -90,14 +90,13 @@ def logs(namespace: str, pod: str, previous: bool = False) -> str:
 
 
 def acting(log: str) -> bool:
-    """Whether Kopf acts in this process now, by its own log: the last pause or resume line."""
-    last_resumed, last_paused = log.rfind(RESUMED), max(log.rfind(PAUSED), log.rfind("Pausing all operators"))
-    return last_resumed > last_paused
+    """Whether this process acts now (holds the Lease), by its own log."""
+    return log.rfind(ACTING) > log.rfind(LOST)
 
 
 def sigkill(pod: Any) -> None:
     """SIGKILL to the pod's operator process from the host, through the node's containerd: no SIGTERM,
-    no goodbye in the peering, as when the process is OOM-killed or its node dies."""
+    no release of the Lease, as when the process is OOM-killed or its node dies."""
     container = pod.status.container_statuses[0].container_id.split("://", 1)[1]
     subprocess.run(["ctr", "--address", str(CLUSTER_DIR / "node" / "containerd.sock"), "-n", "k8s.io",
                     "tasks", "kill", "--signal", "SIGKILL", container], check=True, capture_output=True, timeout=30)
@@ -113,9 +112,9 @@ def audit_writes(since: str, pod: str) -> list[tuple[str, str, str, str]]:
             and entry.get("user", {}).get("extra", {}).get("authentication.kubernetes.io/pod-name") == [pod]]
 
 
-def not_peering(writes: list[tuple[str, str, str, str]]) -> list[tuple[str, str, str, str]]:
-    """Writes other than Kopf's keep-alives in the ClusterKopfPeering (every replica renews its own entry)."""
-    return [w for w in writes if not (w[1] == "patch" and w[2] == "clusterkopfpeerings")]
+def not_lease(writes: list[tuple[str, str, str, str]]) -> list[tuple[str, str, str, str]]:
+    """Writes other than attempts at the Lease (a standby's only writes)."""
+    return [w for w in writes if w[2] != "leases"]
 
 
 # --- the namespaces a release watches, the release itself ---------------------------------------------

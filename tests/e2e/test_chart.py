@@ -41,7 +41,7 @@ ALL_ON = (
 ALL_OFF = (
     "replicaCount=1", "metrics.enabled=false", "metrics.service.enabled=false", "rbac.create=false",
     "serviceAccount.create=false",
-    "peering.enabled=false", "serviceMonitor.enabled=false", "podMonitor.enabled=false",
+    "leaderElection.enabled=false", "serviceMonitor.enabled=false", "podMonitor.enabled=false",
     "prometheusRule.enabled=false", "grafanaDashboard.enabled=false", "networkPolicy.enabled=false",
     "sharding.enabled=false", "operators.blackadder.dryRun=false",
 )

@@ -43,7 +43,7 @@ def render(helm: Path, *sets: str) -> str:
 
 VARIANTS = [pytest.param((), id="defaults")] + [
     pytest.param((f"operators.{name}.enabled=false",), id=f"without-{name}") for name in OPERATORS
-] + [pytest.param(("watchNamespaces={a,b}", "peering.enabled=false", "replicaCount=1", "rbac.create=false",
+] + [pytest.param(("watchNamespaces={a,b}", "leaderElection.enabled=false", "replicaCount=1", "rbac.create=false",
                    "metrics.enabled=false", "logLevel=debug"), id="namespaced-minimal")]
 
 
@@ -92,7 +92,6 @@ def kustomized(crds: None, core: kubernetes.client.CoreV1Api) -> Iterator[None]:
     kubectl("delete", "namespace", "kopf-operators", "--ignore-not-found", "--wait=false")
     for kind in ("clusterrolebinding", "clusterrole"):
         kubectl("delete", kind, "-l", "app.kubernetes.io/instance=kopf-operators", "--ignore-not-found")
-    kubectl("delete", "clusterkopfpeering", "kopf-operators", "--ignore-not-found")
 
 
 def test_kustomization_installs_and_the_pod_is_admitted_under_restricted_pod_security(
@@ -162,11 +161,6 @@ rules:
   - apiGroups: ["*"]
     resources: ["*"]
     verbs: ["get", "list", "watch"]
-  # Kopf's peering keep-alive (auto-detected: the CRD exists). Refused, Kopf retries it for half a
-  # minute at exit; allowed, a peering object left by another test only gets this younger, paused peer.
-  - apiGroups: ["kopf.dev"]
-    resources: ["clusterkopfpeerings"]
-    verbs: ["patch"]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding

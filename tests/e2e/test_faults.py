@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -18,12 +19,23 @@ import kubernetes
 import pytest
 
 from kopf_operators.copyrator import decisions as cr
-from kopf_operators.core import process
 from kopf_operators.immortal import controller as ic_controller
 from kopf_operators.immortal import decisions as ic
 from kopf_operators.reroller import decisions as rr
 from tests.e2e.faultkit import ApiProxy, LogWindow, proxied_kubeconfig, upstream_of
-from tests.kube import OperatorProcess, PodCreations, PodLife, delete_namespaces, stays, wait_for
+from tests.kube import (
+    ACTING,
+    E2E_LEASE,
+    OperatorProcess,
+    PodCreations,
+    PodLife,
+    delete_lease,
+    delete_namespaces,
+    lease_env,
+    lease_holder,
+    stays,
+    wait_for,
+)
 from testsupport.paths import CLUSTER_DIR
 
 SEED = int(os.environ.get("FAULT_SEED", "20240509"))
@@ -395,53 +407,27 @@ def test_api_server_outage_reconnects_and_loses_nothing(
 
 # --- two replicas: only one acts --------------------------------------------------------------
 
-PEERING = "kopf-operators"
-
-
 @pytest.fixture
-def peering(custom: Any, crds: None) -> Iterator[str]:
-    body = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": PEERING}}
-    try:
-        custom.create_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", body)
-    except kubernetes.client.ApiException as exc:
-        if exc.status != 409:
-            raise
-    yield PEERING
-    try:
-        custom.delete_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", PEERING)
-    except kubernetes.client.ApiException as exc:
-        if exc.status != 404:
-            raise
+def lease() -> Iterator[str]:
+    delete_lease()
+    yield E2E_LEASE
+    delete_lease()
 
 
-def replica(name: str, priority: int) -> OperatorProcess:
-    return OperatorProcess(standalone=False, extra_args=[f"--peering={PEERING}", f"--priority={priority}"],
-                           log_name=f"replica-{name}-{uuid.uuid4().hex[:6]}")
-
-
-RESUMED = "Resuming operations after the pause"
-PAUSED = "Pausing operations in favour of"
-LOST_ROLE = process.PeeringState.LOST_ROLE
+def replica(name: str) -> OperatorProcess:
+    return OperatorProcess(env=lease_env(), log_name=f"replica-{name}-{uuid.uuid4().hex[:6]}")
 
 
 def test_two_replicas_only_one_acts_and_the_other_takes_over(
-        operator: OperatorProcess, namespace: str, core: Any, custom: Any, peering: str) -> None:
-    operator.stop()  # the session's operator is standalone: it would act regardless of peering
-    first, high, low = replica("first", 10), replica("high", 20), replica("low", 10)
+        operator: OperatorProcess, namespace: str, core: Any, custom: Any, lease: str) -> None:
+    operator.stop()  # the session's operator runs without a Lease: it would act regardless
+    high, low = replica("first"), replica("second")
     try:
-        # Kopf starts a peered operator paused and resumes when no peer outranks it.
-        first.start()
-        wait_for(lambda: RESUMED in first.output(), timeout=30, what="the first replica to resume")
-        # A higher-priority replica joins: the first one pauses in its favour and, having acted, exits
-        # (a restart, here `low`, stands by with a fresh listing instead of its stale indexes).
+        # The first replica takes the Lease and acts; the second stands by, warm, and silent.
         high.start()
-        wait_for(lambda: PAUSED in first.output(), timeout=30, what="the first replica to pause")
-        wait_for(lambda: not first.running, timeout=30, what="the replica that lost its role to exit")
-        assert LOST_ROLE in first.output()
-        wait_for(lambda: RESUMED in high.output(), timeout=30, what="the high-priority replica to act")
-        # What the kubelet does: a new process. Kopf starts it paused, and it stays so, silently, while
-        # a peer outranks it (Kopf logs only changes of the pause).
+        wait_for(lambda: ACTING in high.output(), timeout=30, what="the first replica to take the Lease")
         low.start()
+        assert lease_holder().startswith(socket.gethostname())
         low_log, high_log = LogWindow(low), LogWindow(high)
 
         names = [f"ic-{i}" for i in range(3)]
@@ -456,14 +442,13 @@ def test_two_replicas_only_one_acts_and_the_other_takes_over(
             assert len(high_log.lines(f"[{namespace}/{name}] Created pod")) == 1, high_log.text()[-3000:]
             assert low_log.lines(f"{namespace}/{name}") == [], low_log.text()[-3000:]
 
-        assert RESUMED not in low.output(), low_log.text()[-3000:]  # it stood by all along
-        # The active replica dies without a goodbye: the other one takes over once its lease expires.
+        assert ACTING not in low.output(), low_log.text()[-3000:]  # it stood by all along
+        # The active replica dies without a goodbye: the other one takes over once its claim expires.
         high.kill()
         killed = time.monotonic()
-        wait_for(lambda: low_log.lines(RESUMED), timeout=30, interval=0.5,
+        wait_for(lambda: low_log.lines(ACTING), timeout=30, interval=0.5,
                  what="the remaining replica to take over")
-        print(f"takeover {time.monotonic() - killed:.1f}s after SIGKILL of the active replica "
-              f"(peering lifetime {process.PEERING_LIFETIME_SECONDS} s)")
+        print(f"takeover {time.monotonic() - killed:.1f}s after SIGKILL of the active replica (lease 15 s)")
         assert delete_counted_pod(custom, core, namespace, names[0])
         make_ics(custom, namespace, ["ic-after"])
 
@@ -477,6 +462,5 @@ def test_two_replicas_only_one_acts_and_the_other_takes_over(
         assert low_log.lines(f"[{namespace}/ic-after] Created pod"), low_log.text()[-3000:]
         assert low_log.tracebacks(namespace) == [] and high_log.tracebacks(namespace) == []
     finally:
-        first.stop()
         high.stop()
         low.stop()

@@ -28,7 +28,8 @@ OBJECTS = ("serviceaccount/kopf-operators", "role.rbac.authorization.k8s.io/kopf
            "rolebinding.rbac.authorization.k8s.io/kopf-operators-ledger",
            "clusterrole.rbac.authorization.k8s.io/kopf-operators",
            "clusterrolebinding.rbac.authorization.k8s.io/kopf-operators", "deployment.apps/kopf-operators",
-           "clusterkopfpeering.kopf.dev/kopf-operators")
+           "role.rbac.authorization.k8s.io/kopf-operators-lease",
+           "rolebinding.rbac.authorization.k8s.io/kopf-operators-lease")
 
 
 def namespace_gone(core: kubernetes.client.CoreV1Api) -> bool:

@@ -80,7 +80,7 @@ def release(images: tuple[str, str], host_operator_paused: None, spaces: tuple[s
             core: kubernetes.client.CoreV1Api, custom: kubernetes.client.CustomObjectsApi) -> Iterator[str]:
     install_release(core, RELEASE, NAMESPACE, spaces,
                     # Not peered with anything: the session's operators are standalone, and this one is alone.
-                    "peering.enabled=false", "replicaCount=1",
+                    "leaderElection.enabled=false", "replicaCount=1",
                     # The chart forces dry-run for every agent; the self-protection test needs real chaos.
                     "operators.blackadder.dryRun=false", replicas=1)
     yield RELEASE

@@ -68,7 +68,7 @@ def test_undeploy_then_uninstall_completes_with_live_objects_of_every_kind(
     run = ns_a.rsplit("-", 1)[1]
     kubectl("create", "namespace", NAMESPACE, check=False)
     deployed, took = make("deploy", IMAGE=operator_image,
-                          HELM_ARGS=f"--set watchNamespaces={{{ns_a},{ns_b}}} --set peering.enabled=false "
+                          HELM_ARGS=f"--set watchNamespaces={{{ns_a},{ns_b}}} --set leaderElection.enabled=false "
                                     "--set replicaCount=1")  # one standalone replica: nothing acts twice
     assert deployed.returncode == 0, deployed.stderr
     wait_for(lambda: all_ready(core, NAMESPACE, RELEASE, 1), timeout=120,

@@ -43,6 +43,10 @@ class FakeAccess:
         self.events: list[tuple[str, str]] = []  # (type, reason)
         self.script: dict[str, list[Any]] = {}
 
+    async def until_acting(self) -> None:
+        while self.paused:
+            await asyncio.sleep(0.01)
+
     def answer(self, method: str, *results: Any) -> None:
         """Queue answers of ``method``: an exception instance is raised instead of returned; a
         callable is called with the default answer and its result returned."""

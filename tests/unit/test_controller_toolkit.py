@@ -133,6 +133,31 @@ def test_the_resync_runs_periodically_and_skips_while_paused(monkeypatch: pytest
     assert sweeps >= 3
 
 
+def test_a_standby_sweeps_at_once_when_it_starts_to_act() -> None:
+    """Its event handlers did nothing while it stood by: the takeover's sweep does not wait a period."""
+
+    async def scenario() -> float:
+        background = Background("test")
+        acting = asyncio.Event()
+        swept = asyncio.Event()
+
+        async def sweep() -> None:
+            swept.set()
+
+        background.resync(3600, sweep, paused=lambda: not acting.is_set(), until_acting=acting.wait)
+        await asyncio.sleep(0.05)
+        assert not swept.is_set()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        acting.set()
+        await asyncio.wait_for(swept.wait(), 5)
+        took = loop.time() - started
+        await background.stop()
+        return took
+
+    assert asyncio.run(scenario()) < 1.0
+
+
 def test_a_memo_slot_hands_out_its_typed_value_and_says_when_it_is_missing() -> None:
     slot = MemoSlot("thing", Background)
     memo: dict[str, object] = {}

@@ -13,13 +13,10 @@ from testsupport.paths import REPO
 # Loads the files the way `kopf run` does (kopf's own preload), then lists every handler id.
 _PROBE = """
 import glob, json, kopf
-from kopf._cogs.helpers.loaders import preload
-preload(sorted(glob.glob({pattern!r})), [])
-reg = kopf.get_default_registry()
-ids = {{}}
-for kind in ("_activities", "_indexing", "_watching", "_spawning", "_changing", "_webhooks"):
-    ids[kind] = [str(h.id) for h in getattr(reg, kind).get_all_handlers()]
-print(json.dumps(ids))
+from kopf_operators.core import kopf_patches
+kopf_patches.preload(sorted(glob.glob({pattern!r})))
+handlers = kopf_patches.all_handlers(kopf.get_default_registry())
+print(json.dumps({{kind: [str(h.id) for h in of_kind] for kind, of_kind in handlers.items()}}))
 """
 
 
@@ -48,6 +45,18 @@ def test_tenant_handlers_register_only_when_the_feature_is_on() -> None:
     on = [hid for ids in registered("operators/blackadder.py", CHAOS_TENANTS="true").values() for hid in ids]
     assert not any("tenant" in hid for hid in off)
     assert sorted(set(on) - set(off)) == ["blackadder-tenant-agent", "blackadder-tenant-delete"]
+
+
+def test_argo_rollouts_handlers_register_for_every_true_spelling() -> None:
+    """REROLLER_ARGO_ROLLOUTS is parsed as every boolean option is (``env_bool``): ``1`` means on, as
+    it does for the re-roller's options, which would otherwise say Rollouts are on with nothing handling them."""
+    rollout_ids = {"reroller-rollouts", "reroller-rollout-event"}
+    for spelling in ("1", "true", "yes", "on"):
+        ids = {hid for group in registered("operators/reroller.py", REROLLER_ARGO_ROLLOUTS=spelling).values()
+               for hid in group}
+        assert rollout_ids <= ids, spelling
+    ids = {hid for group in registered("operators/reroller.py", REROLLER_ARGO_ROLLOUTS="0").values() for hid in group}
+    assert not rollout_ids & ids
 
 
 def test_each_operator_file_loads_alone() -> None:
@@ -88,12 +97,12 @@ EXPECTED_HANDLER_IDS: list[str] = [
 # namespace's or a CRD's) while the operator is down; docs/deploy.md lists them with the way out.
 _FINALIZERS_PROBE = """
 import glob, json, kopf
-from kopf._cogs.helpers.loaders import preload
-preload(sorted(glob.glob({pattern!r})), [])
-reg = kopf.get_default_registry()
+from kopf_operators.core import kopf_patches
+kopf_patches.preload(sorted(glob.glob({pattern!r})))
+handlers = kopf_patches.all_handlers(kopf.get_default_registry())
 kinds = set()
 for kind in ("_spawning", "_changing"):
-    for handler in getattr(reg, kind).get_all_handlers():
+    for handler in handlers[kind]:
         if handler.requires_finalizer:
             kinds.add(handler.selector.plural or handler.selector.any_name)
 print(json.dumps(sorted(kinds)))

@@ -20,7 +20,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- else -}}{{ default "default" .Values.serviceAccount.name }}{{- end -}}
 {{- end -}}
 
-{{- define "kopf-operators.peeringName" -}}kopf-operators{{- end -}}
+{{- /* The Lease the replicas elect a holder on: per process (deploymentMode perOperator: "-<operator>"
+added) and per shard ("-shard-N" added). */}}
+{{- define "kopf-operators.leaseName" -}}{{ include "kopf-operators.fullname" . }}{{- end -}}
 
 {{- /* The enabled operators, as a JSON list (fromJsonArray). */}}
 {{- define "kopf-operators.enabledOperators" -}}

@@ -133,7 +133,7 @@ checks both directions against the API server's audit log). */}}
 
 {{- /* What every process needs whatever its operators (Kopf itself): discover the CRDs; list the
 namespaces when it watches some namespaces only (Kopf scans them for the ones it serves, names or
-globs) or shards; keep its peering. Argument: dict "ctx". */}}
+globs) or shards. Its Lease: templates/lease.yaml. Argument: dict "ctx". */}}
 {{- define "kopf-operators.processRules" -}}
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
@@ -142,10 +142,5 @@ globs) or shards; keep its peering. Argument: dict "ctx". */}}
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["list", "watch"]
-{{- end }}
-{{- if .ctx.Values.peering.enabled }}
-- apiGroups: ["kopf.dev"]
-  resources: ["clusterkopfpeerings"]
-  verbs: ["list", "watch", "patch"]
 {{- end }}
 {{- end -}}

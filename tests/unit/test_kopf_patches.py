@@ -1,4 +1,8 @@
-"""The process-wide Kopf settings: the diff base only where a handler uses it; the allocator trimmed."""
+"""The door to Kopf's internals (core/kopf_patches.py) and the process-wide Kopf settings: the version
+check, each patch against the installed Kopf, the diff base only where a handler uses it.
+
+The one test module besides the door itself that may import ``kopf._…``: it pins the lines of Kopf's
+private code that the patches rely on (``test_no_module_but_the_door_imports_kopfs_internals``)."""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import asyncio
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -19,43 +24,38 @@ from kopf._core.reactor import processing
 
 from kopf_operators.blackadder import decisions as blackadder
 from kopf_operators.copyrator import decisions as copyrator
+from kopf_operators.core import kopf_patches
 from kopf_operators.core.access import CONFIGMAP, ECHO_DEFER_SECONDS, KEPT_ANSWERS_MAX, Access, Echo
-from kopf_operators.core.process import (
-    ACCESS,
-    EVENT_POLICY,
-    DiffBaseWhereUsed,
+from kopf_operators.core.kopf_patches import (
     EventPolicy,
     glibc_malloc_trim,
     governed,
     lean_listing,
     lean_stream,
-    skip_unchanged,
     trim_allocator,
 )
+from kopf_operators.core.process import ACCESS, EVENT_POLICY, DiffBaseWhereUsed, skip_unchanged
 from kopf_operators.immortal import decisions as immortal
 from testsupport.paths import REPO
+
+# The tests below drive the patched Kopf in this process, as the entry point runs it.
+kopf_patches.install()
 
 # Loads the files the way `kopf run` does, then prints the groups whose handlers use the diff base.
 _PROBE = """
 import glob, json, kopf
-from kopf._cogs.helpers.loaders import preload
-from kopf._cogs.aiokits import aiotoggles
-
-from kopf_operators.core.process import DiffBaseWhereUsed, glibc_malloc_trim, trim_allocator
-preload(sorted(glob.glob("operators/*.py")), [])
+from kopf_operators.core import kopf_patches
+kopf_patches.install()
+kopf_patches.preload(sorted(glob.glob("operators/*.py")))
 registry = kopf.get_default_registry()
-groups = DiffBaseWhereUsed.groups_of(registry)
+groups = kopf_patches.change_detecting_groups(registry)
 print(json.dumps(None if groups is None else sorted(groups)))
-pod_handlers = [handler.id for kind in (registry._indexing, registry._watching, registry._changing,
-                                        registry._spawning, registry._webhooks)
-                for handler in kind.get_all_handlers()
+handlers = kopf_patches.all_handlers(registry)
+pod_handlers = [handler.id for kind, of_kind in handlers.items() if kind != "_activities" for handler in of_kind
                 if handler.selector is not None and "pods" in (handler.selector.any_name, handler.selector.plural)]
 print(json.dumps(sorted(pod_handlers)))
-from kopf._core.actions.invocation import is_async_fn
-sync = [handler.id for kind in (registry._activities, registry._indexing, registry._watching, registry._changing,
-                                registry._spawning, registry._webhooks)
-        for handler in kind.get_all_handlers()
-        if not is_async_fn(handler.fn) and handler.id not in ("login_via_client", "login_via_pykube")]
+sync = [handler.id for of_kind in handlers.values() for handler in of_kind
+        if not kopf_patches.is_async_handler(handler) and handler.id not in ("login_via_client", "login_via_pykube")]
 print(json.dumps(sync))
 """
 
@@ -64,6 +64,87 @@ def _probe() -> list[Any]:
     out = subprocess.run([sys.executable, "-c", _PROBE], cwd=REPO, env={**os.environ, "CHAOS_TENANTS": "true"},
                          capture_output=True, text=True, check=True, timeout=120)
     return [json.loads(line) for line in out.stdout.strip().splitlines()[-3:]]
+
+
+# What a fresh process looks like after importing every operator file (as `kopf run` does) and then,
+# optionally, installing the patches with a given "installed" Kopf version.
+_STATE_PROBE = """
+import asyncio.sslproto, glob, json, sys
+from kopf._cogs.aiokits import aiotoggles
+from kopf._cogs.clients import api
+from kopf._core.reactor import processing
+from kopf_operators.core import kopf_patches
+kopf_patches.preload(sorted(glob.glob("operators/*.py")))
+def state():
+    return {"processor": getattr(processing.process_resource_event, "_governed", False),
+            "toggles": getattr(aiotoggles.ToggleSet, "_wakes_only_on_change", False),
+            "lean": getattr(api.stream, "_lean", False),
+            "tls": asyncio.sslproto.SSLProtocol.max_size == kopf_patches.TLS_READ_BUFFER_BYTES,
+            "warm": kopf_patches.warm_standby()}
+imported = state()
+installed = kopf_patches.install(version=sys.argv[1]) if len(sys.argv) > 1 else None
+print(json.dumps({"imported": imported, "installed": installed, "after": state()}))
+"""
+
+
+def _state(*version: str) -> tuple[dict[str, Any], str]:
+    out = subprocess.run([sys.executable, "-c", _STATE_PROBE, *version], cwd=REPO, capture_output=True, text=True,
+                         check=True, timeout=120, env={**os.environ, "CHAOS_TENANTS": "true"})
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+def test_importing_every_operator_file_changes_nothing_in_kopf() -> None:
+    state, _ = _state()
+    assert not any(state["imported"].values()), state
+
+
+def test_install_patches_kopf_when_it_is_the_tested_version() -> None:
+    state, stderr = _state(kopf_patches.KOPF_TESTED_VERSION)
+    assert state["installed"] is True
+    assert all(state["after"].values()), state
+    assert "Kopf" not in stderr
+
+
+def test_install_refuses_another_kopf_version_in_one_line_and_patches_nothing() -> None:
+    state, stderr = _state("1.99.0")
+    assert state["installed"] is False
+    assert not any(state["after"].values()), state  # stock Kopf: no patch, a cold standby
+    lines = [line for line in stderr.splitlines() if "1.99.0" in line]
+    assert len(lines) == 1 and kopf_patches.KOPF_TESTED_VERSION in lines[0] and "unpatched" in lines[0]
+
+
+def test_unpatched_the_process_leaves_every_event_and_diff_base_to_kopf() -> None:
+    """On stock Kopf nothing reads Kopf's private registries: every group keeps its diff base, and
+    no event policy is made (the processor is Kopf's own)."""
+    probe = ("import glob, json, kopf\n"
+             "from kopf_operators.core import kopf_patches\n"
+             "kopf_patches.preload(sorted(glob.glob('operators/*.py')))\n"
+             "print(json.dumps(kopf_patches.change_detecting_groups(kopf.get_default_registry())))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True,
+                         timeout=120)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) is None
+
+
+def test_kopf_is_pinned_to_the_version_the_patches_were_tested_with() -> None:
+    pyproject = (REPO / "pyproject.toml").read_text()
+    pins = re.findall(r'"kopf==([^"]+)"', pyproject)
+    assert pins == [kopf_patches.KOPF_TESTED_VERSION]
+    assert kopf_patches.kopf_version() == kopf_patches.KOPF_TESTED_VERSION  # what this venv runs
+
+
+# The door itself, and this module, its test: every other file of the project reaches Kopf's internals
+# only through the door.
+DOOR = {"kopf_operators/core/kopf_patches.py", "tests/unit/test_kopf_patches.py"}
+
+
+def test_no_module_but_the_door_imports_kopfs_internals() -> None:
+    private = re.compile(r"\bkopf\._[a-z]")
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert "kopf_operators/core/kopf_patches.py" in files
+    offenders = sorted(path for path in files if path not in DOOR and (REPO / path).exists()
+                       and private.search((REPO / path).read_text()))
+    assert offenders == []
 
 
 def test_the_diff_base_is_kept_only_for_the_groups_with_change_handlers_or_daemons() -> None:
@@ -139,7 +220,7 @@ def test_the_allocator_is_trimmed_every_period_until_cancelled() -> None:
 
 def test_the_index_gate_wakes_its_waiters_once_when_it_opens_not_on_every_object() -> None:
     """Kopf's real ToggleSet as it gates handlers on a listing: a toggle per listed object, dropped
-    once indexed. With the fix applied (importing core.process), the many adds and drops while the gate
+    once indexed. With the fix applied (``kopf_patches.install()``), the many adds and drops while the gate
     stays closed wake nobody; the last drop opens it and wakes every waiter once."""
 
     async def scenario() -> tuple[int, int, list[bool]]:
@@ -180,9 +261,11 @@ def test_the_index_gate_wakes_its_waiters_once_when_it_opens_not_on_every_object
 
 
 def test_kopf_processes_every_event_through_the_policy() -> None:
-    """`kopf run` binds ``processing.process_resource_event`` when it starts, after the operator files
-    (and so core.process) are imported; the worker sets the object's pressure when newer events wait."""
+    """`kopf run` binds ``processing.process_resource_event`` when it starts (``spawn_tasks``), after
+    the entry point's ``install()``; the worker sets the object's pressure when newer events wait, and
+    waits on ``operator_indexed`` (the Lease's gate wraps it) between indexing and the handlers."""
     assert getattr(processing.process_resource_event, "_governed", False)
+    assert "await operator_indexed.wait_for(True)" in Path(processing.__file__).read_text()
     running = Path(processing.__file__).with_name("running.py").read_text()
     assert "processor=functools.partial(processing.process_resource_event," in running
     queueing_source = Path(processing.__file__).with_name("queueing.py").read_text()

@@ -1,0 +1,267 @@
+"""Leader election on a coordination.k8s.io Lease: of the replicas of a release, only the holder acts.
+
+The rules are client-go's (``k8s.io/client-go/tools/leaderelection``), the ones every Go controller
+and ``kubectl get lease`` users know: one Lease per release, in the operator's namespace; the holder
+renews it every ``retry_period`` and steps down when it has not renewed for ``renew_deadline``; a
+candidate takes it over once it has seen no change of it for ``lease_duration``, or at once when it is
+released (no holder). Durations are whole seconds and the renew deadline is shorter than the lease
+duration: the holder stops acting before anyone may take over, even with a late renewal.
+
+Why not the official client's ``kubernetes.aio.leaderelection`` (kubernetes 37, installed): it has no
+release (a rolling update would wait a whole lease duration: 15 s instead of < 3 s); a candidate
+counts the lease duration from the poll that saw the last renewal, up to one retry period late, so a
+SIGKILLed holder is replaced after 15-19 s instead of at most 15 s; it stamps renewals with the local
+time marked as UTC ("Z") whatever the time zone; and it needs a second client stack beside the access
+layer (its own configuration loading and connection pool, outside the layer's retries, error model and
+metrics). This elector is small, and writes through ``Access`` (the one access layer); a standby's
+only writes are its attempts at the Lease (``Access`` lets those through while it refuses the rest).
+
+Timing. A candidate that sees a changed record between two of its polls knows that the change happened
+after the earlier one was sent, so it counts the lease duration from there (when the polls were at
+most ``retry_period + 1`` s apart; else from the later one, as client-go does). The holder's renewal
+was sent before it was applied, and the holder steps down ``renew_deadline`` after sending its last
+successful renewal: the candidate takes over at least ``lease_duration - renew_deadline - retry_period
+- 1`` = 2 s (defaults) after the holder stopped. With monotonic clocks only: no clock skew matters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from kopf_operators.core import metrics
+from kopf_operators.core.access import LEASE, Access, AlreadyExists, ApiError
+from kopf_operators.core.conventions import env_bool
+
+logger = logging.getLogger("kopf_operators.election")
+
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+# Polls of a candidate at most this much longer apart than ``retry_period`` still bound a change between them.
+POLL_SLACK_SECONDS = 1.0
+
+
+def _env_seconds(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a whole number of seconds") from None
+    if value < 1:
+        raise ValueError(f"{name}={raw!r} must be at least 1 second")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseSettings:
+    """LEADER_ELECTION and the Lease's name, namespace and durations (whole seconds)."""
+
+    enabled: bool = False
+    name: str = "kopf-operators"
+    namespace: str = "default"
+    duration: int = 15
+    renew_deadline: int = 10
+    retry_period: int = 2
+
+    def __post_init__(self) -> None:
+        if not self.renew_deadline < self.duration:
+            raise ValueError(f"LEASE_RENEW_DEADLINE_SECONDS ({self.renew_deadline}) must be shorter than "
+                             f"LEASE_DURATION_SECONDS ({self.duration})")
+        if not self.retry_period < self.renew_deadline:
+            raise ValueError(f"LEASE_RETRY_PERIOD_SECONDS ({self.retry_period}) must be shorter than "
+                             f"LEASE_RENEW_DEADLINE_SECONDS ({self.renew_deadline})")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None,
+                 service_account_namespace: Path = SERVICE_ACCOUNT_NAMESPACE) -> LeaseSettings:
+        env = os.environ if env is None else env
+        namespace = (env.get("LEASE_NAMESPACE") or env.get("POD_NAMESPACE") or "").strip()
+        if not namespace:
+            with contextlib.suppress(OSError):
+                namespace = service_account_namespace.read_text().strip()
+        return cls(enabled=env_bool(env, "LEADER_ELECTION"),
+                   name=(env.get("LEASE_NAME") or "").strip() or cls.name,
+                   namespace=namespace or cls.namespace,
+                   duration=_env_seconds(env, "LEASE_DURATION_SECONDS", cls.duration),
+                   renew_deadline=_env_seconds(env, "LEASE_RENEW_DEADLINE_SECONDS", cls.renew_deadline),
+                   retry_period=_env_seconds(env, "LEASE_RETRY_PERIOD_SECONDS", cls.retry_period))
+
+
+def own_identity() -> str:
+    """The pod's name (its hostname) and a unique suffix, as client-go's candidates name themselves."""
+    return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+
+def micro_time(epoch: float) -> str:
+    """A Kubernetes MicroTime (RFC 3339, microseconds, UTC)."""
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _record(lease: Mapping[str, Any]) -> tuple[Any, ...]:
+    spec = lease.get("spec") or {}
+    return (spec.get("holderIdentity") or "", spec.get("renewTime"), spec.get("acquireTime"),
+            spec.get("leaseTransitions"), spec.get("leaseDurationSeconds"))
+
+
+class Elector:
+    """One candidate for the Lease. ``run()`` elects until the process stops (a holder that loses the
+    Lease calls ``on_lost`` and returns: the process exits); ``release()`` hands it over at shutdown.
+
+    While this replica does not hold the Lease, ``access.paused`` is True: the access layer refuses
+    every write but the Lease's, and the controllers' resync loops and timers skip their work."""
+
+    def __init__(self, access: Access, settings: LeaseSettings, on_lost: Callable[[], None],
+                 identity: str | None = None, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        self.access = access
+        self.settings = settings
+        self.on_lost = on_lost
+        self.identity = identity or own_identity()
+        self.clock, self.wall, self.sleep = clock, wall, sleep
+        self.leading = False
+        self.lease: dict[str, Any] | None = None  # the newest version read or written
+        self._observed: tuple[Any, ...] | None = None  # the record last seen
+        self._observed_at = 0.0  # the earliest the record last seen can have been written (clock)
+        self._poll_sent: float | None = None  # when the previous read was sent (clock)
+        self._renewed_at = 0.0  # when this holder's last successful write was sent (clock)
+        self._released = False
+        self._gauge = metrics.LEADER.labels(lease=settings.name)
+        self._gauge.set(0)
+        access.paused = True
+
+    @property
+    def where(self) -> str:
+        return f"{self.settings.namespace}/{self.settings.name}"
+
+    async def try_acquire_or_renew(self) -> bool:
+        """One attempt: True when this candidate holds the Lease after it."""
+        sent = self.clock()
+        lease = await self.access.read(LEASE, self.settings.namespace, self.settings.name)
+        if lease is None:
+            try:
+                self.lease = await self.access.create(LEASE, self._body(None, sent))
+            except AlreadyExists:  # another candidate created it first: see it at the next poll
+                self._poll_sent = None
+                return False
+            self._seen(self.lease, sent)
+            return True
+        received = self.clock()
+        record = _record(lease)
+        if record != self._observed:
+            previous = self._poll_sent
+            bounded = previous is not None and received - previous <= self.settings.retry_period + POLL_SLACK_SECONDS
+            self._observed = record
+            self._observed_at = previous if previous is not None and bounded else received
+        self._poll_sent = sent
+        self.lease = lease
+        holder = record[0]
+        if holder and holder != self.identity and self.clock() < self.expiry():
+            return False
+        try:
+            answer = await self.access.replace(LEASE, self._body(lease, sent))
+        except ApiError as exc:
+            if exc.status == 409:  # somebody else wrote it first
+                return False
+            raise
+        if answer is None:  # deleted meanwhile: created again at the next attempt
+            return False
+        self._seen(answer, sent)
+        return True
+
+    def expiry(self) -> float:
+        """When the current holder's claim ends if it is not renewed (clock)."""
+        duration = (self._observed or ())[4:5] or (None,)
+        return self._observed_at + float(duration[0] or self.settings.duration)
+
+    def _seen(self, answer: dict[str, Any], sent: float) -> None:
+        self.lease = answer
+        self._observed, self._observed_at = _record(answer), sent
+
+    def _body(self, lease: Mapping[str, Any] | None, sent: float) -> dict[str, Any]:
+        now = micro_time(self.wall())
+        spec = dict((lease or {}).get("spec") or {})
+        mine = spec.get("holderIdentity") == self.identity
+        spec.update(holderIdentity=self.identity, leaseDurationSeconds=self.settings.duration, renewTime=now,
+                    acquireTime=spec.get("acquireTime") if mine and spec.get("acquireTime") else now,
+                    leaseTransitions=int(spec.get("leaseTransitions") or 0) + (0 if mine or lease is None else 1))
+        metadata = dict((lease or {}).get("metadata") or {"name": self.settings.name})
+        metadata["namespace"] = self.settings.namespace
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}
+
+    async def _attempt(self, timeout: float) -> bool:
+        try:
+            return await asyncio.wait_for(self.try_acquire_or_renew(), max(timeout, 0.001))
+        except (ApiError, TimeoutError) as exc:
+            logger.debug("Lease %s: attempt failed: %s", self.where, exc)
+            return False
+
+    async def run(self) -> None:
+        """Elect until cancelled; a holder that cannot renew within the deadline, or finds another
+        holder, stops acting at once, calls ``on_lost`` and returns."""
+        retry = float(self.settings.retry_period)
+        while not self._released:
+            if not self.leading:
+                sent = self.clock()
+                if await self._attempt(self.settings.renew_deadline):
+                    self._renewed_at = sent
+                    self._acquired()
+                    await self.sleep(retry)
+                else:  # again after a retry period, or as soon as the holder's claim ends
+                    await self.sleep(min(retry, max(0.0, self.expiry() - self.clock()) + 0.01))
+                continue
+            sent = self.clock()
+            deadline = self._renewed_at + self.settings.renew_deadline
+            renewed = await self._attempt(deadline - sent)
+            if renewed:
+                self._renewed_at = sent
+                await self.sleep(retry)
+            elif self.clock() >= deadline or (self._observed or ("",))[0] not in ("", self.identity):
+                self._lost()
+                return
+            else:
+                await self.sleep(min(retry, max(0.0, deadline - self.clock())))
+
+    def _acquired(self) -> None:
+        self.leading = True
+        self.access.paused = False
+        self._gauge.set(1)
+        logger.info("Acting: this replica (%s) holds the Lease %s", self.identity, self.where)
+
+    def _lost(self) -> None:
+        self.leading = False
+        self.access.paused = True
+        self._gauge.set(0)
+        logger.warning("Lost the Lease %s (not renewed within %d s, or taken over): exiting, so that the "
+                       "restarted process stands by with fresh state", self.where, self.settings.renew_deadline)
+        self.on_lost()
+
+    async def release(self, timeout: float = 2.0) -> None:
+        """Stop acting, then give the Lease up (no holder) so that a standby takes it over at once."""
+        self._released = True
+        was_leading, self.leading = self.leading, False
+        self.access.paused = True
+        self._gauge.set(0)
+        if not was_leading or self.lease is None:
+            return
+        spec = dict(self.lease.get("spec") or {})
+        spec.pop("holderIdentity", None)
+        spec.update(leaseDurationSeconds=1, renewTime=micro_time(self.wall()), acquireTime=micro_time(self.wall()))
+        body = {**self.lease, "spec": spec}
+        try:
+            await asyncio.wait_for(self.access.replace(LEASE, body), timeout)
+            logger.info("Released the Lease %s", self.where)
+        except (ApiError, TimeoutError) as exc:  # a standby takes over when the lease duration ends
+            logger.warning("Could not release the Lease %s (%s): a standby takes over within %d s",
+                           self.where, exc, self.settings.duration)

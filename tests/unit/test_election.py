@@ -1,0 +1,299 @@
+"""Leader election on a Lease (core/election.py): only the holder acts, a standby writes nothing but its
+attempts at the Lease, a dead holder is replaced within the lease duration, a released Lease at once.
+
+The candidates talk through the real access layer to an in-memory Lease endpoint (resourceVersions,
+409 on a taken name or a stale version) on a virtual clock: no cluster, no waiting."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+
+from kopf_operators.core import access as k8s
+from kopf_operators.core import metrics
+from kopf_operators.core.election import Elector, LeaseSettings
+from kopf_operators.core.kopf_patches import EventPolicy, governed
+from kopf_operators.core.process import ACCESS, EVENT_POLICY
+
+SETTINGS = LeaseSettings(enabled=True, name="kopf-operators", namespace="ops")
+
+
+class LeaseServer:
+    """The API server's Lease endpoint, in memory: the requests as the access layer sends them."""
+
+    def __init__(self) -> None:
+        self.lease: dict[str, Any] | None = None
+        self.version = 0
+        self.writes: list[tuple[str, str]] = []  # (method, holderIdentity written)
+        self.reads = 0
+        self.down = False  # every request fails (503) while True
+
+    async def request(self, method: str, url: str, body: Any, content_type: str) -> dict[str, Any] | None:
+        if self.down:
+            raise k8s.ApiError(503, "Service Unavailable")
+        assert "/apis/coordination.k8s.io/v1/namespaces/ops/leases" in url, url
+        if method == "GET":
+            self.reads += 1
+            return json.loads(json.dumps(self.lease)) if self.lease else None
+        self.writes.append((method, (body.get("spec") or {}).get("holderIdentity", "")))
+        if method == "POST" and self.lease is not None:
+            raise k8s.ApiError(409, "Conflict", "already exists")
+        current = (self.lease or {}).get("metadata", {}).get("resourceVersion")
+        stale = current is None or body["metadata"].get("resourceVersion") != current
+        if method == "PUT" and stale:
+            raise k8s.Conflict(409, "Conflict")
+        self.version += 1
+        self.lease = {**body, "metadata": {**body["metadata"], "resourceVersion": str(self.version)}}
+        return json.loads(json.dumps(self.lease))
+
+    @property
+    def holder(self) -> str:
+        return ((self.lease or {}).get("spec") or {}).get("holderIdentity", "")
+
+
+class Clock:
+    """Virtual time: a candidate's sleep advances it (the candidates take turns)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def candidate(server: LeaseServer, clock: Clock, name: str, settings: LeaseSettings = SETTINGS,
+              lost: list[str] | None = None) -> Elector:
+    access = k8s.Access(client=None)
+    access._once = server.request  # type: ignore[method-assign]
+    return Elector(access, settings, on_lost=lambda: (lost if lost is not None else []).append(name),
+                   identity=name, clock=clock, wall=lambda: clock.now)
+
+
+async def step(elector: Elector) -> bool:
+    """One attempt, as ``run()`` makes it (a failed attempt is False)."""
+    ok = await elector._attempt(SETTINGS.renew_deadline)
+    if ok and not elector.leading:
+        elector._acquired()
+    return ok
+
+
+def leader_gauge(name: str) -> float:
+    return metrics.LEADER.labels(lease=name)._value.get()
+
+
+def test_settings_from_the_environment(tmp_path: Path) -> None:
+    none = tmp_path / "absent"
+    assert LeaseSettings.from_env({}, none) == LeaseSettings(False, "kopf-operators", "default", 15, 10, 2)
+    sa = tmp_path / "namespace"
+    sa.write_text("ops\n")
+    assert LeaseSettings.from_env({"LEADER_ELECTION": "1"}, sa).namespace == "ops"
+    assert LeaseSettings.from_env({"LEADER_ELECTION": "yes"}, sa).enabled
+    assert LeaseSettings.from_env({"POD_NAMESPACE": "pods"}, sa).namespace == "pods"
+    assert LeaseSettings.from_env({"POD_NAMESPACE": "pods", "LEASE_NAMESPACE": "leases"}, sa).namespace == "leases"
+    custom = LeaseSettings.from_env({"LEADER_ELECTION": "true", "LEASE_NAME": "rel", "LEASE_DURATION_SECONDS": "20",
+                                     "LEASE_RENEW_DEADLINE_SECONDS": "12", "LEASE_RETRY_PERIOD_SECONDS": "3"}, none)
+    assert custom == LeaseSettings(True, "rel", "default", 20, 12, 3)
+
+
+@pytest.mark.parametrize("env", [
+    {"LEASE_DURATION_SECONDS": "10"},  # the renew deadline (10) must be shorter than the duration
+    {"LEASE_RENEW_DEADLINE_SECONDS": "2"},  # the retry period (2) must be shorter than the renew deadline
+    {"LEASE_DURATION_SECONDS": "1.5"},  # whole seconds (sub-second leases elect two leaders)
+    {"LEASE_RETRY_PERIOD_SECONDS": "0"},
+    {"LEADER_ELECTION": "maybe"},
+])
+def test_malformed_settings_fail_at_start(env: dict[str, str], tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        LeaseSettings.from_env(env, tmp_path / "absent")
+
+
+def test_the_first_candidate_acts_and_the_other_writes_nothing_while_it_renews() -> None:
+    async def scenario() -> None:
+        server, clock = LeaseServer(), Clock()
+        a, b = candidate(server, clock, "a"), candidate(server, clock, "b")
+        assert a.access.paused and b.access.paused  # nobody acts before it holds the Lease
+        assert await step(a) and not a.access.paused and leader_gauge("kopf-operators") == 1
+        assert server.holder == "a" and server.lease["spec"]["leaseDurationSeconds"] == 15
+        writes = len(server.writes)
+        for _ in range(30):  # a minute: a renews every 2 s, b looks every 2 s
+            clock.now += 1
+            assert await step(a)
+            clock.now += 1
+            assert not await step(b)
+        assert b.access.paused and not b.leading
+        assert [holder for _, holder in server.writes[writes:]] == ["a"] * 30  # b: not one write
+        assert server.lease["spec"]["leaseTransitions"] == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_dead_holder_is_replaced_after_its_renew_deadline_and_within_the_lease_duration() -> None:
+    """The holder is SIGKILLed right after a renewal: the standby takes over after the holder's renew
+    deadline (when a live holder would have stepped down), and at most the lease duration after the kill."""
+    async def scenario(phase: float) -> None:
+        server, clock = LeaseServer(), Clock()
+        a, b = candidate(server, clock, "a"), candidate(server, clock, "b")
+        await step(a)
+        clock.now += phase
+        for _ in range(5):
+            assert not await step(b)
+            clock.now += 2 - phase
+            await step(a)
+            clock.now += phase
+        killed = last_renewal = clock.now - phase
+        while not await step(b):
+            clock.now += min(2.0, max(0.0, b.expiry() - clock.now) + 0.01)
+            assert clock.now - killed < 30
+        assert not b.access.paused and server.holder == "b"
+        assert last_renewal + SETTINGS.renew_deadline < clock.now <= killed + SETTINGS.duration + 0.02
+        assert server.lease["spec"]["leaseTransitions"] == 1  # type: ignore[index]
+
+    for phase in (0.0, 0.5, 1.0, 1.5, 1.99):  # where the standby's polls fall between the holder's renewals
+        asyncio.run(scenario(phase))
+
+
+def test_a_released_lease_is_taken_over_at_the_next_look() -> None:
+    async def scenario() -> None:
+        server, clock = LeaseServer(), Clock()
+        a, b = candidate(server, clock, "a"), candidate(server, clock, "b")
+        await step(a)
+        clock.now += 1
+        assert not await step(b)
+        await a.release()
+        assert a.access.paused and server.holder == "" and leader_gauge("kopf-operators") == 0
+        with pytest.raises(k8s.Paused):  # a released holder writes nothing more
+            await a.access.create(k8s.POD, {"metadata": {"namespace": "ns", "name": "p"}})
+        clock.now += 0.1
+        assert await step(b) and server.holder == "b"
+
+    asyncio.run(scenario())
+
+
+def test_a_holder_that_cannot_renew_stops_acting_at_its_renew_deadline_and_exits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(k8s, "BACKOFF_SECONDS", 0.0)  # the layer's retries of each attempt: no real wait
+
+    async def scenario() -> None:
+        server, clock, lost = LeaseServer(), Clock(), list[str]()
+
+        async def sleep(seconds: float) -> None:
+            clock.now += seconds
+            if clock.now > start + 4:
+                server.down = True  # the API server becomes unreachable for this replica
+            await asyncio.sleep(0)
+
+        a = candidate(server, clock, "a", lost=lost)
+        a.sleep = sleep
+        start = clock.now
+        await asyncio.wait_for(a.run(), 5)  # returns once it has lost the Lease
+        assert lost == ["a"] and a.access.paused and not a.leading
+        stopped = clock.now - start - 4  # after the last renewal that could succeed
+        assert SETTINGS.renew_deadline - SETTINGS.retry_period <= stopped <= SETTINGS.renew_deadline + 2
+
+    asyncio.run(scenario())
+
+
+def test_a_holder_that_finds_another_holder_exits() -> None:
+    async def scenario() -> None:
+        server, clock, lost = LeaseServer(), Clock(), list[str]()
+        a = candidate(server, clock, "a", lost=lost)
+        await step(a)
+        server.lease["spec"]["holderIdentity"] = "usurper"  # type: ignore[index]
+        server.version += 1
+        server.lease["metadata"]["resourceVersion"] = str(server.version)  # type: ignore[index]
+
+        async def sleep(seconds: float) -> None:
+            clock.now += seconds
+            await asyncio.sleep(0)
+
+        a.sleep = sleep
+        a._renewed_at = clock.now
+        await asyncio.wait_for(a.run(), 5)
+        assert lost == ["a"] and a.access.paused
+
+    asyncio.run(scenario())
+
+
+def test_twins_started_at_once_elect_exactly_one() -> None:
+    async def scenario() -> None:
+        for _ in range(20):
+            server, clock = LeaseServer(), Clock()
+            twins = [candidate(server, clock, name) for name in ("a", "b")]
+            won = await asyncio.gather(*(step(twin) for twin in twins))
+            assert sorted(won) == [False, True]
+            assert [twin.access.paused for twin in twins] == [not w for w in won]
+
+    asyncio.run(scenario())
+
+
+def test_a_standby_sends_no_write_and_posts_no_event_but_its_lease_attempts(monkeypatch: pytest.MonkeyPatch) -> None:
+    posted: list[Any] = []
+    monkeypatch.setattr(kopf, "event", lambda *args, **kwargs: posted.append(args))
+    layer = k8s.Access(client=None)
+    layer.paused = True
+    sent: list[str] = []
+
+    async def once(method: str, url: str, body: Any, content_type: str) -> dict[str, Any]:
+        sent.append(f"{method} {url}")
+        return {}
+
+    layer._once = once  # type: ignore[method-assign]
+
+    async def writes() -> None:
+        for write in (layer.create(k8s.POD, {"metadata": {"namespace": "ns", "name": "p"}}),
+                      layer.patch(k8s.CONFIGMAP, "ns", "c", {"data": {}}),
+                      layer.delete(k8s.POD, "ns", "p", uid="u"),
+                      layer.evict("ns", "p")):
+            with pytest.raises(k8s.Paused):
+                await write
+        await layer.create(k8s.LEASE, {"metadata": {"namespace": "ops", "name": "kopf-operators"}})
+
+    asyncio.run(writes())
+    layer.event({"metadata": {"name": "x"}}, "Normal", "Reason", "message")
+    assert posted == [] and sent == ["POST /apis/coordination.k8s.io/v1/namespaces/ops/leases"]
+
+
+def test_a_warm_standby_indexes_every_event_and_holds_only_kopfs_change_handlers_until_it_acts() -> None:
+    """Kopf's processor indexes an object, then waits on its "indexed" gate before the handlers: the
+    patched processor adds the Lease to that gate (``ActingGate``) for resources with Kopf's change
+    handlers (Kopf writes their state itself). Event-only resources run on: their controllers write
+    nothing while paused, and sweep at once when the replica starts to act."""
+
+    async def scenario() -> None:
+        steps: list[str] = []
+
+        class Indexed:  # Kopf's operator_indexed toggle set: every index is already filled
+            async def wait_for(self, value: bool) -> None:
+                pass
+
+        async def process(operator_indexed: Any, raw_event: dict[str, Any], **_: Any) -> None:
+            steps.append(f"indexed {raw_event['object']['metadata']['name']}")
+            await operator_indexed.wait_for(True)
+            steps.append(f"handled {raw_event['object']['metadata']['name']}")
+
+        memo = kopf.Memo()
+        access = ACCESS.set(memo, k8s.Access(None))
+        EVENT_POLICY.set(memo, EventPolicy(frozenset({"flant.com"}), None))
+        access.paused = True
+        governing = governed(process)
+
+        def event(group: str, name: str) -> asyncio.Future[Any]:
+            return asyncio.ensure_future(governing(
+                memobase=memo, resource=kopf.Resource(group, "v1", "things"), resource_indexed=None,
+                operator_indexed=Indexed(), stream_pressure=asyncio.Event(),
+                raw_event={"type": "ADDED", "object": {"metadata": {"name": name}}}))
+
+        rule, configmap = event("flant.com", "rule"), event("", "cm")
+        await asyncio.wait_for(configmap, 1)
+        await asyncio.sleep(0.05)
+        assert steps == ["indexed rule", "indexed cm", "handled cm"] and not rule.done()
+        access.paused = False
+        await asyncio.wait_for(rule, 1)
+        assert steps[-1] == "handled rule"
+
+    asyncio.run(scenario())
