@@ -255,13 +255,26 @@ class Elector:
         self._gauge.set(0)
         if not was_leading or self.lease is None:
             return
-        spec = dict(self.lease.get("spec") or {})
-        spec.pop("holderIdentity", None)
-        spec.update(leaseDurationSeconds=1, renewTime=micro_time(self.wall()), acquireTime=micro_time(self.wall()))
-        body = {**self.lease, "spec": spec}
         try:
-            await asyncio.wait_for(self.access.replace(LEASE, body), timeout)
+            await asyncio.wait_for(self._release(), timeout)
             logger.info("Released the Lease %s", self.where)
         except (ApiError, TimeoutError) as exc:  # a standby takes over when the lease duration ends
             logger.warning("Could not release the Lease %s (%s): a standby takes over within %d s",
                            self.where, exc, self.settings.duration)
+
+    async def _release(self) -> None:
+        lease = self.lease
+        for _ in range(2):  # a renewal in flight when the election was stopped may have moved it on
+            if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+                return  # gone, or no longer ours: nothing to hand over
+            spec = dict(lease.get("spec") or {})
+            spec.pop("holderIdentity", None)
+            spec.update(leaseDurationSeconds=1, renewTime=micro_time(self.wall()), acquireTime=micro_time(self.wall()))
+            try:
+                await self.access.replace(LEASE, {**lease, "spec": spec})
+                return
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+            lease = await self.access.read(LEASE, self.settings.namespace, self.settings.name)
+        raise ApiError(409, "Conflict")

@@ -225,6 +225,7 @@ def create_responses(namespace: str, since: str) -> list[tuple[str, int]]:
 
 @pytest.fixture
 def twin_space(core: kubernetes.client.CoreV1Api, crds: None, operator_process: OperatorProcess) -> Iterator[str]:
+    was_running = operator_process.running
     operator_process.stop()  # the session's operator acts without a Lease
     delete_lease()
     try:
@@ -232,7 +233,8 @@ def twin_space(core: kubernetes.client.CoreV1Api, crds: None, operator_process: 
             yield names[0]
     finally:
         delete_lease()
-        operator_process.start()
+        if was_running:  # else host_operator_paused restarts it, after this module's release is gone
+            operator_process.start()
 
 
 def test_twins_started_at_the_same_instant_act_once(

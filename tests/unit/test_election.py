@@ -174,6 +174,21 @@ def test_a_released_lease_is_taken_over_at_the_next_look() -> None:
     asyncio.run(scenario())
 
 
+def test_the_release_follows_a_renewal_that_was_in_flight() -> None:
+    async def scenario() -> None:
+        server, clock = LeaseServer(), Clock()
+        a = candidate(server, clock, "a")
+        await step(a)
+        stale = a.lease
+        clock.now += 2
+        await step(a)  # the answer of this renewal was lost when the election stopped
+        a.lease = stale
+        await a.release()
+        assert server.holder == ""
+
+    asyncio.run(scenario())
+
+
 def test_a_holder_that_cannot_renew_stops_acting_at_its_renew_deadline_and_exits(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(k8s, "BACKOFF_SECONDS", 0.0)  # the layer's retries of each attempt: no real wait
