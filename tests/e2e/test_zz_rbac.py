@@ -115,28 +115,30 @@ def covered(grants: set[Grant], namespace: str, right: tuple[str, str, str]) -> 
 
 @pytest.fixture(scope="module")
 def two_releases(operator_image: str, host_operator_paused: None, core: kubernetes.client.CoreV1Api,
-                 crds: None) -> Iterator[dict[str, tuple[str, ...]]]:
+                 crds: None) -> Iterator[tuple[dict[str, tuple[str, ...]], str]]:
     """Release a (Immortal, Copyrator) watching two namespaces, release b (the re-roller, Blackadder)
-    watching a third, both per operator, one replica each: what each watches, after both are Ready."""
+    watching a third, both per operator, one replica each (on a Lease): what each watches, once both
+    are Ready, and the moment before they were installed (audit_now)."""
     run = uuid.uuid4().hex[:5]
+    since = audit_now()
     with (watched_namespaces(core, (f"perop-a1-{run}", f"perop-a2-{run}"), {TEST_LABEL: run}) as mine,
           watched_namespaces(core, (f"perop-b-{run}",), {TEST_LABEL: f"{run}-b"}) as theirs):
-        watched = dict(zip(GROUPS, (mine, theirs), strict=True))
+        spaces = dict(zip(GROUPS, (mine, theirs), strict=True))
         try:
             for release, values in GROUPS.items():
-                install_release(core, release, release, watched[release], PER_OPERATOR, "replicaCount=1",
+                install_release(core, release, release, spaces[release], PER_OPERATOR, "replicaCount=1",
                                 *values, replicas=2)
-            yield watched
+            yield spaces, since
         finally:
             for release in GROUPS:
-                uninstall_release(release, release, watched[release], agents=f"{TEST_LABEL}={run}-b")
+                uninstall_release(release, release, spaces[release], agents=f"{TEST_LABEL}={run}-b")
 
 
 def test_per_operator_accounts_use_only_their_own_rights_and_releases_keep_apart(
-        real_node: str, two_releases: dict[str, tuple[str, ...]], core: kubernetes.client.CoreV1Api,
+        real_node: str, two_releases: tuple[dict[str, tuple[str, ...]], str], core: kubernetes.client.CoreV1Api,
         apps: kubernetes.client.AppsV1Api, custom: kubernetes.client.CustomObjectsApi) -> None:
-    since = audit_now()
-    (a1, a2), (b,) = two_releases["kopf-perop-a"], two_releases["kopf-perop-b"]
+    watched, since = two_releases
+    (a1, a2), (b,) = watched["kopf-perop-a"], watched["kopf-perop-b"]
     run = a1.rsplit("-", 1)[1]
     # Release a: an immortal pod, a copy from a1 into a2.
     apply_yaml(immortal_yaml("sleeper"), namespace=a1)
@@ -158,9 +160,9 @@ def test_per_operator_accounts_use_only_their_own_rights_and_releases_keep_apart
           and not ic_status(custom, b, "stranger"), seconds=5, what="no pod for an object release a does not watch")
     kubectl("delete", "chaosagent", agent, "--timeout=60s")
     for release, values in GROUPS.items():
-        watched = ",".join(two_releases[release])
-        objects = chart_objects(release, release, PER_OPERATOR, f"watchNamespaces={{{watched}}}", *values)
-        others = {ns for name, spaces in two_releases.items() if name != release for ns in spaces}
+        spaces = ",".join(watched[release])
+        objects = chart_objects(release, release, PER_OPERATOR, f"watchNamespaces={{{spaces}}}", *values)
+        others = {ns for name, names in watched.items() if name != release for ns in names}
         grants = account_grants(objects)
         assert len(grants) == 2
         for account, mine in grants.items():
