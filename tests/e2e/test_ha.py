@@ -9,6 +9,8 @@ cluster, fast; no real node needed): exactly one pod per ImmortalContainer, no 4
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -46,7 +48,7 @@ from testsupport.audit import AuditLog, audit_now, resource_of
 from testsupport.kubectl import apply_yaml, kubectl
 
 RELEASE = NAMESPACE = "kopf-ha"
-LEASE = RELEASE  # the chart's Lease: the release's fullname
+LEASE = f"{RELEASE}-kopf-operators"  # the chart's Lease: the release's fullname
 SIGKILL_LIMIT = 15.0  # seconds from a SIGKILL of the holder until the standby acts (the lease duration)
 SIGTERM_LIMIT = 3.0  # seconds from a SIGTERM of the holder (its pod deleted) until the standby acts
 TWIN_STARTS = 20
@@ -254,6 +256,9 @@ def test_twins_started_at_the_same_instant_act_once(
             wait_for(lambda: starts(custom, space, name) == 1, timeout=60, what=f"{name}'s pod")  # noqa: B023
             assert [ACTING in twin.output() for twin in twins].count(True) == 1, [t.tail() for t in twins]
         finally:
+            for twin in twins:  # both at once: each takes a few seconds to stop
+                if twin.proc is not None and twin.running:
+                    os.killpg(twin.proc.pid, signal.SIGTERM)
             for twin in twins:
                 twin.stop()
         delete_lease()
