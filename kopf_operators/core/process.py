@@ -167,6 +167,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         concurrent.futures.ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix="kopf-operators"))
     # Kopf's peering is off: replicas elect a holder on a Lease instead (``elect``).
     settings.peering.standalone = True
+    settings.peering.mandatory = False  # `--peering NAME` would otherwise hold every watch until Kopf's CRD exists
     await elect(memo, LeaseSettings.from_env(), _access)
     if config.shard_count > 1:
         await serve_one_shard(settings, config, _access)
@@ -228,6 +229,9 @@ async def close_connections(memo: kopf.Memo, **_: Any) -> None:
     if ELECTOR.present(memo):
         ELECTION(memo).cancel()
         await ELECTOR(memo).release()
+    # Kopf waits up to 5 s at exit for tasks that are still running: the trim loop never ends by itself.
+    if TRIMMER.present(memo):
+        TRIMMER(memo).cancel()
     # A request after this (another cleanup handler's) opens a new pool.
     if ACCESS.present(memo):
         await ACCESS(memo).close()
