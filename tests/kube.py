@@ -24,14 +24,17 @@ from testsupport.paths import CLUSTER_DIR, KUBECONFIG, LOGS, REPO, helm_binary, 
 from testsupport.tokens import token_kubeconfig
 
 __all__ = [
-    "E2E_RELEASE", "OPERATOR_KUBECONFIG", "OperatorProcess", "PodCreations", "PodLife", "Timeout",
-    "as_service_account", "chart_objects", "delete_namespaces", "operator_namespace",
+    "E2E_RELEASE", "E2E_VALUES", "OPERATOR_KUBECONFIG", "Grant", "OperatorProcess", "PodCreations", "PodLife",
+    "Timeout", "account_grants", "as_service_account", "chart_objects", "delete_namespaces", "operator_namespace",
     "service_account_kubeconfig", "stays", "wait_for",
 ]
 
 # The operator's own identity in tests: the chart's ServiceAccount, RBAC and all (see conftest).
 OPERATOR_KUBECONFIG = CLUSTER_DIR / "operator-kubeconfig"
 E2E_RELEASE = "kopf-operators-e2e"
+# The chart values the tests' operator identity is rendered with: the suite runs real chaos, so the
+# chart must not force Blackadder's dry-run (which withholds its destructive verbs).
+E2E_VALUES = ("operators.blackadder.dryRun=false",)
 # The chart's Lease for that release (its Role grants get/update on this name only), in its namespace.
 E2E_LEASE = E2E_RELEASE
 
@@ -163,6 +166,29 @@ def chart_objects(release: str, namespace: str, *sets: str) -> list[dict[str, An
     return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
 
 
+# (namespace, apiGroup, resource[/subresource], verb); namespace "*" for a ClusterRoleBinding's grant.
+Grant = tuple[str, str, str, str]
+
+
+def account_grants(objects: Sequence[dict[str, Any]]) -> dict[str, set[Grant]]:
+    """What each ServiceAccount ("namespace/name") of rendered chart objects may do, through the
+    bindings among them: a ClusterRoleBinding grants everywhere ("*"), a RoleBinding in its namespace."""
+    roles = {(obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"]): obj.get("rules") or []
+             for obj in objects if obj["kind"] in {"ClusterRole", "Role"}}
+    grants: dict[str, set[Grant]] = {}
+    for obj in objects:
+        if obj["kind"] not in {"ClusterRoleBinding", "RoleBinding"}:
+            continue
+        where = obj["metadata"].get("namespace", "") if obj["kind"] == "RoleBinding" else "*"
+        ref = obj["roleRef"]
+        rules = roles[(ref["kind"], where if ref["kind"] == "Role" else "", ref["name"])]
+        for subject in obj["subjects"]:
+            mine = grants.setdefault(f"{subject['namespace']}/{subject['name']}", set())
+            mine.update((where, group, resource, verb) for rule in rules for group in rule["apiGroups"]
+                        for resource in rule["resources"] for verb in rule["verbs"])
+    return grants
+
+
 def service_account_kubeconfig() -> Path:
     """Install the chart's ServiceAccount and RBAC (release kopf-operators-e2e) and write a kubeconfig
     that authenticates with that ServiceAccount's token: the operator then has exactly the chart's
@@ -171,7 +197,7 @@ def service_account_kubeconfig() -> Path:
 
     namespace = E2E_RELEASE
     kubectl("create", "namespace", namespace, check=False)
-    rbac = [obj for obj in chart_objects(E2E_RELEASE, namespace)
+    rbac = [obj for obj in chart_objects(E2E_RELEASE, namespace, *E2E_VALUES)
             if obj["kind"] in {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}]
     kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(rbac))
     return token_kubeconfig(E2E_RELEASE, namespace, OPERATOR_KUBECONFIG)

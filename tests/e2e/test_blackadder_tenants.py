@@ -28,7 +28,7 @@ from tests.e2e.blackadder_helpers import (
     make_pod,
     render,
 )
-from tests.kube import OperatorProcess, chart_objects, delete_namespaces, stays, wait_for
+from tests.kube import E2E_VALUES, OperatorProcess, chart_objects, delete_namespaces, stays, wait_for
 from testsupport.kubectl import kubectl
 from testsupport.paths import CLUSTER_DIR, KUBECONFIG, REPO, helm_binary, kube_version
 from testsupport.tokens import token_kubeconfig
@@ -47,7 +47,7 @@ def tenant_operator(operator_process: OperatorProcess, crds: None) -> Iterator[O
     """Blackadder as the chart deploys it with tenants enabled: its ServiceAccount, exactly the chart's
     RBAC. The session's operator stops meanwhile (two operators would both serve ChaosAgents)."""
     kubectl("create", "namespace", RELEASE, check=False)
-    rbac = [obj for obj in chart_objects(RELEASE, RELEASE, *TENANT_VALUES)
+    rbac = [obj for obj in chart_objects(RELEASE, RELEASE, *E2E_VALUES, *TENANT_VALUES)
             if obj["kind"] in {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}]
     kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(rbac))
     config = token_kubeconfig(RELEASE, RELEASE, CLUSTER_DIR / "tenants-operator.kubeconfig")

@@ -7,6 +7,7 @@ must name only metrics a running operator really serves on /metrics.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
@@ -21,7 +22,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.kube import OperatorProcess, chart_objects, wait_for
+from tests.kube import Grant, OperatorProcess, account_grants, chart_objects, wait_for
 from testsupport.kubectl import kubectl
 from testsupport.paths import REPO, helm_binary, kube_version
 
@@ -86,6 +87,7 @@ def release(monitoring: Path, core: kubernetes.client.CoreV1Api) -> Iterator[tup
 
 
 @pytest.mark.parametrize("values", [pytest.param(ALL_ON, id="every-option-on"),
+                                    pytest.param((*ALL_ON, "deploymentMode=perOperator"), id="per-operator"),
                                     pytest.param(ALL_OFF, id="every-option-off")])
 def test_helm_install_is_accepted_by_the_api_server(
         release: tuple[str, str], values: tuple[str, ...], core: kubernetes.client.CoreV1Api) -> None:
@@ -101,7 +103,7 @@ def test_helm_install_is_accepted_by_the_api_server(
                       check=False)
         assert got.returncode == 0, f"{doc['kind']} {doc['metadata']['name']}: {got.stderr}"
     optional = {"Service", "ServiceMonitor", "PodMonitor", "PrometheusRule", "NetworkPolicy", "ConfigMap"}
-    if values is ALL_ON:
+    if values is not ALL_OFF:
         assert optional <= set(kinds), kinds
         # NOTES.txt tells what runs and what to watch out for.
         assert "dry-run is FORCED for every ChaosAgent" in notes
@@ -366,3 +368,184 @@ def test_alerts_fire_on_the_series_they_watch_and_only_then(monitoring: Path, tm
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
+
+
+# --- least privilege: deploymentMode, RBAC that follows the settings, releases side by side ----------
+
+OPERATORS = ("immortal", "copyrator", "blackadder", "reroller")
+PER_OPERATOR = "deploymentMode=perOperator"
+# Each is enough to run code as any ServiceAccount (a pod, a Job, a patched pod template) or to take
+# its token (Secrets): no two processes' accounts may hold one of them.
+DANGEROUS = {("", "pods", "create"), ("batch", "jobs", "create"), ("batch", "cronjobs", "patch"),
+             *{("", "secrets", v) for v in ("create", "update", "patch", "delete")},
+             *{("apps", kind, verb) for kind in ("deployments", "statefulsets", "daemonsets")
+               for verb in ("patch", "update")}}
+# Blackadder's: what a forced dry-run withholds (docs/deploy.md, "Permissions").
+DESTRUCTIVE = {("", "pods", "delete"), ("", "pods/eviction", "create"), ("apps", "deployments/scale", "patch"),
+               ("", "configmaps", "patch")}
+LEDGER_NAMESPACE = "kopf-operators"  # render()'s release namespace: Blackadder's ledger Secrets live there
+
+
+def verbs(grants: set[Grant]) -> set[tuple[str, str, str]]:
+    return {grant[1:] for grant in grants}
+
+
+def overlap(one: set[Grant], two: set[Grant]) -> set[tuple[str, str, str]]:
+    """The rights both hold somewhere in common (the same namespace, or one of them everywhere)."""
+    return {a[1:] for a in one for b in two if a[1:] == b[1:] and (a[0] == b[0] or "*" in (a[0], b[0]))}
+
+
+def test_per_operator_mode_runs_each_operator_in_its_own_deployment_and_account() -> None:
+    objects = render(PER_OPERATOR, "replicaCount=2")
+    deployments = {d["metadata"]["name"]: d for d in objects if d["kind"] == "Deployment"}
+    assert set(deployments) == {f"kopf-operators-{op}" for op in OPERATORS}
+    accounts = {d["metadata"]["name"] for d in objects if d["kind"] == "ServiceAccount"}
+    assert accounts == set(deployments)
+    selectors = []
+    for op in OPERATORS:
+        deployment = deployments[f"kopf-operators-{op}"]
+        pod = deployment["spec"]["template"]
+        assert pod["spec"]["serviceAccountName"] == f"kopf-operators-{op}"
+        files = [a for a in pod["spec"]["containers"][0]["args"] if a.startswith("/app/operators/")]
+        assert files == [f"/app/operators/{op}.py"]
+        selector = deployment["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= pod["metadata"]["labels"].items()
+        selectors.append(selector)
+        # Another operator's settings (and the re-roller's webhook credential) stay out of this pod.
+        env = {e["name"].split("_", 1)[0] for e in pod["spec"]["containers"][0]["env"]}
+        own = {"blackadder": "CHAOS", "copyrator": "COPYRATOR", "reroller": "REROLLER"}
+        assert env & set(own.values()) == ({own[op]} if op in own else set()), (op, env)
+    # No Deployment selects another's pods; the PDBs, one per Deployment, select exactly its pods.
+    pods = {name: d["spec"]["template"]["metadata"]["labels"] for name, d in deployments.items()}
+    for name, d in deployments.items():
+        chosen = {other for other, labels in pods.items()
+                  if d["spec"]["selector"]["matchLabels"].items() <= labels.items()}
+        assert chosen == {name}
+    budgets = [b["spec"]["selector"]["matchLabels"] for b in objects if b["kind"] == "PodDisruptionBudget"]
+    assert sorted(map(str, budgets)) == sorted(map(str, selectors))
+    # The metrics Service (so the ServiceMonitor) and the NetworkPolicy/PodMonitor selector take every pod.
+    service = next(o for o in objects if o["kind"] == "Service")
+    assert all(service["spec"]["selector"].items() <= labels.items() for labels in pods.values())
+    # A disabled operator: no Deployment, no account.
+    fewer = render(PER_OPERATOR, "operators.blackadder.enabled=false")
+    assert {d["metadata"]["name"] for d in fewer if d["kind"] == "Deployment"} == {
+        f"kopf-operators-{op}" for op in OPERATORS if op != "blackadder"}
+
+
+@pytest.mark.parametrize("values", [
+    pytest.param((), id="defaults"),
+    pytest.param(("operators.blackadder.dryRun=false", "operators.blackadder.tenants.enabled=true",
+                  "operators.reroller.argoRollouts=true"), id="chaos-tenants-rollouts"),
+    pytest.param(("watchNamespaces={team-a,team-b}", "sharding.enabled=true"), id="namespaces-sharded"),
+])
+def test_no_two_operator_accounts_share_a_dangerous_right(values: tuple[str, ...]) -> None:
+    grants = account_grants(render(PER_OPERATOR, *values))
+    assert set(grants) == {f"kopf-operators/kopf-operators-{op}" for op in OPERATORS}
+    for one, two in itertools.combinations(sorted(grants), 2):
+        shared = overlap(grants[one], grants[two]) & DANGEROUS
+        # The one exception: Blackadder's ledger, Secrets in the release's own namespace only.
+        ledger = {("", "secrets", v) for v in ("create", "update", "delete")}
+        if "blackadder" in one + two and "copyrator" in one + two:
+            blackadder = one if "blackadder" in one else two
+            assert {g for g in grants[blackadder] if g[1:] in ledger} == {(LEDGER_NAMESPACE, *g) for g in ledger}
+            shared -= ledger
+        assert not shared, f"{one} and {two} share {shared}"
+    # The same rights as the bundle's, only split: the mode changes who holds them, not what is granted.
+    bundle = account_grants(render(*values))
+    assert set().union(*(verbs(g) for g in grants.values())) == verbs(bundle["kopf-operators/kopf-operators"])
+
+
+def test_blackadder_holds_no_destructive_verb_while_the_chart_forces_dry_run() -> None:
+    blackadder = "kopf-operators/kopf-operators-blackadder"
+    assert not verbs(account_grants(render(PER_OPERATOR))[blackadder]) & DESTRUCTIVE
+    assert verbs(account_grants(render(PER_OPERATOR, "operators.blackadder.dryRun=false"))[blackadder]) >= DESTRUCTIVE
+    # The bundle holds one only where another enabled operator needs it (Immortal deletes its pods,
+    # Copyrator patches its copies); Blackadder alone holds none.
+    bundle = verbs(account_grants(render())["kopf-operators/kopf-operators"])
+    assert bundle & DESTRUCTIVE == {("", "pods", "delete"), ("", "configmaps", "patch")}
+    alone = render("operators.immortal.enabled=false", "operators.copyrator.enabled=false",
+                   "operators.reroller.enabled=false")
+    assert not verbs(account_grants(alone)["kopf-operators/kopf-operators"]) & DESTRUCTIVE
+
+
+@pytest.mark.parametrize("mode", ["bundle", "perOperator"])
+def test_watch_namespaces_grant_namespaced_rights_through_roles_there(mode: str) -> None:
+    objects = render(f"deploymentMode={mode}", "watchNamespaces={team-a,team-b}")
+    # (The release namespace holds Roles of its own: Blackadder's ledger, the Leases.)
+    roles = [o for o in objects if o["kind"] == "Role" and o["metadata"]["namespace"] != LEDGER_NAMESPACE]
+    assert {o["metadata"]["namespace"] for o in roles} == {"team-a", "team-b"}
+    everywhere = set().union(*({g[1:] for g in grants if g[0] == "*"} for grants in account_grants(objects).values()))
+    # Immortal's and the re-roller's work is all in the watched namespaces: nothing of theirs cluster-wide.
+    for right in [("", "pods", "create"), ("immortalcontainer.flugel.it", "immortalcontainers", "list"),
+                  ("apps", "deployments", "patch"), ("batch", "jobs", "create"), ("flant.com", "copyrators", "patch")]:
+        assert right not in everywhere, right
+    # Cluster-scoped reads stay cluster-wide; so do Copyrator's copies and Blackadder's targets (any
+    # namespace an agent names), which the watched namespaces do not bound.
+    assert {("apiextensions.k8s.io", "customresourcedefinitions", "list"), ("", "namespaces", "watch"),
+            ("blackadder.io", "chaosagents", "list"), ("", "secrets", "create")} <= everywhere
+    # A glob names no namespace to create a Role in: the ClusterRole holds everything.
+    globbed = render(f"deploymentMode={mode}", "watchNamespaces={team-*}")
+    assert not [o for o in globbed if o["kind"] == "Role" and o["metadata"]["namespace"] != LEDGER_NAMESPACE]
+
+
+@pytest.mark.parametrize("mode", ["bundle", "perOperator"])
+def test_two_releases_name_their_cluster_scoped_objects_apart(mode: str) -> None:
+    def cluster_scoped(release: str) -> set[tuple[str, str]]:
+        objects = chart_objects(release, release, f"deploymentMode={mode}", "operators.blackadder.tenants.enabled=true")
+        return {(o["kind"], o["metadata"]["name"]) for o in objects if "namespace" not in o["metadata"]}
+
+    one, two = cluster_scoped("one"), cluster_scoped("two")
+    assert one and not one & two
+    assert all(name.startswith("one-") for _, name in one)
+
+
+def test_two_releases_install_side_by_side(release: tuple[str, str], core: kubernetes.client.CoreV1Api) -> None:
+    """One release per operator group, each watching its own namespaces, in one cluster."""
+    name, namespace = release
+    other = f"{name}-b"
+    core.create_namespace({"metadata": {"name": other, "labels": {"kopf-operators.dev/test": "true"}}})
+    try:
+        helm("install", name, str(CHART), "--namespace", namespace, *sets(
+            PER_OPERATOR, "operators.blackadder.enabled=false", "operators.reroller.enabled=false",
+            f"watchNamespaces={{{namespace}}}"))
+        helm("install", other, str(CHART), "--namespace", other, *sets(
+            "operators.immortal.enabled=false", "operators.copyrator.enabled=false", f"watchNamespaces={{{other}}}"))
+        for release_name, ns in ((name, namespace), (other, other)):
+            manifest = [d for d in yaml.safe_load_all(helm("get", "manifest", release_name, "--namespace", ns).stdout)
+                        if d]
+            for doc in manifest:
+                doc_ns = doc["metadata"].get("namespace")
+                got = kubectl("get", doc["kind"], doc["metadata"]["name"], *(["-n", doc_ns] if doc_ns else []),
+                              "-o", "jsonpath={.metadata.annotations.meta\\.helm\\.sh/release-name}", check=False)
+                assert got.returncode == 0 and got.stdout == release_name, f"{doc['kind']} {doc['metadata']['name']}"
+    finally:
+        helm("uninstall", other, "--namespace", other, "--wait", "--timeout", "60s", check=False)
+        kubectl("delete", "namespace", other, "--ignore-not-found", "--wait=false")
+
+
+def test_no_active_replica_alert_fires_only_when_every_replica_stands_by(monitoring: Path, tmp_path: Path) -> None:
+    """`promtool test rules` on the gauge each replica serves (kopf_operators_leader{lease}: 1 acts)."""
+    groups = alert_groups(PER_OPERATOR)
+    rule = next(r for g in groups for r in g["rules"] if r["alert"] == "KopfOperatorsNoActiveReplica")
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": [{"name": "leader", "rules": [rule]}]}))
+    this = 'job="kopf-operators",namespace="kopf-operators"'
+
+    def leader(lease: str, pod: str, values: str) -> dict[str, str]:
+        return {"series": f'kopf_operators_leader{{{this},lease="{lease}",pod="{pod}"}}', "values": values}
+
+    series = [
+        # immortal: someone else holds the Lease from minute 5: both replicas stand by from then on.
+        leader("kopf-operators-immortal", "i-0", "1x4 0x20"), leader("kopf-operators-immortal", "i-1", "0x25"),
+        # copyrator: a takeover (one minute with nobody acting), then the other replica acts.
+        leader("kopf-operators-copyrator", "c-0", "1x4 0x20"), leader("kopf-operators-copyrator", "c-1", "0x5 1x19"),
+    ]
+    expected = {"namespace": "kopf-operators", "lease": "kopf-operators-immortal", "severity": "critical"}
+    tests = [{"eval_time": at, "alertname": "KopfOperatorsNoActiveReplica",
+              "exp_alerts": [{"exp_labels": expected}] if fire else []}
+             for at, fire in (("4m", False), ("6m", False), ("8m", True), ("20m", True))]
+    spec = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": tests}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(spec))
+    result = subprocess.run([str(monitoring / "promtool"), "test", "rules", "test.yaml"], cwd=tmp_path,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

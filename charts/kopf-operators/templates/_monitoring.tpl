@@ -7,7 +7,9 @@
 {{- end -}}
 
 {{- /* Relabelings shared by the ServiceMonitor and the PodMonitor: a fixed job name (so alerts and the
-dashboard find this release whichever monitor scrapes it) and the shard index (sharding.enabled). */}}
+dashboard find this release whichever monitor scrapes it), the shard index (sharding.enabled) and, in
+deploymentMode perOperator, the operator a pod runs (`process`: the series' own `operator` label is
+the operator a sample counts for). */}}
 {{- define "kopf-operators.scrapeRelabelings" -}}
 - action: replace
   targetLabel: job
@@ -17,12 +19,17 @@ dashboard find this release whichever monitor scrapes it) and the shard index (s
   regex: shard-(.+)
   targetLabel: shard
   replacement: $1
+- action: replace
+  sourceLabels: [__meta_kubernetes_pod_label_kopf_operators_dev_operator]
+  regex: (.+)
+  targetLabel: process
+  replacement: $1
 {{- end -}}
 
 {{- /* Pod extras: metadata. */}}
 {{- define "kopf-operators.podLabels" -}}
 {{- range $key, $_ := .Values.podLabels }}
-{{- if has $key (list "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/component") }}
+{{- if has $key (list "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/component" "kopf-operators.dev/operator") }}
 {{- fail (printf "podLabels: %q is the chart's own selector label; choose another key" $key) }}
 {{- end }}
 {{- end }}
@@ -43,7 +50,7 @@ imagePullSecrets:
 {{- /* extraEnv after the chart's variables; a name the chart sets itself is refused (the later one
 would silently win). `$chartEnv` is the list of names the Deployment sets. */}}
 {{- define "kopf-operators.extraEnv" -}}
-{{- $chartEnv := list "OPERATOR_NAMESPACE" "OPERATOR_POD_NAME" "SHARD_INDEX" "SHARD_COUNT" "CHAOS_DRY_RUN" "CHAOS_STOP_ALL" "CHAOS_MAX_ADDED_REPLICAS" "CHAOS_WEBHOOK_HOSTS" "CHAOS_TENANTS" "CHAOS_TENANTS_MAX_KILLS_PER_CYCLE" "CHAOS_TENANTS_MIN_PAUSE_SECONDS" "COPYRATOR_ALLOW_CROSS_NAMESPACE" "COPYRATOR_RESYNC_SECONDS" "REROLLER_DEBOUNCE_SECONDS" "REROLLER_MIN_INTERVAL_SECONDS" "REROLLER_CLUSTER_ROLLOUTS_PER_SECOND" "REROLLER_CLUSTER_BURST" "REROLLER_RESYNC_SECONDS" "REROLLER_AUTO_RELOAD_ALL" "REROLLER_RELOAD_ON_CREATE" "REROLLER_RELOAD_ON_DELETE" "REROLLER_NAMESPACES_TO_IGNORE" "REROLLER_NAMESPACE_SELECTOR" "REROLLER_RESOURCE_LABEL_SELECTOR" "REROLLER_RESOURCES_TO_IGNORE" "REROLLER_IGNORED_WORKLOAD_TYPES" "REROLLER_RELOAD_STRATEGY" "REROLLER_ARGO_ROLLOUTS" "REROLLER_METRICS_BY_NAMESPACE" "REROLLER_NOTIFY_ONLY" "REROLLER_ALERT_SINK" "REROLLER_ALERT_WEBHOOK_URL" "REROLLER_ALERT_ADDITIONAL_INFO" "METRICS_PORT" "CONCURRENT_EVENTS" }}
+{{- $chartEnv := list "OPERATOR_NAMESPACE" "OPERATOR_POD_NAME" "LEADER_ELECTION" "LEASE_NAME" "POD_NAMESPACE" "SHARD_INDEX" "SHARD_COUNT" "CHAOS_DRY_RUN" "CHAOS_STOP_ALL" "CHAOS_MAX_ADDED_REPLICAS" "CHAOS_WEBHOOK_HOSTS" "CHAOS_TENANTS" "CHAOS_TENANTS_MAX_KILLS_PER_CYCLE" "CHAOS_TENANTS_MIN_PAUSE_SECONDS" "COPYRATOR_ALLOW_CROSS_NAMESPACE" "COPYRATOR_RESYNC_SECONDS" "REROLLER_DEBOUNCE_SECONDS" "REROLLER_MIN_INTERVAL_SECONDS" "REROLLER_CLUSTER_ROLLOUTS_PER_SECOND" "REROLLER_CLUSTER_BURST" "REROLLER_RESYNC_SECONDS" "REROLLER_AUTO_RELOAD_ALL" "REROLLER_RELOAD_ON_CREATE" "REROLLER_RELOAD_ON_DELETE" "REROLLER_NAMESPACES_TO_IGNORE" "REROLLER_NAMESPACE_SELECTOR" "REROLLER_RESOURCE_LABEL_SELECTOR" "REROLLER_RESOURCES_TO_IGNORE" "REROLLER_IGNORED_WORKLOAD_TYPES" "REROLLER_RELOAD_STRATEGY" "REROLLER_ARGO_ROLLOUTS" "REROLLER_METRICS_BY_NAMESPACE" "REROLLER_NOTIFY_ONLY" "REROLLER_ALERT_SINK" "REROLLER_ALERT_WEBHOOK_URL" "REROLLER_ALERT_ADDITIONAL_INFO" "METRICS_PORT" "CONCURRENT_EVENTS" }}
 {{- range .Values.extraEnv }}
 {{- if has .name $chartEnv }}
 {{- fail (printf "extraEnv: %s is set by the chart from its values (see values.yaml); set that value instead" .name) }}
