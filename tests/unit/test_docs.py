@@ -33,3 +33,34 @@ def test_every_stalled_reason_has_a_troubleshooting_entry() -> None:
     guide = (DOCS / "troubleshooting.md").read_text()
     missing = sorted(r for r in reasons if f"reason `{r}`" not in guide)
     assert not missing, f"docs/troubleshooting.md has no entry for: {', '.join(missing)}"
+
+
+def anchors(text: str) -> set[str]:
+    """GitHub's anchors of a page's headings."""
+    found = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", "")).replace(" ", "-")
+        found.add(slug)
+    return found
+
+
+def test_no_doc_names_an_issue_number() -> None:
+    """The docs are a manual: what the software does, not the history of how it was built."""
+    pages = [REPO / "README.md", *DOCS.rglob("*.md")]
+    # A peer's issue or PR is named with its repository (owner/repo#N, then maybe ", #M"; "Reloader PR#N";
+    # "R#N"; "kopf#N"): those are references a user can follow, not this project's history.
+    peer = re.compile(r"[\w-]+#\d+(?:,? (?:and )?#\d+)*")
+    pattern = re.compile(r"#\d{1,3}\b|\bissues? #?\d+\b", re.I)
+    found = [f"{page.relative_to(REPO)}: {line.strip()[:80]}" for page in pages
+             for line in page.read_text().splitlines() if pattern.search(peer.sub("", line))]
+    assert not found, "\n".join(found)
+
+
+def test_every_link_to_a_heading_of_another_page_resolves() -> None:
+    broken = []
+    for page in [REPO / "README.md", *DOCS.rglob("*.md")]:
+        for target, anchor in re.findall(r"\]\(([\w./-]+\.md)#([\w-]+)\)", page.read_text()):
+            linked = (page.parent / target).resolve()
+            if not linked.exists() or anchor not in anchors(linked.read_text()):
+                broken.append(f"{page.relative_to(REPO)} -> {target}#{anchor}")
+    assert not broken, "\n".join(broken)
