@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kopf_operators.core import metrics
+from kopf_operators.core.conventions import env_bool
 
 OPERATOR = "reroller"
 SINKS = ("slack", "teams", "gchat", "webhook")
@@ -98,7 +99,7 @@ class AlertSettings:
         if sink and not url.startswith(("http://", "https://")):
             raise ValueError("REROLLER_ALERT_SINK is set but REROLLER_ALERT_WEBHOOK_URL is not an http(s) URL "
                              "(set it from a Secret)")
-        notify_only = env.get("REROLLER_NOTIFY_ONLY", "").strip().lower() == "true"
+        notify_only = env_bool(env, "REROLLER_NOTIFY_ONLY")
         if notify_only and not sink:
             raise ValueError("REROLLER_NOTIFY_ONLY=true needs REROLLER_ALERT_SINK: it would do nothing at all")
         try:

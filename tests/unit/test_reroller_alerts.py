@@ -28,6 +28,9 @@ def test_settings_from_env() -> None:
                                        "REROLLER_NOTIFY_ONLY": "true"})
     assert settings.sink == "slack" and settings.notify_only and settings.url == url
     assert "secret-token" not in repr(settings)
+    # The one boolean parser, as every other boolean variable: 1, yes and on say true too.
+    assert AlertSettings.from_env({"REROLLER_ALERT_SINK": "slack", "REROLLER_ALERT_WEBHOOK_URL": url,
+                                   "REROLLER_NOTIFY_ONLY": "1"}).notify_only
     for env, error in [({"REROLLER_ALERT_SINK": "webex", "REROLLER_ALERT_WEBHOOK_URL": url}, "not one of"),
                        ({"REROLLER_ALERT_SINK": "slack"}, "REROLLER_ALERT_WEBHOOK_URL"),
                        ({"REROLLER_NOTIFY_ONLY": "true"}, "needs REROLLER_ALERT_SINK")]:
