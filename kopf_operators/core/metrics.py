@@ -31,7 +31,8 @@ EVENTS = prometheus_client.Counter(
     ["resource", "outcome"])
 
 LEADER = prometheus_client.Gauge(
-    "kopf_operators_leader", "1 while this replica holds the Lease and acts, 0 while it stands by.", ["lease"])
+    "kopf_operators_leader", "1 while this replica acts (it holds the Lease, or elects none), 0 while it stands by.",
+    ["lease"])
 
 # Re-roller, opt-in (REROLLER_METRICS_BY_NAMESPACE, Reloader's enableMetricsByNamespace): one series per
 # namespace, so off by default (cardinality).

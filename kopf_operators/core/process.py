@@ -210,6 +210,8 @@ async def elect(memo: kopf.Memo, lease: LeaseSettings, access: Access) -> None:
     The controllers' own resync loops and timers, and Event posting, check ``Access.paused``."""
     if not lease.enabled:
         logger.info("Leader election off (LEADER_ELECTION): this process acts at once, alone")
+        # It acts: the gauge says so, so that "no replica acts" alerts stay silent for it.
+        metrics.LEADER.labels(lease=lease.name).set(1)
         return
     if ELECTOR.present(memo):
         return
