@@ -59,8 +59,10 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 def make_deploy(kubeconfig: Path) -> subprocess.CompletedProcess[str]:
+    # "Anywhere else" is a cluster make asks about first; a script confirms it with CONFIRM_CLUSTER=no.
     return subprocess.run(["make", "-s", "deploy"], cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "KUBECONFIG": str(kubeconfig), "CLUSTER_DIR": str(CLUSTER_DIR)})
+                          env={**os.environ, "KUBECONFIG": str(kubeconfig), "CLUSTER_DIR": str(CLUSTER_DIR),
+                               "CONFIRM_CLUSTER": "no"})
 
 
 def uids() -> dict[str, str]:
