@@ -37,6 +37,10 @@ ALL_ON = (
     f"priorityClassName={PRIORITY_CLASS}", "podAnnotations.team=platform", "podLabels.tier=operators",
     "imagePullSecrets[0].name=registry", "extraEnv[0].name=HTTPS_PROXY", "extraEnv[0].value=",
     "metrics.service.annotations.note=scraped", "operators.blackadder.tenants.enabled=true",
+    "serviceAccount.annotations.iam\\.gke\\.io/gcp-service-account=ops@example.iam.gserviceaccount.com",
+    "topologySpreadConstraints[0].maxSkew=1", "topologySpreadConstraints[0].topologyKey=kubernetes.io/hostname",
+    "topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway",
+    "serviceMonitor.honorLabels=true", "podMonitor.honorLabels=true",
 )
 ALL_OFF = (
     "replicaCount=1", "metrics.enabled=false", "metrics.service.enabled=false", "rbac.create=false",
@@ -174,6 +178,8 @@ def test_chart_lints_strictly_with_every_option_on() -> None:
     ("networkPolicy.apiServer.cidrs={10.0.0.1}", "at '/networkPolicy/apiServer/cidrs/0': '10.0.0.1' does not match"),
     ("metrics.port=8080", "metrics.port: 8080 is the operator's health port; choose another"),
     ("extraEnv[0].name=CHAOS_DRY_RUN", "extraEnv: CHAOS_DRY_RUN is set by the chart from its values"),
+    ("nameOverride=Ops_Team", "at '/nameOverride': 'Ops_Team' does not match pattern"),
+    ("topologySpreadConstraints=zone", "at '/topologySpreadConstraints': got string, want array"),
 ])
 def test_helm_install_refuses_a_wrong_value_with_a_readable_message(
         release: tuple[str, str], value: str, message: str) -> None:
@@ -211,6 +217,83 @@ def test_schema_describes_every_value_in_values_yaml() -> None:
 
     walk(values, schema, "")
 
+
+
+# --- the knobs of a platform's chart ----------------------------------------------------------------
+
+def deployments(*values: str) -> list[dict[str, Any]]:
+    return [d for d in render(*values) if d["kind"] == "Deployment"]
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    return dict(deployment["spec"]["template"]["spec"]["containers"][0])
+
+
+def test_defaults_stay_hardened_and_probe_kopfs_health_endpoint() -> None:
+    for deployment in deployments():
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
+                                          "seccompProfile": {"type": "RuntimeDefault"}}
+        operator = container(deployment)
+        assert operator["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                               "capabilities": {"drop": ["ALL"]}}
+        for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+            assert operator[probe]["httpGet"] == {"path": "/healthz", "port": "health"}, probe
+        # A start over many objects gets minutes before liveness counts (a start with 20,000 objects: ~30 s).
+        startup = operator["startupProbe"]
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
+
+
+def test_openshift_drops_the_fixed_ids_and_a_probe_can_be_left_out() -> None:
+    deployment, = deployments("podSecurityContext.runAsUser=null", "podSecurityContext.runAsGroup=null",
+                              "startupProbe=null", "readinessProbe=null")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert "startupProbe" not in container(deployment) and "readinessProbe" not in container(deployment)
+    assert container(deployment)["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+@pytest.mark.parametrize("mode", ["bundle", "perOperator"])
+def test_spread_and_cloud_identity_reach_every_deployment_and_account(mode: str) -> None:
+    objects = render(f"deploymentMode={mode}", "serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=arn:x",
+                     "topologySpreadConstraints[0].maxSkew=1",
+                     "topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone",
+                     "topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway")
+    accounts = [d for d in objects if d["kind"] == "ServiceAccount"]
+    assert len(accounts) == (4 if mode == "perOperator" else 1)
+    assert all(a["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": "arn:x"} for a in accounts)
+    for deployment in (d for d in objects if d["kind"] == "Deployment"):
+        spread, = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+        # Without a labelSelector of its own, a constraint counts exactly this Deployment's pods.
+        assert spread["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+        assert spread["topologyKey"] == "topology.kubernetes.io/zone"
+
+
+def test_name_overrides_name_every_object_and_the_chart_label_is_on_each() -> None:
+    for values, prefix, name in [((), "r-kopf-operators", "kopf-operators"),
+                                 (("nameOverride=ops",), "r-ops", "ops"),
+                                 (("fullnameOverride=platform-operators",), "platform-operators", "kopf-operators")]:
+        objects = chart_objects("r", "kopf-operators", *values)
+        for doc in objects:
+            labels = doc["metadata"]["labels"]
+            assert labels["helm.sh/chart"] == "kopf-operators-" + yaml.safe_load(
+                (CHART / "Chart.yaml").read_text())["version"], doc["metadata"]["name"]
+            assert labels["app.kubernetes.io/name"] == name
+            assert doc["metadata"]["name"].startswith(prefix), (values, doc["kind"], doc["metadata"]["name"])
+        deployment = next(d for d in objects if d["kind"] == "Deployment")
+        assert deployment["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == name
+
+
+def test_monitors_honor_the_scraped_labels_only_when_asked() -> None:
+    for honor in (False, True):
+        monitors = [d for d in render("serviceMonitor.enabled=true", "podMonitor.enabled=true",
+                                      f"serviceMonitor.honorLabels={str(honor).lower()}",
+                                      f"podMonitor.honorLabels={str(honor).lower()}")
+                    if d["kind"] in ("ServiceMonitor", "PodMonitor")]
+        assert len(monitors) == 2
+        for monitor in monitors:
+            endpoints = monitor["spec"].get("endpoints") or monitor["spec"]["podMetricsEndpoints"]
+            assert [e["honorLabels"] for e in endpoints] == [honor]
 
 # --- alerts and dashboard ---------------------------------------------------------------------------
 
