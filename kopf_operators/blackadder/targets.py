@@ -390,13 +390,18 @@ def pick_pods(pods: Sequence[PodRef], tolerance: int, eagerness: int, rng: rando
     ready = collections.Counter(p.workload for p in alive if p.ready)
     left = {w: n - 1 for w, n in ready.items()}  # each workload keeps at least one ready replica
     own = frequency or FrequencyPlan()
-    ordered = [p for p in alive if p.workload in own.workloads] + [p for p in alive if p.workload not in own.workloads]
+    planned = [p for p in alive if p.workload in own.workloads and _key(p) in own.chosen]
+    # Eagerness draws for every other pod, in name order, so decisions do not shift with the budget.
+    drawn = [p for p in alive if p.workload not in own.workloads and eager(rng, eagerness)]
+    # The caps take a random few of the chosen, not the first by name: with eagerness 100 and a cap of
+    # one, every pod in turn, not the same first pod every cycle. Shuffled after the draws, so the
+    # chosen set does not depend on the budget (the seed still decides the order).
+    rng.shuffle(planned)
+    rng.shuffle(drawn)
     picked: list[PodRef] = []
-    for pod in ordered:
-        # Eagerness draws for every other pod, so decisions do not shift with the budget.
-        chosen = _key(pod) in own.chosen if pod.workload in own.workloads else eager(rng, eagerness)
-        if not chosen or len(picked) >= budget:
-            continue
+    for pod in planned + drawn:
+        if len(picked) >= budget:
+            break
         if not allow_single_replica:
             if left.get(pod.workload, 0) <= 0:
                 continue

@@ -46,7 +46,14 @@ def test_tolerance_respected() -> None:
 
 def test_terminating_pods_skipped_and_not_counted() -> None:
     picked = logic.pick_pods(pods(5, terminating=2), 1, 100, logic.rng_for(1, 1, "tantrum"))
-    assert [p.name for p in picked] == ["p02", "p03"]  # 3 alive, keep 1
+    assert len(picked) == 2 and {p.name for p in picked} <= {"p02", "p03", "p04"}  # 3 alive, keep 1
+
+
+def test_a_capped_eager_agent_takes_every_pod_in_turn_not_the_first_by_name() -> None:
+    # eagerness 100 and a cap of one, as chaoskube's one pod per interval: over cycles, each pod is hit.
+    hit = {p.name for cycle in range(60)
+           for p in logic.pick_pods(pods(6), 0, 100, logic.rng_for(3, cycle, "tantrum"), cap=1)}
+    assert hit == {p.name for p in pods(6)}
 
 
 def test_same_seed_same_decisions_regardless_of_order() -> None:
