@@ -145,14 +145,13 @@ class Proc:
 
 
 class Operator(KopfProcess):
-    """``kopf run`` as the chart runs it (peering, all namespaces, info logs), as a ServiceAccount;
+    """``kopf-operators run`` as the chart runs it (all namespaces, info logs), as a ServiceAccount;
     ``files`` are the operator files it loads (all four by default), relative to ``root``."""
 
     def __init__(self, kubeconfig: Path, env: dict[str, str], log_path: Path, files: list[str],
                  root: Path = REPO) -> None:
         # Metrics served, as the chart ships them (on a free port).
-        super().__init__(files, kubeconfig, log_path, env, standalone=False, verbose=False,
-                         extra_args=["--peering=kopf-operators"], root=root, log_env=True)
+        super().__init__(files, kubeconfig, log_path, env, verbose=False, root=root, log_env=True)
 
     def start(self, timeout: float = 90) -> None:
         super().start(timeout)
@@ -437,8 +436,7 @@ class Bench:
         kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(self.root / "manifests" / "crds"),
                 timeout=300)
         items: list[dict[str, Any]] = [
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SA_NAMESPACE}},
-            {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "kopf-operators"}}]
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SA_NAMESPACE}}]
         for sa in (SA_NAME, PEER_SA_NAME):
             items += [
                 {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": SA_NAMESPACE}},

@@ -9,7 +9,7 @@ Go peer where there is one).
     .venv/bin/python -m bench.run --render .bench/results.json         # re-render the markdown only
 
 Honours CLUSTER_DIR (the cluster is started if needed) and OPERATOR_FILES (as --operators). The operator
-runs as in the Helm chart's default (``kopf run --peering=kopf-operators --all-namespaces <files>``, log
+runs as in the Helm chart's default (``kopf-operators run --standalone --all-namespaces <files>``, log
 level info), under a ServiceAccount token so that the API server's audit log counts its requests; the
 floors (bench/floor.py) run as separate processes with the admin credentials. Sections of operators that
 are not loaded are recorded as skipped. See bench/README.md.
@@ -68,7 +68,7 @@ async def main_async(b: Bench, quick: bool) -> dict[str, Any]:
         "machine": f"{os.cpu_count()} CPUs, {platform.platform()}", "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "operator_files": b.files,
         "operator_root": str(b.root),
-        "operator": f"kopf run --peering=kopf-operators --all-namespaces {' '.join(b.files)} (log level info) as a "
+        "operator": f"kopf-operators run --standalone --all-namespaces {' '.join(b.files)} (log level info) as a "
                     "cluster-admin ServiceAccount; latency and convergence run with REROLLER_DEBOUNCE_SECONDS=0 "
                     "REROLLER_MIN_INTERVAL_SECONDS=0 REROLLER_CLUSTER_ROLLOUTS_PER_SECOND=0",
     }

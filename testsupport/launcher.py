@@ -69,10 +69,9 @@ class KopfProcess:
     """``kopf run [--standalone] <scope> [--verbose] <extra_args> --liveness=... <files>`` against the
     cluster ``kubeconfig`` names, logging to ``log_path`` (appended, one header line per start).
 
-    ``namespaces``: Kopf namespace globs (a shard); empty: ``--all-namespaces``. ``standalone=False``
-    with ``extra_args=["--peering=NAME"]``: Kopf peering. ``metrics_port``: set METRICS_PORT to a free
-    port (unless ``env`` names one), so that parallel operators do not collide. ``root``: run from
-    another checkout (its own kopf_operators package goes first on PYTHONPATH)."""
+    ``namespaces``: Kopf namespace globs (a shard); empty: ``--all-namespaces``. ``metrics_port``: set
+    METRICS_PORT to a free port (unless ``env`` names one), so that parallel operators do not collide.
+    ``root``: run from another checkout (its own kopf_operators package goes first on PYTHONPATH)."""
 
     def __init__(self, files: Sequence[str], kubeconfig: Path, log_path: Path, env: dict[str, str] | None = None,
                  *, standalone: bool = True, verbose: bool = True, namespaces: Sequence[str] = (),

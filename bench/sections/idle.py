@@ -20,10 +20,8 @@ async def run(b: Bench) -> dict[str, Any]:
     await asyncio.sleep(b.n["idle"])
     counts = await b.a.count(start)  # (waits 1 s for the audit flush: part of the window)
     seconds = time.monotonic() - t0
-    peering = counts["by_verb_resource"].get("patch clusterkopfpeerings", 0)
     result = {"window_seconds": round(seconds, 1), "settled_after_s": round(settle, 1),
               "requests": counts, "writes": counts["writes"],
-              "writes_excluding_peering": counts["writes"] - peering,
               "requests_per_minute": round(counts["total"] * 60 / seconds, 1),
               "rss_mb": round(mem["VmRSS"] / 1024, 1), "hwm_mb": round(mem["VmHWM"] / 1024, 1)}
     await b.end_steady_state(ns)

@@ -1,6 +1,6 @@
 """Scale out past one process: hash shards by namespace (the API server filters each shard's watches),
-each with a peering of its own; together they serve every namespace, and never both act on one object
-(issue #11, item 7). The local cluster runs with the ShardedListAndWatch feature gate."""
+together they serve every namespace, and never both act on one object. The local cluster runs with the
+ShardedListAndWatch feature gate."""
 
 from __future__ import annotations
 
@@ -24,21 +24,17 @@ def shards(operator_process: OperatorProcess) -> Iterator[list[OperatorProcess]]
     operator_process.stop()  # the session's unsharded operator would serve the same objects
     procs: list[OperatorProcess] = []
     for index in range(SHARDS):
-        peering = f"kopf-operators-shard-{index}"
-        apply_yaml(f"apiVersion: kopf.dev/v1\nkind: ClusterKopfPeering\nmetadata: {{name: {peering}}}\n")
         # As the chart does: cluster-scoped ChaosAgents only in shard 0.
         files = [f for f in OperatorProcess().files if index == 0 or "blackadder" not in f]
-        procs.append(OperatorProcess(files=files, log_name=f"shard-{index}", standalone=False,
-                                     extra_args=[f"--peering={peering}"],
+        procs.append(OperatorProcess(files=files, log_name=f"shard-{index}",
                                      env={"SHARD_INDEX": str(index), "SHARD_COUNT": str(SHARDS)}))
     try:
         for proc in procs:
             proc.start()
         yield procs
     finally:
-        for index, proc in enumerate(procs):
+        for proc in procs:
             proc.stop()
-            kubectl("delete", "clusterkopfpeering", f"kopf-operators-shard-{index}", "--ignore-not-found")
 
 
 def served_by_server(namespace: str, index: int) -> bool:

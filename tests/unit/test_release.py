@@ -224,7 +224,7 @@ def test_chart_annotations_describe_this_chart() -> None:
         assert card["name"] == name and card["version"] in versions, card
         assert card["displayName"] and card["description"], card
     kinds = {card["kind"] for card in crds}
-    assert kinds == set(shipped) - {"KopfPeering", "ClusterKopfPeering"}  # Kopf's own peering CRDs: no card
+    assert kinds == set(shipped)
     examples = yaml.safe_load(annotations["artifacthub.io/crdsExamples"])
     assert {e["kind"] for e in examples} == kinds
     for example in examples:
