@@ -27,9 +27,6 @@ OVERSIZED = {
 
 # Test modules that still import another test module's helpers (to move to helper modules or conftest).
 IMPORTS_A_TEST_MODULE = {
-    "tests/e2e/test_copyrator_adversarial.py",  # from test_copyrator
-    "tests/e2e/test_copyrator_features.py",  # from test_copyrator
-    "tests/e2e/test_copyrator_tenants.py",  # from test_copyrator
     "tests/e2e/test_immortal_adversarial.py",  # from test_immortal
     "tests/e2e/test_immortal_real_node.py",  # from test_immortal (events_for, ready, status)
     "tests/e2e/test_metrics.py",  # from test_immortal
