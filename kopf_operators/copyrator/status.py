@@ -240,34 +240,24 @@ class StatusReporter:
         return rule
 
     async def flush_status(self, snapshot: Mapping[str, Any]) -> None:
+        """A rule's status pass: observe (the status written last, the tally, the writes done since the
+        last ``Synced``), decide (``logic.decide_status``: one call), act (Events, log lines, the status)."""
         rule = await self.valid_rule(snapshot)
         if rule is None or rule.uid in self.sources.deleting:
             return
         previous = self._previous(snapshot)
         tally = self.tally(rule)
+        decision = logic.decide_status(rule, previous, tally, done=self.places.done.pop(rule.uid, None),
+                                       trigger=self.triggers.pop(rule.uid, ""),
+                                       told_refusals=self.target_reports.get(rule.uid, ""))
         self.kept(rule.uid, len(tally.kept))
-        status = logic.build_status(rule, previous, tally)
-        done = self.places.done.pop(rule.uid, None)
-        trigger = self.triggers.pop(rule.uid, "")
-        if done:
-            summary = ", ".join(f"{what} {count}" for what, count in sorted(done.items()))
-            self.access.event(snapshot, "Normal", "Synced", f"{summary} ({trigger})" if trigger else summary)
-        if status["conflicts"] and status["conflicts"] != (previous.get("conflicts") or []):
-            message = (f"{status['conflicted']} object(s) in the way are not owned by this rule and were left "
-                       f"untouched: {', '.join(status['conflicts'])}")
-            logger.warning(f"Copyrator {rule.key}: {message}")
-            self.access.event(snapshot, "Warning", "Conflict", message)
-        refused = logic.target_refusals(tally)
-        if refused != self.target_reports.get(rule.uid, ""):  # the targets' consent (rules need it too)
-            self.target_reports[rule.uid] = refused
-            if refused:
-                logger.warning(f"Copyrator {rule.key}: {refused}")
-                self.access.event(snapshot, "Warning", "TargetRefused", refused)
-        if status["refused"] and status["refused"] != (previous.get("refused") or []):
-            message = "; ".join(status["refused"])
-            logger.warning(f"Copyrator {rule.key}: {message}")
-            self.access.event(snapshot, "Warning", "Refused", message)
-        await self._write_status(snapshot, previous, status)
+        if decision.target_refusals != self.target_reports.get(rule.uid, ""):
+            self.target_reports[rule.uid] = decision.target_refusals
+        for line, event in decision.said:
+            if line is not None:
+                logger.warning(line)
+            self.access.event(snapshot, *event)
+        await self._write_status(snapshot, previous, decision.status)
 
     async def _write_status(self, snapshot: Mapping[str, Any], previous: Mapping[str, Any],
                             status: dict[str, Any]) -> None:

@@ -297,6 +297,41 @@ def target_refusals(tally: Tally) -> str:
     return "; ".join(parts)
 
 
+Said = tuple[str | None, tuple[str, str, str]]  # (a warning line or None, the Event: type, reason, message)
+
+
+@dataclasses.dataclass(frozen=True)
+class StatusDecision:
+    """A rule's status pass, decided: the status to write (when it changed), and what is said, in order."""
+
+    status: dict[str, Any]
+    said: list[Said]
+    target_refusals: str  # what the targets' consent refuses now (said once per change)
+
+
+def decide_status(rule: Rule, previous: Mapping[str, Any], tally: Tally, *, done: Mapping[str, int] | None = None,
+                  trigger: str = "", told_refusals: str = "") -> StatusDecision:
+    """One call for a rule's status: the status from its tally, the ``Synced`` Event of the writes
+    ``done`` since the last one (by ``trigger``), and a Warning (log line and Event) for each problem
+    that changed since ``previous`` (the targets' refusals: since ``told_refusals``)."""
+    status = build_status(rule, previous, tally)
+    said: list[Said] = []
+    if done:
+        summary = ", ".join(f"{what} {count}" for what, count in sorted(done.items()))
+        said.append((None, ("Normal", "Synced", f"{summary} ({trigger})" if trigger else summary)))
+    if status["conflicts"] and status["conflicts"] != (previous.get("conflicts") or []):
+        message = (f"{status['conflicted']} object(s) in the way are not owned by this rule and were left "
+                   f"untouched: {', '.join(status['conflicts'])}")
+        said.append((f"Copyrator {rule.key}: {message}", ("Warning", "Conflict", message)))
+    refused = target_refusals(tally)
+    if refused and refused != told_refusals:  # the targets' consent (rules need it too)
+        said.append((f"Copyrator {rule.key}: {refused}", ("Warning", "TargetRefused", refused)))
+    if status["refused"] and status["refused"] != (previous.get("refused") or []):
+        message = "; ".join(status["refused"])
+        said.append((f"Copyrator {rule.key}: {message}", ("Warning", "Refused", message)))
+    return StatusDecision(status, said, refused)
+
+
 def status_changed(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
     previous = previous or {}
     return any(previous.get(key) != value for key, value in new.items())
