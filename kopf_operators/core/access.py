@@ -500,7 +500,15 @@ class Access:
         fails the caller; dropped while paused). Messages must never carry data values."""
         if self.paused:
             return
-        kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message[:MAX_EVENT_MESSAGE])
+        try:
+            kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message[:MAX_EVENT_MESSAGE])
+        except LookupError:
+            # Kopf's event queue is reachable only from its handlers' tasks; a controller's own task
+            # (a resync started at startup) has none: the Event is dropped, its caller goes on (the
+            # status it accompanies is written all the same).
+            meta = body.get("metadata") or {}
+            logger.debug(f"Event {reason} on {meta.get('namespace')}/{meta.get('name')} not posted outside "
+                         f"Kopf's handlers")
 
     # --- echoes of our own writes -----------------------------------------------------------------
 

@@ -16,7 +16,7 @@ import kubernetes
 import pytest
 
 from kopf_operators.copyrator import decisions as logic
-from tests.e2e.test_copyrator import (
+from tests.e2e.copyrator_helpers import (
     G,
     P,
     V,

@@ -18,7 +18,7 @@ import urllib3
 import yaml
 
 from kopf_operators.copyrator import decisions as logic
-from tests.e2e.test_copyrator import (
+from tests.e2e.copyrator_helpers import (
     G,
     P,
     V,

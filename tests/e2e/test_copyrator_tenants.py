@@ -1,4 +1,4 @@
-# ruff: noqa: F401, F811  (the fixture imported from test_copyrator is a parameter here)
+# ruff: noqa: F401, F811  (the fixture imported from copyrator_helpers is a parameter here)
 """Copyrator's tenant boundary, end to end: a user bound by a Role to ConfigMaps and Secrets in its own
 namespace only (impersonated: ``kubectl --as``) cannot make the operator write anywhere else without
 that namespace's consent. Every cross-namespace path is tried: push by name, by glob and by label;
@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from kopf_operators.copyrator import decisions as logic
-from tests.e2e.test_copyrator import (
+from tests.e2e.copyrator_helpers import (
     G,
     V,
     condition,

@@ -203,3 +203,13 @@ def test_a_narrow_watch_streams_events_of_any_size_and_raises_on_an_error_event(
     assert "410" in error
     assert queries[0]["fieldSelector"] == "metadata.name=x-immortalpod" and queries[0]["resourceVersion"] == "3"
     assert queries[0]["watch"] == "true" and queries[0]["allowWatchBookmarks"] == "true"
+
+
+def test_an_event_outside_kopfs_handlers_never_fails_its_caller() -> None:
+    """A controller's own task (a resync started at startup) has no Kopf event queue: the Event is
+    dropped, the pass that said it goes on."""
+
+    async def outside() -> None:
+        access.Access(client=None).event({"metadata": {"namespace": "ns", "name": "r"}}, "Normal", "Synced", "x")
+
+    asyncio.run(outside())

@@ -347,6 +347,23 @@ def test_status_counts_conditions_and_stability() -> None:
     assert not logic.status_changed(status, again)
 
 
+def test_a_status_pass_is_one_decision_and_says_each_problem_once() -> None:
+    rule = make_rule()
+    tally = logic.Tally(sources=1, desired=2, copied=1, targets=2, conflicts=["b/settings"],
+                        unaccepted=[("c", "no accept-from")])
+    first = logic.decide_status(rule, {}, tally, done={"created": 1, "updated": 2}, trigger="rule created")
+    assert first.status == logic.build_status(rule, {}, tally)
+    assert [event for _line, event in first.said] == [
+        ("Normal", "Synced", "created 1, updated 2 (rule created)"),
+        ("Warning", "Conflict", "1 object(s) in the way are not owned by this rule and were left untouched: "
+                                "b/settings"),
+        ("Warning", "TargetRefused", first.target_refusals)]
+    assert [line is None for line, _event in first.said] == [True, False, False]  # a warning: one log line each
+    # The same problems on the next pass, nothing written meanwhile: nothing said, nothing to write.
+    again = logic.decide_status(rule, first.status, tally, told_refusals=first.target_refusals)
+    assert again.said == [] and not logic.status_changed(first.status, again.status)
+
+
 def test_missing_consent_and_invalid_status() -> None:
     rule = make_rule(namespace="elsewhere", targetNamespaces=["a"])
     problem = logic.consent_problem(rule, annotated(None, "elsewhere"), ["a"], SETTINGS)

@@ -72,7 +72,7 @@ def controller(access: FakeAccess, rules: list[dict[str, Any]], views: list[logi
     ctl = CopyratorController(access, logic.Options(), snapshots, namespaces,  # type: ignore[arg-type]
                               {"ConfigMap": index, "Secret": {}})
     for body in (source("blue", "blue"), source("green", "green")):
-        ctl.sources["ConfigMap"][("src", body["metadata"]["name"])] = logic.source_entry(body)
+        ctl.sources.put("ConfigMap", logic.source_entry(body))
     return ctl
 
 
@@ -85,7 +85,7 @@ def made(body: dict[str, Any], colour: str, uid: str) -> logic.CopyView:
 
 def sweep(ctl: CopyratorController, body: dict[str, Any]) -> None:
     parsed = logic.parse_rule(body)
-    asyncio.run(ctl._sweep(parsed, "test"))
+    asyncio.run(ctl.writer.sweep(parsed, "test"))
 
 
 OLDER = rule("z-older", "u-old", "2026-11-01T00:00:00Z", "blue", target={"name": "app"})
@@ -99,7 +99,7 @@ def test_a_free_name_goes_to_the_older_rule_whichever_syncs_first() -> None:
         for body in order:
             sweep(ctl, body)
         assert access.calls == [("create", "t", "app", "u-old")]
-        tally = ctl.tally(logic.parse_rule(NEWER))
+        tally = ctl.status.tally(logic.parse_rule(NEWER))
         assert tally.contested == ["t/app (held by src/z-older)"], tally
 
 
@@ -108,7 +108,7 @@ def test_two_rules_created_together_the_free_name_goes_to_the_older_whose_source
     last): the newer waits for the older's sources before it claims the name, so it never takes it."""
     access = FakeAccess()
     ctl = controller(access, [OLDER, NEWER], [])
-    ctl.sources["ConfigMap"].clear()  # neither rule's sources listed yet
+    ctl.sources.clear("ConfigMap")  # neither rule's sources listed yet
 
     async def both() -> None:
         await asyncio.gather(ctl.rule_changed(OLDER, "rule create"), ctl.rule_changed(NEWER, "rule create"))
@@ -123,7 +123,7 @@ def test_the_holder_keeps_the_name_and_the_older_rule_is_refused() -> None:
     sweep(ctl, OLDER)
     sweep(ctl, NEWER)
     assert access.calls == []
-    assert ctl.tally(logic.parse_rule(OLDER)).contested == ["t/app (held by src/a-newer)"]
+    assert ctl.status.tally(logic.parse_rule(OLDER)).contested == ["t/app (held by src/a-newer)"]
 
 
 def test_a_renamed_copy_is_deleted_only_after_its_replacement_is_written() -> None:

@@ -44,7 +44,7 @@ def controller(access: FakeAccess, copies: tuple[logic.CopyView, ...] = (),
     namespaces = {name: [logic.NamespaceInfo(name, {}, True)] for name in ("src", "t")}
     ctl = CopyratorController(access, options or logic.Options(), {RULE_KEY: [logic.rule_snapshot(RULE)]},  # type: ignore[arg-type]
                               namespaces, {"ConfigMap": index, "Secret": {}})
-    ctl.sources["ConfigMap"][("src", "conf")] = logic.source_entry(SOURCE)
+    ctl.sources.put("ConfigMap", logic.source_entry(SOURCE))
     return ctl
 
 
@@ -63,7 +63,7 @@ def writes(access: FakeAccess) -> list[tuple[Any, ...]]:
 
 def test_a_missing_copy_is_created_and_the_rule_status_counts_it() -> None:
     access = FakeAccess()
-    run(controller(access)._guarded(RULE_KEY, "resync"))
+    run(controller(access).passes(RULE_KEY, "resync"))
     assert writes(access) == [("create", "ConfigMap", "t", "conf")]
     [status] = access.made("patch_status")
     assert status[1:4] == ("CopyratorRule", "src", "rule")
@@ -71,13 +71,13 @@ def test_a_missing_copy_is_created_and_the_rule_status_counts_it() -> None:
 
 def test_a_copy_in_sync_in_the_index_costs_no_write() -> None:
     access = FakeAccess()
-    run(controller(access, (copy_in_index({"colour": "blue"}),))._guarded(RULE_KEY, "resync"))
+    run(controller(access, (copy_in_index({"colour": "blue"}),)).passes(RULE_KEY, "resync"))
     assert writes(access) == []
 
 
 def test_a_stale_copy_is_patched_in_place() -> None:
     access = FakeAccess()
-    run(controller(access, (copy_in_index({"colour": "red"}),))._guarded(RULE_KEY, "resync"))
+    run(controller(access, (copy_in_index({"colour": "red"}),)).passes(RULE_KEY, "resync"))
     assert writes(access) == [("patch", "ConfigMap", "t", "conf")]
 
 
@@ -87,10 +87,10 @@ def test_a_foreign_object_in_the_way_is_read_once_and_left_untouched() -> None:
     access.answer("read", {"kind": "ConfigMap", "metadata": {"namespace": "t", "name": "conf", "uid": "theirs",
                                                               "resourceVersion": "1"}, "data": {"x": "y"}})
     ctl = controller(access)
-    run(ctl._guarded(RULE_KEY, "resync"))
+    run(ctl.passes(RULE_KEY, "resync"))
     assert writes(access) == [("create", "ConfigMap", "t", "conf")]  # no patch, no delete of theirs
     assert access.made("read") == [("read", "ConfigMap", "t", "conf")]
-    assert ctl.tally(logic.parse_rule(RULE)).conflicts == ["t/conf"]
+    assert ctl.status.tally(logic.parse_rule(RULE)).conflicts == ["t/conf"]
 
 
 def test_a_failed_sweep_is_retried_with_doubling_backoff_and_a_success_resets_it() -> None:
@@ -100,11 +100,11 @@ def test_a_failed_sweep_is_retried_with_doubling_backoff_and_a_success_resets_it
         ctl = controller(access)
         delays: list[float | None] = []
         for _ in range(2):
-            await ctl._guarded(RULE_KEY, "retry")
-            delays.append(ctl._retry.due_in(RULE_KEY))
-            ctl._retry.cancel(RULE_KEY)  # as if it had fired
-        await ctl._guarded(RULE_KEY, "retry")  # the third try succeeds
-        failures = ctl._backoff.failures(RULE_KEY)
+            await ctl.passes(RULE_KEY, "retry")
+            delays.append(ctl.passes.timers.due_in(RULE_KEY))
+            ctl.passes.timers.cancel(RULE_KEY)  # as if it had fired
+        await ctl.passes(RULE_KEY, "retry")  # the third try succeeds
+        failures = ctl.passes.failures(RULE_KEY)
         await ctl.stop()
         return delays, failures
 
@@ -125,7 +125,7 @@ def test_a_refused_copy_is_retried_with_backoff_and_does_not_fail_the_handler() 
         access.answer("create", quota)
         ctl = controller(access)
         await ctl.rule_changed(RULE, "rule created")  # raises nothing
-        due = ctl._retry.due_in(RULE_KEY)
+        due = ctl.passes.timers.due_in(RULE_KEY)
         await ctl.stop()
         return due, access.made("create")
 
@@ -137,7 +137,7 @@ def test_a_refused_copy_is_retried_with_backoff_and_does_not_fail_the_handler() 
 def test_a_standby_sweeps_nothing() -> None:
     access = FakeAccess()
     access.paused = True
-    run(controller(access)._guarded(RULE_KEY, "resync"))
+    run(controller(access).passes(RULE_KEY, "resync"))
     assert access.calls == []
 
 
@@ -145,11 +145,11 @@ def test_stop_cancels_the_status_flush_and_retries() -> None:
     async def scenario() -> tuple[bool, bool, list[tuple[Any, ...]]]:
         access = FakeAccess()
         ctl = controller(access, options=logic.Options(status_delay_seconds=0.01))
-        ctl.schedule_status(logic.rule_snapshot(RULE))
-        ctl._retry_later(logic.parse_rule(RULE))
+        ctl.status.schedule_status(logic.rule_snapshot(RULE))
+        ctl.passes.retry_later(RULE_KEY)
         await ctl.stop()
         await asyncio.sleep(0.05)  # past the flush it would have made
-        return ctl._flush.pending(RULE_KEY), ctl._retry.pending(RULE_KEY), access.calls
+        return ctl.status.flush.pending(RULE_KEY), ctl.passes.timers.pending(RULE_KEY), access.calls
 
     flush_pending, retry_pending, calls = run(scenario())
     assert not flush_pending and not retry_pending

@@ -305,7 +305,7 @@ class World:
                 await self.ctl.rule_changed(copy.deepcopy(body), "rule updated")
         elif action == "retry":  # a rule's sweep with its kept counts (places in sync are skipped)
             body = self.live[rng.choice(sorted(self.live))]
-            await self.ctl._guarded((body["metadata"]["namespace"], body["metadata"]["name"]), "retry")
+            await self.ctl.passes((body["metadata"]["namespace"], body["metadata"]["name"]), "retry")
         elif action == "rule-deleted" and len(self.live) > 1:
             uid = rng.choice(sorted(self.live))
             body = self.live.pop(uid)
@@ -319,20 +319,20 @@ class World:
 
     def tallies(self, ctl: CopyratorController) -> dict[str, dict[str, Any]]:
         out = {}
-        for _s, rule in ctl.active_rules():
+        for _s, rule in ctl.sources.active_rules():
             if not rule.push:
-                out[rule.uid] = normal(ctl.tally(rule))
+                out[rule.uid] = normal(ctl.status.tally(rule))
         return out
 
     def from_scratch(self) -> dict[str, dict[str, Any]]:
         """The same controller's counts with its ledgers rebuilt from the indexes (kept afterwards)."""
-        kept = dict(self.ctl._ledgers)
-        self.ctl._ledgers.clear()
+        kept = dict(self.ctl.status.ledgers)
+        self.ctl.status.ledgers.clear()
         try:
             return self.tallies(self.ctl)
         finally:
-            self.ctl._ledgers.clear()
-            self.ctl._ledgers.update(kept)
+            self.ctl.status.ledgers.clear()
+            self.ctl.status.ledgers.update(kept)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -361,7 +361,7 @@ def test_a_restarted_controller_counts_the_same(seed: int) -> None:
         # What only trying tells (an object taken over by hand is in the way: the 409 on create), both
         # processes learn from a sweep: the running one's retry (its counts are kept, not rebuilt).
         for body in world.live.values():
-            await world.ctl._guarded((body["metadata"]["namespace"], body["metadata"]["name"]), "retry")
+            await world.ctl.passes((body["metadata"]["namespace"], body["metadata"]["name"]), "retry")
         await world.deliver()
         before = world.tallies(world.ctl)
         await world.ctl.stop()
@@ -388,8 +388,8 @@ def test_a_namespace_event_judges_only_that_namespace_s_places(monkeypatch: pyte
     async def scenario() -> int:
         world = World(0)
         await world.setup()
-        for _s, rule in world.ctl.active_rules():
-            world.ctl.tally(rule)  # ledgers built
+        for _s, rule in world.ctl.sources.active_rules():
+            world.ctl.status.tally(rule)  # ledgers built
         judged: list[str] = []
         standing = logic.standing
 
@@ -400,8 +400,8 @@ def test_a_namespace_event_judges_only_that_namespace_s_places(monkeypatch: pyte
         monkeypatch.setattr(logic, "standing", counted)
         world.set_namespace(namespace_info("n5", {"team": "a"}), "n5", "ADDED")
         await world.deliver()
-        for _s, rule in world.ctl.active_rules():
-            world.ctl.tally(rule)
+        for _s, rule in world.ctl.sources.active_rules():
+            world.ctl.status.tally(rule)
         await world.ctl.stop()
         return len(set(judged) - {"n5"})
 
@@ -416,10 +416,10 @@ def test_a_copy_that_failed_in_a_namespace_since_deleted_stops_counting() -> Non
         world.cluster.pending.append(("Namespace", "ADDED", namespace_body(namespace_info("n5", {"team": "a"}))))
         await world.deliver()
         rule = logic.parse_rule(RULES[0])
-        failed_before = world.ctl.tally(rule).failed
+        failed_before = world.ctl.status.tally(rule).failed
         world.set_namespace(None, "n5", "DELETED")
         await world.deliver()
-        failed_after = world.ctl.tally(rule).failed
+        failed_after = world.ctl.status.tally(rule).failed
         await world.ctl.stop()
         return failed_before, failed_after
 
@@ -436,7 +436,7 @@ def test_a_sweep_that_skips_places_counted_in_sync_leaves_nothing_for_a_sweep_fr
         await world.deliver()
         for _ in range(2):  # retries (kept counts) until the cluster is as the rules want it
             for body in world.live.values():
-                await world.ctl._guarded((body["metadata"]["namespace"], body["metadata"]["name"]), "retry")
+                await world.ctl.passes((body["metadata"]["namespace"], body["metadata"]["name"]), "retry")
             await world.deliver()
         before = world.cluster.writes
         await world.ctl._resync()  # counts from scratch: finds nothing the retries skipped

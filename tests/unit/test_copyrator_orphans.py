@@ -89,7 +89,7 @@ def test_a_failed_confirmation_deletes_nothing() -> None:
 def test_a_deletion_seen_by_the_operator_needs_no_confirmation() -> None:
     access = FakeAccess({})
     sweep = controller(access, {}, [copy_view("t", "gone", "u-gone", "a/gone")])
-    sweep._deleting.add("u-gone")  # its DELETED event was handled, but that prune failed
+    sweep.sources.deleting.add("u-gone")  # its DELETED event was handled, but that prune failed
     assert asyncio.run(sweep.prune_orphans()) == 1
     assert [c[0] for c in access.calls] == ["delete"]
 

@@ -65,9 +65,9 @@ def controller(access: FakeAccess, views: list[logic.CopyView],
     for body in in_view:
         rule = logic.push_rule(body)
         key = ("src", body["metadata"]["name"])
-        ctl.sources["ConfigMap"][key] = logic.source_entry(body)
+        ctl.sources.put("ConfigMap", logic.source_entry(body))
         if isinstance(rule, logic.Rule):
-            ctl.pushes["ConfigMap"][key] = rule
+            ctl.sources.pushes["ConfigMap"][key] = rule
     return ctl
 
 

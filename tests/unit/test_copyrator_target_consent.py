@@ -152,8 +152,8 @@ def controller(access: FakeAccess, namespaces: list[logic.NamespaceInfo], source
             index.setdefault(key, []).append(value)
     ctl = CopyratorController(access, options or logic.Options(operator_namespace="kopf-operators"), {},  # type: ignore[arg-type]
                               {n.name: [n] for n in namespaces}, {"ConfigMap": index, "Secret": {}})
-    ctl._push_changed("ConfigMap", "ADDED", source)
-    ctl.sources["ConfigMap"][("tenant-a", "cfg")] = logic.source_entry(source)
+    ctl.sources.push_changed("ConfigMap", "ADDED", source)
+    ctl.sources.put("ConfigMap", logic.source_entry(source))
     return ctl
 
 
@@ -183,7 +183,7 @@ def test_consent_given_later_lets_the_same_push_copy() -> None:
     ctl = controller(access, [ns("tenant-a"), ns("tenant-b")], pushing())
     asyncio.run(ctl._resync_pushes())
     assert writes(access) == []
-    ctl.namespaces["tenant-b"] = [ns("tenant-b", "tenant-*")]  # type: ignore[index]
+    ctl.sources.namespaces["tenant-b"] = [ns("tenant-b", "tenant-*")]  # type: ignore[index]
     asyncio.run(ctl.namespace_event("MODIFIED", {"metadata": {"name": "tenant-b", "annotations": {
         logic.ACCEPT_FROM_ANNOTATION: "tenant-*"}}, "status": {"phase": "Active"}}))
     assert writes(access) == [("create", "ConfigMap", "tenant-b", "cfg")]
