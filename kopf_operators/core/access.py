@@ -36,6 +36,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import datetime
 import enum
 import json
 import logging
@@ -185,6 +186,7 @@ class Access:
         self._writes_in_flight = 0
         self._no_writes = asyncio.Event()  # set while no write is in flight
         self._no_writes.set()
+        self._events_posting: set[asyncio.Task[None]] = set()  # Events posted outside Kopf's handlers
 
     @classmethod
     def from_environment(cls) -> Access:
@@ -496,19 +498,37 @@ class Access:
     # --- events ---------------------------------------------------------------------------------
 
     def event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-        """A Kubernetes Event on ``body``, posted by Kopf in the background (never blocks, never
-        fails the caller; dropped while paused). Messages must never carry data values."""
+        """A Kubernetes Event on ``body``, posted in the background (never blocks, never fails the
+        caller; dropped while paused). Messages must never carry data values."""
         if self.paused:
             return
+        message = message[:MAX_EVENT_MESSAGE]
         try:
-            kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message[:MAX_EVENT_MESSAGE])
+            kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message)
         except LookupError:
-            # Kopf's event queue is reachable only from its handlers' tasks; a controller's own task
-            # (a resync started at startup) has none: the Event is dropped, its caller goes on (the
-            # status it accompanies is written all the same).
-            meta = body.get("metadata") or {}
-            logger.debug(f"Event {reason} on {meta.get('namespace')}/{meta.get('name')} not posted outside "
-                         f"Kopf's handlers")
+            # Kopf's event queue exists only in its handlers' tasks; a controller's own task (a resync
+            # started at startup) posts the Event itself, as Kopf's poster would.
+            task = asyncio.get_running_loop().create_task(self._post_event(body, type_, reason, message))
+            self._events_posting.add(task)
+            task.add_done_callback(self._events_posting.discard)
+
+    async def _post_event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        meta = body.get("metadata") or {}
+        # A cluster-scoped object's Events go to "default", where Kopf puts them too.
+        namespace = meta.get("namespace") or "default"
+        now = datetime.datetime.now(datetime.UTC).isoformat()
+        event = {
+            "metadata": {"namespace": namespace, "generateName": "kopf-event-"},
+            "action": "Action?", "type": type_, "reason": reason, "message": message,
+            "reportingComponent": "kopf", "reportingInstance": "dev", "source": {"component": "kopf"},
+            "involvedObject": {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+                               "name": meta.get("name"), "uid": meta.get("uid"), "namespace": namespace},
+            "firstTimestamp": now, "lastTimestamp": now, "eventTime": now,
+        }
+        try:
+            await self._write("POST", f"/api/v1/namespaces/{quote(namespace)}/events", event)
+        except Exception as exc:  # an Event is best effort, as Kopf's: never the caller's failure
+            logger.warning(f"Event {reason} on {namespace}/{meta.get('name')} not posted: {exc}")
 
     # --- echoes of our own writes -----------------------------------------------------------------
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import kopf
+import kubernetes
 import pytest
+from aiohttp import web
 
 from kopf_operators.core import access
 from kopf_operators.core.process import QuietBookkeeping
@@ -114,7 +117,6 @@ def test_transient_failures_are_retried_a_few_times_and_refusals_never(monkeypat
 def test_requests_go_where_the_kubeconfig_says() -> None:
     """The TLS server name and the proxy of the configuration (kubeconfig or in-cluster) apply to the
     layer's own connections, and ``no_proxy`` exempts the server."""
-    import kubernetes
 
     configuration = kubernetes.client.Configuration()
     configuration.host = "https://10.0.0.1:6443"
@@ -158,8 +160,6 @@ def test_a_narrow_watch_streams_events_of_any_size_and_raises_on_an_error_event(
     import asyncio
     import json
 
-    import kubernetes
-    from aiohttp import web
 
     big = {"metadata": {"name": "x-immortalpod", "resourceVersion": "5", "annotations": {"a": "b" * 200_000}}}
     lines = [json.dumps({"type": "MODIFIED", "object": big}).encode(),
@@ -205,11 +205,39 @@ def test_a_narrow_watch_streams_events_of_any_size_and_raises_on_an_error_event(
     assert queries[0]["watch"] == "true" and queries[0]["allowWatchBookmarks"] == "true"
 
 
-def test_an_event_outside_kopfs_handlers_never_fails_its_caller() -> None:
-    """A controller's own task (a resync started at startup) has no Kopf event queue: the Event is
-    dropped, the pass that said it goes on."""
+def test_an_event_outside_kopfs_handlers_is_posted_by_the_access_layer_and_never_fails_its_caller() -> None:
+    """A controller's own task (a resync started at startup) has no Kopf event queue: the access layer
+    posts the Event itself; a refusal is logged, never the caller's failure."""
+    posted: list[tuple[str, dict[str, Any]]] = []
 
-    async def outside() -> None:
-        access.Access(client=None).event({"metadata": {"namespace": "ns", "name": "r"}}, "Normal", "Synced", "x")
+    async def handler(request: web.Request) -> web.Response:
+        posted.append((request.path, await request.json()))
+        return web.json_response({}, status=201 if len(posted) == 1 else 403)
 
-    asyncio.run(outside())
+    async def scenario() -> None:
+        app = web.Application()
+        app.router.add_post("/api/v1/namespaces/{namespace}/events", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        configuration = kubernetes.client.Configuration()
+        configuration.host = f"http://127.0.0.1:{port}"
+        layer = access.Access(kubernetes.client.ApiClient(configuration))
+        rule = {"apiVersion": "flant.com/v1", "kind": "CopyratorRule",
+                "metadata": {"namespace": "ns", "name": "r", "uid": "u1"}}
+        agent = {"apiVersion": "blackadder.io/v1beta1", "kind": "ChaosAgent", "metadata": {"name": "a", "uid": "u2"}}
+        layer.event(rule, "Normal", "Synced", "all 2 copies in sync")
+        layer.event(agent, "Warning", "CycleFailed", "refused")  # answered 403: logged, not raised
+        while layer._events_posting:
+            await asyncio.sleep(0.01)
+        await layer.close()
+        await runner.cleanup()
+
+    asyncio.run(scenario())
+    assert [path for path, _ in posted] == ["/api/v1/namespaces/ns/events", "/api/v1/namespaces/default/events"]
+    event = posted[0][1]
+    assert (event["type"], event["reason"], event["message"]) == ("Normal", "Synced", "all 2 copies in sync")
+    assert event["involvedObject"] == {"apiVersion": "flant.com/v1", "kind": "CopyratorRule", "name": "r",
+                                       "uid": "u1", "namespace": "ns"}
