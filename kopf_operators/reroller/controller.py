@@ -91,6 +91,9 @@ class RerollerController:
         # Fair between namespaces, like the bucket: a flood of rollouts in one namespace, slower to write
         # than the budget allows, must not queue another namespace's pass behind it.
         self._limit = FairLimit(CONCURRENCY)
+        # Events' passes handed over to wait for a write slot (see ``submit``): key -> the newest view an
+        # event reported for it (None: look it up when the pass runs). A key is here while its pass waits.
+        self._handed: dict[Key, logic.WorkloadView | None] = {}
 
     # --- state ---------------------------------------------------------------------------------------
 
@@ -148,6 +151,7 @@ class RerollerController:
         self._last_roll.pop(key, None)
         self._warned.pop(key, None)
         self._backoff.reset(key)
+        self._handed.pop(key, None)
         self._release(key)
         self._timers.cancel(key)
 
@@ -160,7 +164,7 @@ class RerollerController:
         """A ConfigMap/Secret changed (its index entry is already updated): look at its workloads."""
         keys = self.affected(kind, namespace, name)
         if keys:
-            await asyncio.gather(*(self.guarded(key, f"{kind.lower()} event") for key in keys))
+            await asyncio.gather(*(self.submit(key, f"{kind.lower()} event") for key in keys))
 
     async def workload_event(self, key: Key, event_type: str | None, body: Mapping[str, Any]) -> None:
         if event_type == "DELETED":
@@ -170,15 +174,39 @@ class RerollerController:
         if view is None:
             self.forget(key)  # not (or no longer) opted in
             return
-        await self.guarded(key, "workload event", view)
+        await self.submit(key, "workload event", view)
 
-    async def guarded(self, key: Key, trigger: str, event_view: logic.WorkloadView | None = None) -> None:
-        """One pass outside Kopf's retrying handlers: a failure is logged once and retried later with
-        backoff, never hot. Nothing while Kopf has paused this process (a standby)."""
+    async def submit(self, key: Key, trigger: str, event_view: logic.WorkloadView | None = None) -> None:
+        """An event's pass: run now while a write slot is free; otherwise handed over to a task that
+        waits for its namespace's turn, so that the event gives Kopf's event slot back at once. (Kopf
+        processes at most ``CONCURRENT_EVENTS`` events at once: a flood's events each waiting for a
+        write slot would hold them all, and another namespace's ConfigMap event would wait for one.)
+        One handed-over pass per key; later events only bring it a newer view. It is in memory only,
+        like a timer: after a restart the first look compares the stored baseline with the data."""
         if self.access.paused:
+            return
+        if key in self._handed:
+            self._handed[key] = _newer(self._handed[key], event_view)
+        elif self._limit.free > 0 and not self._limit.waiting:
+            await self.guarded(key, trigger, event_view)
+        else:
+            self._handed[key] = event_view
+            self.background.spawn(self.guarded(key, trigger, handed=True))
+
+    async def guarded(self, key: Key, trigger: str, event_view: logic.WorkloadView | None = None, *,
+                      handed: bool = False) -> None:
+        """One pass outside Kopf's retrying handlers: a failure is logged once and retried later with
+        backoff, never hot. Nothing while Kopf has paused this process (a standby). ``handed``: the
+        pass ``submit`` handed over (it takes the newest view reported meanwhile once it may write)."""
+        if self.access.paused:
+            self._handed.pop(key, None)
             return
         try:
             async with self._limit.hold(key[1]):
+                if handed:
+                    if key not in self._handed:
+                        return  # forgotten meanwhile (deleted, or no longer opted in)
+                    event_view = self._handed.pop(key)
                 await self.reconcile(key, trigger, event_view)
             self._backoff.reset(key)
         except ApiError as exc:
@@ -194,6 +222,10 @@ class RerollerController:
                 return
             logger.warning(f"{key[0]} {key[1]}/{key[2]}: {trigger}: {exc}; retrying in {delay:.0f}s")
             self._schedule(key, delay)
+        except Exception:
+            if not handed:
+                raise  # Kopf's handler says it
+            logger.exception(f"{key[0]} {key[1]}/{key[2]}: {trigger}: failed")  # no handler to say it
 
     def _schedule(self, key: Key, delay: float) -> None:
         """Look at the workload again after ``delay`` (an earlier pending look wins)."""
@@ -449,6 +481,14 @@ class RerollerController:
     async def stop(self) -> None:
         await self.alerts.stop()
         await self.background.stop()
+
+
+def _newer(known: logic.WorkloadView | None, reported: logic.WorkloadView | None) -> logic.WorkloadView | None:
+    if reported is None:
+        return known
+    if known is None or reported.uid != known.uid or reported.rv >= known.rv:
+        return reported
+    return known
 
 
 # The controller in Kopf's memo, typed: operators/reroller.py reaches it as ``CONTROLLER(memo)``.

@@ -293,6 +293,39 @@ def test_burst_rolls_at_once_then_merges_and_flapping_is_rate_limited(operator: 
     stays(lambda: replicasets(apps, namespace, "app") - before <= 3, 11, what="at most 1 rollout per 10 s")
 
 
+def test_a_flooding_namespace_does_not_hold_back_another_namespaces_rollout(
+        reroller_with: Callable[..., OperatorProcess], namespace: str, make_namespace: Callable[..., str],
+        core: Any, apps: Any) -> None:
+    """The rollout budget is fair per namespace: one ConfigMap used by 20 Deployments floods a namespace
+    with rollouts the budget (2 a second, burst 1) spreads over ten seconds; a change in a quiet namespace
+    meanwhile rolls its Deployment at the next token, long before the flood's backlog drains (one shared
+    queue would serve it last). Asserted on the order, not on a time."""
+    proc = reroller_with(REROLLER_DEBOUNCE_SECONDS="0", REROLLER_MIN_INTERVAL_SECONDS="0",
+                         REROLLER_CLUSTER_ROLLOUTS_PER_SECOND="2", REROLLER_CLUSTER_BURST="1")
+    quiet, flood = make_namespace("quiet"), [f"f-{i}" for i in range(20)]
+    spec = {"containers": [{"name": "c", "image": "app", "envFrom": [{"configMapRef": {"name": "cfg"}}]}]}
+    for ns in (namespace, quiet):
+        configmap(core, ns, "cfg", {"k": "0"})
+    for name in flood:
+        deployment(apps, namespace, name, spec, AUTO, replicas=0)
+    deployment(apps, quiet, "q", spec, AUTO, replicas=0)
+    for ns, name in [*((namespace, name) for name in flood), (quiet, "q")]:
+        baseline(apps, ns, name)
+
+    def flood_not_rolled() -> int:
+        return sum(1 for d in apps.list_namespaced_deployment(namespace).items
+                   if logic.CONFIG_HASH not in (d.spec.template.metadata.annotations or {}))
+
+    set_cm(core, namespace, "cfg", {"k": "1"})
+    wait_for(lambda: flood_not_rolled() < len(flood), timeout=30, what="the flood's first rollout")
+    set_cm(core, quiet, "cfg", {"k": "1"})
+    wait_for(lambda: template_hash(apps, quiet, "q"), timeout=30, interval=0.05, what="the quiet namespace's rollout")
+    backlog = flood_not_rolled()
+    assert backlog >= 5, f"the quiet namespace rolled only when {len(flood) - backlog} of the flood had rolled"
+    wait_for(lambda: flood_not_rolled() == 0, timeout=60, what="the flood's backlog drained")
+    assert not proc.errors()
+
+
 def test_reloader_annotations(operator: OperatorProcess, namespace: str, core: Any, apps: Any) -> None:
     configmap(core, namespace, "named", {"k": "1"})
     configmap(core, namespace, "unlisted", {"k": "1"})
