@@ -150,13 +150,13 @@ def test_a_source_missing_at_the_first_sighting_is_recorded_absent_only_once_it_
         await ctl.guarded(KEY, "workload event")
         await ctl.guarded(KEY, "workload event")  # say, the Deployment's own status update
         early, due = list(access.calls), ctl._timers.due_in(KEY)
-        clock[0] += reroller.ABSENT_SETTLE_SECONDS
+        clock[0] += logic.ABSENT_SETTLE_SECONDS
         await ctl.guarded(KEY, "timer")
         await ctl.stop()
         return early, due, patches(access), access.events
 
     early, due, [patch], events = run(scenario())
-    assert early == [] and due == pytest.approx(reroller.ABSENT_SETTLE_SECONDS, abs=0.05)
+    assert early == [] and due == pytest.approx(logic.ABSENT_SETTLE_SECONDS, abs=0.05)
     assert logic.ABSENT in patch["metadata"]["annotations"][logic.OBSERVED_SOURCES] and "spec" not in patch
     assert events == [("Warning", "SourceMissing")]
 

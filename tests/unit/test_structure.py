@@ -23,7 +23,6 @@ MAX_CLASS_LINES = 400
 OVERSIZED = {
     "kopf_operators/copyrator/controller.py",  # CopyratorController: source tracking, copy writer, claims, status
     "kopf_operators/copyrator/decisions.py",
-    "kopf_operators/reroller/decisions.py",
 }
 
 # Test modules that still import another test module's helpers (to move to helper modules or conftest).
@@ -42,7 +41,6 @@ IMPORTS_A_TEST_MODULE = {
 OWN_VERSION_CACHE = {
     "kopf_operators/immortal/controller.py",
     "kopf_operators/copyrator/controller.py",
-    "kopf_operators/reroller/controller.py",
 }
 VERSION_CACHE_NAMES = {"_written", "_pods_seen", "_rv"}
 
