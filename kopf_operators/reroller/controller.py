@@ -9,7 +9,10 @@ State comes from Kopf indexes, never from a read per event:
 
 A source event costs one write per affected workload (a merge patch carrying the resourceVersion
 known from the index, or from the answer to our own last write); a 409 re-reads that one workload
-and decides again. The first sighting of a workload records its baseline at once. Rollouts are
+and decides again. The first sighting of a workload records its baseline at once. A pass is observe
+(the newest view: the index, the answers to our writes via ``core.controller.Newest``, the event's
+body; its sources from the indexes) -> decide (one call: ``decisions.decide``) -> act (the pacing,
+the write); everything kept per workload is in one ``KeyedState``. Rollouts are
 paced: the first change rolls at once (leading edge), changes within the window after it merge into
 one more rollout, and a cluster-wide token bucket spreads out mass rollouts.
 """
@@ -27,7 +30,18 @@ from typing import Any, Literal
 from kopf_operators.core import access as k8s
 from kopf_operators.core import metrics
 from kopf_operators.core.access import Access, ApiError
-from kopf_operators.core.controller import Background, Backoff, FairLimit, Index, KeyedTimers, MemoSlot, first
+from kopf_operators.core.controller import (
+    Background,
+    Backoff,
+    FairLimit,
+    Index,
+    KeyedState,
+    KeyedTimers,
+    MemoSlot,
+    Newest,
+    PerKey,
+    first,
+)
 from kopf_operators.reroller import decisions as logic
 from kopf_operators.reroller.alerts import Alert, Alerts, AlertSettings
 
@@ -46,12 +60,6 @@ API_VERSIONS = {"Deployment": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": 
 # A failed pass outside Kopf's retries: look again after this long (doubling, capped).
 RETRY_SECONDS = (1.0, 300.0)
 CONFLICT_ATTEMPTS = 3
-# A source missing at a workload's first sighting may only be late in its own watch stream (the
-# streams are separate; at shutdown Kopf drains queued events after it has stopped them). "Absent" is
-# recorded in the baseline only if it still is this much later; a process that stops first records
-# nothing, so the next one decides from the first-sighting rules (a source newer than the workload
-# rolls it) instead of from a wrong "absent".
-ABSENT_SETTLE_SECONDS = 2.0
 CONCURRENCY = 16  # writes in flight for one source event (independent workloads)
 
 logger = logging.getLogger("kopf_operators.reroller")
@@ -79,34 +87,31 @@ class RerollerController:
         self.namespace_selector = logic.parse_selector(options.namespace_selector)
         self.resource_selector = logic.parse_selector(options.resource_label_selector)
         self.bucket = logic.TokenBucket(options.cluster_rate, options.cluster_burst, time.monotonic())
-        self._written: dict[Key, logic.WorkloadView] = {}  # answers to our writes, until the watch catches up
-        self._first_rv: dict[Key, int] = {}                # resourceVersion at the first sighting
-        self._pending: dict[Key, dict[str, str]] = {}      # first-sighting baselines not yet written
-        self._absent_until: dict[Key, float] = {}          # a first sighting's missing source: settle time
-        self._last_roll: dict[Key, float] = {}             # monotonic time of each workload's last rollout
         self.background = Background(OPERATOR)
-        self._timers: KeyedTimers[Key] = self.background.timers()  # the next look at a workload (earliest wins)
-        self._backoff: Backoff[Key] = Backoff(*RETRY_SECONDS)
-        self._warned: dict[Key, tuple[str, ...]] = {}
+        # Per workload, all of it dropped by one ``forget``:
+        self.state: KeyedState[Key] = KeyedState()
+        # the answers to our writes, newer than the index until the watch catches up (identity: uid)
+        self.known: Newest[Key, logic.WorkloadView] = self.state.track(Newest(lambda v: v.rv, lambda v: v.uid))
+        self._sightings: PerKey[Key, logic.FirstSighting] = self.state.map()  # first sightings, baseline unwritten
+        self._last_roll: PerKey[Key, float] = self.state.map()  # monotonic time of its last rollout
+        self._warned: PerKey[Key, tuple[str, ...]] = self.state.map()  # the missing sources said
+        self._timers: KeyedTimers[Key] = self.state.track(self.background.timers())  # the next look (earliest wins)
+        self._backoff: Backoff[Key] = self.state.track(Backoff(*RETRY_SECONDS))
+        self.state.on_forget(self._release)  # no longer waiting for a rollout slot
         # Fair between namespaces, like the bucket: a flood of rollouts in one namespace, slower to write
         # than the budget allows, must not queue another namespace's pass behind it.
         self._limit = FairLimit(CONCURRENCY)
+        # Events' passes handed over to wait for a write slot (see ``submit``): key -> the newest view an
+        # event reported for it (None: look it up when the pass runs). A key is here while its pass waits.
+        self._handed: PerKey[Key, logic.WorkloadView | None] = self.state.map()
 
     # --- state ---------------------------------------------------------------------------------------
 
     def current(self, key: Key, event_view: logic.WorkloadView | None = None) -> logic.WorkloadView | None:
         """The newest known view: the index, our own last write's answer, or the event's body."""
         indexed = first(self.workloads.get(key[0]), ("view", *key))
-        if not isinstance(indexed, logic.WorkloadView):
-            indexed = None
-        written = self._written.get(key)
-        if written is not None and (indexed is None or indexed.uid != written.uid or indexed.rv >= written.rv):
-            self._written.pop(key, None)
-            written = None
-        view = written or indexed
-        if event_view is not None and (view is None or event_view.uid != view.uid or event_view.rv >= view.rv):
-            view = event_view
-        return view
+        view = self.known.current(key, indexed if isinstance(indexed, logic.WorkloadView) else None)
+        return self.known.newer(view, event_view)
 
     def lookup(self, view: logic.WorkloadView) -> dict[tuple[str, str], logic.SourceView]:
         """(kind, name) -> SourceView of the existing sources the workload may watch."""
@@ -141,15 +146,7 @@ class RerollerController:
             metrics.reload_by_namespace(key[1], key[0], outcome)
 
     def forget(self, key: Key) -> None:
-        self._written.pop(key, None)
-        self._first_rv.pop(key, None)
-        self._pending.pop(key, None)
-        self._absent_until.pop(key, None)
-        self._last_roll.pop(key, None)
-        self._warned.pop(key, None)
-        self._backoff.reset(key)
-        self._release(key)
-        self._timers.cancel(key)
+        self.state.forget(key)
 
     def _release(self, key: Key) -> None:
         self.bucket.cancel(key[1], key)  # no longer waiting for a rollout slot
@@ -160,7 +157,7 @@ class RerollerController:
         """A ConfigMap/Secret changed (its index entry is already updated): look at its workloads."""
         keys = self.affected(kind, namespace, name)
         if keys:
-            await asyncio.gather(*(self.guarded(key, f"{kind.lower()} event") for key in keys))
+            await asyncio.gather(*(self.submit(key, f"{kind.lower()} event") for key in keys))
 
     async def workload_event(self, key: Key, event_type: str | None, body: Mapping[str, Any]) -> None:
         if event_type == "DELETED":
@@ -170,15 +167,39 @@ class RerollerController:
         if view is None:
             self.forget(key)  # not (or no longer) opted in
             return
-        await self.guarded(key, "workload event", view)
+        await self.submit(key, "workload event", view)
 
-    async def guarded(self, key: Key, trigger: str, event_view: logic.WorkloadView | None = None) -> None:
-        """One pass outside Kopf's retrying handlers: a failure is logged once and retried later with
-        backoff, never hot. Nothing while Kopf has paused this process (a standby)."""
+    async def submit(self, key: Key, trigger: str, event_view: logic.WorkloadView | None = None) -> None:
+        """An event's pass: run now while a write slot is free; otherwise handed over to a task that
+        waits for its namespace's turn, so that the event gives Kopf's event slot back at once. (Kopf
+        processes at most ``CONCURRENT_EVENTS`` events at once: a flood's events each waiting for a
+        write slot would hold them all, and another namespace's ConfigMap event would wait for one.)
+        One handed-over pass per key; later events only bring it a newer view. It is in memory only,
+        like a timer: after a restart the first look compares the stored baseline with the data."""
         if self.access.paused:
+            return
+        if key in self._handed:
+            self._handed[key] = self.known.newer(self._handed[key], event_view)
+        elif self._limit.free > 0 and not self._limit.waiting:
+            await self.guarded(key, trigger, event_view)
+        else:
+            self._handed[key] = event_view
+            self.background.spawn(self.guarded(key, trigger, handed=True))
+
+    async def guarded(self, key: Key, trigger: str, event_view: logic.WorkloadView | None = None, *,
+                      handed: bool = False) -> None:
+        """One pass outside Kopf's retrying handlers: a failure is logged once and retried later with
+        backoff, never hot. Nothing while Kopf has paused this process (a standby). ``handed``: the
+        pass ``submit`` handed over (it takes the newest view reported meanwhile once it may write)."""
+        if self.access.paused:
+            self._handed.pop(key, None)
             return
         try:
             async with self._limit.hold(key[1]):
+                if handed:
+                    if key not in self._handed:
+                        return  # forgotten meanwhile (deleted, or no longer opted in)
+                    event_view = self._handed.pop(key)
                 await self.reconcile(key, trigger, event_view)
             self._backoff.reset(key)
         except ApiError as exc:
@@ -194,6 +215,10 @@ class RerollerController:
                 return
             logger.warning(f"{key[0]} {key[1]}/{key[2]}: {trigger}: {exc}; retrying in {delay:.0f}s")
             self._schedule(key, delay)
+        except Exception:
+            if not handed:
+                raise  # Kopf's handler says it
+            logger.exception(f"{key[0]} {key[1]}/{key[2]}: {trigger}: failed")  # no handler to say it
 
     def _schedule(self, key: Key, delay: float) -> None:
         """Look at the workload again after ``delay`` (an earlier pending look wins)."""
@@ -221,7 +246,7 @@ class RerollerController:
                     if view is None or view.deleting:
                         self.forget(key)
                         return
-                    self._written[key] = view
+                    self.known.remember(key, view)
                     continue
                 if wrote:
                     metrics.REACTION.labels(operator=OPERATOR, trigger=trigger).observe(
@@ -239,35 +264,15 @@ class RerollerController:
                 return await self._unpause(view)
             self._schedule(key, due)
 
-        lookup = self.lookup(view)
-        sources = logic.effective_sources(view, lookup, self.options)
-        snap = logic.snapshot(sources, lookup, view.key_scopes)
-        on_create, on_delete = self.options.reload_on_create, self.options.reload_on_delete
-        pending = self._pending.get(key) if view.observed_hash is None else None
-        if view.observed_hash is not None:
-            plan = logic.plan(view.baseline, snap, reload_on_create=on_create, reload_on_delete=on_delete)
-        elif pending is None:
-            # The first sighting: the baseline is the data now, in memory at once (a change from
-            # here on rolls, even while the write of the baseline is retried after a 409).
-            first_rv = self._first_rv.setdefault(key, view.rv)
-            newer = [s.ref for s in sources if (found := lookup.get((s.kind, s.name))) and found.rv > first_rv]
-            plan = logic.plan({}, snap, newer=newer, reload_on_create=on_create,
-                              reload_on_delete=on_delete)
-            if plan.action is logic.Action.BASELINE:
-                self._pending[key] = logic.baseline_annotations(plan, snap)
-                if plan.missing:
-                    self._absent_until[key] = time.monotonic() + ABSENT_SETTLE_SECONDS
-                    self._schedule(key, ABSENT_SETTLE_SECONDS)
-                    return False
-        else:
-            plan = logic.plan(pending, snap, reload_on_create=on_create, reload_on_delete=on_delete)
-            if plan.missing and time.monotonic() < self._absent_until.get(key, 0.0):
-                return False  # not yet settled (see ABSENT_SETTLE_SECONDS); the timer looks again
-            # Unchanged since the first sighting: persist it.
-            if plan.action in (logic.Action.NONE, logic.Action.WAIT_MISSING):
-                plan = logic.Plan(logic.Action.BASELINE, new_hash=pending[logic.OBSERVED_HASH], missing=plan.missing)
-                snap = logic.Snapshot(per_source=dict(logic.parse_observed(pending)[1]) or snap.per_source,
-                                      missing=snap.missing, optional=snap.optional)
+        decision = logic.decide(view, self.lookup(view), self.options, self._sightings.get(key), time.monotonic())
+        self._sightings.pop(key, None)
+        if decision.sighting is not None:
+            self._sightings[key] = decision.sighting
+        if decision.look_in is not None:
+            self._schedule(key, decision.look_in)
+        if decision.plan is None:
+            return False
+        plan, snap = decision.plan, decision.snap
         self._warn_missing(view, plan)
         if logic.held_by_suspend(view, plan):
             return await self._record_suspended(view, plan, snap)
@@ -283,9 +288,7 @@ class RerollerController:
             answer = await self.access.patch(KINDS[view.kind], view.namespace, view.name,
                                              logic.metadata_patch(plan, snap, rv))
             self._after_write(view, answer)
-            self._first_rv.pop(key, None)
-            self._pending.pop(key, None)
-            self._absent_until.pop(key, None)
+            self._sightings.pop(key, None)
             metrics.action(OPERATOR, "baseline")
             logger.debug(f"{view.kind} {view.namespace}/{view.name}: baseline {plan.new_hash} recorded")
             return True
@@ -304,9 +307,7 @@ class RerollerController:
             await self._notify_only(view, plan, snap)
         else:
             await self._roll(view, plan, snap, wall)
-        self._first_rv.pop(key, None)
-        self._pending.pop(key, None)
-        self._absent_until.pop(key, None)
+        self._sightings.pop(key, None)
         return True
 
     # --- the writes ----------------------------------------------------------------------------------
@@ -317,7 +318,7 @@ class RerollerController:
             return
         written = logic.workload_view(view.kind, answer, self.options)
         if written is not None:
-            self._written[view.key] = written
+            self.known.remember(view.key, written)
 
     async def _roll(self, view: logic.WorkloadView, plan: logic.Plan, snap: logic.Snapshot, wall: float) -> None:
         kind = KINDS[view.kind]
@@ -395,8 +396,7 @@ class RerollerController:
                                          logic.metadata_patch(plan, snap, view.rv))
         self._after_write(view, answer)
         self._release(view.key)
-        self._first_rv.pop(view.key, None)
-        self._pending.pop(view.key, None)
+        self._sightings.pop(view.key, None)
         if answer is not None:
             message = logic.suspended_message(view.name, plan.changed)
             metrics.action(OPERATOR, "skip-suspended")

@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (the fixture imported from reroller_helpers is a parameter here)
 """Re-roller against the real control plane: the controller-manager really creates ReplicaSets and
 ControllerRevisions, so "rolled exactly once" is asserted on what Kubernetes did, not on our patch."""
 
@@ -13,124 +14,40 @@ from typing import Any
 import pytest
 
 from kopf_operators.reroller import decisions as logic
+from tests.e2e.reroller_helpers import (
+    AUTO,
+    NGINX_CONF,
+    assert_not_rolled,
+    assert_rolled_once,
+    baseline,
+    configmap,
+    container_env,
+    deployment,
+    events,
+    nginx_pod_spec,
+    no_kopf_state,
+    observed_hash,
+    pod_template,
+    read,
+    reloaded_from,
+    replicasets,
+    reroller_with,  # noqa: F401  (a fixture)
+    revisions,
+    secret,
+    set_cm,
+    stakater,
+    template_hash,
+)
 from tests.kube import OperatorProcess, stays, wait_for
 from testsupport.audit import AuditLog, audit_now
 from testsupport.kubectl import kubectl
 from testsupport.stats import percentile
-
-AUTO = {logic.AUTO: "true"}
-NGINX_CONF = "events {}\nhttp { server { listen 80; location / { return 200 'v1'; } } }\n"
 
 
 @pytest.fixture(scope="session")
 def batch(api: Any) -> Any:
     import kubernetes
     return kubernetes.client.BatchV1Api(api)
-
-
-# --- builders -----------------------------------------------------------------------------------
-
-
-def configmap(core: Any, ns: str, name: str, data: dict[str, str]) -> None:
-    core.create_namespaced_config_map(ns, {"metadata": {"name": name}, "data": data})
-
-
-def set_cm(core: Any, ns: str, name: str, data: dict[str, str]) -> None:
-    core.patch_namespaced_config_map(name, ns, {"data": data})
-
-
-def secret(core: Any, ns: str, name: str, data: dict[str, str]) -> None:
-    core.create_namespaced_secret(ns, {"metadata": {"name": name}, "stringData": data})
-
-
-def pod_template(pod_spec: dict[str, Any] | None = None, labels: dict[str, str] | None = None,
-                 annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    spec = pod_spec or {}
-    spec.setdefault("containers", [{"name": "nginx", "image": "nginx:1.27"}])
-    return {"metadata": {"labels": labels or {"app": "nginx"}, "annotations": annotations or {}}, "spec": spec}
-
-
-def nginx_pod_spec(cm: str = "nginx-conf") -> dict[str, Any]:
-    """The article's scenario: nginx.conf mounted from a ConfigMap."""
-    return {
-        "containers": [{"name": "nginx", "image": "nginx:1.27", "volumeMounts": [
-            {"name": "nginx-conf", "mountPath": "/etc/nginx/nginx.conf", "subPath": "nginx.conf"}]}],
-        "volumes": [{"name": "nginx-conf", "configMap": {"name": cm}}],
-    }
-
-
-def deployment(apps: Any, ns: str, name: str, pod_spec: dict[str, Any], annotations: dict[str, str],
-               replicas: int = 1) -> None:
-    labels = {"app": name}
-    apps.create_namespaced_deployment(ns, {
-        "metadata": {"name": name, "annotations": annotations},
-        "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
-                 "template": pod_template(pod_spec, labels)},
-    })
-
-
-# --- probes -------------------------------------------------------------------------------------
-
-
-def read(apps: Any, kind: str, ns: str, name: str) -> Any:
-    return {"Deployment": apps.read_namespaced_deployment, "StatefulSet": apps.read_namespaced_stateful_set,
-            "DaemonSet": apps.read_namespaced_daemon_set}[kind](name, ns)
-
-
-def template_hash(apps: Any, ns: str, name: str, kind: str = "Deployment", key: str = logic.CONFIG_HASH
-                  ) -> str | None:
-    annotations = read(apps, kind, ns, name).spec.template.metadata.annotations or {}
-    return annotations.get(key)
-
-
-def reloaded_from(apps: Any, ns: str, name: str, kind: str = "Deployment") -> str | None:
-    return template_hash(apps, ns, name, kind, logic.LAST_RELOADED_FROM)
-
-
-def observed_hash(apps: Any, ns: str, name: str, kind: str = "Deployment") -> str | None:
-    return (read(apps, kind, ns, name).metadata.annotations or {}).get(logic.OBSERVED_HASH)
-
-
-def replicasets(apps: Any, ns: str, name: str) -> int:
-    return sum(1 for rs in apps.list_namespaced_replica_set(ns).items
-               if any(o.name == name for o in rs.metadata.owner_references or ()))
-
-
-def revisions(apps: Any, ns: str, name: str) -> int:
-    """ControllerRevisions of a StatefulSet/DaemonSet: one per distinct pod template."""
-    return sum(1 for rev in apps.list_namespaced_controller_revision(ns).items
-               if any(o.name == name for o in rev.metadata.owner_references or ()))
-
-
-def events(core: Any, ns: str, name: str, reason: str) -> list[Any]:
-    return list(core.list_namespaced_event(
-        ns, field_selector=f"involvedObject.name={name},reason={reason}").items)
-
-
-def no_kopf_state(obj: Any) -> bool:
-    annotations = obj.metadata.annotations or {}
-    return (not any("kopf.zalando.org" in key for key in annotations)
-            and not any("kopf" in f for f in obj.metadata.finalizers or ()))
-
-
-def baseline(apps: Any, ns: str, name: str, kind: str = "Deployment") -> str:
-    return str(wait_for(lambda: observed_hash(apps, ns, name, kind), timeout=30, what=f"{name}'s baseline"))
-
-
-def assert_not_rolled(apps: Any, ns: str, name: str, seconds: float = 4) -> None:
-    stays(lambda: template_hash(apps, ns, name) is None and replicasets(apps, ns, name) == 1,
-          seconds, what=f"{name} not rolled")
-
-
-def assert_rolled_once(apps: Any, core: Any, ns: str, name: str, source: str, rs: int = 2,
-                       key: str = logic.CONFIG_HASH) -> str:
-    new = wait_for(lambda: template_hash(apps, ns, name, key=key), timeout=30, what=f"{name} re-rolled")
-    wait_for(lambda: replicasets(apps, ns, name) == rs, timeout=30, what=f"{rs} ReplicaSets of {name}")
-    wait_for(lambda: any(source in (e.message or "") for e in events(core, ns, name, "Rerolled")),
-             timeout=15, what="a Rerolled event naming the source")
-    stays(lambda: replicasets(apps, ns, name) == rs and template_hash(apps, ns, name, key=key) == new, 4,
-          what=f"exactly one rollout of {name}")
-    return str(new)
 
 
 # --- tests --------------------------------------------------------------------------------------
@@ -291,6 +208,39 @@ def test_burst_rolls_at_once_then_merges_and_flapping_is_rate_limited(operator: 
         time.sleep(0.1)
     wait_for(lambda: replicasets(apps, namespace, "app") > before, timeout=30, what="flapping rolled")
     stays(lambda: replicasets(apps, namespace, "app") - before <= 3, 11, what="at most 1 rollout per 10 s")
+
+
+def test_a_flooding_namespace_does_not_hold_back_another_namespaces_rollout(
+        reroller_with: Callable[..., OperatorProcess], namespace: str, make_namespace: Callable[..., str],
+        core: Any, apps: Any) -> None:
+    """The rollout budget is fair per namespace: one ConfigMap used by 20 Deployments floods a namespace
+    with rollouts the budget (2 a second, burst 1) spreads over ten seconds; a change in a quiet namespace
+    meanwhile rolls its Deployment at the next token, long before the flood's backlog drains (one shared
+    queue would serve it last). Asserted on the order, not on a time."""
+    proc = reroller_with(REROLLER_DEBOUNCE_SECONDS="0", REROLLER_MIN_INTERVAL_SECONDS="0",
+                         REROLLER_CLUSTER_ROLLOUTS_PER_SECOND="2", REROLLER_CLUSTER_BURST="1")
+    quiet, flood = make_namespace("quiet"), [f"f-{i}" for i in range(20)]
+    spec = {"containers": [{"name": "c", "image": "app", "envFrom": [{"configMapRef": {"name": "cfg"}}]}]}
+    for ns in (namespace, quiet):
+        configmap(core, ns, "cfg", {"k": "0"})
+    for name in flood:
+        deployment(apps, namespace, name, spec, AUTO, replicas=0)
+    deployment(apps, quiet, "q", spec, AUTO, replicas=0)
+    for ns, name in [*((namespace, name) for name in flood), (quiet, "q")]:
+        baseline(apps, ns, name)
+
+    def flood_not_rolled() -> int:
+        return sum(1 for d in apps.list_namespaced_deployment(namespace).items
+                   if logic.CONFIG_HASH not in (d.spec.template.metadata.annotations or {}))
+
+    set_cm(core, namespace, "cfg", {"k": "1"})
+    wait_for(lambda: flood_not_rolled() < len(flood), timeout=30, what="the flood's first rollout")
+    set_cm(core, quiet, "cfg", {"k": "1"})
+    wait_for(lambda: template_hash(apps, quiet, "q"), timeout=30, interval=0.05, what="the quiet namespace's rollout")
+    backlog = flood_not_rolled()
+    assert backlog >= 5, f"the quiet namespace rolled only when {len(flood) - backlog} of the flood had rolled"
+    wait_for(lambda: flood_not_rolled() == 0, timeout=60, what="the flood's backlog drained")
+    assert not proc.errors()
 
 
 def test_reloader_annotations(operator: OperatorProcess, namespace: str, core: Any, apps: Any) -> None:
@@ -613,36 +563,6 @@ def test_requests_per_change_and_quiet_logs(operator: OperatorProcess, namespace
 
 # --- issue #22: the env-vars strategy, rollbacks and GitOps re-applies per strategy ------------------
 
-
-@pytest.fixture
-def reroller_with(operator: OperatorProcess) -> Iterator[Callable[..., OperatorProcess]]:
-    """The re-roller alone with options of the test's choosing (the session's operator is stopped
-    meanwhile, so that only one re-roller acts; the ``operator`` fixture restarts it afterwards)."""
-    started: list[OperatorProcess] = []
-
-    def start(**env: str) -> OperatorProcess:
-        operator.stop()
-        for earlier in started:
-            earlier.stop()
-        proc = OperatorProcess(files=["operators/reroller.py"], env=env, kubeconfig=operator.kubeconfig,
-                               log_name="reroller-own")
-        proc.start()
-        started.append(proc)
-        return proc
-    yield start
-    for proc in started:
-        proc.stop()
-
-
-def container_env(apps: Any, ns: str, name: str, container: str, kind: str = "Deployment") -> dict[str, str]:
-    for c in read(apps, kind, ns, name).spec.template.spec.containers:
-        if c.name == container:
-            return {e.name: e.value for e in c.env or ()}
-    return {}
-
-
-def stakater(apps: Any, ns: str, name: str, container: str, kind: str = "Deployment") -> dict[str, str]:
-    return {k: v for k, v in container_env(apps, ns, name, container, kind).items() if k.startswith("STAKATER_")}
 
 
 @pytest.mark.parametrize("kind", ["Deployment", "StatefulSet", "DaemonSet"])

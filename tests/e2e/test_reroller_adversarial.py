@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kopf_operators.reroller import decisions as logic
-from tests.e2e.test_reroller import (
+from tests.e2e.reroller_helpers import (
     AUTO,
     NGINX_CONF,
     assert_not_rolled,

@@ -150,13 +150,13 @@ def test_a_source_missing_at_the_first_sighting_is_recorded_absent_only_once_it_
         await ctl.guarded(KEY, "workload event")
         await ctl.guarded(KEY, "workload event")  # say, the Deployment's own status update
         early, due = list(access.calls), ctl._timers.due_in(KEY)
-        clock[0] += reroller.ABSENT_SETTLE_SECONDS
+        clock[0] += logic.ABSENT_SETTLE_SECONDS
         await ctl.guarded(KEY, "timer")
         await ctl.stop()
         return early, due, patches(access), access.events
 
     early, due, [patch], events = run(scenario())
-    assert early == [] and due == pytest.approx(reroller.ABSENT_SETTLE_SECONDS, abs=0.05)
+    assert early == [] and due == pytest.approx(logic.ABSENT_SETTLE_SECONDS, abs=0.05)
     assert logic.ABSENT in patch["metadata"]["annotations"][logic.OBSERVED_SOURCES] and "spec" not in patch
     assert events == [("Warning", "SourceMissing")]
 
@@ -195,3 +195,43 @@ def test_after_a_process_that_stopped_before_settling_a_source_changed_since_the
 
     [patch] = run(scenario())
     assert patch["spec"]["template"]["metadata"]["annotations"]  # the pod template changes: a rollout
+
+
+def test_an_event_that_must_wait_for_a_write_slot_gives_its_event_slot_back_and_rolls_in_its_namespaces_turn(
+        ) -> None:
+    """Every write slot is held by a flooding namespace, and more of its passes wait: a workload event in
+    another namespace returns at once (Kopf's event slot is free again), and its rollout is the next-but-one
+    pass to get a slot, ahead of the flood's waiting passes. Events for a key whose pass waits add none."""
+    async def scenario() -> tuple[list[str], list[dict[str, Any]]]:
+        access = FakeAccess()
+        workload = deployment(baseline_for(configmap("v1")))
+        ctl = controller(access, workload, configmap("v2"))
+        order: list[str] = []
+        release = asyncio.Event()
+        reconcile = ctl.reconcile
+
+        async def pass_of(key: Any, *args: Any) -> None:
+            order.append(key[1])
+            await reconcile(key, *args)
+
+        ctl.reconcile = pass_of  # type: ignore[method-assign,assignment]
+
+        async def flood_pass() -> None:
+            async with ctl._limit.hold("flood"):
+                order.append("flood")
+                await release.wait()
+
+        flood = [asyncio.create_task(flood_pass()) for _ in range(reroller.CONCURRENCY + 4)]
+        await asyncio.sleep(0)
+        for _ in range(3):  # the workload's own status updates, say
+            await asyncio.wait_for(ctl.workload_event(KEY, "MODIFIED", workload), 1)
+        handed = set(ctl.background.tasks)
+        assert len(handed) == 1 and patches(access) == []
+        release.set()
+        await asyncio.gather(*flood, *handed)
+        await ctl.stop()
+        return order, patches(access)
+
+    order, [patch] = run(scenario())
+    assert order.index("ns") <= reroller.CONCURRENCY + 1 < len(order) - 1
+    assert patch["spec"]["template"]["metadata"]["annotations"]  # the rollout

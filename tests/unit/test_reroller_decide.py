@@ -1,0 +1,75 @@
+"""The re-roller's one decision per pass (``decisions.decide``): a workload's baseline, its first
+sighting and a first-sighting baseline not written yet, from data alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kopf_operators.reroller import decisions as logic
+from kopf_operators.reroller.decisions import Action
+
+OPTIONS = logic.Options()
+
+
+def configmap(value: str, rv: str = "3") -> logic.SourceView:
+    return logic.source_view("ConfigMap", {"metadata": {"name": "conf", "namespace": "ns", "resourceVersion": rv},
+                                           "data": {"k": value}})
+
+
+def view(annotations: dict[str, str] | None = None, rv: str = "5") -> logic.WorkloadView:
+    body: dict[str, Any] = {
+        "metadata": {"name": "web", "namespace": "ns", "uid": "u", "resourceVersion": rv,
+                     "annotations": {logic.AUTO: "true", **(annotations or {})}},
+        "spec": {"template": {"spec": {"containers": [
+            {"name": "c", "envFrom": [{"configMapRef": {"name": "conf"}}]}]}}}}
+    found = logic.workload_view("Deployment", body, OPTIONS)
+    assert found is not None
+    return found
+
+
+def lookup(source: logic.SourceView | None) -> dict[tuple[str, str], logic.SourceView]:
+    return {} if source is None else {("ConfigMap", "conf"): source}
+
+
+def decide(workload: logic.WorkloadView, source: logic.SourceView | None,
+           sighting: logic.FirstSighting | None = None, now: float = 100.0) -> logic.Decision:
+    return logic.decide(workload, lookup(source), OPTIONS, sighting, now)
+
+
+def test_the_first_sighting_decides_the_baseline_and_remembers_it_until_written() -> None:
+    first = decide(view(), configmap("v1"))
+    assert first.plan is not None and first.plan.action is Action.BASELINE and first.look_in is None
+    assert first.sighting == logic.FirstSighting(rv=5, pending=logic.baseline_annotations(first.plan, first.snap))
+    # The write failed (a 409, say) and the data changed meanwhile: that change rolls.
+    again = decide(view(), configmap("v2", rv="9"), first.sighting)
+    assert again.plan is not None and again.plan.action is Action.ROLL and again.plan.changed == ("configmap/conf",)
+    # Unchanged: the remembered baseline is written, not a new one.
+    same = decide(view(), configmap("v1"), first.sighting)
+    assert same.plan is not None and same.plan.action is Action.BASELINE
+    assert same.plan.new_hash == first.plan.new_hash and same.sighting == first.sighting
+
+
+def test_a_source_newer_than_the_workload_at_its_first_sighting_rolls_it() -> None:
+    decision = decide(view(rv="5"), configmap("v2", rv="7"))
+    assert decision.plan is not None and decision.plan.action is Action.ROLL
+    assert decision.sighting == logic.FirstSighting(rv=5)  # asked again (the budget), still the same version
+
+
+def test_a_source_missing_at_the_first_sighting_is_absent_only_once_settled() -> None:
+    early = decide(view(), None, now=100.0)
+    assert early.plan is None and early.look_in == logic.ABSENT_SETTLE_SECONDS
+    assert early.sighting is not None and early.sighting.absent_until == 100.0 + logic.ABSENT_SETTLE_SECONDS
+    assert decide(view(), None, early.sighting, now=101.0).plan is None  # not yet
+    settled = decide(view(), None, early.sighting, now=100.0 + logic.ABSENT_SETTLE_SECONDS)
+    assert settled.plan is not None and settled.plan.action is Action.BASELINE and settled.plan.missing
+    late = decide(view(), configmap("v1"), early.sighting, now=101.0)  # only late in its watch stream
+    assert late.plan is not None and late.plan.action is Action.BASELINE and not late.plan.missing
+
+
+def test_a_workload_with_a_baseline_is_planned_against_it() -> None:
+    recorded = decide(view(), configmap("v1"))
+    assert recorded.sighting is not None and recorded.sighting.pending is not None
+    baselined = view(dict(recorded.sighting.pending))
+    assert (plan := decide(baselined, configmap("v1")).plan) is not None and plan.action is Action.NONE
+    changed = decide(baselined, configmap("v2"))
+    assert changed.plan is not None and changed.plan.action is Action.ROLL and changed.sighting is None
