@@ -502,33 +502,13 @@ class Access:
         caller; dropped while paused). Messages must never carry data values."""
         if self.paused:
             return
-        message = message[:MAX_EVENT_MESSAGE]
         try:
-            kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message)
-        except LookupError:
-            # Kopf's event queue exists only in its handlers' tasks; a controller's own task (a resync
-            # started at startup) posts the Event itself, as Kopf's poster would.
-            task = asyncio.get_running_loop().create_task(self._post_event(body, type_, reason, message))
+            kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message[:MAX_EVENT_MESSAGE])
+        except LookupError:  # Kopf's event queue is only in its handlers' tasks, not a controller's own
+            task = asyncio.get_running_loop().create_task(
+                post_event(self._write, body, type_, reason, message[:MAX_EVENT_MESSAGE]))
             self._events_posting.add(task)
             task.add_done_callback(self._events_posting.discard)
-
-    async def _post_event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-        meta = body.get("metadata") or {}
-        # A cluster-scoped object's Events go to "default", where Kopf puts them too.
-        namespace = meta.get("namespace") or "default"
-        now = datetime.datetime.now(datetime.UTC).isoformat()
-        event = {
-            "metadata": {"namespace": namespace, "generateName": "kopf-event-"},
-            "action": "Action?", "type": type_, "reason": reason, "message": message,
-            "reportingComponent": "kopf", "reportingInstance": "dev", "source": {"component": "kopf"},
-            "involvedObject": {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
-                               "name": meta.get("name"), "uid": meta.get("uid"), "namespace": namespace},
-            "firstTimestamp": now, "lastTimestamp": now, "eventTime": now,
-        }
-        try:
-            await self._write("POST", f"/api/v1/namespaces/{quote(namespace)}/events", event)
-        except Exception as exc:  # an Event is best effort, as Kopf's: never the caller's failure
-            logger.warning(f"Event {reason} on {namespace}/{meta.get('name')} not posted: {exc}")
 
     # --- echoes of our own writes -----------------------------------------------------------------
 
@@ -614,3 +594,25 @@ def from_pykube(exc: BaseException) -> ApiError:
         status = code if isinstance(code, int) else None
     return _error(status, type(exc).__name__ if status is None else str(getattr(response, "reason", "")),
                   getattr(response, "text", None))
+
+
+async def post_event(write: Callable[[str, str, Any], Awaitable[Any]], body: Mapping[str, Any], type_: str,
+                     reason: str, message: str) -> None:
+    """An Event on ``body`` posted with ``write`` (the access layer's), as Kopf's poster would: best effort,
+    a refusal is logged, never raised."""
+    meta = body.get("metadata") or {}
+    # A cluster-scoped object's Events go to "default", where Kopf puts them too.
+    namespace = meta.get("namespace") or "default"
+    now = datetime.datetime.now(datetime.UTC).isoformat()
+    event = {
+        "metadata": {"namespace": namespace, "generateName": "kopf-event-"},
+        "action": "Action?", "type": type_, "reason": reason, "message": message,
+        "reportingComponent": "kopf", "reportingInstance": "dev", "source": {"component": "kopf"},
+        "involvedObject": {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+                           "name": meta.get("name"), "uid": meta.get("uid"), "namespace": namespace},
+        "firstTimestamp": now, "lastTimestamp": now, "eventTime": now,
+    }
+    try:
+        await write("POST", f"/api/v1/namespaces/{quote(namespace)}/events", event)
+    except Exception as exc:  # an Event is best effort, as Kopf's: never the caller's failure
+        logger.warning(f"Event {reason} on {namespace}/{meta.get('name')} not posted: {exc}")
