@@ -189,7 +189,7 @@ def test_the_release_follows_a_renewal_that_was_in_flight() -> None:
     asyncio.run(scenario())
 
 
-async def virtual_sleep_for(clock: Clock) -> Any:
+def virtual_sleep_for(clock: Clock) -> Any:
     async def sleep(seconds: float) -> None:
         clock.now += seconds
         await asyncio.sleep(0)
@@ -201,9 +201,8 @@ def test_a_standby_told_to_stop_never_takes_the_lease_the_holder_then_releases()
         server, clock = LeaseServer(), Clock()
         a, b = candidate(server, clock, "a"), candidate(server, clock, "b")
         await step(a)
-        b.sleep = await virtual_sleep_for(clock)
-        election = asyncio.create_task(b.run())
-        await asyncio.sleep(0.01)  # b polls, sees a's claim, waits
+        election = asyncio.create_task(b.run())  # real sleeps, a still clock: a's claim holds
+        await asyncio.sleep(0.01)  # b polls, sees a's claim, waits a retry period
         writes = len(server.writes)
         b.stop()  # SIGTERM to the standby
         await a.release()  # ... and the holder hands over in the same moment
@@ -228,7 +227,7 @@ def test_a_lease_won_by_an_attempt_in_flight_at_the_stop_is_handed_back_unused()
             return await answered(method, url, body, content_type)
 
         b.access._once = slow  # type: ignore[method-assign]
-        b.sleep = await virtual_sleep_for(clock)
+        b.sleep = virtual_sleep_for(clock)
         election = asyncio.create_task(b.run())
         await asyncio.wait_for(sent.wait(), 1)
         b.stop()
