@@ -289,7 +289,7 @@ class Elector:
             logger.info("Released the Lease %s", self.where)
         except (ApiError, TimeoutError) as exc:  # a standby takes over when the lease duration ends
             logger.warning("Could not release the Lease %s (%s): a standby takes over within %d s",
-                           self.where, exc, self.settings.duration)
+                           self.where, exc or type(exc).__name__, self.settings.duration)
 
     def holds(self) -> bool:
         """Whether the newest version of the Lease this replica read or wrote names it the holder."""
