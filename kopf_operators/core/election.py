@@ -285,8 +285,8 @@ class Elector:
         if not self.holds():
             return
         try:
-            await asyncio.wait_for(self._release(), timeout)
-            logger.info("Released the Lease %s", self.where)
+            if await asyncio.wait_for(self._release(), timeout):
+                logger.info("Released the Lease %s", self.where)
         except (ApiError, TimeoutError) as exc:  # a standby takes over when the lease duration ends
             logger.warning("Could not release the Lease %s (%s): a standby takes over within %d s",
                            self.where, exc or type(exc).__name__, self.settings.duration)
@@ -295,19 +295,20 @@ class Elector:
         """Whether the newest version of the Lease this replica read or wrote names it the holder."""
         return self.lease is not None and (self.lease.get("spec") or {}).get("holderIdentity") == self.identity
 
-    async def _release(self) -> None:
+    async def _release(self) -> bool:
+        """True when this replica cleared the holder; False when the Lease is gone or no longer its own."""
         lease = self.lease
         for _ in range(2):  # a renewal in flight when the election was stopped may have moved it on
             if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
-                return  # gone, or no longer ours: nothing to hand over
+                return False  # gone, or no longer ours (taken over after a loss): nothing to hand over
             spec = dict(lease.get("spec") or {})
             spec.pop("holderIdentity", None)
             spec.update(leaseDurationSeconds=1, renewTime=micro_time(self.wall()), acquireTime=micro_time(self.wall()))
             try:
                 self.lease = await self.access.replace(LEASE, {**lease, "spec": spec})
-                return
+                return True
             except ApiError as exc:
                 if exc.status != 409:
                     raise
-            lease = await self.access.read(LEASE, self.settings.namespace, self.settings.name)
+            lease = self.lease = await self.access.read(LEASE, self.settings.namespace, self.settings.name)
         raise ApiError(409, "Conflict")

@@ -259,6 +259,24 @@ def test_a_holder_told_to_stop_releases_the_lease_at_once() -> None:
     asyncio.run(scenario())
 
 
+def test_a_holder_that_lost_the_lease_leaves_the_new_holders_claim_alone_at_release(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        server, clock = LeaseServer(), Clock()
+        a, b = candidate(server, clock, "a"), candidate(server, clock, "b")
+        await step(a)
+        clock.now += SETTINGS.duration + 1  # a's renewals starved: b takes the Lease over
+        assert not await step(b)  # b's first look
+        clock.now += SETTINGS.duration + 1
+        assert await step(b)
+        with caplog.at_level("INFO", logger="kopf_operators.election"):
+            await a.release()  # a's cleanup, with its own (stale) copy naming it
+        assert server.holder == "b"
+        assert "Released the Lease" not in caplog.text
+
+    asyncio.run(scenario())
+
+
 def test_a_holder_that_cannot_renew_stops_acting_at_its_renew_deadline_and_exits(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(k8s, "BACKOFF_SECONDS", 0.0)  # the layer's retries of each attempt: no real wait
