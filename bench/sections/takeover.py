@@ -1,5 +1,6 @@
-"""takeover: two replicas on a Lease (the chart's HA), then n ConfigMaps and k ImmortalContainers. What a warm standby costs (its requests per minute, its writes, its RSS, against the holder's),
-and how long a takeover takes: SIGKILL of the holder (no release: the standby waits out the lease
+"""takeover: two replicas on a Lease (the chart's HA), then n ConfigMaps and k ImmortalContainers.
+What a warm standby costs (its requests per minute, its writes, its RSS, against the holder's), and
+how long a takeover takes: SIGKILL of the holder (no release: the standby waits out the lease
 duration, 15 s) and SIGTERM (released at the signal), each timed from the signal to the new holder's
 first write, the pod of an ImmortalContainer created right after the signal.
 
