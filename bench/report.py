@@ -65,6 +65,7 @@ def render(results: dict[str, Any]) -> str:
     out.append(scale_table(results))
     out.append(memory_table(results))
     out.append(tenants_table(results))
+    out.append(takeover_table(results))
     out.append(api_table(results))
     out.append(logs_table(results))
     out.append(peers_table(peers))
@@ -248,6 +249,25 @@ def tenants_table(results: dict[str, Any]) -> str:
               f"{restart['start_quiet_after_s']} s)", f"{restart['start_hwm_mb']} MB", "", "",
               f"≤ {restart['chart_limit_mb']:.0f} MB (the chart's limit)",
               judge(restart["start_hwm_mb"], restart["chart_limit_mb"], " MB"))
+    return t.text()
+
+
+def takeover_table(results: dict[str, Any]) -> str:
+    r = results.get("takeover")
+    t = Table("High availability on the Lease", ["Measure", "Ours", "Target", "Result"],
+              r.get("what", "") if r else "")
+    if e := err(r):
+        t.row("Takeover", e)
+        return t.text()
+    assert r is not None
+    for sig, target in (("sigkill", 15.0), ("sigterm", 3.0)):
+        x = r[sig]
+        t.row(f"{sig.upper()} of the holder → the new holder's first write (acting after {x['acting_after_s']} s; "
+              f"pod creates by it: {x['pod_creates_by_new_holder']})", f"{x['first_write_after_s']} s",
+              f"≤ {target:.0f} s", judge(x["first_write_after_s"], target, " s"))
+    t.row(f"Warm standby at rest ({r['window_seconds']} s): requests/min, writes but the Lease's, RSS",
+          f"{r['standby_requests_per_minute']}/min, {r['standby_writes_but_the_lease']}, {r['standby_rss_mb']} MB",
+          f"holder: {r['holder_requests_per_minute']}/min, {r['holder_rss_mb']} MB", "")
     return t.text()
 
 

@@ -27,6 +27,7 @@ SECTIONS: dict[str, str] = {
     "reroller_fairness": "reroller_fairness:run",
     "memory": "memory:run",
     "restart_configmaps": "restart_configmaps:run",
+    "takeover": "takeover:run",
     "quiet_logs": "quiet_logs:run",
     "scale": "scale:run",
     "peers": "go_peers:run",  # side by side with the Go peers

@@ -137,6 +137,8 @@ class Elector:
         self._poll_sent: float | None = None  # when the previous read was sent (clock)
         self._renewed_at = 0.0  # when this holder's last successful write was sent (clock)
         self._released = False
+        self._stopping = False  # the process was told to stop: no attempt after this
+        self._wake = asyncio.Event()  # ends a pause between attempts early (set by ``stop()``)
         self._gauge = metrics.LEADER.labels(lease=settings.name)
         self._gauge.set(0)
         access.paused = True
@@ -207,31 +209,57 @@ class Elector:
             logger.debug("Lease %s: attempt failed: %s", self.where, exc)
             return False
 
+    def stop(self) -> None:
+        """The process has been told to stop (SIGTERM, SIGINT): from now on no attempt at the Lease. An
+        attempt already sent finishes, but what it wins is never acted on; ``run()`` then releases the
+        Lease (when this replica holds it) and returns. Called at the signal, not at Kopf's cleanup:
+        a standby that kept campaigning while Kopf wound down could take a Lease that the holder had
+        just released, and write on its way out."""
+        self._stopping = True
+        self._wake.set()
+
+    async def _pause(self, seconds: float) -> None:
+        """``sleep(seconds)``, cut short by ``stop()``."""
+        if self._stopping:
+            return
+        sleeping = asyncio.ensure_future(self.sleep(seconds))
+        woken = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait((sleeping, woken), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeping.cancel()
+            woken.cancel()
+
     async def run(self) -> None:
-        """Elect until cancelled; a holder that cannot renew within the deadline, or finds another
-        holder, stops acting at once, calls ``on_lost`` and returns."""
+        """Elect until stopped (``stop()``: the Lease is released) or cancelled; a holder that cannot
+        renew within the deadline, or finds another holder, stops acting at once, calls ``on_lost``
+        and returns."""
         retry = float(self.settings.retry_period)
-        while not self._released:
+        while not self._released and not self._stopping:
             if not self.leading:
                 sent = self.clock()
                 if await self._attempt(self.settings.renew_deadline):
                     self._renewed_at = sent
+                    if self._stopping:  # won by an attempt sent before the stop: handed back below
+                        break
                     self._acquired()
-                    await self.sleep(retry)
+                    await self._pause(retry)
                 else:  # again after a retry period, or as soon as the holder's claim ends
-                    await self.sleep(min(retry, max(0.0, self.expiry() - self.clock()) + 0.01))
+                    await self._pause(min(retry, max(0.0, self.expiry() - self.clock()) + 0.01))
                 continue
             sent = self.clock()
             deadline = self._renewed_at + self.settings.renew_deadline
             renewed = await self._attempt(deadline - sent)
             if renewed:
                 self._renewed_at = sent
-                await self.sleep(retry)
+                await self._pause(retry)
             elif self.clock() >= deadline or (self._observed or ("",))[0] not in ("", self.identity):
                 self._lost()
                 return
             else:
-                await self.sleep(min(retry, max(0.0, deadline - self.clock())))
+                await self._pause(min(retry, max(0.0, deadline - self.clock())))
+        if self._stopping:
+            await self.release()
 
     def _acquired(self) -> None:
         self.leading = True
@@ -249,32 +277,38 @@ class Elector:
 
     async def release(self, timeout: float = 2.0) -> None:
         """Stop acting, then give the Lease up (no holder) so that a standby takes it over at once."""
-        self._released = True
-        was_leading, self.leading = self.leading, False
+        self._released = self._stopping = True
+        self._wake.set()
+        self.leading = False
         self.access.paused = True
         self._gauge.set(0)
-        if not was_leading or self.lease is None:
+        if not self.holds():
             return
         try:
-            await asyncio.wait_for(self._release(), timeout)
-            logger.info("Released the Lease %s", self.where)
+            if await asyncio.wait_for(self._release(), timeout):
+                logger.info("Released the Lease %s", self.where)
         except (ApiError, TimeoutError) as exc:  # a standby takes over when the lease duration ends
             logger.warning("Could not release the Lease %s (%s): a standby takes over within %d s",
-                           self.where, exc, self.settings.duration)
+                           self.where, exc or type(exc).__name__, self.settings.duration)
 
-    async def _release(self) -> None:
+    def holds(self) -> bool:
+        """Whether the newest version of the Lease this replica read or wrote names it the holder."""
+        return self.lease is not None and (self.lease.get("spec") or {}).get("holderIdentity") == self.identity
+
+    async def _release(self) -> bool:
+        """True when this replica cleared the holder; False when the Lease is gone or no longer its own."""
         lease = self.lease
         for _ in range(2):  # a renewal in flight when the election was stopped may have moved it on
             if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
-                return  # gone, or no longer ours: nothing to hand over
+                return False  # gone, or no longer ours (taken over after a loss): nothing to hand over
             spec = dict(lease.get("spec") or {})
             spec.pop("holderIdentity", None)
             spec.update(leaseDurationSeconds=1, renewTime=micro_time(self.wall()), acquireTime=micro_time(self.wall()))
             try:
-                await self.access.replace(LEASE, {**lease, "spec": spec})
-                return
+                self.lease = await self.access.replace(LEASE, {**lease, "spec": spec})
+                return True
             except ApiError as exc:
                 if exc.status != 409:
                     raise
-            lease = await self.access.read(LEASE, self.settings.namespace, self.settings.name)
+            lease = self.lease = await self.access.read(LEASE, self.settings.namespace, self.settings.name)
         raise ApiError(409, "Conflict")

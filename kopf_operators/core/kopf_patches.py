@@ -22,7 +22,8 @@ upstream issue it stands in for; docs/kopf-patches.md has the text of each upstr
 - ``lean_watched_bodies``: no ``metadata.managedFields`` in what Kopf lists and streams;
 - ``small_tls_read_buffers``: asyncio's TLS read buffer of 64 KiB instead of 256 KiB;
 - ``start_allocator_trim``: glibc's ``malloc_trim(0)`` every 10 s (a task, started by the startup handler);
-- reads of Kopf's private registries: ``change_detecting_groups``, ``all_handlers``; its loader: ``preload``.
+- reads of Kopf's private registries: ``change_detecting_groups``, ``all_handlers``; its loader: ``preload``;
+  its stop-flag checker task: ``when_stop_requested``.
 """
 
 from __future__ import annotations
@@ -102,6 +103,26 @@ def warm_standby() -> bool:
     """Whether a standby replica may run Kopf's watches and indexes while it waits for the Lease: only
     when ``governed`` holds every object's handlers at the Lease's gate (the patched processor)."""
     return _installed
+
+
+# The root task Kopf's ``spawn_tasks`` (``kopf._core.reactor.running``) names so: it ends when the process
+# is told to stop (SIGINT, SIGTERM, or ``kopf.run``'s stop flag). Kopf then cancels its watchers and runs
+# the cleanup handlers only once they have all stopped: seconds later.
+STOP_CHECKER_TASK = "stop-flag checker"
+
+
+def when_stop_requested(callback: Callable[[], object]) -> bool:
+    """Call ``callback`` as soon as Kopf is told to stop, not seconds later at its cleanup handlers (Kopf
+    has no public hook for this; upstream report in docs/kopf-patches.md). Reads nothing and changes
+    nothing in Kopf: it watches the task above, on the tested Kopf only. True when it is watched (a
+    running operator on the tested Kopf); False otherwise (the caller falls back to what it has)."""
+    if kopf_version() != KOPF_TESTED_VERSION:
+        return False
+    for task in asyncio.all_tasks():
+        if task.get_name() == STOP_CHECKER_TASK:
+            task.add_done_callback(lambda _: callback())
+            return True
+    return False
 
 
 # --- Kopf's ToggleSet: wake waiters only on a change -------------------------------------------------

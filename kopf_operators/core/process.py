@@ -51,6 +51,9 @@ IDLE_WORKER_SECONDS = 0.5
 POSTING_WORKERS = 16
 POSTING_IDLE_SECONDS = 0.1
 
+# At cleanup, how long the election may take to finish an attempt in flight and release the Lease.
+RELEASE_SECONDS = 3.0
+
 # Kopf's bookkeeping at INFO: one line per handler run, per index update and per processed event,
 # even when nothing changed. Without --verbose they are dropped: the log keeps one line per action the operators take.
 _BOOKKEEPING = re.compile(r"^((Handler|Indexer) '.*' succeeded\.|.* is processed: \d+ succeeded; \d+ failed\.)$")
@@ -217,20 +220,30 @@ async def elect(memo: kopf.Memo, lease: LeaseSettings, access: Access) -> None:
         return
     elector = ELECTOR.set(memo, Elector(access, lease, on_lost=exit_gracefully))
     ELECTION.set(memo, asyncio.create_task(elector.run(), name="leader election"))
+    # No attempt at the Lease once the process is told to stop, and the holder hands it over at once:
+    # a standby still campaigning while Kopf winds down could take the Lease the holder just released.
+    kopf_patches.when_stop_requested(elector.stop)
     warm = kopf_patches.warm_standby()
     logger.info("Leader election on the Lease %s as %s (%s standby until it holds it; duration %d s, renew "
                 "deadline %d s, retry %d s)", elector.where, elector.identity, "a warm" if warm else "a cold",
                 lease.duration, lease.renew_deadline, lease.retry_period)
     if not warm:
-        await access.until_acting()
+        try:
+            await access.until_acting()
+        except asyncio.CancelledError:  # told to stop while standing by: Kopf cancels its startup handlers
+            elector.stop()
+            raise
 
 
 @kopf.on.cleanup(id="shared-cleanup")
 async def close_connections(memo: kopf.Memo, **_: Any) -> None:
     # The Lease first: a standby takes over at once (this replica writes nothing after it).
     if ELECTOR.present(memo):
-        ELECTION(memo).cancel()
-        await ELECTOR(memo).release()
+        elector, election = ELECTOR(memo), ELECTION(memo)
+        elector.stop()  # already done at the signal when Kopf is patched: it then released the Lease
+        await asyncio.wait({election}, timeout=RELEASE_SECONDS)
+        election.cancel()
+        await elector.release()  # nothing to do when the election released it
     # Kopf waits up to 5 s at exit for tasks that are still running: the trim loop never ends by itself.
     if TRIMMER.present(memo):
         TRIMMER(memo).cancel()

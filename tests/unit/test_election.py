@@ -189,6 +189,94 @@ def test_the_release_follows_a_renewal_that_was_in_flight() -> None:
     asyncio.run(scenario())
 
 
+def virtual_sleep_for(clock: Clock) -> Any:
+    async def sleep(seconds: float) -> None:
+        clock.now += seconds
+        await asyncio.sleep(0)
+    return sleep
+
+
+def test_a_standby_told_to_stop_never_takes_the_lease_the_holder_then_releases() -> None:
+    async def scenario() -> None:
+        server, clock = LeaseServer(), Clock()
+        a, b = candidate(server, clock, "a"), candidate(server, clock, "b")
+        await step(a)
+        election = asyncio.create_task(b.run())  # real sleeps, a still clock: a's claim holds
+        await asyncio.sleep(0.01)  # b polls, sees a's claim, waits a retry period
+        writes = len(server.writes)
+        b.stop()  # SIGTERM to the standby
+        await a.release()  # ... and the holder hands over in the same moment
+        await asyncio.wait_for(election, 1)
+        assert server.holder == "" and b.access.paused and not b.leading
+        assert server.writes[writes:] == [("PUT", "")]  # a's release only: b asked for nothing more
+
+    asyncio.run(scenario())
+
+
+def test_a_lease_won_by_an_attempt_in_flight_at_the_stop_is_handed_back_unused() -> None:
+    async def scenario() -> None:
+        server, clock = LeaseServer(), Clock()
+        b = candidate(server, clock, "b")
+        answered = server.request
+        sent, go = asyncio.Event(), asyncio.Event()
+
+        async def slow(method: str, url: str, body: Any, content_type: str) -> dict[str, Any] | None:
+            if method != "GET" and body["spec"].get("holderIdentity") == "b" and not go.is_set():
+                sent.set()
+                await go.wait()  # the stop arrives while this write is on its way
+            return await answered(method, url, body, content_type)
+
+        b.access._once = slow  # type: ignore[method-assign]
+        b.sleep = virtual_sleep_for(clock)
+        election = asyncio.create_task(b.run())
+        await asyncio.wait_for(sent.wait(), 1)
+        b.stop()
+        go.set()
+        await asyncio.wait_for(election, 1)
+        assert [w[1] for w in server.writes] == ["b", ""]  # won, then released at once
+        assert b.access.paused and not b.leading and leader_gauge("kopf-operators") == 0
+        with pytest.raises(k8s.Paused):  # it never acted in between, and does not now
+            await b.access.create(k8s.POD, {"metadata": {"namespace": "ns", "name": "p"}})
+
+    asyncio.run(scenario())
+
+
+def test_a_holder_told_to_stop_releases_the_lease_at_once() -> None:
+    async def scenario() -> None:
+        server, clock = LeaseServer(), Clock()
+        a = candidate(server, clock, "a")
+        a.sleep = asyncio.sleep  # real time: the stop must cut the pause between renewals short
+        election = asyncio.create_task(a.run())
+        await asyncio.sleep(0.01)
+        assert server.holder == "a" and not a.access.paused
+        a.stop()
+        await asyncio.wait_for(election, 0.5)  # not after the 2 s retry period
+        assert server.holder == "" and a.access.paused
+        writes = len(server.writes)
+        await a.release()  # the cleanup handler's release finds nothing more to do
+        assert len(server.writes) == writes
+
+    asyncio.run(scenario())
+
+
+def test_a_holder_that_lost_the_lease_leaves_the_new_holders_claim_alone_at_release(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        server, clock = LeaseServer(), Clock()
+        a, b = candidate(server, clock, "a"), candidate(server, clock, "b")
+        await step(a)
+        clock.now += SETTINGS.duration + 1  # a's renewals starved: b takes the Lease over
+        assert not await step(b)  # b's first look
+        clock.now += SETTINGS.duration + 1
+        assert await step(b)
+        with caplog.at_level("INFO", logger="kopf_operators.election"):
+            await a.release()  # a's cleanup, with its own (stale) copy naming it
+        assert server.holder == "b"
+        assert "Released the Lease" not in caplog.text
+
+    asyncio.run(scenario())
+
+
 def test_a_holder_that_cannot_renew_stops_acting_at_its_renew_deadline_and_exits(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(k8s, "BACKOFF_SECONDS", 0.0)  # the layer's retries of each attempt: no real wait

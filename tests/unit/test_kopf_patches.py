@@ -7,6 +7,7 @@ private code that the patches rely on (``test_no_module_but_the_door_imports_kop
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import json
 import os
@@ -20,7 +21,7 @@ from typing import Any
 import kopf
 from kopf._cogs.aiokits import aiotoggles
 from kopf._cogs.clients import api, watching
-from kopf._core.reactor import processing
+from kopf._core.reactor import processing, running
 
 from kopf_operators.blackadder import decisions as blackadder
 from kopf_operators.copyrator import decisions as copyrator
@@ -72,7 +73,7 @@ _STATE_PROBE = """
 import asyncio.sslproto, glob, json, sys
 from kopf._cogs.aiokits import aiotoggles
 from kopf._cogs.clients import api
-from kopf._core.reactor import processing
+from kopf._core.reactor import processing, running
 from kopf_operators.core import kopf_patches
 kopf_patches.preload(sorted(glob.glob("operators/*.py")))
 def state():
@@ -536,3 +537,27 @@ def test_kopf_lists_and_streams_every_object_without_its_managed_fields() -> Non
                         {"type": "ERROR", "object": {"kind": "Status", "code": 410}}]
     assert listed == [([{**lean, "metadata": {"name": "b", "labels": {"app": "x"}}},
                         {**lean, "metadata": {"name": "c", "labels": {"app": "x"}}}], "5")]
+
+
+def test_the_stop_is_seen_when_kopfs_stop_flag_checker_ends() -> None:
+    async def scenario() -> None:
+        told = asyncio.Event()
+        flag = asyncio.Event()
+        checker = asyncio.create_task(flag.wait(), name=kopf_patches.STOP_CHECKER_TASK)
+        assert kopf_patches.when_stop_requested(told.set)
+        await asyncio.sleep(0.01)
+        assert not told.is_set()
+        flag.set()  # SIGTERM: Kopf's checker returns
+        await asyncio.wait_for(told.wait(), 1)
+        await checker
+
+    asyncio.run(scenario())
+    # The name is Kopf's (its spawn_tasks names the task so), on the tested version.
+    assert f'name="{kopf_patches.STOP_CHECKER_TASK}"' in inspect.getsource(running.spawn_tasks)
+
+
+def test_no_stop_hook_outside_a_running_operator() -> None:
+    async def scenario() -> None:
+        assert not kopf_patches.when_stop_requested(lambda: None)
+
+    asyncio.run(scenario())
