@@ -41,7 +41,6 @@ IMPORTS_A_TEST_MODULE = {
 # Controllers with their own version cache (a ``_written``/``_pods_seen`` map, a ``_rv`` parser), to
 # move onto core.controller.Newest (its docstring says how each maps).
 OWN_VERSION_CACHE = {
-    "kopf_operators/immortal/controller.py",
     "kopf_operators/copyrator/controller.py",
     "kopf_operators/reroller/controller.py",
 }
