@@ -31,11 +31,7 @@ IMPORTS_A_TEST_MODULE = {
     "tests/e2e/test_copyrator_adversarial.py",  # from test_copyrator
     "tests/e2e/test_copyrator_features.py",  # from test_copyrator
     "tests/e2e/test_copyrator_tenants.py",  # from test_copyrator
-    "tests/e2e/test_immortal_adversarial.py",  # from test_immortal
-    "tests/e2e/test_immortal_real_node.py",  # from test_immortal (events_for, ready, status)
-    "tests/e2e/test_metrics.py",  # from test_immortal
     "tests/e2e/test_reroller_adversarial.py",  # from test_reroller
-    "tests/e2e/test_zz_rbac.py",  # from test_blackadder_tenants (RELEASE, TENANT_VALUES: now in blackadder_helpers)
 }
 
 # Controllers with their own version cache (a ``_written``/``_pods_seen`` map, a ``_rv`` parser), to
