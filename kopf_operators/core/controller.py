@@ -383,7 +383,7 @@ class Newest(Generic[K, V]):
 
     How each controller's own cache maps onto it (they move in a later phase; ``tests/unit/
     test_structure.py`` lists them until then):
-    - immortal ``_written`` + ``current()``: an overlay (identity uid, version resourceVersion):
+    - immortal (done) ``_written`` + ``current()``: an overlay (identity uid, version resourceVersion):
       ``remember(key, snapshot(answer))`` after a status patch, ``current(key, first(objects, key))``;
       the event body's ``_rv(body) > _rv(ic)`` step is ``newer(ic, body)``;
     - immortal ``_pods_seen`` + ``_pod``/``_saw_pod``: ``saw(key, summary or None, rv)`` for every
@@ -467,6 +467,16 @@ class Newest(Generic[K, V]):
 RETRY = False
 
 
+class _Hold:
+    def __repr__(self) -> str:
+        return "HOLD"
+
+
+# What a pass may answer when something else it started will run it again (a watch of the thing in the
+# way): no retry now, and the key's backoff stays as it is (so a fallback that keeps failing still doubles).
+HOLD: Any = _Hold()
+
+
 class GuardedPass(Generic[K]):
     """One pass for one key outside Kopf's retrying handlers (an event the controller handles itself,
     a timer, the resync, a daemon's cycle). ``run(key, trigger, *args)`` is the pass.
@@ -478,7 +488,7 @@ class GuardedPass(Generic[K]):
       backoff that doubles per failure in a row (one pending retry per key, ``if_pending`` as in
       ``KeyedTimers.start``). Never hot.
     - A pass answering ``RETRY`` (False) is tried again the same way, without a log line (it says why
-      itself); any other answer resets the key's backoff.
+      itself); ``HOLD`` neither retries nor resets; any other answer resets the key's backoff.
     - ``limit``: at most this many passes at once (over all keys).
     """
 
@@ -528,6 +538,8 @@ class GuardedPass(Generic[K]):
         if answer is RETRY:
             self.retry_later(key, if_pending=self.if_pending)
             return False
+        if answer is HOLD:
+            return True
         if self.backoff is not None:
             self.backoff.reset(key)
         return True

@@ -189,12 +189,13 @@ def main_image(spec: Mapping[str, Any]) -> str:
     return str(_main_image(pod_template(spec)["spec"].get("containers")) or "")
 
 
-def build_pod(ic: Mapping[str, Any]) -> dict[str, Any]:
+def build_pod(ic: Mapping[str, Any], template: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The pod manifest for an ImmortalContainer (the article's pod, or the template's), with the
-    project's labels (which win over the template's), the owner reference and the template digest."""
+    project's labels (which win over the template's), the owner reference and the template digest.
+    ``template``: ``pod_template(ic["spec"])`` when the caller has it already."""
     meta = ic["metadata"]
     name = meta["name"]
-    template = pod_template(ic["spec"])
+    template = template if template is not None else pod_template(ic["spec"])
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -202,7 +203,7 @@ def build_pod(ic: Mapping[str, Any]) -> dict[str, Any]:
             "name": pod_name(name),
             "namespace": meta["namespace"],
             "labels": {**template["labels"], ARTICLE_LABEL: name, OWNER_LABEL: name},
-            "annotations": {**template["annotations"], TEMPLATE_HASH_ANNOTATION: template_hash(ic["spec"])},
+            "annotations": {**template["annotations"], TEMPLATE_HASH_ANNOTATION: stable_hash(template)},
             "ownerReferences": [{
                 "apiVersion": API_VERSION,
                 "kind": KIND,
@@ -213,6 +214,22 @@ def build_pod(ic: Mapping[str, Any]) -> dict[str, Any]:
         },
         "spec": template["spec"],
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class Wanted:
+    """The pod one version of the spec asks for, built once: its main image, its template digest
+    (compared with the pod's on every pass) and the manifest to create (or to dry-run)."""
+
+    image: str
+    hash: str
+    pod: Mapping[str, Any]
+
+
+def wanted(ic: Mapping[str, Any]) -> Wanted:
+    template = pod_template(ic["spec"])
+    return Wanted(image=str(_main_image(template["spec"].get("containers")) or ""), hash=stable_hash(template),
+                  pod=build_pod(ic, template))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -490,3 +507,46 @@ def ready_reason(status: Mapping[str, Any]) -> str | None:
         if cond.get("type") == "Ready":
             return str(cond.get("reason"))
     return None
+
+
+# A pod of ours going away, or a new one starting, is reported in status only if it still is this much later.
+TRANSIENT_SECONDS = 2.0
+
+
+def settles(status: Mapping[str, Any], pod: PodView | None, decision: Decision, trigger: str) -> bool:
+    """Whether to wait ``TRANSIENT_SECONDS`` before reporting this decision (a pass with the trigger
+    "settle" then reports whatever it finds). Two waits usually end at once, and one status write
+    then says it all:
+    - our counted pod is going away: its DELETED event follows, and the replacement's write reports it;
+    - an uncounted pod of ours has not started yet (usually the one this pass created): its Running
+      event follows, and one write counts it and says Ready."""
+    if trigger == "settle" or pod is None:
+        return False
+    counted = status.get("currentPodUID")
+    going = decision.action is Action.WAIT and pod.uid == counted and ready_reason(status) != decision.reason
+    starting = decision.reason == "PodStarting" and pod.owned and pod.uid != counted
+    return going or starting
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One pass's decision about what it observed: what to do, the crash backoff state after
+    observing the pod (``observe_end``), and whether to report it now or only if it lasts."""
+
+    pod: PodView | None
+    decision: Decision
+    backoff: Mapping[str, Any]
+    settle: bool
+
+    def instead(self, decision: Decision) -> Step:
+        """Acting found out otherwise (the API server refuses the pod, the namespace is going away):
+        that is reported at once."""
+        return dataclasses.replace(self, decision=decision, settle=False)
+
+
+def decide_pass(status: Mapping[str, Any], pod: PodView | None, want: Wanted, now: float, trigger: str) -> Step:
+    """The one decision of a pass, from what it observed: the ImmortalContainer's status, the newest
+    pod with the target name, the pod the spec asks for, the time and what triggered the pass."""
+    backoff = observe_end(status.get("backoff"), pod, now)
+    decision = decide(want.image, pod, want.hash, backoff, now)
+    return Step(pod, decision, backoff, settles(status, pod, decision, trigger))

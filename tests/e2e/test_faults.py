@@ -19,7 +19,6 @@ import kubernetes
 import pytest
 
 from kopf_operators.copyrator import decisions as cr
-from kopf_operators.immortal import controller as ic_controller
 from kopf_operators.immortal import decisions as ic
 from kopf_operators.reroller import decisions as rr
 from tests.e2e.faultkit import ApiProxy, LogWindow, proxied_kubeconfig, upstream_of
@@ -222,7 +221,7 @@ def extra_namespaces(core: Any, namespace: str) -> Iterator[Callable[[int], list
 IC_COUNT, SOURCES, TARGETS, WORKLOADS, KILLS = 100, 10, 5, 20, 6
 # A pod the operator created is counted at the latest by the status write TRANSIENT_SECONDS later; a
 # restarted operator's watches list within a few seconds of its liveness endpoint answering.
-UNCOUNTED_SECONDS = ic_controller.TRANSIENT_SECONDS + 1.0
+UNCOUNTED_SECONDS = ic.TRANSIENT_SECONDS + 1.0
 WATCH_START_SECONDS = 2.0
 
 

@@ -15,7 +15,7 @@ import kubernetes
 import pytest
 
 from kopf_operators.immortal import decisions as logic
-from tests.e2e.test_immortal import (
+from tests.e2e.immortal_helpers import (
     G,
     P,
     V,

@@ -20,8 +20,8 @@ import kubernetes
 import pytest
 
 from kopf_operators.immortal import decisions as logic
+from tests.e2e.immortal_helpers import events_for, ready, status
 from tests.e2e.realnode import NODE, script
-from tests.e2e.test_immortal import events_for, ready, status
 from tests.kube import OperatorProcess, PodCreations, PodLife, wait_for
 from testsupport.kubectl import kubectl
 

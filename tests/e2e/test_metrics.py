@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.e2e.test_immortal import pod_or_none
+from tests.e2e.immortal_helpers import pod_or_none
 from tests.kube import OperatorProcess, wait_for
 from testsupport.kubectl import apply_yaml
 from testsupport.launcher import counter

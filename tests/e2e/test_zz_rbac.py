@@ -49,11 +49,15 @@ def granted() -> set[Permission]:
     return perms
 
 
-def used(username: str) -> tuple[set[Permission], list[str]]:
-    calls: set[Permission] = set()
+def audited(username: str, since: str | None = None) -> tuple[set[Permission], list[str], set[tuple[str, Permission]]]:
+    """``username``'s calls in the audit log (after ``since``): the rights used, RBAC's refusals, and
+    (namespace, right) of each use."""
+    used_rights: set[Permission] = set()
     refused: list[str] = []
+    where: set[tuple[str, Permission]] = set()
     for entry in AuditLog().entries():
-        if entry.get("user", {}).get("username") != username or "objectRef" not in entry:
+        if (entry.get("user", {}).get("username") != username or "objectRef" not in entry
+                or (since is not None and entry.get("requestReceivedTimestamp", "") <= since)):
             continue
         ref = entry["objectRef"]
         perm = (ref.get("apiGroup", ""), resource_of(entry), entry["verb"])
@@ -61,14 +65,15 @@ def used(username: str) -> tuple[set[Permission], list[str]]:
         if entry.get("annotations", {}).get("authorization.k8s.io/decision") == "forbid":
             refused.append(f"{perm}: {entry.get('responseStatus', {}).get('message', '')}")
         else:
-            calls.add(perm)
-    return calls, refused
+            used_rights.add(perm)
+            where.add((ref.get("namespace", ""), perm))
+    return used_rights, refused, where
 
 
 def test_rbac_is_exactly_what_the_operators_use(operator_identity: str) -> None:
     if os.environ.get("OPERATOR_IDENTITY", "serviceaccount") == "admin":
         pytest.fail("OPERATOR_IDENTITY=admin: the operator ran as admin, so RBAC was not exercised")
-    calls, refused = used(f"system:serviceaccount:{E2E_RELEASE}:{E2E_RELEASE}")
+    calls, refused, _ = audited(f"system:serviceaccount:{E2E_RELEASE}:{E2E_RELEASE}")
     assert not refused, "the operator was refused:\n" + "\n".join(sorted(set(refused)))
     grants = granted()
     for group, resource, verb in grants:
@@ -80,9 +85,9 @@ def test_rbac_is_exactly_what_the_operators_use(operator_identity: str) -> None:
 def test_the_tenant_rbac_is_used_and_sufficient() -> None:
     """The rules `operators.blackadder.tenants.enabled` adds, against the calls of the operator that
     tests/e2e/test_blackadder_tenants.py ran as that release's ServiceAccount."""
-    from tests.e2e.test_blackadder_tenants import RELEASE, TENANT_VALUES
+    from tests.e2e.blackadder_helpers import RELEASE, TENANT_VALUES
 
-    calls, refused = used(f"system:serviceaccount:{RELEASE}:{RELEASE}")
+    calls, refused, _ = audited(f"system:serviceaccount:{RELEASE}:{RELEASE}")
     assert calls, "the tenant operator made no call: did test_blackadder_tenants.py run?"
     assert not refused, "the tenant operator was refused:\n" + "\n".join(sorted(set(refused)))
     on = [rule for obj in chart_objects(RELEASE, RELEASE, *E2E_VALUES, *TENANT_VALUES)
@@ -167,28 +172,9 @@ def test_per_operator_accounts_use_only_their_own_rights_and_releases_keep_apart
         grants = account_grants(objects)
         assert len(grants) == 2
         for account, mine in grants.items():
-            used, refused, where = calls(f"system:serviceaccount:{account.replace('/', ':')}", since)
+            used, refused, where = audited(f"system:serviceaccount:{account.replace('/', ':')}", since)
             assert used, f"{account} made no call: did its operator run?"
             assert not refused, f"{account} was refused:\n" + "\n".join(sorted(set(refused)))
             beyond = {(ns, *right) for ns, right in where if not covered(mine, ns, right)}
             assert not beyond, f"{account} used rights that are not its own: {sorted(beyond)}"
             assert not {ns for ns, _ in where} & others, f"{account} reached into the other release's namespaces"
-
-
-def calls(username: str, since: str) -> tuple[set[Permission], list[str], set[tuple[str, Permission]]]:
-    """``username``'s calls after ``since``: the rights used, RBAC's refusals, and (namespace, right)."""
-    used_rights: set[Permission] = set()
-    refused: list[str] = []
-    where: set[tuple[str, Permission]] = set()
-    for entry in AuditLog().entries():
-        if (entry.get("user", {}).get("username") != username or "objectRef" not in entry
-                or entry.get("requestReceivedTimestamp", "") <= since):
-            continue
-        ref = entry["objectRef"]
-        perm = (ref.get("apiGroup", ""), resource_of(entry), entry["verb"])
-        if entry.get("annotations", {}).get("authorization.k8s.io/decision") == "forbid":
-            refused.append(f"{perm}: {entry.get('responseStatus', {}).get('message', '')}")
-        else:
-            used_rights.add(perm)
-            where.add((ref.get("namespace", ""), perm))
-    return used_rights, refused, where

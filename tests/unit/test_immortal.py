@@ -604,3 +604,53 @@ def test_a_pods_fingerprint_changes_only_with_what_the_operator_reads() -> None:
                   changed(metadata={"labels": {logic.OWNER_LABEL: "y"}}),
                   changed(spec={"containers": [{"name": "acontainer", "image": "nginx:2"}]})):
         assert logic.pod_fingerprint(other) != fingerprint
+
+
+# --- one pass's decision (decide_pass): what to do, and whether to report it now --------------------
+
+
+def ready_status(reason: str = "PodReady", uid: str = "pod-1") -> dict[str, Any]:
+    return {"currentPodUID": uid, "startTimes": 1,
+            "conditions": [{"type": "Ready", "status": "True" if reason == "PodReady" else "False", "reason": reason}]}
+
+
+def test_the_wanted_pod_is_built_once_with_its_digest_and_main_image() -> None:
+    want = logic.wanted({**IC, "spec": TEMPLATE_SPEC})
+    assert want.hash == logic.template_hash(TEMPLATE_SPEC)
+    assert want.image == logic.main_image(TEMPLATE_SPEC)
+    assert want.pod == logic.build_pod({**IC, "spec": TEMPLATE_SPEC})
+
+
+@pytest.mark.parametrize(("status", "pod", "trigger", "settle"), [
+    # Our counted pod is going away: wait; its DELETED event and the replacement follow at once.
+    (ready_status(), view(terminating=True), "pod modified", True),
+    # ... reported if it lasts (the settle pass), or at once if already reported as going.
+    (ready_status(), view(terminating=True), "settle", False),
+    (ready_status("PodTerminating"), view(terminating=True), "pod modified", False),
+    # A new pod of ours, not started yet: its Running event usually follows; one write then says it all.
+    (ready_status(), view(uid="pod-2", phase="Pending", ready=False), "pod added", True),
+    (ready_status(), view(uid="pod-2", phase="Pending", ready=False), "settle", False),
+    # The counted pod is still starting (reported so): nothing to wait for.
+    (ready_status("PodStarting"), view(phase="Pending", ready=False), "object", False),
+    # A running pod, no pod at all, a foreign pod: report now.
+    (ready_status(), view(uid="pod-2"), "pod modified", False),
+    ({}, None, "object", False),
+    (ready_status(), view(uid="other", owned=False, phase="Pending"), "object", False),
+])
+def test_a_pass_waits_to_report_only_what_usually_ends_at_once(status: dict[str, Any], pod: logic.PodView | None,
+                                                             trigger: str, settle: bool) -> None:
+    step = logic.decide_pass(status, pod, logic.wanted(IC), 0.0, trigger)
+    assert step.settle is settle
+    assert step.decision == logic.decide("nginx:latest", pod, logic.template_hash(IC["spec"]), step.backoff, 0.0)
+
+
+def test_a_pass_counts_an_end_in_its_backoff_once_and_acting_otherwise_reports_at_once() -> None:
+    ended = view(phase="Failed", ready=False, started_at="2026-11-26T12:00:00Z", finished_at="2026-11-26T12:00:05Z")
+    first = logic.decide_pass(ready_status(), ended, logic.wanted(IC), 1_000.0, "pod modified")
+    assert (first.backoff["failures"], first.decision.action) == (1, logic.Action.DELETE)
+    again = logic.decide_pass({**ready_status(), "backoff": first.backoff}, ended, logic.wanted(IC), 1_001.0, "retry")
+    assert again.backoff == first.backoff  # the same end, seen twice, counts once
+    starting = logic.decide_pass(ready_status(), view(uid="pod-2", phase="Pending", ready=False), logic.wanted(IC),
+                                 0.0, "object")
+    refused = starting.instead(logic.refused(view(), "bad"))
+    assert (refused.settle, refused.decision.action, refused.pod) == (False, logic.Action.REFUSED, starting.pod)

@@ -95,7 +95,7 @@ def test_a_pod_we_created_that_is_deleted_before_it_ran_is_still_counted() -> No
 
 def test_a_pod_that_does_not_start_soon_is_reported_starting(monkeypatch: pytest.MonkeyPatch) -> None:
     """A created pod that is not Running within TRANSIENT_SECONDS is counted and reported as starting."""
-    monkeypatch.setattr(immortal, "TRANSIENT_SECONDS", 0.05)
+    monkeypatch.setattr(logic, "TRANSIENT_SECONDS", 0.05)
     access = FakeAccess()
 
     async def scenario() -> None:
@@ -174,11 +174,10 @@ def test_a_foreign_pod_in_the_way_is_followed_by_a_watch_of_its_name_and_its_del
         access.answer("create", conflict_on_create())
         access.answer("read", FOREIGN)
         ctl = controller(access)
-        decision = await ctl.converge(KEY)
-        assert decision is not None and decision.action is logic.Action.BLOCKED
+        await ctl.guarded(KEY, "object")
         await until(lambda: bool(access.made("watch")))
         assert access.made("watch") == [("watch", "Pod", "ns1", f"metadata.name={logic.pod_name('app')}", "3")]
-        assert not ctl._retries.pending(KEY)
+        assert not ctl.passes.timers.pending(KEY)
         assert access.watch_events is not None
         # The server ends the watch after its timeout: resumed from the newest version (a bookmark's).
         await access.watch_events.put(("BOOKMARK", {"metadata": {"resourceVersion": "40"}}))
@@ -186,7 +185,7 @@ def test_a_foreign_pod_in_the_way_is_followed_by_a_watch_of_its_name_and_its_del
         await until(lambda: access.watch_events is not None and access.watch_events.empty())
         await access.watch_events.put(("DELETED", at_version("50")))
         await until(lambda: len(access.made("create")) == 2)
-        assert not ctl._followers and not ctl._retries.pending(KEY)
+        assert not ctl._followers and not ctl.passes.timers.pending(KEY)
         await ctl.stop()
         return access
 
@@ -202,14 +201,14 @@ def test_a_watch_that_ends_is_resumed_from_the_newest_version() -> None:
         access.answer("create", conflict_on_create())
         access.answer("read", FOREIGN)
         ctl = controller(access)
-        await ctl.converge(KEY)
+        await ctl.guarded(KEY, "object")
         await until(lambda: access.watch_events is not None)
         assert access.watch_events is not None
         await access.watch_events.put(("BOOKMARK", {"metadata": {"resourceVersion": "40"}}))
         await asyncio.sleep(1.05)  # a watch that lasted (the server's timeout), then ends
         await access.watch_events.put(None)
         await until(lambda: len(access.made("watch")) == 2)
-        assert ctl._followers and not ctl._retries.pending(KEY)
+        assert ctl._followers and not ctl.passes.timers.pending(KEY)
         await ctl.stop()
         return access.made("watch")
 
@@ -225,14 +224,13 @@ def test_a_failed_watch_falls_back_to_the_doubling_retry() -> None:
         ctl = controller(access)
         delays: list[float | None] = []
         for _ in range(2):
-            decision = await ctl.converge(KEY)
-            assert decision is not None and decision.action is logic.Action.BLOCKED
+            await ctl.guarded(KEY, "object")
             await until(lambda: access.watch_events is not None)
             assert access.watch_events is not None
             await access.watch_events.put(ApiError(410, "Gone"))  # e.g. the version is too old
-            await until(lambda: ctl._retries.pending(KEY))
-            delays.append(ctl._retries.due_in(KEY))
-            ctl._retries.cancel(KEY)  # as if it had fired
+            await until(lambda: ctl.passes.timers.pending(KEY))
+            delays.append(ctl.passes.timers.due_in(KEY))
+            ctl.passes.timers.cancel(KEY)  # as if it had fired
         await ctl.stop()
         return delays
 
@@ -252,8 +250,8 @@ def test_more_foreign_pods_than_watch_connections_fall_back_to_the_retry() -> No
         for key in keys:
             access.answer("create", conflict_on_create())
             access.answer("read", {**FOREIGN, "metadata": {**FOREIGN["metadata"], "name": logic.pod_name(key[1])}})
-            await ctl.converge(key)
-        followed, retried = len(ctl._followers), sum(ctl._retries.pending(key) for key in keys)
+            await ctl.guarded(key, "object")
+        followed, retried = len(ctl._followers), sum(ctl.passes.timers.pending(key) for key in keys)
         await ctl.stop()
         return followed, retried
 
@@ -266,11 +264,11 @@ def test_a_failed_pass_is_retried_and_a_success_resets_the_backoff() -> None:
         access.answer("create", server_error())
         ctl = controller(access)
         await ctl.guarded(KEY, "object")  # fails: a retry is scheduled
-        failures_after_error = ctl._backoff.failures(KEY)
-        pending = int(ctl._retries.pending(KEY))
-        ctl._retries.cancel(KEY)
+        failures_after_error = ctl.passes.failures(KEY)
+        pending = int(ctl.passes.timers.pending(KEY))
+        ctl.passes.timers.cancel(KEY)
         await ctl.guarded(KEY, "retry")  # succeeds
-        failures_after_success = ctl._backoff.failures(KEY)
+        failures_after_success = ctl.passes.failures(KEY)
         await ctl.stop()
         return failures_after_error, pending, failures_after_success
 
@@ -288,10 +286,10 @@ def test_deletion_forgets_the_object_and_cancels_its_timers() -> None:
     async def scenario() -> bool:
         access = FakeAccess()
         ctl = controller(access)
-        ctl._retry_later(KEY)
+        ctl.passes.retry_later(KEY)
         ctl._wake_later(KEY, 30)
         await ctl.deleted(KEY)
-        pending = ctl._retries.pending(KEY) or ctl._wakes.pending(KEY)
+        pending = ctl.passes.timers.pending(KEY) or ctl._wakes.pending(KEY)
         await ctl.stop()
         return pending
 
@@ -302,10 +300,10 @@ def test_stop_cancels_pending_retries_and_waits_for_passes_in_flight() -> None:
     async def scenario() -> tuple[bool, bool]:
         access = FakeAccess()
         ctl = controller(access)
-        ctl._retry_later(KEY)
+        ctl.passes.retry_later(KEY)
         finished = in_flight(ctl.background)
         await asyncio.sleep(0)
         await ctl.stop()
-        return ctl._retries.pending(KEY), finished.is_set()
+        return ctl.passes.timers.pending(KEY), finished.is_set()
 
     assert run(scenario()) == (False, True)
