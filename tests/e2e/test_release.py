@@ -141,7 +141,7 @@ def installed(released: dict[str, str], host_operator_paused: None, crds: None,
         restricted_namespace(NAMESPACE)
         helm("install", RELEASE, released["chart"], "--version", released["version"], "--plain-http",
              "--namespace", NAMESPACE, "--set", f"watchNamespaces={{{','.join(spaces)}}}",
-             "--set", "peering.enabled=false", "--set", "replicaCount=1",
+             "--set", "replicaCount=1",
              # Only where the pod runs: the real node (its taint tolerated); the image comes from the chart.
              "--set-string", "nodeSelector.kopf-operators\\.dev/real-node=true",
              "--set", "tolerations[0].key=kopf-operators.dev/real-node", "--set", "tolerations[0].operator=Exists",
