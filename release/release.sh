@@ -126,7 +126,10 @@ PY
 "$helm" lint "$stage/tree/charts/kopf-operators" >&2
 "$helm" package "$stage/tree/charts/kopf-operators" --destination "$out" >&2
 chart_tgz=$out/kopf-operators-$version.tgz
-chart_digest=$("$helm" push "$chart_tgz" "oci://$chart_repo" --plain-http 2>&1 | tee /dev/stderr | sed -n 's/^Digest: *//p')
+# Not `| tee /dev/stderr`: when stderr is a file, tee reopens it truncated and the log so far is lost.
+pushed=$("$helm" push "$chart_tgz" "oci://$chart_repo" --plain-http 2>&1) || { echo "$pushed" >&2; log "helm push failed"; exit 1; }
+echo "$pushed" >&2
+chart_digest=$(echo "$pushed" | sed -n 's/^Digest: *//p')
 [ -n "$chart_digest" ] || { log "helm push printed no digest"; exit 1; }
 "$cosign" sign "${sign_flags[@]}" "$chart_repo/kopf-operators@$chart_digest" >&2
 log "chart oci://$chart_repo/kopf-operators --version $version ($chart_digest) pushed and signed"
