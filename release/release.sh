@@ -23,6 +23,10 @@ out=${RELEASE_DIR:-$repo/.release}
 key_dir=${COSIGN_KEY_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kopf-operators/release-key}
 write_tree=${RELEASE_WRITE_TREE:-1}
 export COSIGN_PASSWORD=${COSIGN_PASSWORD:-}
+# cosign looks up Sigstore's public trust root (TUF, on the internet) even to sign or verify with a key and
+# no transparency log. A mirror on the loopback with no cached root makes it skip that at once, so nothing
+# leaves the machine (it only warns); a pipeline that uses Sigstore's public services sets its own TUF_MIRROR.
+export TUF_MIRROR=${TUF_MIRROR:-http://127.0.0.1:9}
 log() { echo "[release $(date +%T)] $*" >&2; }
 pod() { podman --cgroup-manager=cgroupfs --events-backend=file --runtime=runc "$@"; }
 
@@ -122,7 +126,10 @@ PY
 "$helm" lint "$stage/tree/charts/kopf-operators" >&2
 "$helm" package "$stage/tree/charts/kopf-operators" --destination "$out" >&2
 chart_tgz=$out/kopf-operators-$version.tgz
-chart_digest=$("$helm" push "$chart_tgz" "oci://$chart_repo" --plain-http 2>&1 | tee /dev/stderr | sed -n 's/^Digest: *//p')
+# Not `| tee /dev/stderr`: when stderr is a file, tee reopens it truncated and the log so far is lost.
+pushed=$("$helm" push "$chart_tgz" "oci://$chart_repo" --plain-http 2>&1) || { echo "$pushed" >&2; log "helm push failed"; exit 1; }
+echo "$pushed" >&2
+chart_digest=$(echo "$pushed" | sed -n 's/^Digest: *//p')
 [ -n "$chart_digest" ] || { log "helm push printed no digest"; exit 1; }
 "$cosign" sign "${sign_flags[@]}" "$chart_repo/kopf-operators@$chart_digest" >&2
 log "chart oci://$chart_repo/kopf-operators --version $version ($chart_digest) pushed and signed"
