@@ -88,6 +88,8 @@ build() {
     --build-arg "BASE_IMAGE=$BASE" --build-arg "VERSION=${VERSION:-$app_version}" \
     --build-arg PIP_CERT=/run/host-ca.crt -v "$ca:/run/host-ca.crt:ro" \
     -t "$image" -f "$repo/Dockerfile" "$repo" >&2
+  # A build stopped by a signal can still exit 0 without tagging anything: trust the image, not the code.
+  pod image exists "$image" || { log "no $image after the build: it was interrupted or failed"; exit 1; }
   log "built $image in $((SECONDS - started))s"
   echo "$image"
 }
