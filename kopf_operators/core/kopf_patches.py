@@ -19,6 +19,8 @@ upstream issue it stands in for; docs/kopf-patches.md has the text of each upstr
 - ``wake_gate_waiters_only_on_change``: Kopf's ToggleSet wakes its waiters only on a change of state;
 - ``govern_event_processing``: ``governed`` around Kopf's per-event processor (a cap on objects
   processed at once, superseded/echoed/unchanged events skipped, and the Lease's gate);
+  A listed object's handlers wait for every index as its raw event, not as a waiting Kopf worker
+  (``defer_listed``);
 - ``lean_watched_bodies``: no ``metadata.managedFields`` in what Kopf lists and streams;
 - ``small_tls_read_buffers``: asyncio's TLS read buffer of 64 KiB instead of 256 KiB;
 - ``start_allocator_trim``: glibc's ``malloc_trim(0)`` every 10 s (a task, started by the startup handler);
@@ -243,7 +245,8 @@ def governed(process: ProcessEvent) -> ProcessEvent:
 
     None of the policy applies to an object while Kopf still waits for it to be indexed in an initial
     listing (its ``resource_indexed`` toggle): Kopf gates every handler until every listed object is
-    indexed, so those must neither wait for a slot nor leave their toggle up."""
+    indexed, so those must neither wait for a slot nor leave their toggle up. Such an object is indexed
+    at once and its handlers wait for the other indexes as its raw event (``defer_listed``)."""
 
     @functools.wraps(process)
     async def governing(**kwargs: Any) -> Any:
