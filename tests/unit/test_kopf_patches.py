@@ -596,3 +596,22 @@ def test_a_listed_object_is_indexed_at_once_and_handled_once_every_index_is_fill
 def test_a_later_event_of_a_listed_object_supersedes_its_listed_handlers() -> None:
     calls, _, _ = _listing([(None, "a"), (None, "b"), ("MODIFIED", "a")])
     assert sorted(calls[2:]) == ["handle MODIFIED a", "handle None b"]
+
+
+def test_every_page_of_a_listing_is_read_before_kopf_processes_the_first() -> None:
+    """The API server forgets a listing's continue token after 5 minutes; Kopf processes each page's
+    objects before it asks for the next: the pages are read at once."""
+    read: list[str] = []
+
+    async def pages(**_: Any) -> AsyncIterator[Any]:
+        for n in range(3):
+            read.append(f"page {n}")
+            yield [{"metadata": {"name": f"cm-{n}"}}], str(n)
+
+    async def scenario() -> list[str]:
+        seen = []
+        async for items, version in lean_listing(pages)(resource=None):
+            seen.append(f"{len(read)} read when page {version} is processed")
+        return seen
+
+    assert asyncio.run(scenario()) == [f"3 read when page {n} is processed" for n in range(3)]
