@@ -245,8 +245,10 @@ def tenants_table(results: dict[str, Any]) -> str:
         t.row("Restart with a tenant's ConfigMaps in place", e)
     else:
         assert restart is not None
-        t.row(f"A start with {restart['configmaps']:,} ConfigMaps in place: high-water (quiet after "
-              f"{restart['start_quiet_after_s']} s)", f"{restart['start_hwm_mb']} MB", "", "",
+        first = restart.get("start_first_handler_s")
+        t.row(f"A start with {restart['configmaps']:,} ConfigMaps in place: high-water (handlers run after "
+              f"{first} s, quiet after {restart['start_quiet_after_s']} s; "
+              f"{restart.get('steady_rss_mb')} MB at rest)", f"{restart['start_hwm_mb']} MB", "", "",
               f"≤ {restart['chart_limit_mb']:.0f} MB (the chart's limit)",
               judge(restart["start_hwm_mb"], restart["chart_limit_mb"], " MB"))
     return t.text()

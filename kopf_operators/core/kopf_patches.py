@@ -19,6 +19,8 @@ upstream issue it stands in for; docs/kopf-patches.md has the text of each upstr
 - ``wake_gate_waiters_only_on_change``: Kopf's ToggleSet wakes its waiters only on a change of state;
 - ``govern_event_processing``: ``governed`` around Kopf's per-event processor (a cap on objects
   processed at once, superseded/echoed/unchanged events skipped, and the Lease's gate);
+  A listed object's handlers wait for every index as its raw event, not as a waiting Kopf worker
+  (``defer_listed``);
 - ``lean_watched_bodies``: no ``metadata.managedFields`` in what Kopf lists and streams;
 - ``small_tls_read_buffers``: asyncio's TLS read buffer of 64 KiB instead of 256 KiB;
 - ``start_allocator_trim``: glibc's ``malloc_trim(0)`` every 10 s (a task, started by the startup handler);
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import asyncio.sslproto
+import collections
 import ctypes
 import dataclasses
 import functools
@@ -197,6 +200,11 @@ class EventPolicy:
     fingerprints: dict[tuple[str, str], Fingerprint] = dataclasses.field(default_factory=dict)
     # uid -> the fingerprint of that object's newest event, for the fingerprinted resources.
     latest: dict[str, Hashable] = dataclasses.field(default_factory=dict)
+    # uid -> Kopf's processing of a listed, indexed object's event, its handlers left until every
+    # index is filled (``defer_listed``); uid -> set once those handlers are done, while they run.
+    listed: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    handling: dict[str, asyncio.Event] = dataclasses.field(default_factory=dict)
+    drainer: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)  # one while it runs
 
     def unchanged(self, resource: kopf.Resource, event_type: str | None, body: Mapping[str, Any]) -> bool:
         """Whether this is a modification that leaves the object's fingerprint as its previous
@@ -259,7 +267,8 @@ def governed(process: ProcessEvent) -> ProcessEvent:
 
     None of the policy applies to an object while Kopf still waits for it to be indexed in an initial
     listing (its ``resource_indexed`` toggle): Kopf gates every handler until every listed object is
-    indexed, so those must neither wait for a slot nor leave their toggle up."""
+    indexed, so those must neither wait for a slot nor leave their toggle up. Such an object is indexed
+    at once and its handlers wait for the other indexes as its raw event (``defer_listed``)."""
 
     @functools.wraps(process)
     async def governing(**kwargs: Any) -> Any:
@@ -276,7 +285,7 @@ def governed(process: ProcessEvent) -> ProcessEvent:
         echo = access.echo(event_type, body) if access is not None else None
         unchanged = policy.unchanged(resource, event_type, body)
         if kwargs.get("resource_indexed") is not None:
-            return await process(**kwargs)
+            return await defer_listed(process, policy, kwargs)
         if echo is Echo.SKIP or unchanged:
             metrics.event(resource.plural, "echo" if echo is Echo.SKIP else "unchanged")
             return None  # Kopf's processor returns the version it patched: none here
@@ -286,6 +295,7 @@ def governed(process: ProcessEvent) -> ProcessEvent:
         if event_type == "MODIFIED" and pressure is not None and pressure.is_set():
             metrics.event(resource.plural, "superseded")
             return None
+        await supersede_listed(policy, resource, body)
         metrics.event(resource.plural, "processed")
         if policy.slots is None:
             return await process(**kwargs)
@@ -294,6 +304,113 @@ def governed(process: ProcessEvent) -> ProcessEvent:
 
     governing._governed = True  # type: ignore[attr-defined]
     return governing
+
+
+# Listed objects whose handlers run at once once every index is filled (``drain_listed``).
+LISTED_HANDLERS_AT_ONCE = 32
+
+
+async def defer_listed(process: ProcessEvent, policy: EventPolicy, kwargs: dict[str, Any]) -> Any:
+    """One object's event of an initial listing: indexed at once; its handlers once every index is
+    filled (Kopf's gate, ``operator_indexed``), as Kopf does it, but without a worker waiting for it.
+
+    Fixes: Kopf indexes a listed object and then waits for the gate in that object's worker, holding
+    its task, queue, and everything it built for the handlers (the body's wrappers, a patch, three
+    loggers, an error throttler). Every listed object of every resource waits so until the last one is
+    indexed: a start over N ConfigMaps peaked at ~20 KB per object, 889 MB and rising for 50,000.
+    Here Kopf processes the event with the indexing handlers only (no handler of another kind, so
+    nothing waits and nothing is written); the worker is then done, and only the processor's
+    arguments (the raw event, shared objects) are kept, by uid, for ``drain_listed``.
+
+    Gain (docs/performance.md, "A restart over many objects"): the figures there.
+
+    Upstream: not filed yet (docs/kopf-patches.md, "Listed objects wait for the indexes in their workers").
+
+    The object's events stay in order: a later event of it waits for its listed handlers while they
+    run, and supersedes them when they have not run yet (``supersede_listed``), as a newer event
+    supersedes a queued modification (``governed``)."""
+    gate, registry = kwargs.get("operator_indexed"), kwargs.get("registry")
+    uid = ((kwargs["raw_event"].get("object") or {}).get("metadata") or {}).get("uid")
+    if gate is None or not uid or not isinstance(registry, kopf.OperatorRegistry):
+        return await process(**kwargs)
+    indexing, handling = split_registry(registry)
+    await process(**{**kwargs, "registry": indexing, "operator_indexed": _NoWait(gate)})
+    policy.listed[uid] = {**kwargs, "registry": handling, "resource_indexed": None, "operator_indexed": None,
+                          "stream_pressure": None}
+    if not policy.drainer:
+        policy.drainer.append(asyncio.create_task(drain_listed(process, policy, gate), name="listed handlers"))
+    return None
+
+
+async def drain_listed(process: ProcessEvent, policy: EventPolicy, gate: Any) -> None:
+    """Once every index is filled, the deferred listed objects' handlers, ``LISTED_HANDLERS_AT_ONCE``
+    objects at a time (and within the policy's ``slots``); a failure is logged, as Kopf's worker
+    would, and the others go on."""
+    await gate.wait_for(True)
+    logger.info(f"Every index is filled: the handlers of {len(policy.listed)} listed objects run now")
+
+    async def one_at_a_time() -> None:
+        while policy.listed:
+            uid, kwargs = policy.listed.popitem()  # the last first: O(1), and objects are independent
+            done = policy.handling[uid] = asyncio.Event()
+            try:
+                if policy.slots is None:
+                    await process(**kwargs)
+                else:
+                    async with policy.slots:
+                        await process(**kwargs)
+            except Exception:
+                logger.exception(f"Processing the listed object {uid} failed")
+            finally:
+                del policy.handling[uid]
+                done.set()
+
+    await asyncio.gather(*(one_at_a_time() for _ in range(LISTED_HANDLERS_AT_ONCE)))
+    policy.drainer.clear()
+
+
+async def supersede_listed(policy: EventPolicy, resource: kopf.Resource, body: Mapping[str, Any]) -> None:
+    """Before a later event of a listed object is processed: its listed handlers, not run yet, are
+    superseded (this event carries its state forward); running, they are waited for."""
+    uid = (body.get("metadata") or {}).get("uid")
+    if not uid:
+        return
+    if policy.listed.pop(uid, None) is not None:
+        metrics.event(resource.plural, "superseded")
+    running = policy.handling.get(uid)
+    if running is not None:
+        await running.wait()
+
+
+class _NoWait:
+    """Kopf's gate as its processor sees it while indexing a listed object: the object's toggle is
+    dropped from the real gate; the wait is left to ``index_then_wait_light``."""
+
+    def __init__(self, gate: Any) -> None:
+        self.gate = gate
+
+    async def drop_toggle(self, toggle: Any) -> None:
+        await self.gate.drop_toggle(toggle)
+
+    async def wait_for(self, value: bool) -> None:
+        return None
+
+
+_split: dict[int, tuple[kopf.OperatorRegistry, kopf.OperatorRegistry, kopf.OperatorRegistry]] = {}
+
+
+def split_registry(registry: kopf.OperatorRegistry) -> tuple[kopf.OperatorRegistry, kopf.OperatorRegistry]:
+    """(a registry with ``registry``'s indexing handlers only, one with all its handlers but those),
+    made once per registry. Kopf's private per-kind registries are shared, not copied."""
+    cached = _split.get(id(registry))
+    if cached is None or cached[0] is not registry:
+        indexing, handling = kopf.OperatorRegistry(), kopf.OperatorRegistry()
+        indexing._indexing = registry._indexing
+        for kind in HANDLER_KINDS:
+            if kind != "_indexing":
+                setattr(handling, kind, getattr(registry, kind))
+        cached = _split[id(registry)] = (registry, indexing, handling)
+    return cached[1], cached[2]
 
 
 def govern_event_processing() -> None:
@@ -343,14 +460,24 @@ def lean_stream(stream: Callable[..., AsyncIterator[Any]]) -> Callable[..., Asyn
 
 
 def lean_listing(fetch_objs: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
-    """``fetch_objs`` (Kopf's ``fetching.fetch_objs``: pages of a listing) with each item lean."""
+    """``fetch_objs`` (Kopf's ``fetching.fetch_objs``: pages of a listing) with each item lean, and
+    every page read before the first is handed on.
+
+    Kopf asks for the next page only once it has processed the objects of the previous one. The API
+    server keeps a listing's ``continue`` token for 5 minutes (its compaction interval): a start over
+    50,000 ConfigMaps on a busy node took longer, the next page failed with 410 ("The provided continue
+    parameter is too old"), and Kopf stopped the operator. Read at once, the pages take seconds; the
+    objects cost no more memory than Kopf's processing of them keeps until every index is filled."""
 
     @functools.wraps(fetch_objs)
     async def lean(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        pages: collections.deque[tuple[Any, Any]] = collections.deque()
         async for items, resource_version in fetch_objs(*args, **kwargs):
             for item in items:
                 drop_managed_fields(item)
-            yield items, resource_version
+            pages.append((items, resource_version))
+        while pages:
+            yield pages.popleft()
 
     return lean
 

@@ -561,3 +561,82 @@ def test_no_stop_hook_outside_a_running_operator() -> None:
         assert not kopf_patches.when_stop_requested(lambda: None)
 
     asyncio.run(scenario())
+
+
+def _listing(events: list[tuple[str | None, str]]) -> tuple[list[str], list[str], bool]:
+    """Listed objects (``None``, uid) and later events (type, uid) through ``governed`` with Kopf's
+    gate closed until every listed object is indexed: (what Kopf's processor was asked, in order, as
+    "index uid" or "handle type uid"; the same at the time the gate opened; whether every listed
+    object's worker returned before the gate opened)."""
+
+    async def scenario() -> tuple[list[str], list[str], bool]:
+        calls: list[str] = []
+        registry = kopf.OperatorRegistry()
+
+        async def process(raw_event: dict[str, Any], registry: kopf.OperatorRegistry, **kwargs: Any) -> None:
+            uid = raw_event["object"]["metadata"]["uid"]
+            if kwargs.get("resource_indexed") is not None:
+                assert registry._indexing is not None and registry._watching is not kopf_registry._watching
+                calls.append(f"index {uid}")
+                await kwargs["operator_indexed"].drop_toggle(kwargs["resource_indexed"])
+                await kwargs["operator_indexed"].wait_for(True)  # Kopf's wait: a no-op for a listed object
+            else:  # a listed object is indexed once, when listed; a later event as Kopf does it
+                assert (registry._indexing is kopf_registry._indexing) == (raw_event["type"] is not None)
+                calls.append(f"handle {raw_event['type']} {uid}")
+
+        kopf_registry = registry
+        memo = kopf.Memo()
+        policy = EventPolicy(frozenset({"flant.com"}), asyncio.Semaphore(3))
+        EVENT_POLICY.set(memo, policy)
+        gate = aiotoggles.ToggleSet(all)
+        kind_listed = await gate.make_toggle(name="the kind's listing")
+        governing = governed(process)
+        resource = kopf.Resource("", "v1", "configmaps")
+
+        async def event(kind: str | None, uid: str) -> None:
+            toggle = await gate.make_toggle(name=uid) if kind is None else None
+            await governing(memobase=memo, resource=resource, registry=registry, operator_indexed=gate,
+                            resource_indexed=toggle, stream_pressure=asyncio.Event(),
+                            raw_event={"type": kind, "object": {"metadata": {"uid": uid}}})
+
+        workers = [asyncio.create_task(event(kind, uid)) for kind, uid in events if kind is None]
+        await asyncio.wait_for(asyncio.gather(*workers), 5)  # done before the gate opens
+        later = [asyncio.create_task(event(kind, uid)) for kind, uid in events if kind is not None]
+        await asyncio.sleep(0.01)
+        at_open = list(calls)
+        await gate.drop_toggle(kind_listed)
+        await asyncio.wait_for(asyncio.gather(*later), 5)
+        await asyncio.wait_for(asyncio.gather(*policy.drainer), 5)
+        return calls, at_open, all(w.done() for w in workers)
+
+    return asyncio.run(scenario())
+
+
+def test_a_listed_object_is_indexed_at_once_and_handled_once_every_index_is_filled() -> None:
+    calls, at_open, workers_done = _listing([(None, "a"), (None, "b")])
+    assert at_open == ["index a", "index b"] and workers_done  # no worker waits for the gate
+    assert sorted(calls[2:]) == ["handle None a", "handle None b"]
+
+
+def test_a_later_event_of_a_listed_object_supersedes_its_listed_handlers() -> None:
+    calls, _, _ = _listing([(None, "a"), (None, "b"), ("MODIFIED", "a")])
+    assert sorted(calls[2:]) == ["handle MODIFIED a", "handle None b"]
+
+
+def test_every_page_of_a_listing_is_read_before_kopf_processes_the_first() -> None:
+    """The API server forgets a listing's continue token after 5 minutes; Kopf processes each page's
+    objects before it asks for the next: the pages are read at once."""
+    read: list[str] = []
+
+    async def pages(**_: Any) -> AsyncIterator[Any]:
+        for n in range(3):
+            read.append(f"page {n}")
+            yield [{"metadata": {"name": f"cm-{n}"}}], str(n)
+
+    async def scenario() -> list[str]:
+        seen = []
+        async for _items, version in lean_listing(pages)(resource=None):
+            seen.append(f"{len(read)} read when page {version} is processed")
+        return seen
+
+    assert asyncio.run(scenario()) == [f"3 read when page {n} is processed" for n in range(3)]
