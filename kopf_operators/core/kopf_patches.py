@@ -284,7 +284,10 @@ def governed(process: ProcessEvent) -> ProcessEvent:
         # Both are asked on every event: each remembers what the object's next event is compared with.
         echo = access.echo(event_type, body) if access is not None else None
         unchanged = policy.unchanged(resource, event_type, body)
-        if kwargs.get("resource_indexed") is not None:
+        # Kopf passes the listing's toggle with every event of a worker started in the listing, also
+        # after the gate opened: only while the gate is closed is the object's event a deferred one.
+        gate = kwargs.get("operator_indexed")
+        if kwargs.get("resource_indexed") is not None and (gate is None or not gate.is_on()):
             return await defer_listed(process, policy, kwargs)
         if echo is Echo.SKIP or unchanged:
             metrics.event(resource.plural, "echo" if echo is Echo.SKIP else "unchanged")
@@ -365,8 +368,9 @@ async def drain_listed(process: ProcessEvent, policy: EventPolicy, gate: Any) ->
                 del policy.handling[uid]
                 done.set()
 
-    await asyncio.gather(*(one_at_a_time() for _ in range(LISTED_HANDLERS_AT_ONCE)))
-    policy.drainer.clear()
+    while policy.listed:  # one deferred while the last few ran is taken too
+        await asyncio.gather(*(one_at_a_time() for _ in range(LISTED_HANDLERS_AT_ONCE)))
+    policy.drainer.clear()  # no await since the last check: nothing deferred is left without a drainer
 
 
 async def supersede_listed(policy: EventPolicy, resource: kopf.Resource, body: Mapping[str, Any]) -> None:
