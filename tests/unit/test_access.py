@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import kopf
@@ -153,13 +155,29 @@ def test_credentials_are_asked_of_the_client_again_only_after_a_while(monkeypatc
     assert Client.asked == 2
 
 
+@contextlib.asynccontextmanager
+async def local_api(app: web.Application) -> AsyncIterator[access.Access]:
+    """An access layer whose API server is ``app``, served on 127.0.0.1 for the test."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    configuration = kubernetes.client.Configuration()
+    configuration.host = f"http://127.0.0.1:{port}"
+    layer = access.Access(kubernetes.client.ApiClient(configuration))
+    try:
+        yield layer
+    finally:
+        await layer.close()
+        await runner.cleanup()
+
+
 def test_a_narrow_watch_streams_events_of_any_size_and_raises_on_an_error_event() -> None:
     """``watch`` against a local HTTP server: lines split across chunks and a line over aiohttp's 64 KiB
     line limit arrive whole; the query asks for the field selector, the version and bookmarks; an ERROR
     event (410: the version is too old) raises."""
-    import asyncio
     import json
-
 
     big = {"metadata": {"name": "x-immortalpod", "resourceVersion": "5", "annotations": {"a": "b" * 200_000}}}
     lines = [json.dumps({"type": "MODIFIED", "object": big}).encode(),
@@ -179,23 +197,14 @@ def test_a_narrow_watch_streams_events_of_any_size_and_raises_on_an_error_event(
     async def scenario() -> tuple[list[tuple[str, str]], str]:
         app = web.Application()
         app.router.add_get("/api/v1/namespaces/ns1/pods", handler)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        configuration = kubernetes.client.Configuration()
-        configuration.host = f"http://127.0.0.1:{port}"
-        layer = access.Access(kubernetes.client.ApiClient(configuration))
         seen: list[tuple[str, str]] = []
-        try:
-            async for event_type, obj in layer.watch(access.POD, "ns1", fields="metadata.name=x-immortalpod",
-                                                     resource_version="3"):
-                seen.append((event_type, obj["metadata"]["resourceVersion"]))
-        except access.ApiError as exc:
-            error = str(exc)
-        await layer.close()
-        await runner.cleanup()
+        async with local_api(app) as layer:
+            try:
+                async for event_type, obj in layer.watch(access.POD, "ns1", fields="metadata.name=x-immortalpod",
+                                                         resource_version="3"):
+                    seen.append((event_type, obj["metadata"]["resourceVersion"]))
+            except access.ApiError as exc:
+                error = str(exc)
         return seen, error
 
     seen, error = asyncio.run(scenario())
@@ -217,23 +226,16 @@ def test_an_event_outside_kopfs_handlers_is_posted_by_the_access_layer_and_never
     async def scenario() -> None:
         app = web.Application()
         app.router.add_post("/api/v1/namespaces/{namespace}/events", handler)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        configuration = kubernetes.client.Configuration()
-        configuration.host = f"http://127.0.0.1:{port}"
-        layer = access.Access(kubernetes.client.ApiClient(configuration))
+        async with local_api(app) as layer:
+            await post_both(layer)
+
+    async def post_both(layer: access.Access) -> None:
         rule = {"apiVersion": "flant.com/v1", "kind": "CopyratorRule",
                 "metadata": {"namespace": "ns", "name": "r", "uid": "u1"}}
         agent = {"apiVersion": "blackadder.io/v1beta1", "kind": "ChaosAgent", "metadata": {"name": "a", "uid": "u2"}}
         layer.event(rule, "Normal", "Synced", "all 2 copies in sync")
         layer.event(agent, "Warning", "CycleFailed", "refused")  # answered 403: logged, not raised
-        while layer._events_posting:
-            await asyncio.sleep(0.01)
-        await layer.close()
-        await runner.cleanup()
+        await asyncio.gather(*layer._events_posting)
 
     asyncio.run(scenario())
     assert [path for path, _ in posted] == ["/api/v1/namespaces/ns/events", "/api/v1/namespaces/default/events"]
