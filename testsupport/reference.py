@@ -8,7 +8,9 @@
   the comment above or beside each key);
 - environment.md: every environment variable the code reads, found in the source (the ``env_*`` parsers,
   ``env.get``/``os.environ.get``), with the module that reads it and its default;
-- metrics.md: every metric family the process exports, from the prometheus_client registry.
+- metrics.md: every metric family the process exports, from the prometheus_client registry;
+- events.md and annotations.md: every Event reason, and every annotation and label, from the operators'
+  catalogues (``kopf_operators/<operator>/catalogue.py``, ``kopf_operators/core/catalogue.py``).
 
 tests/unit/test_reference.py runs the check, so a page that disagrees with its source fails the tests.
 """
@@ -211,8 +213,46 @@ def metrics_page() -> str:
     return "".join(out)
 
 
+# --- Event reasons, annotations and labels --------------------------------------------------------
+
+TITLES = {"core": "Every operator", "immortal": "Immortal", "copyrator": "Copyrator", "blackadder": "Blackadder",
+          "reroller": "Re-roller"}
+
+
+def events_page() -> str:
+    from kopf_operators.core import catalogue
+
+    out = [HEADER.format(source="the catalogues (kopf_operators/*/catalogue.py)"),
+           "# Events\n\nThe Kubernetes Events the operators post, by reason: "
+           "`kubectl get events --field-selector reason=REASON`, or `kubectl describe` the object. A `Warning` "
+           "asks for a look; most are said once per episode, not on every retry. What to do about each: "
+           "[troubleshooting](../troubleshooting.md).\n"]
+    for book in catalogue.catalogues():
+        out.append(f"\n## {TITLES.get(book.operator, book.operator)}\n\nSource: `{book.source}`.\n\n"
+                   "| reason | type | meaning |\n|---|---|---|\n")
+        for entry in book.events:
+            out.append(f"| `{entry.reason}` | {entry.type} | {cell(entry.meaning)} |\n")
+    return "".join(out)
+
+
+def annotations_page() -> str:
+    from kopf_operators.core import catalogue
+
+    out = [HEADER.format(source="the catalogues (kopf_operators/*/catalogue.py)"),
+           "# Annotations and labels\n\nEvery key the operators read (set by you) or write (set by the operator). "
+           "A key the operator writes is its own record: do not edit it.\n"]
+    for book in catalogue.catalogues():
+        if not book.keys:
+            continue
+        out.append(f"\n## {TITLES.get(book.operator, book.operator)}\n\nSource: `{book.source}`.\n\n"
+                   "| key | kind | on | set by | meaning |\n|---|---|---|---|---|\n")
+        for key in book.keys:
+            out.append(f"| `{key.key}` | {key.kind} | {cell(key.on)} | {key.set_by} | {cell(key.meaning)} |\n")
+    return "".join(out)
+
+
 PAGES = {"crds.md": crds_page, "values.md": values_page, "environment.md": environment_page,
-         "metrics.md": metrics_page}
+         "metrics.md": metrics_page, "events.md": events_page, "annotations.md": annotations_page}
 
 
 def main(argv: list[str]) -> int:

@@ -14,7 +14,8 @@ subclass the caller can catch by name:
   resourceVersion (optimistic concurrency) no longer matches;
 - ``delete`` / ``evict``: True when done, False when absent (or the uid precondition no longer
   matches: a same-named successor is never removed, or a PodDisruptionBudget refused an eviction),
-- ``event`` (a Kubernetes Event through Kopf's poster),
+- ``event`` (a Kubernetes Event through Kopf's poster; its reason is looked up in the catalogues,
+  ``core.catalogue``, and one missing there is logged as an error),
 - one error model (``ApiError``) with its mapping onto Kopf's TemporaryError/PermanentError,
 - ``serialised(key)``: per-object serialisation inside the process, in one place,
 - ``paused``: while this replica does not hold the Lease (a standby: ``core.election``), every write but
@@ -51,7 +52,7 @@ import aiohttp
 import kopf
 import kubernetes
 
-from kopf_operators.core import metrics
+from kopf_operators.core import catalogue, metrics
 
 logger = logging.getLogger("kopf_operators.access")
 T = TypeVar("T")
@@ -502,6 +503,7 @@ class Access:
         caller; dropped while paused). Messages must never carry data values."""
         if self.paused:
             return
+        catalogue.check_event(type_, reason)  # one not catalogued is logged, and posted all the same
         try:
             kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message[:MAX_EVENT_MESSAGE])
         except LookupError:  # Kopf's event queue is only in its handlers' tasks, not a controller's own

@@ -8,6 +8,7 @@ import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable, Mapping
 from typing import Any, TypeVar
 
+from kopf_operators.core import catalogue
 from kopf_operators.core.access import AlreadyExists, ApiError, Kind
 from kopf_operators.core.controller import Background
 
@@ -121,6 +122,8 @@ class FakeAccess:
         return blocking()
 
     def event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        problem = catalogue.event_problem(type_, reason)  # what the real one logs as an error fails a test
+        assert problem is None, problem
         self.events.append((type_, reason))
 
     def keep_answer(self, answer: Mapping[str, Any]) -> None:

@@ -136,7 +136,7 @@ def test_the_refusal_message_groups_namespaces_by_reason_and_stays_short() -> No
 
 class Recorder(FakeAccess):
     def event(self, obj: Any, type: str, reason: str, message: str) -> None:
-        self.events.append((type, reason))
+        super().event(obj, type, reason, message)
         self.messages.append(message)
 
     def __init__(self) -> None:

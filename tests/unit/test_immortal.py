@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from kopf_operators.core import catalogue
 from kopf_operators.immortal import decisions as logic
 
 IC: dict[str, Any] = {
@@ -539,6 +540,7 @@ class FakeAccess:
         return {**self.ic, "metadata": {**self.ic["metadata"], "resourceVersion": "99"}, "status": status}
 
     def event(self, body: Any, type_: str, reason: str, message: str) -> None:
+        assert catalogue.event_problem(type_, reason) is None, catalogue.event_problem(type_, reason)
         self.calls.append((f"event {reason}", False))
 
     def keep_answer(self, answer: dict[str, Any]) -> None:

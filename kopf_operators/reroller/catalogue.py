@@ -1,0 +1,54 @@
+"""The re-roller's Event reasons (on the workload) and the annotations it reads and writes, its own and
+stakater Reloader's: one line each. docs/reference/events.md and annotations.md are generated from here
+(`make reference`); tests/unit/test_catalogue.py fails when the code emits a reason this list lacks."""
+
+from __future__ import annotations
+
+from kopf_operators.core.catalogue import Catalogue, annotation, normal, warning
+from kopf_operators.reroller import settings
+
+WORKLOAD, TEMPLATE = "workload", "workload or its pod template"
+SOURCE = "ConfigMap/Secret"
+
+CATALOGUE = Catalogue("reroller", events=(
+    normal("Rerolled", "the workload was rolled; the message names the source(s) that changed"),
+    normal("ChangeNotified", "notify-only (REROLLER_NOTIFY_ONLY): a change was recorded and alerted, nothing rolled"),
+    normal("RerollSkipped", "a suspended CronJob: the change became its baseline, no Job was created"),
+    warning("SourceMissing", "a required ConfigMap/Secret does not exist: no rollout until it does "
+                             "(once per set of missing sources)"),
+), keys=(
+    annotation(settings.AUTO, TEMPLATE, "you",
+               '"true": roll on every ConfigMap and Secret the pod template references'),
+    annotation(settings.CONFIGMAPS, TEMPLATE, "you",
+               '"a,b": roll on these ConfigMaps (exact names, referenced or not)'),
+    annotation(settings.SECRETS, TEMPLATE, "you", '"x": roll on these Secrets'),
+    annotation(settings.USED_KEYS_ONLY, TEMPLATE, "you",
+               '"true": roll only when a data key the pod template uses changes'),
+    annotation(settings.RELOADER_AUTO, TEMPLATE, "you",
+               'Reloader\'s: "true" every referenced source; "false" opts out (also of REROLLER_AUTO_RELOAD_ALL)'),
+    annotation(settings.RELOADER_CONFIGMAP_AUTO, TEMPLATE, "you", 'Reloader\'s: "true" every referenced ConfigMap'),
+    annotation(settings.RELOADER_SECRET_AUTO, TEMPLATE, "you", 'Reloader\'s: "true" every referenced Secret'),
+    annotation(settings.RELOADER_CONFIGMAPS, TEMPLATE, "you",
+               "Reloader's: these ConfigMaps (anchored regular expressions), referenced or not"),
+    annotation(settings.RELOADER_SECRETS, TEMPLATE, "you",
+               "Reloader's: these Secrets (anchored regular expressions), referenced or not"),
+    annotation(settings.RELOADER_SEARCH, TEMPLATE, "you", 'Reloader\'s: "true" referenced sources that carry match'),
+    annotation(settings.RELOADER_MATCH, SOURCE, "you", 'Reloader\'s: "true" makes the source eligible in search mode'),
+    annotation(settings.RELOADER_IGNORE, SOURCE, "you", 'Reloader\'s: "true": the source never rolls anything'),
+    annotation(settings.RELOADER_CONFIGMAPS_EXCLUDE, TEMPLATE, "you", "Reloader's: these ConfigMaps never roll it"),
+    annotation(settings.RELOADER_SECRETS_EXCLUDE, TEMPLATE, "you", "Reloader's: these Secrets never roll it"),
+    annotation(settings.ROLLOUT_STRATEGY, "Argo Rollout", "you",
+               'Reloader\'s: "restart" rolls by setting spec.restartAt instead of changing the pod template'),
+    annotation(settings.PAUSE_PERIOD, "Deployment", "you",
+               'Reloader\'s: "5m": each rollout also pauses the Deployment that long, merging what comes meanwhile'),
+    annotation(settings.PAUSED_AT, "Deployment", "operator", "when the pause of pause-period began"),
+    annotation(settings.LAST_RELOADED_FROM, "pod template", "operator",
+               "Reloader's format: the source that caused the last rollout (workloads opted in with Reloader's keys)"),
+    annotation(settings.CONFIG_HASH, "pod template", "operator",
+               "the combined hash of the watched data: changing it rolls the workload (our keys)"),
+    annotation(settings.OBSERVED_HASH, WORKLOAD, "operator", "the baseline: the combined hash last acted upon"),
+    annotation(settings.OBSERVED_SOURCES, WORKLOAD, "operator",
+               "JSON of per-source hashes: names the changed source after a restart"),
+    annotation(settings.CRONJOB_INSTANTIATE, "Job made from a CronJob", "operator",
+               '"manual", as kubectl create job --from=cronjob/... writes it'),
+))
