@@ -305,3 +305,11 @@ def test_the_scan_finds_every_kind_of_emit_site(tmp_path: Path) -> None:
     found = sorted((type_, _literal(reason) or ast.unparse(reason)) for _, _, type_, reason in emit_sites(tmp_path))
     assert found == [("Normal", "Beta"), ("Warning", "Alpha"), ("Warning", "Delta"), ("Warning", "Gamma"),
                      ("Warning", "something.reason")]
+
+
+def test_every_warning_has_a_troubleshooting_entry() -> None:
+    """A Warning asks a person to act: docs/troubleshooting.md says what it means and what to do."""
+    rows = [line for line in (REPO / "docs" / "troubleshooting.md").read_text().splitlines() if line.startswith("|")]
+    missing = [f"{book.source}: Warning `{entry.reason}`" for book in catalogue.catalogues() for entry in book.events
+               if entry.type == "Warning" and not any(f"`{entry.reason}`" in row for row in rows)]
+    assert not missing, ("docs/troubleshooting.md has no row (symptom | cause | fix) naming:\n" + "\n".join(missing))

@@ -16,6 +16,7 @@ import yaml
 
 from kopf_operators.blackadder import decisions as blackadder
 from kopf_operators.copyrator import decisions as copyrator
+from kopf_operators.reroller.catalogue import CATALOGUE as reroller_catalogue
 from testsupport.paths import REPO
 from testsupport.reference import environment_variables
 
@@ -137,7 +138,15 @@ def test_every_peer_has_a_guide_and_the_index_links_them() -> None:
     index = text("README.md")
     for guide in (*COPYRATOR_GUIDES, *CHAOS_GUIDES):
         assert f"]({guide})" in index, f"docs/migrating/README.md does not link {guide}"
-    assert "](../reroller.md)" in index
+    assert "](../reroller.md)" in index and "](reloader.md)" in index
+
+
+def test_the_reloader_guide_maps_every_reloader_key_the_reroller_reads() -> None:
+    guide = text("reloader.md")
+    keys = [key.key for key in reroller_catalogue.keys if "reloader.stakater.com/" in key.key]
+    assert len(keys) >= 12
+    missing = [key for key in keys if f"`{key}`" not in guide]
+    assert not missing, f"docs/migrating/reloader.md does not map: {missing}"
 
 
 @pytest.mark.parametrize("guide", ALL_GUIDES)
