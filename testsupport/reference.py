@@ -228,8 +228,8 @@ def events_page() -> str:
            "asks for a look; most are said once per episode, not on every retry. What to do about each: "
            "[troubleshooting](../troubleshooting.md).\n"]
     for book in catalogue.catalogues():
-        out.append(f"\n## {TITLES.get(book.operator, book.operator)}\n\nSource: `{book.source}`.\n\n"
-                   "| reason | type | meaning |\n|---|---|---|\n")
+        out.append(f"\n## {TITLES.get(book.operator, book.operator)}\n\nOn {book.events_on}. "
+                   f"Source: `{book.source}`.\n\n| reason | type | meaning |\n|---|---|---|\n")
         for entry in book.events:
             out.append(f"| `{entry.reason}` | {entry.type} | {cell(entry.meaning)} |\n")
     return "".join(out)

@@ -8,7 +8,9 @@ from __future__ import annotations
 from kopf_operators.blackadder import settings
 from kopf_operators.core.catalogue import Catalogue, annotation, label, normal, warning
 
-CATALOGUE = Catalogue("blackadder", events=(
+ON = ("the ChaosAgent or TenantChaosAgent (a ChaosAgent's land in `default`), and on its target with the agent's "
+      "name appended")
+CATALOGUE = Catalogue("blackadder", ON, events=(
     normal("PodKilled", "a Pod was deleted or evicted (tantrum)"),
     normal("DeploymentScaled", "a Deployment was scaled up (cancer)"),
     normal("ConfigMapIpsumed", "a ConfigMap's values were overwritten with lorem ipsum (ipsum)"),

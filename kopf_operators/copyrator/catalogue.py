@@ -8,7 +8,7 @@ from __future__ import annotations
 from kopf_operators.copyrator import rules
 from kopf_operators.core.catalogue import Catalogue, annotation, label, normal, warning
 
-CATALOGUE = Catalogue("copyrator", events=(
+CATALOGUE = Catalogue("copyrator", "the CopyratorRule; for a push, its source ConfigMap or Secret", events=(
     normal("Synced", "the rule wrote copies: how many were created, updated and deleted, and what triggered it"),
     warning("Conflict", "a target holds an object the rule does not own, or another rule's copy (named)"),
     warning("Refused", "a source in another namespace does not consent to this rule (its allowed-namespaces "

@@ -63,6 +63,7 @@ def label(key: str, on: str, set_by: SetBy, meaning: str) -> Key:
 @dataclasses.dataclass(frozen=True)
 class Catalogue:
     operator: str  # "core" for what all operators share
+    events_on: str  # the objects its Events are posted on
     events: tuple[EventReason, ...] = ()
     keys: tuple[Key, ...] = ()
 
@@ -72,7 +73,7 @@ class Catalogue:
             f"kopf_operators/{self.operator}/catalogue.py"
 
 
-CATALOGUE = Catalogue("core", events=(
+CATALOGUE = Catalogue("core", "the object whose Stalled condition changed", events=(
     warning("Stalled", "the object's Stalled condition turned True (or its reason changed): the operator cannot "
                        "make progress until a person acts; the message is the condition's reason and message"),
     normal("Recovered", "the object's Stalled condition turned False again"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 from kopf_operators.core.catalogue import Catalogue, annotation, label, normal, warning
 from kopf_operators.immortal import decisions as logic
 
-CATALOGUE = Catalogue("immortal", events=(
+CATALOGUE = Catalogue("immortal", "the ImmortalContainer", events=(
     normal("PodCreated", "a Pod was created to run the spec's container"),
     normal("PodEnded", "the Pod ended by itself (Succeeded or Failed) and is being replaced"),
     normal("PodDisrupted", "the Pod was taken away (evicted, preempted, node shutdown) and is replaced at once, "

@@ -10,7 +10,7 @@ from kopf_operators.reroller import settings
 WORKLOAD, TEMPLATE = "workload", "workload or its pod template"
 SOURCE = "ConfigMap/Secret"
 
-CATALOGUE = Catalogue("reroller", events=(
+CATALOGUE = Catalogue("reroller", "the workload", events=(
     normal("Rerolled", "the workload was rolled; the message names the source(s) that changed"),
     normal("ChangeNotified", "notify-only (REROLLER_NOTIFY_ONLY): a change was recorded and alerted, nothing rolled"),
     normal("RerollSkipped", "a suspended CronJob: the change became its baseline, no Job was created"),
