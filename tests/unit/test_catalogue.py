@@ -313,3 +313,12 @@ def test_every_warning_has_a_troubleshooting_entry() -> None:
     missing = [f"{book.source}: Warning `{entry.reason}`" for book in catalogue.catalogues() for entry in book.events
                if entry.type == "Warning" and not any(f"`{entry.reason}`" in row for row in rows)]
     assert not missing, ("docs/troubleshooting.md has no row (symptom | cause | fix) naming:\n" + "\n".join(missing))
+
+
+def test_an_uncatalogued_event_is_logged_once_as_an_error(caplog: pytest.LogCaptureFixture) -> None:
+    """What Access.event does with a reason no catalogue has: one error line, however often it is posted."""
+    with caplog.at_level("ERROR", logger="kopf_operators.catalogue"):
+        for _ in range(3):
+            catalogue.check_event("Warning", "NotInAnyCatalogue")
+        catalogue.check_event("Warning", "Stalled")
+    assert [r.getMessage() for r in caplog.records] == [catalogue.event_problem("Warning", "NotInAnyCatalogue")]
