@@ -274,3 +274,21 @@ def test_each_cronjob_mode_rolls_its_way() -> None:
                                 extra={logic.CRONJOB_MODE: "restart-active"}), "v2")
     assert restart.made("delete") == [("delete", "Pod", "ns", "web-1-abc")]
     assert restart.made("create") == []
+
+
+def test_every_kind_of_rollout_clears_the_pending_state() -> None:
+    snap = logic.Snapshot(per_source={"configmap/conf": "abcd1234"}, missing=[])
+    env_options = logic.Options(reload_strategy="env-vars")
+    env_view = view_of(windowed(NIGHTLY, pending="waiting ..."), env_options)
+    ops = logic.env_vars_patch(env_view, CHANGED, snap, 0.0, env_view.rv)
+    assert {"op": "remove", "path": "/metadata/annotations/reroller.kopf-operators.dev~1pending"} in ops
+    job = view_of(windowed(NIGHTLY, pending="waiting ...", kind="Job"))
+    recreated = logic.recreated_job(job, logic.baseline_annotations(CHANGED, snap))
+    assert logic.PENDING not in recreated["metadata"]["annotations"]
+    assert logic.RELOADER_RESTART_WINDOW in recreated["metadata"]["annotations"]
+    cron = view_of(windowed(NIGHTLY, pending="waiting ...", kind="CronJob"))
+    patch = logic.cronjob_template_patch(cron, CHANGED, snap, 0.0, cron.rv)
+    assert patch["metadata"]["annotations"][logic.PENDING] is None
+    # Without a pending annotation nothing is removed (a JSON patch's remove of a missing key fails).
+    plain = view_of(windowed(NIGHTLY), env_options)
+    assert not [op for op in logic.env_vars_patch(plain, CHANGED, snap, 0.0) if op["op"] == "remove"]
