@@ -292,3 +292,17 @@ def test_every_kind_of_rollout_clears_the_pending_state() -> None:
     # Without a pending annotation nothing is removed (a JSON patch's remove of a missing key fails).
     plain = view_of(windowed(NIGHTLY), env_options)
     assert not [op for op in logic.env_vars_patch(plain, CHANGED, snap, 0.0) if op["op"] == "remove"]
+
+
+@pytest.mark.parametrize("mode", logic.CRONJOB_MODES)
+def test_a_suspended_cronjob_gets_nothing_in_any_mode(mode: str) -> None:
+    body = windowed(policy("UTC", ("* * * * *", "24h")), kind="CronJob", extra={logic.CRONJOB_MODE: mode})
+    body["spec"]["suspend"] = True
+    access = FakeAccess()
+    access.answer("list", [{"metadata": {"name": "web-1", "uid": "job-uid", "ownerReferences": [
+        {"uid": "web-uid", "controller": True}]}, "status": {}}], [{"metadata": {"name": "p", "uid": "u"}}])
+    pass_once(access, body, "v2")
+    [patch] = patches(access)
+    assert "spec" not in patch  # the baseline only
+    assert access.made("create") == access.made("delete") == access.made("list") == []
+    assert access.events == [("Normal", "RerollSkipped")]
