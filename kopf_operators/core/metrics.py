@@ -40,11 +40,22 @@ RELOADS_BY_NAMESPACE = prometheus_client.Counter(
     "kopf_operators_reroller_reloads", "Re-roller reloads by namespace, workload kind and outcome.",
     ["namespace", "kind", "outcome"])
 
+# Re-roller: rollouts a change asked for and not made (yet), counted once per held change: by reason,
+# restart_window (waiting for the workload's restart window) or invalid (a malformed restart window
+# or CronJob mode holds it until fixed).
+REROLLER_SKIPPED = prometheus_client.Counter(
+    "kopf_operators_reroller_skipped", "Re-roller rollouts held back, by reason (restart_window, invalid).",
+    ["reason"])
+
 # Copyrator: copies kept, unsynced, in namespaces that do not consent to them (made before the target
 # consent existed, or consent withdrawn since): an administrator keeps or removes them (docs/copyrator.md).
 UNCONSENTED_COPIES = prometheus_client.Gauge(
     "kopf_operators_copyrator_unconsented_copies",
     "Copies kept as they are (no longer synced) in namespaces that do not consent to them.")
+
+
+def skipped(reason: str) -> None:
+    REROLLER_SKIPPED.labels(reason=reason).inc()
 
 
 def unconsented_copies(count: int) -> None:

@@ -61,6 +61,7 @@ API_VERSIONS = {"Deployment": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": 
 RETRY_SECONDS = (1.0, 300.0)
 CONFLICT_ATTEMPTS = 3
 CONCURRENCY = 16  # writes in flight for one source event (independent workloads)
+WINDOW_MARGIN = 0.5  # a held rollout looks again this long after its window opens (clocks of one host)
 
 logger = logging.getLogger("kopf_operators.reroller")
 Key = logic.WorkloadKey
@@ -276,6 +277,15 @@ class RerollerController:
         self._warn_missing(view, plan)
         if logic.held_by_suspend(view, plan):
             return await self._record_suspended(view, plan, snap)
+        held = logic.hold(view, plan, self.options, wall)
+        if held is not None or (plan.action is logic.Action.NONE and view.pending is not None):
+            self._release(key)
+            if held is not None and held.look_in is not None:
+                self._schedule(key, held.look_in + WINDOW_MARGIN)
+            wrote, answer = await pend(self.access, view, held)
+            if wrote:
+                self._after_write(view, answer)
+            return wrote
 
         if plan.action in (logic.Action.NONE, logic.Action.WAIT_MISSING):
             self._release(key)
@@ -286,7 +296,7 @@ class RerollerController:
             # workload); its rollout is a uid-guarded delete: no resourceVersion, so no 409 and no read.
             rv = None if view.kind == "Job" else view.rv
             answer = await self.access.patch(KINDS[view.kind], view.namespace, view.name,
-                                             logic.metadata_patch(plan, snap, rv))
+                                             logic.metadata_patch(plan, snap, rv, pending=view.pending is not None))
             self._after_write(view, answer)
             self._sightings.pop(key, None)
             metrics.action(OPERATOR, "baseline")
@@ -337,15 +347,11 @@ class RerollerController:
                 return
             how = "pod template annotated"
         elif view.kind == "CronJob":
-            # Baseline first (with the resourceVersion: a conflict decides again), then the Job.
-            answer = await self.access.patch(kind, view.namespace, view.name, logic.metadata_patch(plan, snap, view.rv))
+            answer, how = await roll_cronjob(self.access, view, plan, snap, logic.cronjob_mode(view, self.options),
+                                             wall)
             self._after_write(view, answer)
             if answer is None:
                 return
-            job = logic.cronjob_job(view, uuid.uuid4().hex[:5], {})
-            with contextlib.suppress(k8s.AlreadyExists):  # a random suffix: taken only by a Job of ours
-                await self.access.create(k8s.JOB, job)
-            how = f"Job {job['metadata']['name']} created from its template"
         else:  # Job: recreated with the new baseline
             await self.access.delete(kind, view.namespace, view.name, uid=view.uid, propagation="Background")
             job = logic.recreated_job(view, logic.baseline_annotations(plan, snap))
@@ -370,7 +376,7 @@ class RerollerController:
         (paced like a rollout, so a flapping source alerts at most once per interval)."""
         rv = None if view.kind == "Job" else view.rv
         answer = await self.access.patch(KINDS[view.kind], view.namespace, view.name,
-                                         logic.metadata_patch(plan, snap, rv))
+                                         logic.metadata_patch(plan, snap, rv, pending=view.pending is not None))
         self._after_write(view, answer)
         if answer is None:
             return
@@ -393,7 +399,7 @@ class RerollerController:
         """A suspended CronJob: the change becomes its baseline (with the resourceVersion: a resume
         meanwhile conflicts and is decided again), no Job; said once, as an Event."""
         answer = await self.access.patch(KINDS[view.kind], view.namespace, view.name,
-                                         logic.metadata_patch(plan, snap, view.rv))
+                                         logic.metadata_patch(plan, snap, view.rv, pending=view.pending is not None))
         self._after_write(view, answer)
         self._release(view.key)
         self._sightings.pop(view.key, None)
@@ -449,6 +455,74 @@ class RerollerController:
     async def stop(self) -> None:
         await self.alerts.stop()
         await self.background.stop()
+
+
+# --- held rollouts and CronJob modes (module functions: they need no per-workload state) ----------------
+
+
+def ref_of(view: logic.WorkloadView) -> dict[str, Any]:
+    return {"apiVersion": API_VERSIONS[view.kind], "kind": view.kind,
+            "metadata": {"name": view.name, "namespace": view.namespace, "uid": view.uid}}
+
+
+async def pend(access: Access, view: logic.WorkloadView, held: logic.Hold | None
+               ) -> tuple[bool, Mapping[str, Any] | None]:
+    """Say on the workload that its rollout is held (``held``), or that a held one is no longer due
+    (None: its change was reverted). Written, counted and announced once per new state: after a
+    restart the same pending state writes nothing. (wrote, the answer)."""
+    value = held.pending if held is not None else None
+    if view.pending == value:
+        return False, None
+    patch = {"metadata": {"annotations": {logic.PENDING: value}, "resourceVersion": str(view.rv)}}
+    answer = await access.patch(KINDS[view.kind], view.namespace, view.name, patch)
+    if answer is None:
+        return True, None
+    where = f"{view.kind} {view.namespace}/{view.name}"
+    if held is None:
+        message = f"Pending rollout of {view.kind} {view.name} dropped: its sources are back to what it runs"
+        logger.info(f"{where}: {message}")
+        access.event(ref_of(view), "Normal", "RerollDropped", message)
+    elif held.reason == "invalid":
+        metrics.skipped(held.reason)
+        logger.warning(f"{where}: {held.message}"[:1000])
+        access.event(ref_of(view), "Warning", "RerollBlocked", held.message)
+    else:
+        metrics.skipped(held.reason)
+        logger.info(f"{where}: {held.message}")
+        access.event(ref_of(view), "Normal", "RerollDeferred", held.message)
+    return True, answer
+
+
+async def roll_cronjob(access: Access, view: logic.WorkloadView, plan: logic.Plan, snap: logic.Snapshot,
+                       mode: str, wall: float) -> tuple[dict[str, Any] | None, str]:
+    """A CronJob's rollout in its mode; the baseline is written first, with the resourceVersion (a
+    conflict decides again). (The answer to that write, how it rolled)."""
+    if mode == "next-run":
+        answer = await access.patch(k8s.CRONJOB, view.namespace, view.name,
+                                    logic.cronjob_template_patch(view, plan, snap, wall, view.rv))
+        return answer, "jobTemplate annotated: the next scheduled Job runs the new configuration"
+    answer = await access.patch(k8s.CRONJOB, view.namespace, view.name,
+                                logic.metadata_patch(plan, snap, view.rv, pending=view.pending is not None))
+    if answer is None:
+        return None, ""
+    if mode == "restart-active":
+        # The pods of its unfinished Jobs: each Job starts a new pod in place of its deleted one.
+        deleted = []
+        for job in await access.list(k8s.JOB, view.namespace):
+            if not logic.active_job(job, view.uid):
+                continue
+            uid = job["metadata"]["uid"]
+            for pod in await access.list(k8s.POD, view.namespace, labels=f"batch.kubernetes.io/controller-uid={uid}"):
+                meta = pod["metadata"]
+                if not meta.get("deletionTimestamp") and await access.delete(
+                        k8s.POD, view.namespace, meta["name"], uid=meta.get("uid")):
+                    deleted.append(meta["name"])
+        return answer, (f"pod(s) {', '.join(deleted)} of its active Jobs deleted" if deleted
+                        else "no active Job: nothing to restart")
+    job = logic.cronjob_job(view, uuid.uuid4().hex[:5], {})
+    with contextlib.suppress(k8s.AlreadyExists):  # a random suffix: taken only by a Job of ours
+        await access.create(k8s.JOB, job)
+    return answer, f"Job {job['metadata']['name']} created from its template"
 
 
 # The controller in Kopf's memo, typed: operators/reroller.py reaches it as ``CONTROLLER(memo)``.

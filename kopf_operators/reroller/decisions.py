@@ -9,7 +9,8 @@ a Job from its template, a Job is recreated. The first sighting records the base
 
 Everything here is data in, data out, in modules along its seams: ``settings`` (keys, options,
 selectors), ``views`` (index entries: ``WorkloadView``, ``SourceView``; the watched set), ``plans``
-(the snapshot and the plan), ``patches`` (the writes) and ``pacing`` (leading edge, per-workload
+(the snapshot and the plan), ``patches`` (the writes), ``windows`` (restart windows, CronJob modes:
+rollouts held back) and ``pacing`` (leading edge, per-workload
 interval, cluster token bucket). This module is what a pass asks: ``decide`` (the plan for a workload,
 first sightings included), and every decision is read as ``logic.X`` (the controller, the handlers,
 the tests), so the others are re-exported here. All unit-tested without a cluster.
@@ -28,8 +29,10 @@ from kopf_operators.reroller.pacing import (  # noqa: F401  (re-exported)
 )
 from kopf_operators.reroller.patches import (  # noqa: F401  (re-exported)
     MAX_OBSERVED_SOURCES,
+    active_job,
     baseline_annotations,
     cronjob_job,
+    cronjob_template_patch,
     env_target,
     env_var_name,
     env_vars_patch,
@@ -62,12 +65,15 @@ from kopf_operators.reroller.settings import (  # noqa: F401  (re-exported)
     CONFIG_HASH,
     CONFIGMAPS,
     CRONJOB_INSTANTIATE,
+    CRONJOB_MODE,
+    CRONJOB_MODES,
     ENV_PREFIX,
     LAST_RELOADED_FROM,
     OBSERVED_HASH,
     OBSERVED_SOURCES,
     PAUSE_PERIOD,
     PAUSED_AT,
+    PENDING,
     PREFIX,
     RELOADER,
     RELOADER_AUTO,
@@ -76,10 +82,12 @@ from kopf_operators.reroller.settings import (  # noqa: F401  (re-exported)
     RELOADER_CONFIGMAPS_EXCLUDE,
     RELOADER_IGNORE,
     RELOADER_MATCH,
+    RELOADER_RESTART_WINDOW,
     RELOADER_SEARCH,
     RELOADER_SECRET_AUTO,
     RELOADER_SECRETS,
     RELOADER_SECRETS_EXCLUDE,
+    RESTART_WINDOW,
     ROLLOUT_STRATEGY,
     SECRETS,
     STRATEGIES,
@@ -112,6 +120,15 @@ from kopf_operators.reroller.views import (  # noqa: F401  (re-exported)
     used_keys,
     workload_index_entries,
     workload_view,
+)
+from kopf_operators.reroller.windows import (  # noqa: F401  (re-exported)
+    Hold,
+    RestartWindow,
+    cronjob_mode,
+    hold,
+    is_open,
+    next_opening,
+    parse_window,
 )
 
 # --- a pass's decision ----------------------------------------------------------------------------

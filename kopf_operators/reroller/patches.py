@@ -24,6 +24,7 @@ from kopf_operators.reroller.settings import (
     OBSERVED_HASH,
     OBSERVED_SOURCES,
     PAUSED_AT,
+    PENDING,
 )
 from kopf_operators.reroller.views import (
     WorkloadView,
@@ -53,8 +54,11 @@ def baseline_annotations(plan_: Plan, snap: Snapshot) -> dict[str, str]:
     return {OBSERVED_HASH: plan_.new_hash, OBSERVED_SOURCES: "{}"}
 
 
-def metadata_patch(plan_: Plan, snap: Snapshot, rv: int | None = None) -> dict[str, Any]:
+def metadata_patch(plan_: Plan, snap: Snapshot, rv: int | None = None, *, pending: bool = False) -> dict[str, Any]:
+    """The baseline; ``pending``: the workload has a pending annotation, done with by this write."""
     metadata: dict[str, Any] = {"annotations": baseline_annotations(plan_, snap)}
+    if pending:
+        metadata["annotations"][PENDING] = None
     if rv:
         metadata["resourceVersion"] = str(rv)
     return {"metadata": metadata}
@@ -84,7 +88,7 @@ def template_annotations(view: WorkloadView, plan_: Plan, snap: Snapshot, now: f
 def roll_patch(view: WorkloadView, plan_: Plan, snap: Snapshot, now: float, rv: int | None = None) -> dict[str, Any]:
     """One merge patch: baseline plus the pod-template annotation that makes the controller roll the
     workload (and, for a Deployment with a pause period, Reloader's pause)."""
-    patch = metadata_patch(plan_, snap, rv)
+    patch = metadata_patch(plan_, snap, rv, pending=view.pending is not None)
     if view.restart:
         # Reloader's rollout-strategy "restart" for Argo Rollouts: the Rollout controller restarts the
         # pods in place of a new revision; the pod template is not touched.
@@ -141,6 +145,8 @@ def env_vars_patch(view: WorkloadView, plan_: Plan, snap: Snapshot, now: float,
                 for key, value in annotations.items()]
     else:
         ops.append({"op": "add", "path": "/metadata/annotations", "value": annotations})
+    if view.pending is not None:
+        ops.append({"op": "remove", "path": f"/metadata/annotations/{_pointer(PENDING)}"})
     env_names = {i: list(names) if names is not None else None for i, (_, names) in enumerate(view.env_containers)}
     for ref in plan_.changed or tuple(snap.per_source):
         kind, _, name = ref.partition("/")
@@ -199,6 +205,25 @@ def cronjob_job(view: WorkloadView, suffix: str, extra_annotations: Mapping[str,
     }
 
 
+def cronjob_template_patch(view: WorkloadView, plan_: Plan, snap: Snapshot, now: float,
+                           rv: int | None = None) -> dict[str, Any]:
+    """CronJob mode next-run: the baseline and the jobTemplate's pod-template annotations, so that the
+    next scheduled Job (and no Job now) starts with the new configuration, and says so."""
+    patch = metadata_patch(plan_, snap, rv, pending=view.pending is not None)
+    annotations = template_annotations(view, plan_, snap, now)
+    patch["spec"] = {"jobTemplate": {"spec": {"template": {"metadata": {"annotations": annotations}}}}}
+    return patch
+
+
+def active_job(job: Mapping[str, Any], cronjob_uid: str) -> bool:
+    """A Job the CronJob owns (by uid) that has not finished: restart-active restarts its pods."""
+    owned = any(ref.get("uid") == cronjob_uid and ref.get("controller")
+                for ref in (job.get("metadata") or {}).get("ownerReferences") or ())
+    finished = any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+                   for c in (job.get("status") or {}).get("conditions") or ())
+    return owned and not finished and not (job.get("metadata") or {}).get("deletionTimestamp")
+
+
 def recreated_job(view: WorkloadView, annotations: Mapping[str, str]) -> dict[str, Any]:
     """The same Job again, new identity: the generated selector and its labels are left to the API."""
     spec = json.loads(json.dumps(view.template or {}))
@@ -208,9 +233,10 @@ def recreated_job(view: WorkloadView, annotations: Mapping[str, str]) -> dict[st
         for key in _JOB_LABELS:
             labels.pop(key, None)
     job_labels = {k: v for k, v in (view.labels or {}).items() if k not in _JOB_LABELS}
+    kept = {k: v for k, v in (view.annotations or {}).items() if k != PENDING}
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": view.name, "namespace": view.namespace, "labels": job_labels,
-                         "annotations": {**(view.annotations or {}), **annotations}},
+                         "annotations": {**kept, **annotations}},
             "spec": spec}
 
 

@@ -37,11 +37,19 @@ PAUSE_PERIOD = "deployment.reloader.stakater.com/pause-period"
 PAUSED_AT = "deployment.reloader.stakater.com/paused-at"
 LAST_RELOADED_FROM = f"{RELOADER}/last-reloaded-from"   # pod template, Reloader's JSON format
 CRONJOB_INSTANTIATE = "cronjob.kubernetes.io/instantiate"
+# Restart windows (workload metadata): a rollout starts only inside one; JSON, see ``windows``.
+RESTART_WINDOW = f"{PREFIX}/restart-window"
+RELOADER_RESTART_WINDOW = f"{RELOADER}/restart-window"
+# CronJob: what a change does (CRONJOB_MODES; the default is REROLLER_CRONJOB_MODE).
+CRONJOB_MODE = f"{PREFIX}/cronjob-mode"
+CRONJOB_MODES = ("run-now", "next-run", "restart-active")
 
 # Written by the operator.
 CONFIG_HASH = f"{PREFIX}/config-hash"          # pod template: changing it rolls the workload
 OBSERVED_HASH = f"{PREFIX}/observed-hash"      # workload metadata: the baseline (no rollout)
 OBSERVED_SOURCES = f"{PREFIX}/observed-sources"  # workload metadata: short per-source hashes
+# Workload metadata: a rollout held back (outside its restart window, or blocked by a bad setting).
+PENDING = f"{PREFIX}/pending"
 
 # Reloader's env-vars strategy: STAKATER_<NAME>_<CONFIGMAP|SECRET> in the container using the source.
 ENV_PREFIX = "STAKATER_"
@@ -81,6 +89,7 @@ class Options:
     reload_strategy: str = "annotations"  # [--reload-strategy] annotations | env-vars
     metrics_by_namespace: bool = False    # [enableMetricsByNamespace] per-namespace reload counter
     argo_rollouts: bool = False           # [--is-Argo-Rollouts] Argo Rollouts (argoproj.io/v1alpha1) too
+    cronjob_mode: str = "run-now"         # a CronJob without the cronjob-mode annotation: CRONJOB_MODES
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Options:
@@ -102,6 +111,9 @@ class Options:
         strategy = env.get("REROLLER_RELOAD_STRATEGY", "").strip().lower() or "annotations"
         if strategy not in STRATEGIES:
             raise ValueError(f"REROLLER_RELOAD_STRATEGY: {strategy!r} is not one of {', '.join(STRATEGIES)}")
+        cronjob_mode = env.get("REROLLER_CRONJOB_MODE", "").strip().lower() or "run-now"
+        if cronjob_mode not in CRONJOB_MODES:
+            raise ValueError(f"REROLLER_CRONJOB_MODE: {cronjob_mode!r} is not one of {', '.join(CRONJOB_MODES)}")
         return cls(
             debounce_seconds=env_float(env, "REROLLER_DEBOUNCE_SECONDS", 2.0),
             min_interval_seconds=env_float(env, "REROLLER_MIN_INTERVAL_SECONDS", 10.0),
@@ -119,6 +131,7 @@ class Options:
             reload_strategy=strategy,
             metrics_by_namespace=env_bool(env, "REROLLER_METRICS_BY_NAMESPACE"),
             argo_rollouts=env_bool(env, "REROLLER_ARGO_ROLLOUTS"),
+            cronjob_mode=cronjob_mode,
         )
 
     @property

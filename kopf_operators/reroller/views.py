@@ -17,20 +17,24 @@ from kopf_operators.reroller.settings import (
     ABSENT,
     AUTO,
     CONFIGMAPS,
+    CRONJOB_MODE,
     OBSERVED_HASH,
     OBSERVED_SOURCES,
     PAUSE_PERIOD,
     PAUSED_AT,
+    PENDING,
     RELOADER_AUTO,
     RELOADER_CONFIGMAP_AUTO,
     RELOADER_CONFIGMAPS,
     RELOADER_CONFIGMAPS_EXCLUDE,
     RELOADER_IGNORE,
     RELOADER_MATCH,
+    RELOADER_RESTART_WINDOW,
     RELOADER_SEARCH,
     RELOADER_SECRET_AUTO,
     RELOADER_SECRETS,
     RELOADER_SECRETS_EXCLUDE,
+    RESTART_WINDOW,
     ROLLOUT_STRATEGY,
     SECRETS,
     TEMPLATED,
@@ -266,6 +270,9 @@ class WorkloadView:
     has_annotations: bool = False  # metadata.annotations is non-empty (a JSON patch adds into it)
     # USED_KEYS_ONLY: ((kind, name), used keys) of the sources used by some keys only (others: every key).
     key_scopes: tuple[tuple[tuple[str, str], tuple[str, ...]], ...] = ()
+    restart_window: str | None = None  # the restart-window annotation (ours wins over Reloader's)
+    pending: str | None = None         # the pending annotation (a rollout held back, said on the workload)
+    cronjob_mode: str | None = None    # CronJob: its cronjob-mode annotation (None: the operator's default)
 
     @property
     def key(self) -> WorkloadKey:
@@ -385,6 +392,8 @@ def workload_view(kind: str, body: Mapping[str, Any], settings: Options | None =
         has_annotations=bool(ws),
         key_scopes=tuple((source, tuple(sorted(keys))) for source, keys in sorted(used_keys(pod_spec).items())
                          if keys is not None) if _truthy(merged.get(USED_KEYS_ONLY)) else (),
+        restart_window=ws.get(RESTART_WINDOW, ws.get(RELOADER_RESTART_WINDOW)),
+        pending=ws.get(PENDING), cronjob_mode=ws.get(CRONJOB_MODE) if kind == "CronJob" else None,
     )
 
 
