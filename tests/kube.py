@@ -25,9 +25,8 @@ from testsupport.tokens import token_kubeconfig
 
 __all__ = [
     "E2E_RELEASE", "E2E_VALUES", "OPERATOR_KUBECONFIG", "Grant", "OperatorProcess", "PodCreations", "PodLife",
-    "Timeout", "account_grants", "as_service_account", "chart_objects", "delete_namespaces", "operator_namespace",
-    "own_operators",
-    "service_account_kubeconfig", "stays", "wait_for",
+    "Timeout", "account_grants", "as_service_account", "chart_objects", "delete_namespaces", "namespace_exists",
+    "operator_namespace", "own_operators", "service_account_kubeconfig", "stays", "wait_for",
 ]
 
 # The operator's own identity in tests: the chart's ServiceAccount, RBAC and all (see conftest).
@@ -234,6 +233,17 @@ class OperatorProcess(KopfProcess):
             kubeconfig or (OPERATOR_KUBECONFIG if as_service_account() else KUBECONFIG),
             LOGS / f"{log_name}-{os.getpid()}.log", extra_env,
             standalone=standalone, verbose=verbose, namespaces=namespaces, extra_args=extra_args)
+
+
+def namespace_exists(core: kubernetes.client.CoreV1Api, name: str) -> bool:
+    """Whether the namespace is there (terminating counts: it is there until it is gone)."""
+    try:
+        core.read_namespace(name)
+    except kubernetes.client.ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
 
 
 def own_operators(shared: OperatorProcess, log_name: str, files: Sequence[str] | None = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+from collections.abc import Callable
 
 from testsupport.paths import REPO
 
@@ -90,18 +91,25 @@ def test_no_test_module_imports_another() -> None:
     assert not new, "move the shared helpers to a helper module or conftest:\n" + "\n".join(new)
 
 
+def names_used(path: pathlib.Path, names: set[str], mark: Callable[[ast.AST], str | None]) -> list[str]:
+    """The ``names`` that ``mark`` finds in ``path``'s syntax tree (it answers a node's name, or None)."""
+    source = path.read_text()
+    if not any(name in source for name in names):  # most modules: no parse needed
+        return []
+    return sorted({name for node in ast.walk(ast.parse(source)) if (name := mark(node)) in names})
+
+
+def defined(node: ast.AST) -> str | None:
+    return node.name if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) else None
+
+
 def version_caches(path: pathlib.Path) -> list[str]:
     """Names in ``path`` that mark a private version cache: a ``self._written``-like attribute, a ``_rv``."""
-    source = path.read_text()
-    if not any(name in source for name in VERSION_CACHE_NAMES):
-        return []
-    found = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and node.attr in VERSION_CACHE_NAMES:
-            found.add(node.attr)
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in VERSION_CACHE_NAMES:
-            found.add(node.name)
-    return sorted(found)
+    def mark(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            return node.attr
+        return defined(node)
+    return names_used(path, VERSION_CACHE_NAMES, mark)
 
 
 def test_no_controller_keeps_its_own_version_cache() -> None:
@@ -112,19 +120,14 @@ def test_no_controller_keeps_its_own_version_cache() -> None:
 
 
 def log_readers(path: pathlib.Path) -> list[str]:
-    """The LOG_READERS that ``path`` calls (a method or function of that name) or names."""
-    source = path.read_text()
-    if not any(name in source for name in LOG_READERS):
-        return []
-    found = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in LOG_READERS:
-            found.add(node.func.attr)
-        if isinstance(node, ast.Name) and node.id in LOG_READERS and node.id[0].isupper():  # a class, not a variable
-            found.add(node.id)
-        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.name in LOG_READERS:
-            found.add(node.name)
-    return sorted(found)
+    """The LOG_READERS that ``path`` calls (a method or function of that name), names (a class) or defines."""
+    def mark(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            return node.func.attr
+        if isinstance(node, ast.Name) and node.id[0].isupper():  # a class, not a variable named ``output``
+            return node.id
+        return defined(node)
+    return names_used(path, LOG_READERS, mark)
 
 
 def test_tests_read_the_operators_log_only_where_the_log_is_the_promise() -> None:
