@@ -12,7 +12,7 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,8 +25,8 @@ from testsupport.tokens import token_kubeconfig
 
 __all__ = [
     "E2E_RELEASE", "E2E_VALUES", "OPERATOR_KUBECONFIG", "Grant", "OperatorProcess", "PodCreations", "PodLife",
-    "Timeout", "account_grants", "as_service_account", "chart_objects", "delete_namespaces", "operator_namespace",
-    "service_account_kubeconfig", "stays", "wait_for",
+    "Timeout", "account_grants", "as_service_account", "chart_objects", "delete_namespaces", "namespace_exists",
+    "operator_namespace", "own_operators", "service_account_kubeconfig", "stays", "wait_for",
 ]
 
 # The operator's own identity in tests: the chart's ServiceAccount, RBAC and all (see conftest).
@@ -233,6 +233,41 @@ class OperatorProcess(KopfProcess):
             kubeconfig or (OPERATOR_KUBECONFIG if as_service_account() else KUBECONFIG),
             LOGS / f"{log_name}-{os.getpid()}.log", extra_env,
             standalone=standalone, verbose=verbose, namespaces=namespaces, extra_args=extra_args)
+
+
+def namespace_exists(core: kubernetes.client.CoreV1Api, name: str) -> bool:
+    """Whether the namespace is there (terminating counts: it is there until it is gone)."""
+    try:
+        core.read_namespace(name)
+    except kubernetes.client.ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+def own_operators(shared: OperatorProcess, log_name: str, files: Sequence[str] | None = None
+                  ) -> Iterator[Callable[..., OperatorProcess]]:
+    """The body of a fixture that runs the operator (``files``, default: the shared one's) with an
+    environment of the test's choosing: ``start(**env)`` stops the session's operator and any earlier one
+    of these (one of each operator acts at a time) and starts a new one; at the end each is stopped and
+    the session's operator runs again."""
+    started: list[OperatorProcess] = []
+
+    def start(**env: str) -> OperatorProcess:
+        shared.stop()
+        for earlier in started:
+            earlier.stop()
+        proc = OperatorProcess(files=list(files or shared.files), env=env, kubeconfig=shared.kubeconfig,
+                               log_name=log_name)
+        proc.start()
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
+    shared.start()
 
 
 # --- replicas on a Lease (core/election.py) ---------------------------------------------------------

@@ -28,6 +28,12 @@ def counter(text: str, name: str, **labels: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
+def total(text: str, name: str) -> float:
+    """The sum of every sample of ``name`` in a Prometheus text exposition, whatever its labels (0 when absent)."""
+    sample = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", re.MULTILINE)
+    return sum(float(m.group(1)) for m in sample.finditer(text))
+
+
 class OperatorFailed(AssertionError):
     """The operator exited, or did not become healthy in time (the message carries its log's tail)."""
 
@@ -172,6 +178,11 @@ class KopfProcess:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:
             return str(resp.read().decode())
 
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample of the operator's metrics now (``counter``); without ``labels``: the sum of all of ``name``'s."""
+        text = self.metrics()
+        return counter(text, name, **labels) if labels else total(text, name)
+
     def output(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
@@ -194,3 +205,9 @@ class KopfProcess:
         return [rec for rec in self.records()
                 if re.search(r"Traceback|\[ERROR", rec) and (about is None or about in rec)
                 and not TRANSIENT_API_RETRY.search(rec)]
+
+    def tracebacks(self, about: str = "") -> list[str]:
+        """The first lines of the log records with a traceback (a crash, not a handled error) whose
+        first line mentions ``about`` (a namespace, say: other tests' leftovers are not this one's)."""
+        return [header for header, _, rest in (rec.partition("\n") for rec in self.records())
+                if "Traceback" in rest and about in header]

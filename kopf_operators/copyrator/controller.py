@@ -320,6 +320,7 @@ class CopyratorController:
         await self.prune_orphans()
 
     async def _resync(self) -> None:
+        metrics.action(OPERATOR, "resync")  # the sweep itself: idle, it writes nothing else to show it runs
         # Every resync counts each rule's places from scratch (level-triggered, like its writes).
         self.status.recount()
         for key in list(self.sources.rules):

@@ -191,6 +191,52 @@ def decide(rule_uid: str, desired: Mapping[str, Any] | None, view: CopyView | No
     return Action.PATCH
 
 
+@dataclasses.dataclass(frozen=True)
+class Place:
+    """One place of a rule (kind, namespace, name) as observed from the indexes: what ``decide``
+    needs, or why nothing may be written there. ``gone``: its namespace is gone or terminating (its
+    copies go with it); ``blocked``: the rule cannot copy its source as configured, or the target
+    does not consent (whatever is there stays)."""
+
+    key: tuple[str, str, str]
+    desired: Mapping[str, Any] | None = None
+    view: CopyView | None = None
+    foreign: bool = False
+    claimed: bool = False
+    keep: bool = False
+    gone: bool = False
+    blocked: bool = False
+
+    def action(self, rule_uid: str) -> Action:
+        if self.gone or self.blocked:
+            return Action.NONE
+        return decide(rule_uid, self.desired, self.view, foreign=self.foreign, claimed=self.claimed, keep=self.keep)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """A rule's sweep over some of its places, decided: the writes to make (each with the place as
+    decided on: the writer makes it only while the place still looks so), and the places where
+    nothing is written and nothing fails any more (in sync, someone else's, gone)."""
+
+    writes: list[tuple[Place, Action]]
+    settled: list[tuple[str, str, str]]
+
+
+def decide_sweep(rule_uid: str, places: Iterable[Place]) -> Sweep:
+    """One call for a sweep of a rule's places: every write, in the places' order."""
+    writes: list[tuple[Place, Action]] = []
+    settled: list[tuple[str, str, str]] = []
+    for place in places:
+        action = place.action(rule_uid)
+        if action is Action.NONE or action is Action.CONFLICT:
+            if not place.blocked:
+                settled.append(place.key)
+        else:
+            writes.append((place, action))
+    return Sweep(writes, settled)
+
+
 def _pointer(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 

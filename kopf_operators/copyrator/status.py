@@ -200,6 +200,7 @@ class StatusReporter:
         self.kept(rule.uid, len(tally.kept))
         status = logic.build_status(rule, {}, tally)
         _ready, stalled, reason, message = logic.readiness(tally, status)
+        stalled = stalled and reason != "NoTargetConsents"  # said below, as for any refusing target
         if tally.skipped and not stalled:  # a token or a Helm release: never copied, and the owner is told
             source = self.sources.get(rule.kind, (rule.namespace, rule.name)) or {}
             reason, message, stalled = "Skipped", str(logic.skip_reason(rule, source)), True

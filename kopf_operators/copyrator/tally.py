@@ -249,7 +249,7 @@ def build_status(rule: Rule, previous: Mapping[str, Any] | None, tally: Tally | 
 def readiness(tally: Tally, status: Mapping[str, Any]) -> tuple[bool, bool, str, str]:
     """(ready, stalled, reason, message) of a rule: Ready only when every wanted copy is in sync;
     Stalled when a person must act (a source's owner must consent, an object in the way must go, the
-    API server refuses a copy of a source);
+    API server refuses a copy of a source, no target namespace accepts the copies);
     else work is under way (copies being made, failed writes retried)."""
     if tally.refusals:
         return False, True, "Refused", (f"{len(tally.refusals)} source(s) not copied without their owner's "
@@ -273,6 +273,11 @@ def readiness(tally: Tally, status: Mapping[str, Any]) -> tuple[bool, bool, str,
         return False, False, "SyncFailed", f"{tally.failed} copy operation(s) failed; retrying"
     if tally.copied < tally.desired:
         return False, False, "Syncing", f"{tally.copied} of {tally.desired} copies in sync; copying the rest"
+    if not tally.desired and (tally.unaccepted or tally.kept):
+        # Every target refuses: the rule copies nothing anywhere, so it is not doing its job; the
+        # targets' owners must consent (or the rule must name others).
+        return False, True, "NoTargetConsents", (f"no target namespace accepts this rule's copies: "
+                                                 f"{target_refusals(tally)}")
     withheld = f"; {tally.withheld} withheld by their sources' consent" if tally.withheld else ""
     if tally.unaccepted or tally.kept:
         withheld += f"; {target_refusals(tally)}"

@@ -1,9 +1,11 @@
 """Copyrator: the copy writer. The unit of work is one copy, (kind, namespace, name) for one rule:
-``sync_copy`` asks ``copyrator.decide`` and makes at most one write (create, JSON patch, delete; a
-Secret type change or an immutable copy is delete + create). A foreign object in the way is learned
-from the 409 on create (then that one object is read). The answers to our own writes are kept (in
-``Places.written``) until the watch catches up, so a burst never writes twice."""
-
+``sync_copy`` observes the place, asks ``copyrator.decide`` and makes at most one write (create, JSON
+patch, delete; a Secret type change or an immutable copy is delete + create). A rule's ``sweep``
+observes its places and decides them all in one call (``decide_sweep``); each write is then made
+under its place's lock, as decided while the place still looks the same, else decided again. A
+foreign object in the way is learned from the 409 on create (then that one object is read). The
+answers to our own writes are kept (in ``Places.written``) until the watch catches up, so a burst
+never writes twice."""
 from __future__ import annotations
 
 import asyncio
@@ -40,8 +42,29 @@ class CopyWriter:
         self.inflight: collections.Counter[str] = collections.Counter()  # rule uid -> syncs running
         self._limit = asyncio.Semaphore(options.write_concurrency)
 
-    async def sync_copy(self, rule: logic.Rule, namespace: str, name: str, kind: str | None = None) -> int:
-        """Make one place hold what ``rule`` wants there; returns the number of writes made."""
+    def observe(self, rule: logic.Rule, key: CopyKey, desired: Mapping[str, Any] | None = None,
+                known: bool = False) -> logic.Place:
+        """One place of ``rule`` as the indexes (and our own writes' answers) show it now; ``known``:
+        what the rule wants there is ``desired`` (already worked out)."""
+        kind, namespace, name = key
+        if not known:
+            ns = self.sources.namespace(namespace)
+            if ns is None or not ns.active:
+                return logic.Place(key, gone=True)  # gone or terminating: its copies go with it
+            desired, blocked = self.claims.desired(rule, name, ns) if kind == rule.kind else (None, False)
+            if blocked:
+                return logic.Place(key, blocked=True)  # reported in status; what is there stays
+        view = self.places.copy(kind, namespace, name)
+        claimed = view is None and desired is not None and \
+            self.claims.claimed(rule, kind, namespace, name) is not None
+        keep = desired is None and view is not None and view.rule_uid == rule.uid and kind == rule.kind \
+            and self.claims.superseded_pending(rule, view)
+        return logic.Place(key, desired, view, foreign=key in self.places.foreign, claimed=claimed, keep=keep)
+
+    async def sync_copy(self, rule: logic.Rule, namespace: str, name: str, kind: str | None = None,
+                        planned: tuple[logic.Place, logic.Action] | None = None) -> int:
+        """Make one place hold what ``rule`` wants there; returns the number of writes made. ``planned``:
+        the write a sweep decided on, made as decided while the place still looks as it did then."""
         kind = kind or rule.kind
         key: CopyKey = (kind, namespace, name)
         async with self._limit, self.access.serialised(("copyrator", *key)):
@@ -49,24 +72,24 @@ class CopyWriter:
                 return 0
             self.inflight[rule.uid] += 1
             try:
-                return await self._sync_locked(rule, key)
+                return await self._sync_locked(rule, key, planned)
             finally:
                 self.inflight[rule.uid] -= 1
                 if not self.inflight[rule.uid]:
                     del self.inflight[rule.uid]
 
-    async def _sync_locked(self, rule: logic.Rule, key: CopyKey) -> int:
-        """(The place's lock is held.)"""
-        kind, namespace, name = key
-        ns = self.sources.namespace(namespace)
-        if ns is None or not ns.active:
+    async def _sync_locked(self, rule: logic.Rule, key: CopyKey,
+                           planned: tuple[logic.Place, logic.Action] | None) -> int:
+        """(The place's lock is held: observe it again, since another pass may have written there.)"""
+        place = self.observe(rule, key)
+        if place.gone:
             self.places.settled(rule.uid, lambda failed: failed == key)
-            return 0  # gone or terminating: its copies go with it
-        desired, blocked = self.claims.desired(rule, name, ns) if kind == rule.kind else (None, False)
-        if blocked:
-            return 0  # reported in status; what is there stays
+            return 0
+        if place.blocked:
+            return 0
+        action = planned[1] if planned is not None and planned[0] == place else place.action(rule.uid)
         try:
-            writes = await self._apply(rule, key, desired)
+            writes = await self._act(rule, place, action)
         except ApiError as exc:
             if exc.namespace_terminating:
                 return 0
@@ -99,15 +122,16 @@ class CopyWriter:
         if snapshot is not None:
             self.access.event(snapshot, "Warning", "CopyRefused", f"the API server refuses the copy {why}")
 
-    async def _apply(self, rule: logic.Rule, key: CopyKey, desired: dict[str, Any] | None) -> int:
+    async def _apply(self, rule: logic.Rule, key: CopyKey, desired: Mapping[str, Any] | None) -> int:
+        """Again after a write that found the place changed: observe it (wanting ``desired``), decide, act."""
+        place = self.observe(rule, key, desired, known=True)
+        return await self._act(rule, place, place.action(rule.uid))
+
+    async def _act(self, rule: logic.Rule, place: logic.Place, action: logic.Action) -> int:
+        """The write ``action`` at ``place`` (as observed)."""
+        key, desired, view = place.key, place.desired, place.view
         kind, namespace, name = key
         api_kind = KINDS[kind]
-        view = self.places.copy(kind, namespace, name)
-        claimed = view is None and desired is not None and \
-            self.claims.claimed(rule, kind, namespace, name) is not None
-        keep = desired is None and view is not None and view.rule_uid == rule.uid and kind == rule.kind \
-            and self.claims.superseded_pending(rule, view)
-        action = logic.decide(rule.uid, desired, view, foreign=key in self.places.foreign, claimed=claimed, keep=keep)
         where = f"Copyrator {rule.key}:"
         if action is logic.Action.NONE or action is logic.Action.CONFLICT:
             return 0
@@ -160,7 +184,7 @@ class CopyWriter:
         logger.info(f"{where} updated {kind} {namespace}/{name}" + (" (edited by hand)" if view.drifted else ""))
         return 1
 
-    async def _in_the_way(self, rule: logic.Rule, key: CopyKey, desired: dict[str, Any]) -> int:
+    async def _in_the_way(self, rule: logic.Rule, key: CopyKey, desired: Mapping[str, Any]) -> int:
         """A 409 on create: read that one object. Ours (the watch is behind): carry on from it;
         anybody else's: a conflict, left untouched."""
         kind, namespace, name = key
@@ -213,25 +237,29 @@ class CopyWriter:
         # (an idle sweep of many copies then costs a count, not a pass per copy).
         copied = self.copied(rule)
 
-        def jobs_for(selected: Iterable[str]) -> list[Awaitable[int]]:
-            jobs: list[Awaitable[int]] = []
+        def jobs_for(selected: Iterable[str], others: Iterable[CopyKey] = ()) -> list[Awaitable[int]]:
+            """Observe the places, decide them in one call, and the writes to make (each under its lock)."""
+            keys: list[CopyKey] = []
             for name in sorted(selected):
                 places = set(targets) | {v.namespace for v in self.places.copies_of(rule.uid, rule.kind, name=name)}
                 visited.update((rule.kind, ns, name) for ns in places)
-                jobs.extend(self.sync_copy(rule, ns, name) for ns in sorted(places) if (ns, name) not in copied)
-            return jobs
+                keys.extend((rule.kind, ns, name) for ns in sorted(places) if (ns, name) not in copied)
+            keys.extend(others)
+            visited.update(others)
+            decided = logic.decide_sweep(rule.uid, [self.observe(rule, key) for key in keys])
+            done = set(decided.settled)  # nothing to write there, so nothing fails there either
+            self.places.settled(rule.uid, lambda key: key in done)
+            return [self.sync_copy(rule, place.key[1], place.key[2], kind=place.key[0], planned=(place, action))
+                    for place, action in decided.writes]
 
         started = time.perf_counter()
         # First the names the rule wants, then the copies under names it no longer uses (a renamed
         # target): each of those goes only once its replacement is in sync.
         writes, errors = await self.bounded(jobs_for(wanted))
-        later: list[Awaitable[int]] = jobs_for(names - wanted)
-        for kind in KINDS:  # the rule's type changed: its copies of the other kind go
-            if kind != rule.kind:
-                for view in self.places.copies_of(rule.uid, kind):
-                    visited.add((kind, view.namespace, view.name))
-                    later.append(self.sync_copy(rule, view.namespace, view.name, kind=kind))
-        more, more_errors = await self.bounded(later)
+        # (Decided after the first round: whether an old copy stays depends on its replacement.)
+        other_kinds = [(kind, view.namespace, view.name) for kind in KINDS if kind != rule.kind
+                       for view in self.places.copies_of(rule.uid, kind)]  # the rule's type changed: they go
+        more, more_errors = await self.bounded(jobs_for(names - wanted, other_kinds))
         # No longer places of the rule, or in sync: nothing fails there.
         self.places.settled(rule.uid, lambda key: key not in visited or (key[0] == rule.kind and key[1:] in copied))
         writes, errors = writes + more, errors + more_errors

@@ -11,7 +11,7 @@ import kubernetes
 import pytest
 
 from kopf_operators.copyrator import decisions as logic
-from tests.kube import OperatorProcess, wait_for
+from tests.kube import OperatorProcess, own_operators, wait_for
 
 G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL
 
@@ -125,17 +125,4 @@ def wait_condition(custom: kubernetes.client.CustomObjectsApi, namespace: str, n
 @pytest.fixture
 def own_operator(operator: OperatorProcess) -> Iterator[Callable[..., OperatorProcess]]:
     """Stop the shared operator and run one with extra env; the shared one restarts afterwards."""
-    started: list[OperatorProcess] = []
-
-    def start(**env: str) -> OperatorProcess:
-        operator.stop()
-        proc = OperatorProcess(files=operator.files, env=env, kubeconfig=operator.kubeconfig,
-                               log_name="copyrator-own")
-        proc.start()
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        proc.stop()
-    operator.start()
+    yield from own_operators(operator, "copyrator-own")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kopf_operators.reroller import decisions as logic
-from tests.kube import OperatorProcess, stays, wait_for
+from tests.kube import OperatorProcess, own_operators, stays, wait_for
 
 AUTO = {logic.AUTO: "true"}
 NGINX_CONF = "events {}\nhttp { server { listen 80; location / { return 200 'v1'; } } }\n"
@@ -127,21 +127,8 @@ def assert_rolled_once(apps: Any, core: Any, ns: str, name: str, source: str, rs
 @pytest.fixture
 def reroller_with(operator: OperatorProcess) -> Iterator[Callable[..., OperatorProcess]]:
     """The re-roller alone with options of the test's choosing (the session's operator is stopped
-    meanwhile, so that only one re-roller acts; the ``operator`` fixture restarts it afterwards)."""
-    started: list[OperatorProcess] = []
-
-    def start(**env: str) -> OperatorProcess:
-        operator.stop()
-        for earlier in started:
-            earlier.stop()
-        proc = OperatorProcess(files=["operators/reroller.py"], env=env, kubeconfig=operator.kubeconfig,
-                               log_name="reroller-own")
-        proc.start()
-        started.append(proc)
-        return proc
-    yield start
-    for proc in started:
-        proc.stop()
+    meanwhile, so that only one re-roller acts; it runs again afterwards)."""
+    yield from own_operators(operator, "reroller-own", files=["operators/reroller.py"])
 
 
 def container_env(apps: Any, ns: str, name: str, container: str, kind: str = "Deployment") -> dict[str, str]:

@@ -23,7 +23,7 @@ from kopf_operators.copyrator import decisions as cr
 from kopf_operators.immortal import decisions as ic
 from kopf_operators.reroller import decisions as rr
 from tests.e2e.faultkit import LogWindow
-from tests.kube import OperatorProcess, stays, wait_for
+from tests.kube import OperatorProcess, namespace_exists, stays, wait_for
 
 QUIET_SECONDS = 5.0
 MAX_LINES_WHEN_QUIET = 3  # handler runs, warnings, errors about the object once it was handled
@@ -463,16 +463,7 @@ def test_immortal_namespace_deleted_under_it(operator: OperatorProcess, core: An
              what="the pods")
     log = LogWindow(operator)
     core.delete_namespace(ns)
-
-    def gone() -> bool:
-        try:
-            core.read_namespace(ns)
-        except kubernetes.client.ApiException as exc:
-            if exc.status == 404:
-                return True
-            raise
-        return False
-    wait_for(gone, timeout=60, interval=0.5, what=f"namespace {ns} to be deleted")
+    wait_for(lambda: not namespace_exists(core, ns), timeout=60, interval=0.5, what=f"namespace {ns} to be deleted")
     assert operator.running
     assert log.tracebacks(ns) == []
     errors = log.lines(f"[{ns}/") + log.lines(f" {ns}/")

@@ -34,7 +34,7 @@ from tests.e2e.copyrator_helpers import (
     wait_condition,
     wait_data,
 )
-from tests.kube import OperatorProcess, stays, wait_for
+from tests.kube import OperatorProcess, namespace_exists, stays, wait_for
 from testsupport.kubectl import kubectl
 from testsupport.paths import REPO
 
@@ -300,7 +300,7 @@ def test_the_push_example_works(operator: OperatorProcess, core: kubernetes.clie
     example = (EXAMPLES / "copyrator-push-source.yaml").read_text()
     doc = yaml.safe_load(example)
     names = doc["metadata"]["annotations"][logic.PUSH_TO_ANNOTATION].split(",")
-    made = [ns for ns in names if not _exists(core, ns)]
+    made = [ns for ns in names if not namespace_exists(core, ns)]
     for ns in made:
         core.create_namespace({"metadata": {"name": ns, "labels": {"kopf-operators.dev/test": "true"}}})
     # Each target consents, as the example's comment says (its own annotation).
@@ -326,14 +326,6 @@ def test_the_push_example_works(operator: OperatorProcess, core: kubernetes.clie
             core.delete_namespace(ns)
 
 
-def _exists(core: kubernetes.client.CoreV1Api, name: str) -> bool:
-    try:
-        core.read_namespace(name)
-    except kubernetes.client.ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
-    return True
 
 
 # --- 4. two rules for one target name ----------------------------------------------------------------

@@ -207,9 +207,12 @@ def test_a_tenants_rules_need_the_sources_and_with_the_chart_value_the_targets_c
                 f"no {logic.ACCEPT_FROM_ANNOTATION} annotation listing {namespace}")
         stays(lambda: get(core, "Secret", namespace, "creds") is None and written_outside(core, namespace) == [], 2,
               what="nothing copied without consent")
-        assert condition(custom, namespace, "push", "Ready")["status"] == "True"  # nothing it may do is undone
+        # It copies nothing anywhere: not Ready, and it says which targets refuse and why.
+        refused = wait_condition(custom, namespace, "push", "Ready", status="False", reason="NoTargetConsents")
+        assert other in refused["message"] and "kube-system" in refused["message"], refused
         core.patch_namespace(other, {"metadata": {"annotations": {logic.ACCEPT_FROM_ANNOTATION: namespace}}})
         wait_data(core, other, "settings", {"HTTP_PROXY": "tenant-a's"})
+        wait_condition(custom, namespace, "push", "Ready", status="True")  # it does its job where accepted
         assert written_outside(core, namespace) == [f"{other}/settings"]
         assert not [line for line in proc.errors() if "copyrator" in line.lower()]
     finally:

@@ -294,6 +294,30 @@ def test_foreign_objects_are_conflicts_never_touched() -> None:
     assert logic.decide(UID, desired, None) is logic.Action.CREATE
 
 
+def test_a_rules_sweep_is_one_decision_with_every_write_and_what_settles() -> None:
+    rule = make_rule()
+    source, changed = cm("settings"), cm("settings", data={"k": "new"})
+    ours, wanted = view_of(rule, source, "a"), logic.desired_copy(rule, changed, "a")
+    places = [
+        logic.Place(("ConfigMap", "a", "settings"), wanted, ours),  # stale: patched
+        logic.Place(("ConfigMap", "b", "settings"), logic.desired_copy(rule, changed, "b")),  # missing: created
+        logic.Place(("ConfigMap", "c", "settings"), logic.desired_copy(rule, source, "c"),
+                    view_of(rule, source, "c")),  # in sync: nothing
+        logic.Place(("ConfigMap", "d", "settings"), None, view_of(rule, source, "d")),  # unwanted: deleted
+        logic.Place(("ConfigMap", "e", "settings"), None, view_of(rule, source, "e"), keep=True),  # kept until
+        logic.Place(("ConfigMap", "f", "settings"), logic.desired_copy(rule, source, "f"), foreign=True),
+        logic.Place(("ConfigMap", "g", "settings"), gone=True),
+        logic.Place(("ConfigMap", "h", "settings"), blocked=True),  # what is there stays, and its failure too
+    ]
+    sweep = logic.decide_sweep(UID, places)
+    assert [(place.key[1], action) for place, action in sweep.writes] == [
+        ("a", logic.Action.PATCH), ("b", logic.Action.CREATE), ("d", logic.Action.DELETE)]
+    assert [key[1] for key in sweep.settled] == ["c", "e", "f", "g"]
+    # Each write is the one ``decide`` makes for that place alone.
+    assert all(action is logic.decide(UID, p.desired, p.view, foreign=p.foreign, claimed=p.claimed, keep=p.keep)
+               for p, action in sweep.writes)
+
+
 def test_unwanted_copies_are_deleted_only_when_ours() -> None:
     rule = make_rule()
     assert logic.decide(UID, None, view_of(rule, cm("settings"), "a")) is logic.Action.DELETE

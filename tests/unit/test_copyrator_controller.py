@@ -4,7 +4,9 @@ index state, a foreign object in the way, retries with backoff, and its stop."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Coroutine, Hashable
 from typing import Any, TypeVar
 
 import pytest
@@ -76,6 +78,28 @@ def test_a_copy_in_sync_in_the_index_costs_no_write() -> None:
 
 
 def test_a_stale_copy_is_patched_in_place() -> None:
+    access = FakeAccess()
+    run(controller(access, (copy_in_index({"colour": "red"}),)).passes(RULE_KEY, "resync"))
+    assert writes(access) == [("patch", "ConfigMap", "t", "conf")]
+
+
+def test_a_planned_write_is_decided_again_when_another_pass_wrote_the_place_meanwhile() -> None:
+    """The sweep decides its writes in one call; one waits for its place's lock while another pass
+    makes that copy in sync: under the lock the place looks different, so it is decided again (no write)."""
+    ctl: CopyratorController
+
+    class Racing(FakeAccess):
+        @contextlib.asynccontextmanager
+        async def serialised(self, key: Hashable) -> AsyncIterator[None]:
+            newer = dataclasses.replace(copy_in_index({"colour": "blue"}), resource_version="10")
+            ctl.places.written.remember(("ConfigMap", "t", "conf"), newer)
+            yield
+
+    racing = Racing()
+    ctl = controller(racing, (copy_in_index({"colour": "red"}),))
+    run(ctl.passes(RULE_KEY, "resync"))
+    assert writes(racing) == []
+    # Without the other pass, the planned patch is made as decided.
     access = FakeAccess()
     run(controller(access, (copy_in_index({"colour": "red"}),)).passes(RULE_KEY, "resync"))
     assert writes(access) == [("patch", "ConfigMap", "t", "conf")]

@@ -129,7 +129,23 @@ def test_the_refusal_message_groups_namespaces_by_reason_and_stays_short() -> No
     assert message.startswith("not copied into 23 namespace(s) without their consent: ")
     assert f"kube-system, ops ({logic.CLOSED})" in message and message.endswith(" and 13 more")
     assert len(message) < 1000  # an Event's message (core/access.py MAX_EVENT_MESSAGE)
-    assert logic.readiness(tally, {})[0]  # the push does its job where it is accepted
+    accepted = logic.Tally(desired=1, copied=1, targets=24, unaccepted=tally.unaccepted)
+    assert logic.readiness(accepted, {})[0]  # it does its job where it is accepted
+
+
+def test_a_rule_no_target_accepts_is_not_ready_and_says_why() -> None:
+    refused = logic.Tally(sources=1, targets=2, unaccepted=[("team-b", "no consent"), ("ops", logic.CLOSED)])
+    status = logic.build_status(RULE, {}, refused, now="T")
+    conds = {c["type"]: c for c in status["conditions"]}
+    # kstatus: it copies nothing anywhere, and only the targets' owners (or an edit) can change that.
+    assert (conds["Ready"]["status"], conds["Stalled"]["status"]) == ("False", "True")
+    assert conds["Ready"]["reason"] == conds["Stalled"]["reason"] == "NoTargetConsents"
+    assert "team-b (no consent)" in conds["Ready"]["message"] and "ops" in conds["Ready"]["message"]
+    # A copy from before, kept unsynced, is no job done either; one accepting target is.
+    kept = logic.Tally(sources=1, targets=1, kept=["team-b/cfg"])
+    assert logic.readiness(kept, {})[2] == "NoTargetConsents"
+    some = logic.Tally(sources=1, targets=2, desired=1, copied=1, unaccepted=[("team-b", "no consent")])
+    assert logic.readiness(some, {})[:3] == (True, False, "Synced")
 
 
 # --- the controller ---------------------------------------------------------------------------

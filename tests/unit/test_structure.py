@@ -3,14 +3,17 @@
 - No module in kopf_operators/ over 700 lines, no class over 400.
 - No test module imports another test module (shared helpers live in helper modules or conftest).
 - No controller keeps its own "newest known version" cache: core.controller.Newest is the one.
+- Tests and benchmarks assert behaviour through the API (objects, Events, status, metrics): only the
+  modules in LOG_READERS_ALLOWED read the operator's log text, each for a reason the API cannot serve.
 
-Every operator keeps all three, with no exceptions listed.
+Every operator keeps the first three, with no exceptions listed.
 """
 
 from __future__ import annotations
 
 import ast
 import pathlib
+from collections.abc import Callable
 
 from testsupport.paths import REPO
 
@@ -21,6 +24,26 @@ MAX_CLASS_LINES = 400
 # What marks a private version cache (a ``_written``/``_pods_seen`` map, a ``_rv`` parser): every
 # controller uses core.controller.Newest instead.
 VERSION_CACHE_NAMES = {"_written", "_pods_seen", "_rv"}
+
+# The helpers that hand out the operator's log text (testsupport/launcher.py, bench/harness.py,
+# tests/e2e/faultkit.py). Not among them: ``errors()``/``tracebacks()`` (a run that goes as the user
+# expects logs no ERROR and no traceback: the log line is the promise, and a crash shows nowhere else)
+# and ``tail()`` (a failure message's context).
+LOG_READERS = {"output", "records", "log_lines_since", "LogWindow"}
+LOG_READERS_ALLOWED = {
+    "testsupport/launcher.py": "defines them",
+    "bench/harness.py": "defines them",
+    "tests/e2e/faultkit.py": "defines them",
+    "tests/e2e/test_quiet_logs.py": "the log's volume is the promise",
+    "bench/sections/quiet_logs.py": "the log's volume is the promise",
+    "tests/e2e/test_copyrator.py": "no credential in the log",
+    "tests/e2e/test_reroller.py": "no credential in the log; one line per rollout and per failed alert",
+    "tests/e2e/test_sharding.py": "which process acted: both shards run as one identity, the API cannot tell",
+    "tests/e2e/test_bad_input.py": ("when Kopf has handled an object's events, and handler invocations (a hot "
+                                    "loop need make no request): neither shows in the API"),
+    "bench/sections/restart_configmaps.py": "times the start to Kopf's 'Every index is filled' line",
+    "tests/e2e/test_ha.py": "real-node module: its twins' Lease check is not moved to the leader gauge yet",
+}
 
 
 def relative(path: pathlib.Path) -> str:
@@ -68,18 +91,25 @@ def test_no_test_module_imports_another() -> None:
     assert not new, "move the shared helpers to a helper module or conftest:\n" + "\n".join(new)
 
 
+def names_used(path: pathlib.Path, names: set[str], mark: Callable[[ast.AST], str | None]) -> list[str]:
+    """The ``names`` that ``mark`` finds in ``path``'s syntax tree (it answers a node's name, or None)."""
+    source = path.read_text()
+    if not any(name in source for name in names):  # most modules: no parse needed
+        return []
+    return sorted({name for node in ast.walk(ast.parse(source)) if (name := mark(node)) in names})
+
+
+def defined(node: ast.AST) -> str | None:
+    return node.name if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) else None
+
+
 def version_caches(path: pathlib.Path) -> list[str]:
     """Names in ``path`` that mark a private version cache: a ``self._written``-like attribute, a ``_rv``."""
-    source = path.read_text()
-    if not any(name in source for name in VERSION_CACHE_NAMES):
-        return []
-    found = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and node.attr in VERSION_CACHE_NAMES:
-            found.add(node.attr)
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in VERSION_CACHE_NAMES:
-            found.add(node.name)
-    return sorted(found)
+    def mark(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            return node.attr
+        return defined(node)
+    return names_used(path, VERSION_CACHE_NAMES, mark)
 
 
 def test_no_controller_keeps_its_own_version_cache() -> None:
@@ -87,6 +117,27 @@ def test_no_controller_keeps_its_own_version_cache() -> None:
              if not path.is_relative_to(PACKAGE / "core")}
     new = [f"{name}: {names}" for name, names in found.items() if names]
     assert not new, "use core.controller.Newest:\n" + "\n".join(new)
+
+
+def log_readers(path: pathlib.Path) -> list[str]:
+    """The LOG_READERS that ``path`` calls (a method or function of that name), names (a class) or defines."""
+    def mark(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            return node.func.attr
+        if isinstance(node, ast.Name) and node.id[0].isupper():  # a class, not a variable named ``output``
+            return node.id
+        return defined(node)
+    return names_used(path, LOG_READERS, mark)
+
+
+def test_tests_read_the_operators_log_only_where_the_log_is_the_promise() -> None:
+    paths = [p for tree in ("tests", "bench", "testsupport") for p in sorted((REPO / tree).rglob("*.py"))
+             if not p.is_relative_to(REPO / "tests" / "unit")]
+    found = {relative(path): log_readers(path) for path in paths}
+    new = [f"{name}: {names}" for name, names in found.items() if names and name not in LOG_READERS_ALLOWED]
+    assert not new, "assert through the API (objects, Events, status, metrics), not the log:\n" + "\n".join(new)
+    stale = sorted(name for name in LOG_READERS_ALLOWED if not found.get(name))
+    assert not stale, f"no longer read the log: take them off LOG_READERS_ALLOWED: {stale}"
 
 
 def test_the_checks_see_what_they_look_for(tmp_path: pathlib.Path) -> None:
@@ -98,6 +149,10 @@ def test_the_checks_see_what_they_look_for(tmp_path: pathlib.Path) -> None:
     assert imported_test_modules(module) == ["tests.e2e.test_other", "tests.e2e.test_other.helper",
                                              "tests.unit.test_y"]
     assert version_caches(module) == ["_rv", "_written"]
+    reader = tmp_path / "test_log.py"
+    reader.write_text("def test(operator):\n    assert 'x' in operator.output()\n    LogWindow(operator)\n"
+                      "    output = 'no call'\n    assert not operator.errors() and operator.tail()\n")
+    assert log_readers(reader) == ["LogWindow", "output"]
     big = tmp_path / "big.py"
     big.write_text("class Big:\n" + "    x = 1\n" * MAX_CLASS_LINES + "\n" * MAX_MODULE_LINES)
     assert [problem.split(": ", 1)[1] for problem in oversized(big)] == [
