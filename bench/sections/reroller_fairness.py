@@ -15,10 +15,24 @@ BENCH_PYSPY=<file>: record the operator over the rounds (``harness.py_spy``).
 from __future__ import annotations
 
 import asyncio
+import datetime
 import time
+from statistics import median
 from typing import Any
 
-from bench.harness import FLOOR_LABEL, RR, Bench, Floor, deployment, log, py_spy, py_spy_stop, within
+from bench.harness import (
+    FLOOR_LABEL,
+    PEER_USER,
+    RR,
+    SA_USER,
+    Bench,
+    Floor,
+    deployment,
+    log,
+    py_spy,
+    py_spy_stop,
+    within,
+)
 from bench.kube import Watcher, bounded
 from bench.sections.reroller_latency import template_annotations
 from testsupport.stats import summary_ms
@@ -46,8 +60,10 @@ async def _measure(b: Bench, m: int, rounds: int) -> dict[str, Any]:
         await b.kube.create(f"/api/v1/namespaces/{ns}/configmaps", {"metadata": {"name": cm}, "data": {"v": "0"}})
     templates: dict[tuple[str, str], dict[str, str]] = {}
     baselined: set[tuple[str, str]] = set()
+    events = [0]  # Deployment watch events seen (each one the operator processes too)
 
     def listener(t: str, o: dict[str, Any], _: float) -> None:
+        events[0] += 1
         key = (o["metadata"]["namespace"], o["metadata"]["name"])
         templates[key] = template_annotations(o)
         if f"{RR}/observed-hash" in (o["metadata"].get("annotations") or {}):
@@ -73,13 +89,15 @@ async def _measure(b: Bench, m: int, rounds: int) -> dict[str, Any]:
     assert b.operator
     await b.operator.settle()
 
+    edits: dict[str, float] = {}  # Deployment -> wall time of its ConfigMap edit's answer (the last one)
+
     async def rollout(name: str, cm: str, value: str) -> float:
         """Edit ConfigMap ``cm`` of the quiet namespace: seconds from the edit's answer until Deployment
         ``name``'s template changes."""
         before = dict(templates.get((quiet, name)) or {})
         done = quiet_w.expect(lambda t, o, _: o["metadata"]["name"] == name and template_annotations(o) != before)
         await b.kube.merge_patch(f"/api/v1/namespaces/{quiet}/configmaps/{cm}", {"data": {"v": value}})
-        t0 = time.monotonic()
+        t0, edits[name] = time.monotonic(), time.time()
         return float(await within(done, 120, f"the quiet namespace's rollout of {name}")) - t0
 
     async def quiet_rollouts(value: str) -> tuple[float, float]:
@@ -87,11 +105,30 @@ async def _measure(b: Bench, m: int, rounds: int) -> dict[str, Any]:
         ours, floor = await asyncio.gather(rollout("q", "cfg", value), rollout("floor-q", "floor-cfg", value))
         return ours, floor
 
+    def request_times(mark: int) -> dict[str, tuple[float, float]]:
+        """From the audit log since ``mark``: per side, (edit -> its PATCH of the quiet Deployment received
+        by the API server, received -> answered) in seconds."""
+        out: dict[str, tuple[float, float]] = {}
+        for entry in b.a.entries(mark):
+            ref = entry.get("objectRef") or {}
+            user = str((entry.get("user") or {}).get("username"))
+            side = {("q", SA_USER): "ours", ("floor-q", PEER_USER): "floor"}.get((ref.get("name", ""), user))
+            if (side is None or side in out or entry.get("verb") != "patch" or entry.get("stage") != "ResponseComplete"
+                    or ref.get("namespace") != quiet):
+                continue
+            received, answered = (_epoch(entry[k]) for k in ("requestReceivedTimestamp", "stageTimestamp"))
+            out[side] = (received - edits["q" if side == "ours" else "floor-q"], answered - received)
+        return out
+
     alone: list[tuple[float, float]] = []
     flooded: list[tuple[float, float]] = []
     flood_s: list[float] = []
+    loop_cpu: list[float] = []  # the operator's event-loop thread, busy share over each flood
+    floor_cpu: list[float] = []
+    flood_events: list[int] = []
+    phases: list[dict[str, tuple[float, float]]] = []  # per round during the flood: request_times
     async with Floor("reroller", "--namespace", quiet, "--source", "floor-cfg", "--cluster-wide",
-                     "--workload-label", f"{FLOOR_LABEL}=reroller"):
+                     "--workload-label", f"{FLOOR_LABEL}=reroller", kubeconfig=b.peer_kubeconfig) as floor_client:
         spy = await py_spy(b.operator.p.pid)
         for i in range(1, rounds + 1):
             alone.append(await quiet_rollouts(f"alone-{i}"))
@@ -100,20 +137,44 @@ async def _measure(b: Bench, m: int, rounds: int) -> dict[str, Any]:
             flood = flap_w.expect(lambda t, o, _, was=was: sum(1 for k, v in templates.items()
                                                                if k[0] == flapping and v != was.get(k)) >= m)
             t0 = time.monotonic()
+            cpu0, fcpu0, ev0 = b.operator.p.main_thread_cpu_seconds(), floor_client.p.cpu_seconds(), events[0]
             await b.kube.merge_patch(f"/api/v1/namespaces/{flapping}/configmaps/cfg", {"data": {"v": str(i)}})
             # In the middle of the flood: the burst is spent and the rest waits at the rate.
             await asyncio.sleep(min(1.0, (m - BURST) / RATE / 2) if m > BURST else 0.2)
+            mark = b.a.mark()
             flooded.append(await quiet_rollouts(f"flooded-{i}"))
+            await asyncio.sleep(1.0)  # the API server's audit lines written
+            phases.append(request_times(mark))
             flood_s.append(float(await within(flood, 600, f"{m} flapping rollouts")) - t0)
+            await asyncio.sleep(2)  # the flood's last status updates
+            span = time.monotonic() - t0
+            loop_cpu.append((b.operator.p.main_thread_cpu_seconds() - cpu0) / span)
+            floor_cpu.append((floor_client.p.cpu_seconds() - fcpu0) / span)
+            flood_events.append(events[0] - ev0)
             log(f"  round {i}: alone ours/floor {alone[-1][0] * 1000:.0f}/{alone[-1][1] * 1000:.0f} ms, "
                 f"flooded ours/floor {flooded[-1][0] * 1000:.0f}/{flooded[-1][1] * 1000:.0f} ms, "
-                f"flood {flood_s[-1]:.1f} s")
+                f"flood {flood_s[-1]:.1f} s, operator's loop busy {loop_cpu[-1]:.0%}, floor {floor_cpu[-1]:.0%}, "
+                f"{flood_events[-1]} Deployment events; edit -> PATCH received / PATCH answered in: "
+                + ", ".join(f"{k} {v[0] * 1000:.0f}/{v[1] * 1000:.0f} ms" for k, v in phases[-1].items()))
             await b.operator.settle()
         await py_spy_stop(spy)
     for w in watchers:
         await w.stop()
     await b.cleanup([flapping, quiet], wait=300)
-    return figures(m, rounds, alone, flooded, flood_s)
+    result = figures(m, rounds, alone, flooded, flood_s)
+    result["flood_loop_busy"] = {"operator": round(median(loop_cpu), 2), "floor": round(median(floor_cpu), 2)}
+    result["flood_events_per_rollout"] = round(median(flood_events) / m, 2)
+    for side in ("ours", "floor"):
+        got = [p[side] for p in phases if side in p]
+        if got:
+            result[f"{side}_patch_phases"] = {"edit_to_patch_received": summary_ms([g[0] for g in got]),
+                                              "patch_at_api_server": summary_ms([g[1] for g in got])}
+    return result
+
+
+def _epoch(stamp: str) -> float:
+    """An audit timestamp (RFC 3339, UTC, microseconds) as seconds since the epoch."""
+    return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.UTC).timestamp()
 
 
 def figures(m: int, rounds: int, alone: list[tuple[float, float]], flooded: list[tuple[float, float]],
