@@ -175,7 +175,8 @@ class FairLimit:
         self.held: dict[Hashable, int] = {}  # group -> slots it holds
         self.waiting: dict[Hashable, collections.deque[asyncio.Future[None]]] = {}  # order: whose turn
 
-    def _may_take(self, group: Hashable) -> bool:
+    def may_take(self, group: Hashable) -> bool:
+        """Whether ``hold(group)`` would take a slot at once, without waiting."""
         return self.free > (self.reserve if self.held.get(group) else 0)
 
     def _take(self, group: Hashable) -> None:
@@ -185,7 +186,7 @@ class FairLimit:
     @contextlib.asynccontextmanager
     async def hold(self, group: Hashable) -> AsyncIterator[None]:
         # Waiters are left only while none of them may take a slot (``_release`` hands them on).
-        if self._may_take(group):
+        if self.may_take(group):
             self._take(group)
         else:
             turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -218,7 +219,7 @@ class FairLimit:
         else:
             self.held.pop(group, None)
         for waiter in list(self.waiting):  # the first group in the round that may take it
-            if not self._may_take(waiter):
+            if not self.may_take(waiter):
                 continue
             queue = self.waiting.pop(waiter)
             while queue and queue[0].done():  # cancelled meanwhile

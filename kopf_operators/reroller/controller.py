@@ -181,7 +181,7 @@ class RerollerController:
             return
         if key in self._handed:
             self._handed[key] = self.known.newer(self._handed[key], event_view)
-        elif self._limit.free > 0 and not self._limit.waiting:
+        elif self._limit.may_take(key[1]):
             await self.guarded(key, trigger, event_view)
         else:
             self._handed[key] = event_view
