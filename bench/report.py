@@ -259,6 +259,10 @@ def tenants_table(results: dict[str, Any]) -> str:
                 cells = [f"{x[part]['p50_ms']} / {x[part]['max_ms']} ms" if part in x else ""
                          for x in (ours_ph, floor_ph)]
                 t.row(f"During the flood, {label}: p50 / max", *cells, "", "", "")
+            if busy := fair.get("flood_loop_busy"):
+                t.row(f"During the flood ({fair['flood_s']} s, {fair.get('flood_events_per_rollout')} Deployment "
+                      "events per rollout): the process's event-loop thread busy", f"{busy['operator']:.0%}",
+                      f"{busy['floor']:.0%}", "", "", "")
             for label, ours, floor in (("during the flood", "flooded", "floor_flooded"),
                                        ("alone (no flood)", "alone", "floor_alone")):
                 t.row(f"Quiet namespace's rollout {label}, edit → pod template changed: p50 / max",
