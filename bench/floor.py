@@ -13,7 +13,10 @@ Modes:
   copyrator  namespaces labelled --ns-label: copy ConfigMap --source (in --source-namespace) into each
              as --copy-name, on a new namespace and on every change of the source's data.
   reroller   Deployments labelled --workload-label in --namespace: when ConfigMap --source's data
-             changes, merge-patch each pod template's annotation (what the re-roller does).
+             changes, merge-patch each pod template's annotation (what the re-roller does). With
+             --cluster-wide it watches every Deployment and ConfigMap of the cluster and picks its
+             own client-side, as a re-roller must (opt-in is an annotation: no server-side selector),
+             so it decodes a flood in another namespace as the operator does.
 """
 
 from __future__ import annotations
@@ -165,10 +168,24 @@ async def copyrator(kube: Kube, source_ns: str, source: str, ns_label: str, copy
                          watch_source(src["metadata"]["resourceVersion"]))
 
 
-async def reroller(kube: Kube, ns: str, source: str, workload_label: str, concurrency: int) -> None:
+async def reroller(kube: Kube, ns: str, source: str, workload_label: str, concurrency: int,
+                   cluster_wide: bool = False) -> None:
     sem = asyncio.Semaphore(concurrency)
     workloads: set[str] = set()
     seen: dict[str, str] = {}
+    label, _, value = workload_label.partition("=")
+    deployments = "/apis/apps/v1/deployments" if cluster_wide else f"/apis/apps/v1/namespaces/{ns}/deployments"
+    configmaps = "/api/v1/configmaps" if cluster_wide else f"/api/v1/namespaces/{ns}/configmaps"
+    # Cluster-wide: everything comes, ours are picked here; else the API server picks them.
+    wl_params = {} if cluster_wide else {"labelSelector": workload_label}
+    cm_params = {} if cluster_wide else {"fieldSelector": f"metadata.name={source}"}
+
+    def mine(obj: dict[str, Any]) -> bool:
+        meta = obj["metadata"]
+        return bool(meta.get("namespace") == ns and (meta.get("labels") or {}).get(label) == value)
+
+    def the_source(obj: dict[str, Any]) -> bool:
+        return bool(obj["metadata"].get("namespace") == ns and obj["metadata"]["name"] == source)
 
     async def roll(name: str, digest: str) -> None:
         patch = {"metadata": {"annotations": {f"{FLOOR_LABEL}-observed-hash": digest}},
@@ -182,15 +199,13 @@ async def reroller(kube: Kube, ns: str, source: str, workload_label: str, concur
     tasks: set[asyncio.Task[None]] = set()
 
     async def watch_workloads(rv: str) -> None:
-        async for type_, obj, _ in kube.stream(f"/apis/apps/v1/namespaces/{ns}/deployments",
-                                               {"labelSelector": workload_label}, resource_version=rv):
-            (workloads.discard if type_ == "DELETED" else workloads.add)(obj["metadata"]["name"])
+        async for type_, obj, _ in kube.stream(deployments, wl_params, resource_version=rv):
+            if mine(obj):
+                (workloads.discard if type_ == "DELETED" else workloads.add)(obj["metadata"]["name"])
 
     async def watch_source(rv: str) -> None:
-        async for type_, obj, _ in kube.stream(f"/api/v1/namespaces/{ns}/configmaps",
-                                               {"fieldSelector": f"metadata.name={source}"},
-                                               resource_version=rv):
-            if type_ == "DELETED":
+        async for type_, obj, _ in kube.stream(configmaps, cm_params, resource_version=rv):
+            if type_ == "DELETED" or not the_source(obj):
                 continue
             digest = _hash(obj.get("data") or {})
             if seen.get("source") == digest:
@@ -204,11 +219,12 @@ async def reroller(kube: Kube, ns: str, source: str, workload_label: str, concur
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
 
-    wl = await kube.get(f"/apis/apps/v1/namespaces/{ns}/deployments", labelSelector=workload_label)
-    workloads.update(o["metadata"]["name"] for o in wl["items"])
-    src = await kube.get(f"/api/v1/namespaces/{ns}/configmaps", fieldSelector=f"metadata.name={source}")
+    wl = await kube.get(deployments, **wl_params)
+    workloads.update(o["metadata"]["name"] for o in wl["items"] if mine(o))
+    src = await kube.get(configmaps, **cm_params)
     for obj in src["items"]:
-        seen["source"] = _hash(obj.get("data") or {})
+        if the_source(obj):
+            seen["source"] = _hash(obj.get("data") or {})
     _ready()
     await asyncio.gather(watch_workloads(wl["metadata"]["resourceVersion"]),
                          watch_source(src["metadata"]["resourceVersion"]))
@@ -226,6 +242,7 @@ async def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--copy-name", default="floor-copy")
     parser.add_argument("--workload-label", default="")
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--cluster-wide", action="store_true", help="reroller: watch every namespace")
     args = parser.parse_args(argv)
     kube = Kube(args.kubeconfig, limit=args.concurrency + 8)
     try:
@@ -237,7 +254,8 @@ async def main(argv: list[str] | None = None) -> None:
             await copyrator(kube, args.source_namespace, args.source, args.ns_label, args.copy_name,
                             args.concurrency)
         else:
-            await reroller(kube, args.namespace, args.source, args.workload_label, args.concurrency)
+            await reroller(kube, args.namespace, args.source, args.workload_label, args.concurrency,
+                           args.cluster_wide)
     finally:
         await kube.close()
 

@@ -184,8 +184,10 @@ class Operator(KopfProcess):
 class Floor:
     """A floor client (bench/floor.py) as a subprocess, ready once it printed ``ready``."""
 
-    def __init__(self, mode: str, *args: str) -> None:
-        self.cmd = [sys.executable, "-m", "bench.floor", mode, "--kubeconfig", str(KUBECONFIG), *args]
+    def __init__(self, mode: str, *args: str, kubeconfig: Path = KUBECONFIG) -> None:
+        """``kubeconfig``: the admin's by default (unaudited); the peer's ServiceAccount to see its
+        requests in the audit log."""
+        self.cmd = [sys.executable, "-m", "bench.floor", mode, "--kubeconfig", str(kubeconfig), *args]
         self.proc: asyncio.subprocess.Process | None = None
 
     async def __aenter__(self) -> Floor:

@@ -161,31 +161,48 @@ class KeyedTimers(Generic[K]):
 class FairLimit:
     """At most ``slots`` holders at once, the waiters served round-robin by group (a namespace): a
     group with hundreds of waiters delays another group's first waiter by at most one release, where
-    a plain semaphore would serve them in arrival order."""
+    a plain semaphore would serve them in arrival order.
 
-    def __init__(self, slots: int) -> None:
+    ``reserve``: the last free slots go only to a group that holds none. A slot is released only when
+    its holder's write is answered, and under a flood every slot may be held by the flooding group's
+    writes, each as slow as the loaded API server (hundreds of ms): without a reserve another group's
+    first write waits for one of them; with it, that write starts at once (the flooding group keeps
+    ``slots - reserve``)."""
+
+    def __init__(self, slots: int, reserve: int = 0) -> None:
         self.free = slots
+        self.reserve = reserve
+        self.held: dict[Hashable, int] = {}  # group -> slots it holds
         self.waiting: dict[Hashable, collections.deque[asyncio.Future[None]]] = {}  # order: whose turn
+
+    def may_take(self, group: Hashable) -> bool:
+        """Whether ``hold(group)`` would take a slot at once, without waiting."""
+        return self.free > (self.reserve if self.held.get(group) else 0)
+
+    def _take(self, group: Hashable) -> None:
+        self.free -= 1
+        self.held[group] = self.held.get(group, 0) + 1
 
     @contextlib.asynccontextmanager
     async def hold(self, group: Hashable) -> AsyncIterator[None]:
-        if self.free > 0 and not self.waiting:
-            self.free -= 1
+        # Waiters are left only while none of them may take a slot (``_release`` hands them on).
+        if self.may_take(group):
+            self._take(group)
         else:
             turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self.waiting.setdefault(group, collections.deque()).append(turn)
             try:
-                await turn
+                await turn  # the slot was taken for it (``_release``)
             except asyncio.CancelledError:
                 if turn.done() and not turn.cancelled():
-                    self._release()  # handed a slot just as it was cancelled: pass it on
+                    self._release(group)  # handed a slot just as it was cancelled: pass it on
                 else:
                     self._forget(group, turn)
                 raise
         try:
             yield
         finally:
-            self._release()
+            self._release(group)
 
     def _forget(self, group: Hashable, turn: asyncio.Future[None]) -> None:
         queue = self.waiting.get(group)
@@ -194,17 +211,26 @@ class FairLimit:
             if not queue:
                 del self.waiting[group]
 
-    def _release(self) -> None:
-        while self.waiting:
-            group = next(iter(self.waiting))
-            queue = self.waiting.pop(group)
-            turn = queue.popleft()
+    def _release(self, group: Hashable) -> None:
+        self.free += 1
+        left = self.held.get(group, 0) - 1
+        if left > 0:
+            self.held[group] = left
+        else:
+            self.held.pop(group, None)
+        for waiter in list(self.waiting):  # the first group in the round that may take it
+            if not self.may_take(waiter):
+                continue
+            queue = self.waiting.pop(waiter)
+            while queue and queue[0].done():  # cancelled meanwhile
+                queue.popleft()
             if queue:
-                self.waiting[group] = queue  # served: to the back of the round
-            if not turn.done():
+                turn = queue.popleft()
+                if queue:
+                    self.waiting[waiter] = queue  # served: to the back of the round
+                self._take(waiter)
                 turn.set_result(None)
                 return
-        self.free += 1
 
 
 class Background:

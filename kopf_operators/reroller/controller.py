@@ -100,8 +100,9 @@ class RerollerController:
         self._backoff: Backoff[Key] = self.state.track(Backoff(*RETRY_SECONDS))
         self.state.on_forget(self._release)  # no longer waiting for a rollout slot
         # Fair between namespaces, like the bucket: a flood of rollouts in one namespace, slower to write
-        # than the budget allows, must not queue another namespace's pass behind it.
-        self._limit = FairLimit(CONCURRENCY)
+        # than the budget allows, must not queue another namespace's pass behind it (and one slot is
+        # kept for a namespace that holds none, so its first write need not wait for the flood's).
+        self._limit = FairLimit(CONCURRENCY, reserve=1)
         # Events' passes handed over to wait for a write slot (see ``submit``): key -> the newest view an
         # event reported for it (None: look it up when the pass runs). A key is here while its pass waits.
         self._handed: PerKey[Key, logic.WorkloadView | None] = self.state.map()
@@ -181,7 +182,7 @@ class RerollerController:
             return
         if key in self._handed:
             self._handed[key] = self.known.newer(self._handed[key], event_view)
-        elif self._limit.free > 0 and not self._limit.waiting:
+        elif self._limit.may_take(key[1]):
             await self.guarded(key, trigger, event_view)
         else:
             self._handed[key] = event_view

@@ -435,3 +435,34 @@ def test_a_fair_limit_serves_groups_round_robin_and_passes_on_a_cancelled_turn()
     # not four (a plain semaphore: f1-f4 first).
     assert served == ["f0", "f1", "q0", "f2", "f3", "f4"]
     assert "o0" not in served
+
+
+def test_a_fair_limit_keeps_its_reserve_for_a_group_that_holds_no_slot() -> None:
+    async def scenario() -> tuple[list[str], list[str]]:
+        limit = toolkit.FairLimit(3, reserve=1)
+        served: list[str] = []
+        gate = asyncio.Event()
+
+        async def holder(group: str, name: str) -> None:
+            async with limit.hold(group):
+                served.append(name)
+                await gate.wait()
+
+        tasks = [asyncio.ensure_future(holder("flood", f"f{i}")) for i in range(5)]
+        await asyncio.sleep(0)
+        # While the flood waits, the reserved slot is free for another group (its pass may run at once).
+        assert limit.waiting and limit.may_take("quiet") and not limit.may_take("flood")
+        tasks.append(asyncio.ensure_future(holder("quiet", "q0")))
+        tasks.append(asyncio.ensure_future(holder("quiet", "q1")))  # its group now holds one: it waits
+        await asyncio.sleep(0)
+        before_any_release = list(served)
+        gate.set()
+        await asyncio.gather(*tasks)
+        assert limit.free == 3 and not limit.waiting and not limit.held
+        return before_any_release, served
+
+    before_any_release, served = asyncio.run(scenario())
+    # The flood holds at most two of the three slots; the quiet group's first holder takes the third at
+    # once, without waiting for a flood holder to finish (a plain limit: after all five of the flood).
+    assert before_any_release == ["f0", "f1", "q0"]
+    assert sorted(served) == sorted(["f0", "f1", "f2", "f3", "f4", "q0", "q1"])

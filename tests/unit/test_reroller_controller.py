@@ -199,9 +199,10 @@ def test_after_a_process_that_stopped_before_settling_a_source_changed_since_the
 
 def test_an_event_that_must_wait_for_a_write_slot_gives_its_event_slot_back_and_rolls_in_its_namespaces_turn(
         ) -> None:
-    """Every write slot is held by a flooding namespace, and more of its passes wait: a workload event in
-    another namespace returns at once (Kopf's event slot is free again), and its rollout is the next-but-one
-    pass to get a slot, ahead of the flood's waiting passes. Events for a key whose pass waits add none."""
+    """Every write slot is held (by a flooding namespace, and the one slot it may not take by a pass of
+    another), and more of the flood's passes wait: a workload event in a third namespace returns at once
+    (Kopf's event slot is free again), and its rollout is the first or second pass to get a slot after,
+    ahead of the flood's waiting passes. Events for a key whose pass waits add none."""
     async def scenario() -> tuple[list[str], list[dict[str, Any]]]:
         access = FakeAccess()
         workload = deployment(baseline_for(configmap("v1")))
@@ -221,7 +222,13 @@ def test_an_event_that_must_wait_for_a_write_slot_gives_its_event_slot_back_and_
                 order.append("flood")
                 await release.wait()
 
+        async def other_pass() -> None:
+            async with ctl._limit.hold("other"):
+                order.append("other")
+                await release.wait()
+
         flood = [asyncio.create_task(flood_pass()) for _ in range(reroller.CONCURRENCY + 4)]
+        flood.append(asyncio.create_task(other_pass()))
         await asyncio.sleep(0)
         for _ in range(3):  # the workload's own status updates, say
             await asyncio.wait_for(ctl.workload_event(KEY, "MODIFIED", workload), 1)
