@@ -22,6 +22,8 @@ CATALOGUE = Catalogue("copyrator", "the CopyratorRule; for a push, its source Co
     warning("TargetClaimed", "push: a target name belongs to another rule's copy or claim"),
     warning("ForeignObject", "push: a target holds an object of that name the operator does not own"),
     warning("Skipped", "push: the source is never copied (a ServiceAccount token, a Helm release record)"),
+    warning("NoTargetConsents", "a rule: no target namespace accepts its copies (rulesNeedTargetConsent); "
+            "the message names each target and the consent it lacks; the rule is Stalled, not Ready"),
     warning("PushRefused", "push: a target namespace does not accept pushes from the source's namespace"),
     warning("PushDisabled", "push: push annotations are turned off in this cluster (chart value "
                             "operators.copyrator.push.enabled)"),

@@ -14,6 +14,10 @@ CATALOGUE = Catalogue("reroller", "the workload", events=(
     normal("Rerolled", "the workload was rolled; the message names the source(s) that changed"),
     normal("ChangeNotified", "notify-only (REROLLER_NOTIFY_ONLY): a change was recorded and alerted, nothing rolled"),
     normal("RerollSkipped", "a suspended CronJob: the change became its baseline, no Job was created"),
+    normal("RerollDeferred", "a change arrived outside the workload's restart window: pending until it opens"),
+    normal("RerollDropped", "a pending change was reverted before its restart window opened: nothing rolls"),
+    warning("RerollBlocked", "a malformed restart window or CronJob mode: no rollout (fail closed); the message "
+            "names the problem"),
     warning("SourceMissing", "a required ConfigMap/Secret does not exist: no rollout until it does "
                              "(once per set of missing sources)"),
 ), keys=(
@@ -51,4 +55,11 @@ CATALOGUE = Catalogue("reroller", "the workload", events=(
                "JSON of per-source hashes: names the changed source after a restart"),
     annotation(settings.CRONJOB_INSTANTIATE, "Job made from a CronJob", "operator",
                '"manual", as kubectl create job --from=cronjob/... writes it'),
+    annotation(settings.RESTART_WINDOW, WORKLOAD, "you",
+               'JSON: a time zone and cron windows with durations; changes roll only inside a window'),
+    annotation(settings.RELOADER_RESTART_WINDOW, WORKLOAD, "you", "Reloader's restart window, same meaning as ours"),
+    annotation(settings.PENDING, WORKLOAD, "operator",
+               "a change held for the restart window (or `blocked: ...` when the window cannot be read)"),
+    annotation(settings.CRONJOB_MODE, "CronJob", "you",
+               "run-now (a Job at once), next-run (the template only) or restart-active (the active Jobs' pods)"),
 ))
