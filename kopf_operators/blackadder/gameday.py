@@ -185,11 +185,11 @@ class GameDays:
             if await wait(game.interval if game.enabled else steady.DEFAULT_INTERVAL_SECONDS):
                 return
             run = self._run(body)
-            if not game.enabled or run is None or steady.ended(run):
+            if not game.enabled or run is None:
                 continue
             try:
-                if game.checks and not steady.broken_check(run, game):
+                if game.checks and not steady.ended(run) and not steady.broken_check(run, game):
                     await self.evaluate(body, run, game, log)
-                await self.follow_recoveries(run)
+                await self.follow_recoveries(run)  # the last kills recover after the run's end too
             except ApiError as exc:  # the next interval retries; a check's own failure is no exception
                 log.warning(f"steady-state watch failed: {exc}")
