@@ -70,11 +70,11 @@ def test_the_reported_time_to_recover_matches_the_pods_timestamps(
     kill_at = epoch(killed.metadata.deletion_timestamp) - (killed.metadata.deletion_grace_period_seconds or 0)
     workload = f"ImmortalContainer/{namespace}/forever"
 
-    def report() -> dict[str, Any] | None:
+    def report() -> Any:
         entry = (agents.status(name).get("run") or {}).get("workloads", {}).get(workload) or {}
         return entry if entry.get("recovered") == 1 else None
 
-    entry: dict[str, Any] = wait_for(report, timeout=90, what="the recovery reported")  # type: ignore[assignment]
+    entry = wait_for(report, timeout=90, what="the recovery reported")
     replacement = ready_pod()
     assert replacement.metadata.uid != first.metadata.uid
     ready_at = next(epoch(c.last_transition_time) for c in replacement.status.conditions if c.type == "Ready")
