@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
 from typing import Any
 
 import pytest
 
 from kopf_operators.blackadder import steady
+from kopf_operators.blackadder.probes import Probes
 from kopf_operators.blackadder.targets import pod_ref
+from kopf_operators.core.access import ApiError
+from tests.unit.fake_access import FakeAccess
 
 SPEC = {"steadyState": {"intervalSeconds": 2, "failureThreshold": 2, "checks": [
     {"name": "web", "workload": {"kind": "Deployment", "namespace": "elsewhere", "name": "web",
@@ -159,3 +164,35 @@ def test_a_killed_pod_names_its_deployment() -> None:
                                 "ownerReferences": [{"kind": "ReplicaSet", "name": "web-5d9f", "uid": "rs",
                                                      "controller": True}]}})
     assert pod.workload_name == "Deployment/ns/web" and pod.owner == "rs"
+
+
+# --- the probes, with a fake access layer: what cannot be evaluated fails --------------------------------
+
+
+def _evaluate(probes: Any, check: steady.Check, namespace: str = "") -> tuple[bool, str]:
+    return asyncio.run(probes.evaluate(check, namespace))
+
+
+def test_checks_that_cannot_be_evaluated_fail_closed() -> None:
+    access = FakeAccess()
+    probes = Probes(access, ("127.0.0.1",), "", "ops")  # type: ignore[arg-type]
+    workload = steady.Check("w", "workload", {"kind": "StatefulSet", "namespace": "shop", "name": "db"})
+    assert _evaluate(probes, workload) == (False, "StatefulSet not found")
+    access.answer("read", ApiError(403, "Forbidden", "no"))
+    assert _evaluate(probes, workload) == (False, "could not evaluate: HTTP 403 Forbidden")
+    from_secret = steady.Check("h", "http", {"secretRef": {"name": "health"}})
+    assert _evaluate(probes, from_secret) == (False, "could not evaluate: Secret ops/health does not exist")
+    url = base64.b64encode(b"http://elsewhere.example/health?token=T").decode()
+    access.answer("read", {"data": {"address": url}})
+    passed, answer = _evaluate(probes, from_secret)
+    assert not passed and "elsewhere.example is not in the operator's CHAOS_CHECK_HOSTS" in answer
+    assert "token" not in answer
+    query = steady.Check("p", "prometheus", {"query": "up", "op": "==", "threshold": 1})
+    assert _evaluate(probes, query) == (False, "could not evaluate: no Prometheus configured (CHAOS_PROMETHEUS_URL)")
+    unreachable = Probes(access, (), "http://127.0.0.1:9", "ops")  # type: ignore[arg-type]
+    assert _evaluate(unreachable, query)[1].startswith("could not evaluate: Prometheus unreachable")
+    tenant = Probes(access, ("127.0.0.1",), "http://127.0.0.1:9", "ops", tenant=True)  # type: ignore[arg-type]
+    assert not _evaluate(tenant, query)[0] and not _evaluate(tenant, from_secret)[0]
+    assert _evaluate(tenant, steady.Check("w", "workload", {"kind": "Deployment", "name": "web"}), "team-a") == (
+        False, "Deployment not found")
+    assert access.made("read")[-1] == ("read", "Deployment", "team-a", "web")  # its own namespace only
