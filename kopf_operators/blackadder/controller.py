@@ -121,13 +121,16 @@ class BlackadderController:
         """Sleep until the next cycle; True when stopped. Wakes early when an emergency stop
         (paused, revert, the kill switch) is switched on after the last cycle decided without it."""
         deadline = time.monotonic() + seconds
+        # A run that had to end already when the sleep began is not woken for (the cycle could not end
+        # it, e.g. the API is down): it is retried at the normal pace, never hot.
+        ending = self.games.must_stop(body)
         while (left := deadline - time.monotonic()) > 0:
             if await wait(min(WAKE_POLL_SECONDS, left)):
                 return True
             now = self._halt_state(body)
             if now != ran_with and any(now):
                 return False
-            if not any(now) and self.games.must_stop(body):  # a broken check, the run's end: act now
+            if not any(now) and not ending and self.games.must_stop(body):  # a broken check, the run's end
                 return False
         return False
 
@@ -216,6 +219,11 @@ class BlackadderController:
                 outcome = await self.chaos.run(body, handle, settings, now, halted, log, paragraph,
                                                self.games.actions_left(body))
                 run = await self.games.after_cycle(handle, outcome)
+                if self.games.must_stop(body):  # stopped mid-cycle by a broken check or the run's end: end it now
+                    held = await self.games.gate(body, handle, settings, previous, log)
+                    if held is not None:
+                        await self.notes.patch_status(meta, held, body)
+                        return
             except ApiError as exc:
                 metrics.error(OPERATOR, "cycle")
                 self.notes.announce(body, None, "Warning", "CycleFailed", f"cycle failed: {exc}", log)

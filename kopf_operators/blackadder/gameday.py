@@ -83,9 +83,11 @@ class GameDays:
             if limit is not None:
                 await self._end(body, handle, run, settings, steady.FINISHED, *limit, log)
             else:
-                if game.checks:
-                    await self.evaluate(body, run, game, log)
+                # Broken already (the watch counted failureThreshold failures): a pass now does not undo that.
                 broken = steady.broken_check(run, game)
+                if broken is None and game.checks:
+                    await self.evaluate(body, run, game, log)
+                    broken = steady.broken_check(run, game)
                 if broken is not None:
                     name, answer = broken
                     await self._end(body, handle, run, settings, steady.HALTED, steady.STEADY_STATE_BROKEN,
