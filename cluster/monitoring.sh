@@ -4,6 +4,7 @@
 #   crds/      the ServiceMonitor, PodMonitor and PrometheusRule CRDs of prometheus-operator
 #              (its module's example/prometheus-operator-crd/; no controller is installed)
 #   promtool   Prometheus' rule checker (`promtool check rules`)
+#   prometheus the server itself (Blackadder's prometheus steady-state checks query a real one, on 127.0.0.1)
 # Prints the folder holding both. Rebuilds only when versions.env changes.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -16,6 +17,7 @@ crds=(servicemonitors podmonitors prometheusrules)
 
 have_all() {
   [ -x "$out/promtool" ] || return 1
+  [ -x "$out/prometheus" ] || return 1
   for c in "${crds[@]}"; do [ -f "$out/crds/monitoring.coreos.com_$c.yaml" ] || return 1; done
 }
 cached_or_lock monitoring "$key" "$out"
@@ -40,6 +42,15 @@ if [ ! -x "$out/promtool" ]; then
     -ldflags "-s -w -X github.com/prometheus/common/version.Version=$release" \
     "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION" >&2
   mv "$work/bin/promtool" "$out/promtool"
+fi
+if [ ! -x "$out/prometheus" ]; then
+  release=$(echo "$PROMETHEUS_VERSION" | sed -E 's/^v0\.3([0-9]+)\.([0-9]+)$/3.\1.\2/')
+  log "prometheus $release: building (several minutes on a cold module cache)"
+  # remove_all_sd: no service discovery plugins and so no cloud SDKs to compile (the tests scrape a static target).
+  GOBIN="$work/bin" go install -trimpath -tags remove_all_sd \
+    -ldflags "-s -w -X github.com/prometheus/common/version.Version=$release" \
+    "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION" >&2
+  mv "$work/bin/prometheus" "$out/prometheus"
 fi
 log "ready in $(( $(date +%s) - start ))s: $out"
 echo "$out"

@@ -17,6 +17,8 @@ writes the text of ipsum mode.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import logging
 import time
@@ -28,8 +30,10 @@ import munch
 
 from kopf_operators.blackadder import decisions as logic
 from kopf_operators.blackadder.cycle import ChaosCycle, Stopped, namespace_labels
+from kopf_operators.blackadder.gameday import GameDays
 from kopf_operators.blackadder.ledger import LedgerHandle, LedgerStore, LedgerTaken
 from kopf_operators.blackadder.notify import Logger, Notifications
+from kopf_operators.blackadder.probes import Probes
 from kopf_operators.blackadder.revert import Reverter, RevertIncomplete
 from kopf_operators.core import access as k8s
 from kopf_operators.core import metrics
@@ -81,6 +85,10 @@ class BlackadderController:
         self.chaos = ChaosCycle(access, config, options, namespaces, self.sources, self.ledgers, self.notes,
                                 self.agent_settings)
         self.reverter = Reverter(access, self.ledgers, self.notes)
+        tenant = self.kind.namespaced
+        probes = Probes(access, options.check_hosts, options.prometheus_url,
+                        logic.ledger_namespace(config.operator_namespace), tenant=tenant)
+        self.games = GameDays(probes, self.ledgers, self.notes, self.reverter, self.agent_id, tenant=tenant)
         # A cycle that crashes is counted and logged with its traceback; the next cycle is its retry.
         self.passes: GuardedPass[str] = self.state.track(GuardedPass(
             OPERATOR, self.background, self._cycle_pass, say=_crashed, catch=(Exception,), error_kind="cycle-crash",
@@ -113,11 +121,16 @@ class BlackadderController:
         """Sleep until the next cycle; True when stopped. Wakes early when an emergency stop
         (paused, revert, the kill switch) is switched on after the last cycle decided without it."""
         deadline = time.monotonic() + seconds
+        # A run that had to end already when the sleep began is not woken for (the cycle could not end
+        # it, e.g. the API is down): it is retried at the normal pace, never hot.
+        ending = self.games.must_stop(body)
         while (left := deadline - time.monotonic()) > 0:
             if await wait(min(WAKE_POLL_SECONDS, left)):
                 return True
             now = self._halt_state(body)
             if now != ran_with and any(now):
+                return False
+            if not any(now) and not ending and self.games.must_stop(body):  # a broken check, the run's end
                 return False
         return False
 
@@ -134,11 +147,18 @@ class BlackadderController:
             delay = 0.0
         if delay and await self._sleep(body, delay, (False, False, False), wait):
             return
-        while not stopped():
-            ran_with = self._halt_state(body)
-            await self.passes(str(body["metadata"]["uid"]), "cycle", body, stopped, log, log=log)
-            if await self._sleep(body, self.agent_settings(body).pause, ran_with, wait):
-                break
+        # The steady-state checks and the recoveries, beside the cycles (only while a run goes on).
+        watch = asyncio.create_task(self.games.watch(body, stopped, wait, log))
+        try:
+            while not stopped():
+                ran_with = self._halt_state(body)
+                await self.passes(str(body["metadata"]["uid"]), "cycle", body, stopped, log, log=log)
+                if await self._sleep(body, self.agent_settings(body).pause, ran_with, wait):
+                    break
+        finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
 
     async def _cycle_pass(self, uid: str, trigger: str, body: Mapping[str, Any], stopped: Stopped,
                           log: Logger) -> None:
@@ -178,6 +198,12 @@ class BlackadderController:
                     await self.notes.patch_status(meta, logic.revert_status(previous, settings, generation, summary),
                                                   body)
                     return
+                if decision.step not in (logic.PAUSED_STEP, logic.STOPPED_STEP):
+                    # A game day's run: started, ended (duration, maxActions, a broken check) or held.
+                    held = await self.games.gate(body, handle, settings, previous, log)
+                    if held is not None:
+                        await self.notes.patch_status(meta, held, body)
+                        return
                 if decision.status is not None:  # no chaos this cycle, for a reason said once per episode
                     if decision.say == "log":
                         log.info(decision.message)
@@ -187,9 +213,17 @@ class BlackadderController:
                     return
 
                 def halted() -> bool:  # checked before every action: an emergency stop acts mid-cycle
-                    return stopped() or logic.must_halt(self.agent_settings(body), self.kill_switch())
+                    return (stopped() or logic.must_halt(self.agent_settings(body), self.kill_switch())
+                            or self.games.must_stop(body))
 
-                outcome = await self.chaos.run(body, handle, settings, now, halted, log, paragraph)
+                outcome = await self.chaos.run(body, handle, settings, now, halted, log, paragraph,
+                                               self.games.actions_left(body))
+                run = await self.games.after_cycle(handle, outcome)
+                if self.games.must_stop(body):  # stopped mid-cycle by a broken check or the run's end: end it now
+                    held = await self.games.gate(body, handle, settings, previous, log)
+                    if held is not None:
+                        await self.notes.patch_status(meta, held, body)
+                        return
             except ApiError as exc:
                 metrics.error(OPERATOR, "cycle")
                 self.notes.announce(body, None, "Warning", "CycleFailed", f"cycle failed: {exc}", log)
@@ -197,9 +231,10 @@ class BlackadderController:
                 await self.notes.patch_status(meta, logic.failed_status(previous, settings, generation, str(exc),
                                                                         retried), body)
                 return
-            await self.notes.patch_status(meta, logic.cycle_status(
-                previous, settings, generation, handle.data, outcome.done, outcome.skipped, outcome.counts,
-                f"{handle.namespace}/{handle.name}", outcome.frequency_problems), body)
+            status = logic.cycle_status(previous, settings, generation, handle.data, outcome.done, outcome.skipped,
+                                        outcome.counts, f"{handle.namespace}/{handle.name}",
+                                        outcome.frequency_problems)
+            await self.notes.patch_status(meta, {**status, "run": run} if run is not None else status, body)
 
     # --- delete: revert, then the ledger goes --------------------------------------------------------
 

@@ -39,6 +39,7 @@ class CycleOutcome:
     skipped: int = 0
     frequency_problems: list[str] = dataclasses.field(default_factory=list)
     counts: dict[str, int] = dataclasses.field(default_factory=dict)  # the inventory's candidates per mode
+    killed: list[tuple[logic.PodRef, float]] = dataclasses.field(default_factory=list)  # (pod, epoch) really killed
 
 
 def ref(kind: str, api_version: str, namespace: str, name: str, uid: str) -> dict[str, Any]:
@@ -73,9 +74,11 @@ class ChaosCycle:
         self._pykube_guard = threading.Lock()  # one requests session, one listing at a time
 
     async def run(self, body: Mapping[str, Any], handle: LedgerHandle, settings: logic.AgentSettings, now: float,
-                  stopped: Stopped, log: Logger, paragraph: Callable[[], str]) -> CycleOutcome:
+                  stopped: Stopped, log: Logger, paragraph: Callable[[], str],
+                  limit: int | None = None) -> CycleOutcome:
+        """``limit``: at most this many actions (what is left of a run's maxActions)."""
         inventory = await self.inventory(settings, now)
-        outcome = await self.chaos(body, handle, settings, inventory, stopped, log, paragraph)
+        outcome = await self.chaos(body, handle, settings, inventory, stopped, log, paragraph, limit)
         outcome.counts = inventory.counts()
         return outcome
 
@@ -120,7 +123,7 @@ class ChaosCycle:
 
     async def chaos(self, body: Mapping[str, Any], handle: LedgerHandle, settings: logic.AgentSettings,
                     inventory: logic.Inventory, stopped: Stopped, log: Logger,
-                    paragraph: Callable[[], str]) -> CycleOutcome:
+                    paragraph: Callable[[], str], limit: int | None = None) -> CycleOutcome:
         ledger = handle.data
         cycle = int(ledger.get("cycle", 0)) + 1
         # The cluster-wide cap on replicas cancer adds: what all agents added and did not revert.
@@ -153,7 +156,7 @@ class ChaosCycle:
         steps: list[tuple[str, str, str, Callable[[], Awaitable[bool]]]] = []
         for pod in plan.kills:
             steps.append((logic.TANTRUM, pod.namespace, "",
-                          functools.partial(self._kill, body, pod, settings, note, log)))
+                          functools.partial(self._kill, body, pod, settings, note, log, outcome.killed)))
         for dep, replicas in plan.scales:
             steps.append((logic.CANCER, dep.namespace, logic.target_key("Deployment", dep.namespace, dep.name),
                           functools.partial(self._scale, body, ledger, previous_undo, dep, replicas, settings, note,
@@ -163,7 +166,9 @@ class ChaosCycle:
                           functools.partial(self._ipsum, body, ledger, previous_undo, cm, new_data, settings, note,
                                             log)))
         for index, (mode, namespace, key, step) in enumerate(steps):
-            if stopped():  # deleting the agent, pausing it or the kill switch stop it at once, mid-cycle
+            # Deleting the agent, pausing it, the kill switch or a broken steady state stop it at once,
+            # mid-cycle; so does the run's last allowed action (maxActions).
+            if stopped() or (limit is not None and sum(outcome.done.values()) >= limit):
                 for _mode, _ns, left, _step in steps[index:]:
                     if left and not settings.dry_run:  # never done: no write-ahead entry may stay behind
                         logic.forget_undo(ledger, previous_undo, left)
@@ -192,13 +197,14 @@ class ChaosCycle:
     # --- the actions (each True when done, False when skipped) ------------------------------------
 
     async def _kill(self, body: Mapping[str, Any], pod: logic.PodRef, settings: logic.AgentSettings,
-                    note: Callable[..., None], log: Logger) -> bool:
+                    note: Callable[..., None], log: Logger, killed: list[tuple[logic.PodRef, float]]) -> bool:
         target = ref("Pod", "v1", pod.namespace, pod.name, pod.uid)
         if settings.dry_run:
             note(logic.TANTRUM, "Pod", pod, "would-delete")
             self.notes.announce(body, target, "Normal", "WouldKillPod",
                                 f"dry-run: would delete Pod {pod.namespace}/{pod.name}", log)
             return True
+        at = time.time()  # the kill's moment, for its workload's time to recover
         try:
             if settings.evict:  # the Eviction API: PodDisruptionBudgets apply
                 done = await self.access.evict(pod.namespace, pod.name, grace_seconds=settings.grace_period,
@@ -219,6 +225,7 @@ class ChaosCycle:
                 note(logic.TANTRUM, "Pod", pod, "skipped: gone")
             return False
         metrics.action(OPERATOR, "pod-killed")
+        killed.append((pod, at))
         how = "evicted" if settings.evict else "deleted"
         grace = "" if settings.grace_period is None else f", grace period {settings.grace_period}s"
         note(logic.TANTRUM, "Pod", pod, how)

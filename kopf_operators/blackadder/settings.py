@@ -93,6 +93,10 @@ class Options:
     tenants: bool = False
     tenant_max_kills: int = DEFAULT_TENANT_MAX_KILLS  # CHAOS_TENANTS_MAX_KILLS_PER_CYCLE
     tenant_min_pause: int = DEFAULT_TENANT_MIN_PAUSE  # CHAOS_TENANTS_MIN_PAUSE_SECONDS
+    # Steady-state checks (spec.steadyState): CHAOS_CHECK_HOSTS, the only hosts HTTP checks may ask
+    # (empty: none); CHAOS_PROMETHEUS_URL, the Prometheus that prometheus checks query (empty: none).
+    check_hosts: tuple[str, ...] = ()
+    prometheus_url: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Options:
@@ -104,7 +108,9 @@ class Options:
                    tenant_max_kills=max(0, int(env_float(env, "CHAOS_TENANTS_MAX_KILLS_PER_CYCLE",
                                                          DEFAULT_TENANT_MAX_KILLS))),
                    tenant_min_pause=max(MIN_PAUSE_SECONDS, int(env_float(env, "CHAOS_TENANTS_MIN_PAUSE_SECONDS",
-                                                                         DEFAULT_TENANT_MIN_PAUSE))))
+                                                                         DEFAULT_TENANT_MIN_PAUSE))),
+                   check_hosts=tuple(h.lower() for h in env_list(env, "CHAOS_CHECK_HOSTS")),
+                   prometheus_url=(env.get("CHAOS_PROMETHEUS_URL") or "").strip())
 
 
 

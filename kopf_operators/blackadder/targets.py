@@ -116,6 +116,7 @@ class PodRef:
     mtbf: str = ""
     kill_mode: str = ""
     kill_value: str = ""
+    workload_name: str = ""  # "Kind/namespace/name" of what owns it (a ReplicaSet's Deployment), for reports
 
     @property
     def workload(self) -> str:
@@ -156,7 +157,19 @@ def pod_ref(obj: Mapping[str, Any]) -> PodRef:
                   bool(meta.get("deletionTimestamp")), controller.get("uid", ""), ready,
                   iso_to_epoch(meta.get("creationTimestamp")), controller.get("kind", ""),
                   str(labels.get(MTBF_LABEL, "")), str(labels.get(KILL_MODE_LABEL, "")),
-                  str(labels.get(KILL_VALUE_LABEL, "")))
+                  str(labels.get(KILL_VALUE_LABEL, "")), workload_of(meta, controller))
+
+
+def workload_of(meta: Mapping[str, Any], controller: Mapping[str, Any]) -> str:
+    """The workload a Pod belongs to, as reports name it: a ReplicaSet's Deployment (its name less the
+    pod-template-hash), else the controller itself; "" for a bare Pod."""
+    kind, name = str(controller.get("kind", "")), str(controller.get("name", ""))
+    if not kind:
+        return ""
+    suffix = "-" + str((meta.get("labels") or {}).get("pod-template-hash", "-"))
+    if kind == "ReplicaSet" and name.endswith(suffix):
+        kind, name = "Deployment", name[:-len(suffix)]
+    return f"{kind}/{meta.get('namespace', '')}/{name}"
 
 
 # The owner kind of a Pod without a controller, in ownerKinds.include/exclude.

@@ -53,6 +53,24 @@ UNCONSENTED_COPIES = prometheus_client.Gauge(
     "kopf_operators_copyrator_unconsented_copies",
     "Copies kept as they are (no longer synced) in namespaces that do not consent to them.")
 
+# Blackadder's game days: each steady-state check's evaluations, and each killed workload's time to
+# recover (all its Pods Ready again), by workload kind (ImmortalContainer included).
+CHECKS = prometheus_client.Counter(
+    "kopf_operators_blackadder_checks", "Steady-state check evaluations, by agent, check and result.",
+    ["agent", "check", "result"])
+RECOVERY = prometheus_client.Histogram(
+    "kopf_operators_blackadder_recovery_seconds",
+    "From a Pod killed by an agent to all Pods of its workload being Ready again.", ["kind"],
+    buckets=(0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0))
+
+
+def check(agent: str, name: str, passed: bool) -> None:
+    CHECKS.labels(agent=agent, check=name, result="pass" if passed else "fail").inc()
+
+
+def recovery(kind: str, seconds: float) -> None:
+    RECOVERY.labels(kind=kind).observe(seconds)
+
 
 def skipped(reason: str) -> None:
     REROLLER_SKIPPED.labels(reason=reason).inc()

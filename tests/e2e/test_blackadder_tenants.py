@@ -25,6 +25,7 @@ from tests.e2e.blackadder_helpers import (
     condition,
     events,
     live_pods,
+    make_deployment,
     make_pod,
     render,
 )
@@ -296,6 +297,31 @@ def test_a_restart_sweeps_the_ledgers_whose_agent_is_gone(
 
     wait_for(orphan_gone, timeout=20, what="the orphaned ledger swept")
     assert ledger(core, ns, "kept") is not None
+
+
+def test_a_tenant_agents_checks_read_only_its_own_namespace_and_report(
+        team: Team, neighbour: str, custom: kubernetes.client.CustomObjectsApi, core: kubernetes.client.CoreV1Api,
+        apps: kubernetes.client.AppsV1Api) -> None:
+    allow(core, team.namespace)
+    make_deployment(apps, neighbour, "web", 1)  # only in the other team's namespace
+    make_deployment(apps, team.namespace, "mine", 1)
+
+    def spec(workload: dict[str, Any]) -> dict[str, Any]:
+        return {"eagerness": 0, "pauseDuration": 5, "steadyState": {"intervalSeconds": 1, "failureThreshold": 2,
+                                                                    "checks": [{"name": "w", "workload": workload}]}}
+
+    # No check can name another namespace: the schema has no such field.
+    elsewhere = team.apply(agent_yaml("names-it", spec({"kind": "Deployment", "name": "web", "namespace": neighbour})))
+    assert elsewhere.returncode != 0 and "namespace" in elsewhere.stderr, elsewhere.stderr
+    assert team.apply(agent_yaml("looks-for-web", spec({"kind": "Deployment", "name": "web"}))).returncode == 0
+    assert team.apply(agent_yaml("looks-home", spec({"kind": "Deployment", "name": "mine"}))).returncode == 0
+    wait_for(lambda: status(custom, team.namespace, "looks-for-web").get("state") == "Halted", timeout=30,
+             what="the agent whose Deployment is not in its namespace halted")
+    run = status(custom, team.namespace, "looks-for-web")["run"]
+    assert run["reason"] == "SteadyStateBroken" and run["checks"]["w"]["last"] == "Deployment not found"
+    wait_for(lambda: (status(custom, team.namespace, "looks-home").get("run") or {}).get("checks", {}).get(
+        "w", {}).get("passed", 0) >= 2, timeout=30, what="its own Deployment's check passing")
+    assert status(custom, team.namespace, "looks-home")["state"] != "Halted"
 
 
 def test_a_team_can_apply_the_example(team: Team, custom: kubernetes.client.CustomObjectsApi) -> None:

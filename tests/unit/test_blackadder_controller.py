@@ -184,3 +184,32 @@ def test_the_ledger_is_read_once_then_our_own_write_is_the_newest_and_delete_for
     assert versions == ["100", "100"] and access.made("create") and access.made("replace")
     assert access.made("delete")  # the ledger went with the agent
     assert ctl.ledgers.handles.held() == []  # and so did everything kept for it
+
+
+def test_a_broken_check_halts_the_run_and_reverts_what_the_agent_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    namespaces = {"shop": [{"labels": {}, "terminating": False}], "ops": [{"labels": {}, "terminating": False}]}
+    access = FakeAccess()
+    ctl = controller(access, namespaces)
+    victim = {"kind": "Deployment", "metadata": {"namespace": "shop", "name": "victim", "uid": "uid-victim",
+                                                 "resourceVersion": "1"},
+              "spec": {"replicas": 2, "template": {"metadata": {"labels": {}}}}}
+    monkeypatch.setattr(ctl.chaos, "_list_sync", lambda *args: [victim])
+    body: dict[str, Any] = {"kind": "ChaosAgent", "metadata": {"name": "gd", "uid": "uid-gd", "generation": 1},
+                            "spec": {"cancerMode": True, "eagerness": 100, "targetNamespaces": ["shop"],
+                                     "steadyState": {"failureThreshold": 1, "checks": [{"name": "web", "workload": {
+                                         "kind": "Deployment", "namespace": "shop", "name": "web"}}]}}}
+    web_ok = {"spec": {"replicas": 1}, "status": {"availableReplicas": 1}}
+    scaled = {"metadata": {"uid": "uid-victim"}, "spec": {"replicas": 4}}
+    access.answer("read", None, web_ok, None, scaled)  # ledger; check passes; check fails; revert's read
+    log = logging.getLogger("test")
+    asyncio.run(ctl.cycle(body, lambda: False, log))
+    assert access.made("patch")[0][4][1] == {"op": "replace", "path": "/spec/replicas", "value": 4}
+    asyncio.run(ctl.cycle(body, lambda: False, log))
+    assert access.made("patch")[-1][4][1] == {"op": "replace", "path": "/spec/replicas", "value": 2}  # reverted
+    status = access.made("patch_status")[-1][4]
+    assert status["state"] == "Halted" and status["run"]["reason"] == "SteadyStateBroken"
+    assert status["run"]["checks"]["web"] == {"passed": 1, "failed": 1, "last": "Deployment not found"}
+    assert ("Warning", "SteadyStateBroken") in access.events
+    assert not ctl.games.must_stop(body)  # ended: nothing left to stop
+    asyncio.run(ctl.cycle(body, lambda: False, log))  # halted stays halted: no new chaos
+    assert len(access.made("patch")) == 2

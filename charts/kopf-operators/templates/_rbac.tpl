@@ -72,6 +72,13 @@ checks both directions against the API server's audit log). */}}
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["list", "get"]
+# Steady-state checks (an agent's spec.steadyState): one read of the workload a check names.
+- apiGroups: ["apps"]
+  resources: ["statefulsets", "daemonsets"]
+  verbs: ["get"]
+- apiGroups: ["immortalcontainer.flugel.it"]
+  resources: ["immortalcontainers"]
+  verbs: ["get"]
 {{- if not $ops.blackadder.dryRun }}
 # The destructive verbs, only when the chart does not force dry-run: delete pods, evict them
 # (evictPods: PodDisruptionBudgets apply), scale Deployments, overwrite ConfigMaps.
