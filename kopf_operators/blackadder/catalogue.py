@@ -16,6 +16,10 @@ CATALOGUE = Catalogue("blackadder", ON, events=(
     normal("ConfigMapIpsumed", "a ConfigMap's values were overwritten with lorem ipsum (ipsum)"),
     normal("EvictionRefused", "the API server refused an eviction (a PodDisruptionBudget): the Pod lives"),
     normal("Reverted", "a change of the ledger was restored"),
+    warning("SteadyStateBroken", "a steady-state check failed failureThreshold times in a row: the run halted "
+            "(and reverted unless revertOnHalt is false); the message names the check and its last answer"),
+    normal("DurationElapsed", "the run's spec.duration elapsed: the agent reverted and reports Finished"),
+    normal("MaxActionsReached", "the run took spec.maxActions actions: the agent reverted and reports Finished"),
     normal("WouldKillPod", "dry run: the Pod a real cycle would kill"),
     normal("WouldScaleDeployment", "dry run: the Deployment a real cycle would scale"),
     normal("WouldIpsumConfigMap", "dry run: the ConfigMap a real cycle would overwrite"),

@@ -188,6 +188,22 @@ def _done_reasons() -> Iterator[Emitted]:
 
 COMPUTED[("reroller/controller.py", "reason")] = [_done_reasons]
 
+_RUN_ENDS = {"STEADY_STATE_BROKEN": "Warning", "DURATION_ELAPSED": "Normal", "MAX_ACTIONS": "Normal"}
+
+
+def _run_end_reasons() -> Iterator[Emitted]:
+    """Why a Blackadder run ended (blackadder/steady.py's constants): a halt is a Warning, an end Normal."""
+    path = PACKAGE / "blackadder" / "steady.py"
+    for node in ast.walk(_parse(path)):
+        if isinstance(node, ast.Assign) and isinstance(names := node.targets[0], ast.Tuple) \
+                and isinstance(values := node.value, ast.Tuple):
+            for name, value in zip(names.elts, values.elts, strict=True):
+                if isinstance(name, ast.Name) and name.id in _RUN_ENDS and _literal(value):
+                    yield Emitted(_where(path, node), "blackadder", _RUN_ENDS[name.id], str(_literal(value)))
+
+
+COMPUTED[("blackadder/gameday.py", "why")] = [_run_end_reasons]
+
 
 @functools.cache
 def emitted() -> tuple[list[Emitted], list[str]]:
