@@ -449,7 +449,8 @@ def race_free_tree(tree: Path, patch: Path = RACE_FREE_PATCH) -> Path:
             raise PatchDoesNotApply(
                 f"RACE_FREE=1: {patch.name} no longer applies to Reloader's source at {tree} "
                 f"(its test/e2e/utils changed):\n{check.stderr.strip()}\nUpdate the patch (it only moves "
-                f"WaitReloaded's and WaitEnvVar's prior-value reads to before the source write) or run without RACE_FREE.")
+                f"WaitReloaded's and WaitEnvVar's prior-value reads to before the source write) "
+                f"or run without RACE_FREE.")
         subprocess.run(["git", "apply", str(patch)], cwd=copy, check=True)
         (copy / ".race-free-applied").write_text(digest + "\n")
     return copy
