@@ -43,7 +43,8 @@ that read (the suite's read-after-update race: it then waits for a second change
 comparison): the suites are built from a copy of Reloader's tree with tests/reloader_race_free.patch
 applied, and only that. The patch changes their test helpers (test/e2e/utils) alone: each source
 write (create, update, delete of a ConfigMap or Secret) first notes the API server's current revision,
-and WaitReloaded reads the workload's "prior" annotation as it was at that revision (a LIST with
+and WaitReloaded (WaitEnvVar: the env-vars strategy) reads the workload's "prior" annotation (its
+STAKATER_ variable) as it was at that revision (a LIST with
 resourceVersionMatch=Exact) instead of with a GET after the write; where that read fails it falls back
 to the GET. The specs themselves are untouched. The fetched tree is never edited (the copy sits beside
 it, keyed by the patch's hash); if the patch no longer applies the run stops before any suite, saying so.
@@ -448,7 +449,8 @@ def race_free_tree(tree: Path, patch: Path = RACE_FREE_PATCH) -> Path:
             raise PatchDoesNotApply(
                 f"RACE_FREE=1: {patch.name} no longer applies to Reloader's source at {tree} "
                 f"(its test/e2e/utils changed):\n{check.stderr.strip()}\nUpdate the patch (it only moves "
-                f"WaitReloaded's prior-value read to before the source write) or run without RACE_FREE.")
+                f"WaitReloaded's and WaitEnvVar's prior-value reads to before the source write) "
+                f"or run without RACE_FREE.")
         subprocess.run(["git", "apply", str(patch)], cwd=copy, check=True)
         (copy / ".race-free-applied").write_text(digest + "\n")
     return copy

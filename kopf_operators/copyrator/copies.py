@@ -27,6 +27,8 @@ from kopf_operators.copyrator.rules import (
     copy_name,
 )
 from kopf_operators.core.conventions import (
+    DATA_STAMP,
+    data_hash,
     stable_hash,
 )
 
@@ -101,6 +103,9 @@ def desired_copy(rule: Rule, source: Mapping[str, Any], target_namespace: str) -
     if source.get("immutable"):
         body["immutable"] = True
     annotations[HASH_ANNOTATION] = content_hash(meta.get("uid", ""), body)
+    # The data stamp: a hand edit of the copy is told from a change by whoever reads its data (the
+    # re-roller holds its rollouts until the copy is put back).
+    annotations[DATA_STAMP] = data_hash(rule.kind, body)
     return body
 
 
@@ -122,6 +127,7 @@ class CopyView:
     annotations_copied: bool
     rule: str = ""  # "ns/name" of its rule (the annotation): where to confirm that the rule is gone
     pushed: bool = False  # made by a push annotation on its source (its rule uid is the source's uid)
+    stamp: str = ""  # the data stamp (``DATA_STAMP``) it carries
 
     @property
     def drifted(self) -> bool:
@@ -152,6 +158,7 @@ def copy_view(obj: Mapping[str, Any], kind: str | None = None) -> CopyView:
         annotations_copied=annotations.get(ANNOTATIONS_COPIED) == "true",
         rule=str(annotations.get(RULE_ANNOTATION, "")),
         pushed=annotations.get(PUSHED_ANNOTATION) == "true",
+        stamp=str(annotations.get(DATA_STAMP, "")),
     )
 
 
@@ -159,7 +166,7 @@ def in_sync(view: CopyView, desired: Mapping[str, Any]) -> bool:
     """Compare before writing: an idle cluster sees no writes."""
     annotations = desired["metadata"]["annotations"]
     return (view.actual_hash == annotations[HASH_ANNOTATION] == view.recorded_hash
-            and view.source == annotations[SOURCE_ANNOTATION])
+            and view.source == annotations[SOURCE_ANNOTATION] and view.stamp == annotations[DATA_STAMP])
 
 
 class Action(enum.Enum):

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kopf_operators.core.conventions import (
+    DATA_STAMP,
     DOMAIN,
     env_bool,
     env_float,
@@ -49,7 +50,7 @@ PUSHED_ANNOTATION = PREFIX + "pushed"
 # On a Namespace: the target's consent, the namespaces whose pushes (and, when rules need it too,
 # rules) may write copies into it ("team-a,platform-*"; "*": anyone's).
 ACCEPT_FROM_ANNOTATION = PREFIX + "accept-from"
-OUR_ANNOTATIONS = (RULE_ANNOTATION, SOURCE_ANNOTATION, SOURCE_UID_ANNOTATION, HASH_ANNOTATION)
+OUR_ANNOTATIONS = (RULE_ANNOTATION, SOURCE_ANNOTATION, SOURCE_UID_ANNOTATION, HASH_ANNOTATION, DATA_STAMP)
 
 RULE_TYPES = {"configmap": "ConfigMap", "secret": "Secret"}
 # Never copied: credentials bound to one namespace/cluster identity, and Helm's release records.

@@ -204,6 +204,24 @@ def stall_event(old: Iterable[Mapping[str, Any]] | None,
     return None
 
 
+# The data stamp, the contract between an operator that keeps a ConfigMap/Secret holding what it wrote
+# (Copyrator, on its copies) and one that reacts to their data (the re-roller): the writer stamps the
+# object with ``data_hash`` of the data it wrote; data differing from its stamp is an edit the writer is
+# about to undo. Neither operator knows the other: both know only this key and this digest.
+DATA_STAMP = f"copyrator.{DOMAIN}/data-hash"
+
+
+def data_hash(kind: str, body: Mapping[str, Any]) -> str:
+    """A digest of a ConfigMap's/Secret's data only: not of uid, resourceVersion or metadata, so a
+    delete-and-recreate with the same data and metadata-only edits hash the same."""
+    if kind == "Secret":
+        payload: dict[str, Any] = {"data": body.get("data") or {}, "type": body.get("type") or "Opaque"}
+    else:
+        payload = {"data": body.get("data") or {}, "binaryData": body.get("binaryData") or {}}
+    encoded = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(encoded).hexdigest()[:16]
+
+
 def stable_hash(data: Any) -> str:
     """A short, stable digest of JSON-able data (sorted keys); never reversible to the data."""
     encoded = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str).encode()

@@ -106,6 +106,12 @@ class RerollerController:
         # Events' passes handed over to wait for a write slot (see ``submit``): key -> the newest view an
         # event reported for it (None: look it up when the pass runs). A key is here while its pass waits.
         self._handed: PerKey[Key, logic.WorkloadView | None] = self.state.map()
+        # Sources whose data differs from their data stamp (a copy edited by hand, about to be put back
+        # by its writer) -> when that was first seen (monotonic); see ``decisions.drift_held``.
+        self._drift_since: dict[SourceKey, float] = {}
+        # Workloads this process has looked at (REROLLER_SYNC_AFTER_RESTART=false: the first look absorbs
+        # a change made while the operator was down); kept while the workload exists.
+        self._looked: set[Key] = set()
 
     # --- state ---------------------------------------------------------------------------------------
 
@@ -157,6 +163,11 @@ class RerollerController:
 
     async def source_event(self, kind: str, namespace: str, name: str) -> None:
         """A ConfigMap/Secret changed (its index entry is already updated): look at its workloads."""
+        found = first(self.sources[kind], (kind, namespace, name))
+        if found is not None and found.drifted:
+            self._drift_since.setdefault((kind, namespace, name), time.monotonic())
+        else:
+            self._drift_since.pop((kind, namespace, name), None)
         keys = self.affected(kind, namespace, name)
         if keys:
             await asyncio.gather(*(self.submit(key, f"{kind.lower()} event") for key in keys))
@@ -164,6 +175,7 @@ class RerollerController:
     async def workload_event(self, key: Key, event_type: str | None, body: Mapping[str, Any]) -> None:
         if event_type == "DELETED":
             self.forget(key)
+            self._looked.discard(key)
             return
         view = logic.workload_view(key[0], body, self.options)
         if view is None:
@@ -237,9 +249,10 @@ class RerollerController:
                 return
             if not self.namespace_selected(view.namespace):
                 return
+            first_look = key not in self._looked  # until a pass has been decided and done
             for _attempt in range(CONFLICT_ATTEMPTS):
                 try:
-                    wrote = await self._pass(view)
+                    wrote = await self._pass(view, first_look)
                 except k8s.Conflict:
                     # The workload changed since the version we know: read that one, decide again.
                     metrics.error(OPERATOR, "conflict")
@@ -250,14 +263,16 @@ class RerollerController:
                         return
                     self.known.remember(key, view)
                     continue
+                self._looked.add(key)
                 if wrote:
                     metrics.REACTION.labels(operator=OPERATOR, trigger=trigger).observe(
                         time.perf_counter() - started)
                 return
             raise ApiError(409, "Conflict", "the workload kept changing")
 
-    async def _pass(self, view: logic.WorkloadView) -> bool:
-        """Decide and act once; True when something was written."""
+    async def _pass(self, view: logic.WorkloadView, first_look: bool = False) -> bool:
+        """Decide and act once; True when something was written. ``first_look``: this process has not
+        looked at the workload before (REROLLER_SYNC_AFTER_RESTART)."""
         key = view.key
         wall = time.time()
         due = logic.unpause_due(view, wall)
@@ -266,7 +281,10 @@ class RerollerController:
                 return await self._unpause(view)
             self._schedule(key, due)
 
-        decision = logic.decide(view, self.lookup(view), self.options, self._sightings.get(key), time.monotonic())
+        drift_since = {(kind, name): since for (kind, namespace, name), since in self._drift_since.items()
+                       if namespace == view.namespace}
+        decision = logic.decide(view, self.lookup(view), self.options, self._sightings.get(key), time.monotonic(),
+                                drift_since=drift_since, first_look=first_look)
         self._sightings.pop(key, None)
         if decision.sighting is not None:
             self._sightings[key] = decision.sighting

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from kopf_operators.reroller.pacing import (  # noqa: F401  (re-exported)
     MIN_WAIT,
@@ -139,6 +139,11 @@ from kopf_operators.reroller.windows import (  # noqa: F401  (re-exported)
 # nothing, so the next one decides from the first-sighting rules (a source newer than the workload
 # rolls it) instead of from a wrong "absent".
 ABSENT_SETTLE_SECONDS = 2.0
+# A watched source whose data differs from its data stamp (``SourceView.drifted``: a hand edit of a
+# Copyrator copy) is held this long, waiting for its writer to put it back: neither the edit nor the
+# repair rolls. Still differing after that, the edit stands (its writer is not running or does not
+# repair it), and it rolls like any change.
+DRIFT_GRACE_SECONDS = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,8 +164,20 @@ class Decision:
     look_in: float | None = None
 
 
+def drift_held(sources: Iterable[Source], lookup: Mapping[tuple[str, str], SourceView],
+               drift_since: Mapping[tuple[str, str], float], now: float) -> float | None:
+    """Seconds to hold a workload whose watched sources include a drifted one (``drift_since``:
+    (kind, name) -> when its drift was first seen, monotonic); None: nothing drifted, or drifted
+    longer than ``DRIFT_GRACE_SECONDS`` (the edit stands)."""
+    waits = [DRIFT_GRACE_SECONDS - (now - drift_since.get((s.kind, s.name), now))
+             for s in sources if (found := lookup.get((s.kind, s.name))) is not None and found.drifted]
+    waits = [w for w in waits if w > 0]
+    return max(waits) if waits else None
+
+
 def decide(view: WorkloadView, lookup: Mapping[tuple[str, str], SourceView], options: Options,
-           sighting: FirstSighting | None, now: float) -> Decision:
+           sighting: FirstSighting | None, now: float, *,
+           drift_since: Mapping[tuple[str, str], float] | None = None, first_look: bool = False) -> Decision:
     """The plan for a workload from its view, its sources' index entries (``lookup``: (kind, name) ->
     SourceView of the existing ones) and what was remembered of its first sighting; ``now`` monotonic.
 
@@ -171,9 +188,28 @@ def decide(view: WorkloadView, lookup: Mapping[tuple[str, str], SourceView], opt
       absorbed); a missing source is recorded "absent" only ``ABSENT_SETTLE_SECONDS`` later;
     - a remembered baseline not written yet: still unchanged, it is written; changed, the plan
       against it (a rollout).
+
+    Before any of that: a watched source drifted from its data stamp holds the workload (no rollout,
+    no baseline) until its writer repairs it or ``DRIFT_GRACE_SECONDS`` pass (``drift_held``). And
+    with ``sync_after_restart`` off, a rollout due at the process's first look at a workload
+    (``first_look``: a change made while the operator was down) is recorded as the baseline instead.
     """
     sources = effective_sources(view, lookup, options)
     snap = snapshot(sources, lookup, view.key_scopes)
+    held = drift_held(sources, lookup, drift_since or {}, now)
+    if held is not None:
+        return Decision(None, snap, sighting, look_in=held)
+    decision = _decide(view, sources, snap, lookup, options, sighting, now)
+    if first_look and not options.sync_after_restart and decision.plan is not None \
+            and decision.plan.action is Action.ROLL:
+        absorbed = Plan(Action.BASELINE, new_hash=decision.plan.new_hash, missing=decision.plan.missing)
+        return dataclasses.replace(decision, plan=absorbed)
+    return decision
+
+
+def _decide(view: WorkloadView, sources: Iterable[Source], snap: Snapshot,
+            lookup: Mapping[tuple[str, str], SourceView], options: Options, sighting: FirstSighting | None,
+            now: float) -> Decision:
     judge = functools.partial(plan, reload_on_create=options.reload_on_create,
                               reload_on_delete=options.reload_on_delete)
     if view.observed_hash is not None:

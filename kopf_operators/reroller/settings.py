@@ -90,6 +90,9 @@ class Options:
     metrics_by_namespace: bool = False    # [enableMetricsByNamespace] per-namespace reload counter
     argo_rollouts: bool = False           # [--is-Argo-Rollouts] Argo Rollouts (argoproj.io/v1alpha1) too
     cronjob_mode: str = "run-now"         # a CronJob without the cronjob-mode annotation: CRONJOB_MODES
+    # [--sync-after-restart, off by default there] changes made while the operator was down roll at
+    # start; off: they become the baseline, as Reloader's default skips them.
+    sync_after_restart: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Options:
@@ -132,6 +135,7 @@ class Options:
             metrics_by_namespace=env_bool(env, "REROLLER_METRICS_BY_NAMESPACE"),
             argo_rollouts=env_bool(env, "REROLLER_ARGO_ROLLOUTS"),
             cronjob_mode=cronjob_mode,
+            sync_after_restart=env_bool(env, "REROLLER_SYNC_AFTER_RESTART", True),
         )
 
     @property

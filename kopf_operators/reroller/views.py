@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from kopf_operators.core.conventions import DATA_STAMP, data_hash
 from kopf_operators.reroller.settings import (
     _PLAIN_NAME,
     ABSENT,
@@ -73,17 +74,15 @@ class SourceView:
     match: bool = False     # reloader.stakater.com/match: "true" (search mode)
     selected: bool = True   # passes REROLLER_RESOURCE_LABEL_SELECTOR
     keys: tuple[tuple[str, str], ...] = ()  # (data key, short hash of its value), for key-scoped reloads
+    # Its data differs from its data stamp (``core.conventions.DATA_STAMP``): an edit of a copy that
+    # its writer (Copyrator) is about to undo, not a change to roll for.
+    drifted: bool = False
 
 
 def source_hash(kind: str, body: Mapping[str, Any]) -> str:
-    """A digest of a ConfigMap's/Secret's data only: not of uid, resourceVersion or metadata, so a
-    delete-and-recreate with the same data and metadata-only edits hash the same."""
-    if kind == "Secret":
-        payload: dict[str, Any] = {"data": body.get("data") or {}, "type": body.get("type") or "Opaque"}
-    else:
-        payload = {"data": body.get("data") or {}, "binaryData": body.get("binaryData") or {}}
-    encoded = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(encoded).hexdigest()[:16]
+    """A digest of a ConfigMap's/Secret's data only (the shared ``data_hash``, the one a data stamp
+    carries): metadata-only edits and a delete-and-recreate with the same data hash the same."""
+    return data_hash(kind, body)
 
 
 def key_hashes(kind: str, body: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -106,11 +105,13 @@ def resource_version(body: Mapping[str, Any]) -> int:
 def source_view(kind: str, body: Mapping[str, Any], selector: tuple[Requirement, ...] = ()) -> SourceView:
     metadata = body.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
-    return SourceView(hash=source_hash(kind, body), rv=resource_version(body),
+    digest = source_hash(kind, body)
+    stamp = annotations.get(DATA_STAMP)
+    return SourceView(hash=digest, rv=resource_version(body),
                       ignore=_truthy(annotations.get(RELOADER_IGNORE)),
                       match=_truthy(annotations.get(RELOADER_MATCH)),
                       selected=selector_matches(selector, metadata.get("labels")),
-                      keys=key_hashes(kind, body))
+                      keys=key_hashes(kind, body), drifted=bool(stamp) and stamp != digest)
 
 
 def _truthy(value: object) -> bool:

@@ -95,14 +95,18 @@ def test_timeline_tells_the_suites_race_from_a_late_rollout() -> None:
 
 
 def test_race_free_patch_changes_their_test_helpers_only() -> None:
-    """RACE_FREE=1 may change where WaitReloaded reads its prior value, in test/e2e/utils, and nothing else."""
+    """RACE_FREE=1 may change where WaitReloaded and WaitEnvVar read their prior values, in test/e2e/utils,
+    and nothing else."""
     text = RACE_FREE_PATCH.read_text()
     files = re.findall(r"^\+\+\+ b/(\S+)$", text, flags=re.M)
     assert files and all(f.startswith("test/e2e/utils/") and f.endswith(".go") for f in files)
     assert not any(f.endswith("_test.go") for f in files)  # no spec is touched
     removed = [line for line in text.splitlines() if line.startswith("-") and not line.startswith("---")]
-    assert len(removed) == 5 and all("GetPodTemplateAnnotation(ctx, namespace, name, annotationKey)" in line
-                                     for line in removed)  # the one GET after the write, per workload kind
+    # The one GET after the write, per workload kind: of the annotation (5 kinds), of the env var (the
+    # 4 kinds the env-vars strategy rolls through their template).
+    annotation = [line for line in removed if "GetPodTemplateAnnotation(ctx, namespace, name, annotationKey)" in line]
+    env_var = [line for line in removed if ".Get(ctx, name, metav1.GetOptions{}); err == nil {" in line]
+    assert len(annotation) == 5 and len(env_var) == 4 and len(removed) == 9
 
 
 def test_race_free_refuses_a_tree_the_patch_no_longer_fits(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ from typing import Any, TypeVar
 import pytest
 
 from kopf_operators.core import controller as toolkit
-from kopf_operators.core.access import ApiError
+from kopf_operators.core.access import ApiError, Conflict
+from kopf_operators.core.conventions import DATA_STAMP, data_hash
 from kopf_operators.reroller import controller as reroller
 from kopf_operators.reroller import decisions as logic
 from kopf_operators.reroller.controller import RerollerController
@@ -242,3 +243,38 @@ def test_an_event_that_must_wait_for_a_write_slot_gives_its_event_slot_back_and_
     order, [patch] = run(scenario())
     assert order.index("ns") <= reroller.CONCURRENCY + 1 < len(order) - 1
     assert patch["spec"]["template"]["metadata"]["annotations"]  # the rollout
+
+
+def edited_copy(value: str, stamped_value: str) -> logic.SourceView:
+    """A Copyrator copy holding ``value`` with the data stamp of ``stamped_value``."""
+    stamp = data_hash("ConfigMap", {"data": {"k": stamped_value}})
+    return logic.source_view("ConfigMap", {"metadata": {"name": "conf", "namespace": "ns", "resourceVersion": "4",
+                                                        "annotations": {DATA_STAMP: stamp}}, "data": {"k": value}})
+
+
+def test_a_hand_edited_copy_writes_nothing_and_looks_again_when_the_grace_ends() -> None:
+    async def scenario() -> tuple[list[Any], float | None]:
+        access = FakeAccess()
+        ctl = controller(access, deployment(baseline_for(configmap("v1"))), edited_copy("by hand", "v1"))
+        await ctl.source_event("ConfigMap", "ns", "conf")
+        due = ctl._timers.due_in(KEY)
+        await ctl.stop()
+        return access.calls, due
+
+    calls, due = run(scenario())
+    assert calls == [] and due == pytest.approx(logic.DRIFT_GRACE_SECONDS, abs=0.5)
+
+
+def test_without_sync_after_restart_the_first_look_records_the_change_even_after_a_conflict() -> None:
+    workload = deployment(baseline_for(configmap("v1")))
+    access = FakeAccess()
+    access.answer("patch", Conflict(409, "Conflict", "changed"))
+    access.answer("read", workload)
+    ctl = controller(access, workload, configmap("v2"))
+    ctl.options = logic.Options(sync_after_restart=False)
+    run(ctl.guarded(KEY, "workload event"))
+    assert [call[0] for call in access.calls] == ["patch", "read", "patch"]
+    assert all("spec" not in patch for patch in patches(access))  # baselines only: no rollout
+    # A later look is no first look: against the baseline the fake still answers with (v1), the change rolls.
+    run(ctl.guarded(KEY, "source event"))
+    assert "spec" in patches(access)[-1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kopf_operators.core.conventions import DATA_STAMP, data_hash
 from kopf_operators.reroller import decisions as logic
 from kopf_operators.reroller.decisions import Action
 
@@ -73,3 +74,47 @@ def test_a_workload_with_a_baseline_is_planned_against_it() -> None:
     assert (plan := decide(baselined, configmap("v1")).plan) is not None and plan.action is Action.NONE
     changed = decide(baselined, configmap("v2"))
     assert changed.plan is not None and changed.plan.action is Action.ROLL and changed.sighting is None
+
+
+def stamped(value: str, stamp_of: str, rv: str = "3") -> logic.SourceView:
+    """A copy carrying the data stamp of ``stamp_of`` while it holds ``value`` (a hand edit when they differ)."""
+    stamp = data_hash("ConfigMap", {"data": {"k": stamp_of}})
+    return logic.source_view("ConfigMap", {"metadata": {"name": "conf", "namespace": "ns", "resourceVersion": rv,
+                                                        "annotations": {DATA_STAMP: stamp}},
+                                           "data": {"k": value}})
+
+
+def test_a_copy_drifted_from_its_stamp_holds_the_workload_until_repaired_or_the_grace_ends() -> None:
+    assert not stamped("v1", "v1").drifted and stamped("edited", "v1").drifted and not configmap("x").drifted
+    recorded = decide(view(), stamped("v1", "v1"))
+    assert recorded.sighting is not None and recorded.sighting.pending is not None
+    baselined = view(dict(recorded.sighting.pending))
+    since = {("ConfigMap", "conf"): 100.0}
+    # The hand edit: nothing now (neither a rollout nor a new baseline), a look when the grace ends.
+    held = logic.decide(baselined, lookup(stamped("edited", "v1")), OPTIONS, None, 110.0, drift_since=since)
+    assert held.plan is None and held.look_in == logic.DRIFT_GRACE_SECONDS - 10.0
+    # Put back by its writer: the data is the baseline's, nothing to do.
+    repaired = logic.decide(baselined, lookup(stamped("v1", "v1")), OPTIONS, None, 111.0)
+    assert repaired.plan is not None and repaired.plan.action is Action.NONE
+    # Never put back: after the grace the edit stands and rolls.
+    stands = logic.decide(baselined, lookup(stamped("edited", "v1")), OPTIONS, None,
+                          100.0 + logic.DRIFT_GRACE_SECONDS, drift_since=since)
+    assert stands.plan is not None and stands.plan.action is Action.ROLL
+    # A new source edit reaching the copy carries its own stamp: it rolls at once.
+    follows = logic.decide(baselined, lookup(stamped("v2", "v2")), OPTIONS, None, 110.0)
+    assert follows.plan is not None and follows.plan.action is Action.ROLL
+
+
+def test_without_sync_after_restart_the_first_look_records_a_change_made_while_down() -> None:
+    recorded = decide(view(), configmap("v1"))
+    assert recorded.sighting is not None and recorded.sighting.pending is not None
+    baselined = view(dict(recorded.sighting.pending))
+    reloaders = logic.Options.from_env({"REROLLER_SYNC_AFTER_RESTART": "false"})
+    assert not reloaders.sync_after_restart and logic.Options.from_env({}).sync_after_restart
+    absorbed = logic.decide(baselined, lookup(configmap("v2")), reloaders, None, 100.0, first_look=True)
+    assert absorbed.plan is not None and absorbed.plan.action is Action.BASELINE
+    assert absorbed.plan.new_hash == decide(baselined, configmap("v2")).snap.hash
+    later = logic.decide(baselined, lookup(configmap("v2")), reloaders, None, 100.0)  # after the first look
+    assert later.plan is not None and later.plan.action is Action.ROLL
+    ours = logic.decide(baselined, lookup(configmap("v2")), OPTIONS, None, 100.0, first_look=True)
+    assert ours.plan is not None and ours.plan.action is Action.ROLL
