@@ -393,9 +393,9 @@ class RerollerController:
     async def _notify_only(self, view: logic.WorkloadView, plan: logic.Plan, snap: logic.Snapshot) -> None:
         """REROLLER_NOTIFY_ONLY: the change is recorded as the baseline and alerted, nothing rolls
         (paced like a rollout, so a flapping source alerts at most once per interval)."""
-        rv = None if view.kind == "Job" else view.rv
-        answer = await self.access.patch(KINDS[view.kind], view.namespace, view.name,
-                                         logic.metadata_patch(plan, snap, rv, pending=view.pending is not None))
+        patch = logic.metadata_patch(plan, snap, None if view.kind == "Job" else view.rv,
+                                     pending=view.pending is not None)
+        answer = await self.access.patch(KINDS[view.kind], view.namespace, view.name, patch)
         self._after_write(view, answer)
         if answer is None:
             return
@@ -404,8 +404,7 @@ class RerollerController:
 
     def _done(self, view: logic.WorkloadView, plan: logic.Plan, message: str, names: tuple[str, str, str],
               how: str = "") -> None:
-        """A rollout (or its notify-only stand-in) is done: paced from now, counted, logged once,
-        announced as an Event and alerted. ``names``: (metric action, outcome, Event reason)."""
+        """A rollout is done: paced, counted, logged, an Event, alerted. ``names``: (action, outcome, reason)."""
         action, outcome, reason = names
         self._last_roll[view.key] = time.monotonic()
         metrics.action(OPERATOR, action)
