@@ -28,6 +28,9 @@ CATALOGUE = Catalogue("copyrator", "the CopyratorRule; for a push, its source Co
     warning("PushDisabled", "push: push annotations are turned off in this cluster (chart value "
                             "operators.copyrator.push.enabled)"),
 ), keys=(
+    annotation(rules.DATA_STAMP, "copy", "operator",
+               "the hash of the data Copyrator wrote: a copy whose data differs was edited by hand and is "
+               "repaired (the re-roller rolls nothing for it)"),
     annotation(rules.ALLOWED_NAMESPACES_ANNOTATION, "source ConfigMap/Secret", "you",
                "consent: the namespaces (names, globs) whose rules may copy this source"),
     annotation(rules.PUSH_TO_ANNOTATION, "source ConfigMap/Secret", "you",
