@@ -40,6 +40,7 @@ import datetime
 import enum
 import json
 import logging
+import math
 import random
 import ssl
 import time
@@ -178,6 +179,10 @@ class Access:
         # Set while this replica acts: always without leader election, else while it holds the Lease.
         self._acting = asyncio.Event()
         self._acting.set()
+        # The fence: no write once this time has passed (``act_until``; the election's thread moves it on
+        # at each renewal), whether or not the event loop has heard of the loss yet.
+        self._acting_until = math.inf
+        self._fence_clock: Callable[[], float] = time.monotonic
         self._locks: dict[Hashable, asyncio.Lock] = {}
         self._lock_users: collections.Counter[Hashable] = collections.Counter()
         # uid -> (resourceVersion, what its echo is) of a write answer its caller kept (``keep_answer``,
@@ -198,9 +203,15 @@ class Access:
         return cls(kubernetes.client.ApiClient(kubernetes.client.Configuration.get_default_copy()))
 
     @property
+    def client(self) -> kubernetes.client.ApiClient:
+        """The kubernetes client this layer takes its configuration and credentials from."""
+        return self._client
+
+    @property
     def paused(self) -> bool:
-        """True while another replica acts (``core.election.Elector`` keeps it)."""
-        return not self._acting.is_set()
+        """True while another replica acts (``core.election.Elector`` keeps it), or once the fence's time
+        has passed (``act_until``)."""
+        return not self._acting.is_set() or self._fence_clock() >= self._acting_until
 
     @paused.setter
     def paused(self, value: bool) -> None:
@@ -208,6 +219,14 @@ class Access:
             self._acting.clear()
         else:
             self._acting.set()
+
+    def act_until(self, deadline: float, clock: Callable[[], float] = time.monotonic) -> None:
+        """Refuse every write (but the Lease's) from ``deadline`` on (``clock``'s time), from whichever
+        thread this is called: the fence of a holder whose renewals run on a thread of their own
+        (``core.election``). It holds even while this process's event loop is too busy to be told of
+        a lost Lease; ``-math.inf`` fences at once, ``math.inf`` lifts it."""
+        self._fence_clock = clock
+        self._acting_until = deadline
 
     async def until_acting(self) -> None:
         """Return once this replica acts (at once when it does)."""
@@ -228,6 +247,8 @@ class Access:
         while True:
             try:
                 return await attempt()
+            except Paused:
+                raise  # not a failure of the request: it was never sent
             except ApiError as exc:
                 metrics.API_ERRORS.labels(status=str(exc.status or "unreachable")).inc()
                 if not exc.transient or attempts >= RETRIES:
@@ -324,15 +345,24 @@ class Access:
     async def _request(self, method: str, path: str, *, query: Mapping[str, str] | None = None,
                        body: Any = None, content_type: str = "application/json") -> dict[str, Any] | None:
         """One request with the layer's retries; the decoded body (None on a 404 of a GET)."""
-        if self.paused and method != "GET" and not path.startswith(_STANDBY_MAY_WRITE):
+        fenced = method != "GET" and not path.startswith(_STANDBY_MAY_WRITE)
+        if fenced and self.paused:
             raise Paused()
         url = path + ("?" + urlencode(query) if query else "")
         if method == "GET":
             return await self._retrying(lambda: self._once(method, url, body, content_type))
+
+        async def attempt() -> dict[str, Any] | None:
+            # Again before each attempt: a write that waited for the loop (or a retry's backoff) past
+            # the fence is not sent.
+            if fenced and self.paused:
+                raise Paused()
+            return await self._once(method, url, body, content_type)
+
         self._writes_in_flight += 1
         self._no_writes.clear()
         try:
-            return await self._retrying(lambda: self._once(method, url, body, content_type))
+            return await self._retrying(attempt)
         finally:
             self._writes_in_flight -= 1
             if not self._writes_in_flight:
