@@ -38,6 +38,7 @@ import dataclasses
 import functools
 import importlib.metadata
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -70,7 +71,15 @@ TLS_READ_BUFFER_BYTES = 64 * 1024
 # few milliseconds of one thread.
 TRIM_SECONDS = 10.0
 
+# A measurement knob, not a setting: the patches named here (comma-separated function names of
+# ``PATCHES``) are left out, so that a paired bench run can compare a patch with stock Kopf in the same
+# process otherwise (docs/kopf-patches.md, "Measuring a patch"). Unset in production.
+SKIP_ENV = "KOPF_PATCHES_SKIP"
+PATCHES = ("wake_gate_waiters_only_on_change", "govern_event_processing", "lean_watched_bodies",
+           "small_tls_read_buffers", "start_allocator_trim")
+
 _installed = False
+_skipped: frozenset[str] = frozenset()
 
 
 def kopf_version() -> str:
@@ -82,30 +91,50 @@ def installed() -> bool:
     return _installed
 
 
-def install(version: str | None = None) -> bool:
+def skipped_patches(env: Mapping[str, str]) -> frozenset[str]:
+    """The patches ``SKIP_ENV`` names; a name that is not one of ``PATCHES`` is refused (a typo would
+    otherwise measure the patched process against itself)."""
+    names = frozenset(filter(None, (name.strip() for name in env.get(SKIP_ENV, "").split(","))))
+    unknown = sorted(names - set(PATCHES))
+    if unknown:
+        raise ValueError(f"{SKIP_ENV}: no patch named {', '.join(unknown)} (one of {', '.join(PATCHES)})")
+    return names
+
+
+def install(version: str | None = None, env: Mapping[str, str] | None = None) -> bool:
     """Apply every patch, once, if the installed Kopf (``version``: the installed one when None) is
-    ``KOPF_TESTED_VERSION``; else patch nothing and say so in one line. True when patched."""
-    global _installed
+    ``KOPF_TESTED_VERSION``; else patch nothing and say so in one line. True when patched. The
+    patches ``SKIP_ENV`` names (``env``: the process's environment when None) are left out, in one
+    line too."""
+    global _installed, _skipped
     if _installed:
         return True
+    skip = skipped_patches(os.environ if env is None else env)
     version = kopf_version() if version is None else version
     if version != KOPF_TESTED_VERSION:
         logger.warning(f"Kopf {version} is installed, but the patches of kopf_operators.core.kopf_patches were "
                        f"tested with Kopf {KOPF_TESTED_VERSION} only: running on stock Kopf, unpatched (slower and "
                        "bigger in a burst; a standby replica is cold). See docs/kopf-patches.md.")
         return False
-    wake_gate_waiters_only_on_change()
-    govern_event_processing()
-    lean_watched_bodies()
-    small_tls_read_buffers()
-    _installed = True
+    patches: dict[str, Callable[[], None]] = {
+        "wake_gate_waiters_only_on_change": wake_gate_waiters_only_on_change,
+        "govern_event_processing": govern_event_processing,
+        "lean_watched_bodies": lean_watched_bodies,
+        "small_tls_read_buffers": small_tls_read_buffers,
+    }
+    for name, patch in patches.items():
+        if name not in skip:
+            patch()
+    if skip:
+        logger.warning(f"{SKIP_ENV}: left out {', '.join(sorted(skip))} (a measurement against stock Kopf)")
+    _installed, _skipped = True, skip
     return True
 
 
 def warm_standby() -> bool:
     """Whether a standby replica may run Kopf's watches and indexes while it waits for the Lease: only
     when ``governed`` holds every object's handlers at the Lease's gate (the patched processor)."""
-    return _installed
+    return _installed and "govern_event_processing" not in _skipped
 
 
 # The root task Kopf's ``spawn_tasks`` (``kopf._core.reactor.running``) names so: it ends when the process
@@ -550,7 +579,7 @@ def start_allocator_trim() -> asyncio.Task[None] | None:
 
     Upstream: none (the allocator's, not Kopf's; docs/kopf-patches.md, "malloc_trim")."""
     trim = glibc_malloc_trim()
-    if not _installed or trim is None:
+    if not _installed or "start_allocator_trim" in _skipped or trim is None:
         return None
     return asyncio.create_task(trim_allocator(trim, TRIM_SECONDS), name="allocator trim")
 

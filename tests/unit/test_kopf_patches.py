@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import kopf
+import pytest
 from kopf._cogs.aiokits import aiotoggles
 from kopf._cogs.clients import api, watching
 from kopf._core.reactor import processing, running
@@ -88,9 +89,10 @@ print(json.dumps({"imported": imported, "installed": installed, "after": state()
 """
 
 
-def _state(*version: str) -> tuple[dict[str, Any], str]:
+def _state(*version: str, skip: str = "") -> tuple[dict[str, Any], str]:
     out = subprocess.run([sys.executable, "-c", _STATE_PROBE, *version], cwd=REPO, capture_output=True, text=True,
-                         check=True, timeout=120, env={**os.environ, "CHAOS_TENANTS": "true"})
+                         check=True, timeout=120,
+                         env={**os.environ, "CHAOS_TENANTS": "true", kopf_patches.SKIP_ENV: skip})
     return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
 
 
@@ -112,6 +114,18 @@ def test_install_refuses_another_kopf_version_in_one_line_and_patches_nothing() 
     assert not any(state["after"].values()), state  # stock Kopf: no patch, a cold standby
     lines = [line for line in stderr.splitlines() if "1.99.0" in line]
     assert len(lines) == 1 and kopf_patches.KOPF_TESTED_VERSION in lines[0] and "unpatched" in lines[0]
+
+
+def test_a_measurement_leaves_out_only_the_patches_it_names() -> None:
+    """KOPF_PATCHES_SKIP (paired bench runs against stock Kopf): the named patches are not installed,
+    the others are; without the governed processor a standby is cold (nothing holds its handlers)."""
+    state, stderr = _state(kopf_patches.KOPF_TESTED_VERSION, skip="govern_event_processing, small_tls_read_buffers")
+    assert state["installed"] is True
+    assert state["after"] == {"processor": False, "toggles": True, "lean": True, "tls": False, "warm": False}
+    lines = [line for line in stderr.splitlines() if kopf_patches.SKIP_ENV in line]
+    assert len(lines) == 1 and "govern_event_processing, small_tls_read_buffers" in lines[0]
+    with pytest.raises(ValueError, match="no patch named lean"):  # a typo would measure nothing
+        kopf_patches.skipped_patches({kopf_patches.SKIP_ENV: "lean"})
 
 
 def test_unpatched_the_process_leaves_every_event_and_diff_base_to_kopf() -> None:
