@@ -168,6 +168,35 @@ class Paused(ApiError):
         self.args = ("not written: this replica is paused (a standby)",)
 
 
+class Fence:
+    """The writes of a holder whose renewals run on a thread of their own (``core.election``): none from
+    ``until`` (``clock``'s time) on, set from whichever thread (``close_at``), checked before each
+    attempt of a write. It holds even while the event loop is too busy to be told of a lost Lease,
+    and a write that waited (for the loop, or a retry's backoff) past it is not sent."""
+
+    def __init__(self) -> None:
+        self.until = math.inf
+        self.clock: Callable[[], float] = time.monotonic
+
+    def close_at(self, until: float, clock: Callable[[], float] = time.monotonic) -> None:
+        """No write from ``until`` on: ``-math.inf`` closes at once, ``math.inf`` never."""
+        self.clock, self.until = clock, until
+
+    def closed(self) -> bool:
+        return self.clock() >= self.until
+
+    async def send(self, fenced: bool, attempt: Callable[[], Awaitable[T]]) -> T:
+        if fenced and self.closed():
+            raise Paused()
+        return await attempt()
+
+
+def own_connections(access: Access) -> Access:
+    """Another access layer on ``access``'s client configuration and credentials, with connections of
+    its own (the election's thread: ``core.election``)."""
+    return Access(access._client)
+
+
 class Access:
     """The API client of all four operators (one per process, kept in Kopf's ``memo``)."""
 
@@ -179,10 +208,7 @@ class Access:
         # Set while this replica acts: always without leader election, else while it holds the Lease.
         self._acting = asyncio.Event()
         self._acting.set()
-        # The fence: no write once this time has passed (``act_until``; the election's thread moves it on
-        # at each renewal), whether or not the event loop has heard of the loss yet.
-        self._acting_until = math.inf
-        self._fence_clock: Callable[[], float] = time.monotonic
+        self.fence = Fence()  # no write once its time has passed (the election's thread moves it on)
         self._locks: dict[Hashable, asyncio.Lock] = {}
         self._lock_users: collections.Counter[Hashable] = collections.Counter()
         # uid -> (resourceVersion, what its echo is) of a write answer its caller kept (``keep_answer``,
@@ -203,30 +229,13 @@ class Access:
         return cls(kubernetes.client.ApiClient(kubernetes.client.Configuration.get_default_copy()))
 
     @property
-    def client(self) -> kubernetes.client.ApiClient:
-        """The kubernetes client this layer takes its configuration and credentials from."""
-        return self._client
-
-    @property
     def paused(self) -> bool:
-        """True while another replica acts (``core.election.Elector`` keeps it), or once the fence's time
-        has passed (``act_until``)."""
-        return not self._acting.is_set() or self._fence_clock() >= self._acting_until
+        """True while another replica acts (``core.election.Elector`` keeps it, and the ``fence``)."""
+        return not self._acting.is_set() or self.fence.closed()
 
     @paused.setter
     def paused(self, value: bool) -> None:
-        if value:
-            self._acting.clear()
-        else:
-            self._acting.set()
-
-    def act_until(self, deadline: float, clock: Callable[[], float] = time.monotonic) -> None:
-        """Refuse every write (but the Lease's) from ``deadline`` on (``clock``'s time), from whichever
-        thread this is called: the fence of a holder whose renewals run on a thread of their own
-        (``core.election``). It holds even while this process's event loop is too busy to be told of
-        a lost Lease; ``-math.inf`` fences at once, ``math.inf`` lifts it."""
-        self._fence_clock = clock
-        self._acting_until = deadline
+        self._acting.clear() if value else self._acting.set()
 
     async def until_acting(self) -> None:
         """Return once this replica acts (at once when it does)."""
@@ -345,24 +354,16 @@ class Access:
     async def _request(self, method: str, path: str, *, query: Mapping[str, str] | None = None,
                        body: Any = None, content_type: str = "application/json") -> dict[str, Any] | None:
         """One request with the layer's retries; the decoded body (None on a 404 of a GET)."""
-        fenced = method != "GET" and not path.startswith(_STANDBY_MAY_WRITE)
-        if fenced and self.paused:
+        if (fenced := method != "GET" and not path.startswith(_STANDBY_MAY_WRITE)) and self.paused:
             raise Paused()
         url = path + ("?" + urlencode(query) if query else "")
         if method == "GET":
             return await self._retrying(lambda: self._once(method, url, body, content_type))
-
-        async def attempt() -> dict[str, Any] | None:
-            # Again before each attempt: a write that waited for the loop (or a retry's backoff) past
-            # the fence is not sent.
-            if fenced and self.paused:
-                raise Paused()
-            return await self._once(method, url, body, content_type)
-
         self._writes_in_flight += 1
         self._no_writes.clear()
         try:
-            return await self._retrying(attempt)
+            return await self._retrying(
+                lambda: self.fence.send(fenced, lambda: self._once(method, url, body, content_type)))
         finally:
             self._writes_in_flight -= 1
             if not self._writes_in_flight:

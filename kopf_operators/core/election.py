@@ -27,7 +27,7 @@ Where it runs. The election runs on a thread of its own, with its own event loop
 (``ElectionThread``): on the process's event loop, a holder busy with a burst (10,000 objects arriving
 on a loaded node) sent no renewal for over a minute and lost the Lease for nothing. Fencing does not
 depend on that thread being told anything in time either: each successful renewal moves the process's
-access layer's fence to its renew deadline (``Access.act_until``), and no write is sent after it.
+access layer's fence to its renew deadline (``Access.fence``), and no write is sent after it.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from kopf_operators.core import metrics
-from kopf_operators.core.access import LEASE, Access, AlreadyExists, ApiError
+from kopf_operators.core.access import LEASE, Access, AlreadyExists, ApiError, own_connections
 from kopf_operators.core.conventions import env_bool
 
 logger = logging.getLogger("kopf_operators.election")
@@ -130,7 +130,7 @@ class Elector:
     layer, whose writes the Lease governs: while this replica does not hold the Lease, ``acting.paused``
     is True: it refuses every write but the Lease's, and the controllers' resync loops and timers skip
     their work. While it holds it, ``acting`` is fenced at the renew deadline of the last renewal that
-    succeeded (``Access.act_until``): no write after that moment, even when the loss has not been
+    succeeded (``Access.fence``): no write after that moment, even when the loss has not been
     noticed yet. ``loop``: the event loop that owns ``acting`` and ``on_lost`` when the election runs
     on another one (``ElectionThread``): they are called there, thread-safely."""
 
@@ -268,7 +268,7 @@ class Elector:
             renewed = await self._attempt(deadline - sent)
             if renewed:
                 self._renewed_at = sent
-                self.acting.act_until(sent + self.settings.renew_deadline, self.clock)
+                self.acting.fence.close_at(sent + self.settings.renew_deadline, self.clock)
                 await self._pause(retry)
             elif self.clock() >= deadline or (self._observed or ("",))[0] not in ("", self.identity):
                 self._lost()
@@ -292,12 +292,12 @@ class Elector:
 
     def _set_paused(self, paused: bool) -> None:
         if paused:  # the fence first, from this thread: no write from now on, whatever that loop does
-            self.acting.act_until(-math.inf, self.clock)
+            self.acting.fence.close_at(-math.inf, self.clock)
         self._on_acting_loop(setattr, self.acting, "paused", paused)
 
     def _acquired(self) -> None:
         self.leading = True
-        self.acting.act_until(self._renewed_at + self.settings.renew_deadline, self.clock)
+        self.acting.fence.close_at(self._renewed_at + self.settings.renew_deadline, self.clock)
         self._set_paused(False)
         self._gauge.set(1)
         logger.info("Acting: this replica (%s) holds the Lease %s", self.identity, self.where)
@@ -357,7 +357,7 @@ class ElectionThread:
     arriving on a loaded 2-core node kept that loop from sending a renewal for over a minute, and the
     holder lost its Lease for nothing. Here a renewal needs only a turn of the interpreter (Python hands
     it to another thread every 5 ms), not a turn of a busy loop. The process's access layer is fenced
-    from this thread (``Access.act_until``): its writes stop at the renew deadline of the last
+    from this thread (``Access.fence``): its writes stop at the renew deadline of the last
     successful renewal, whether or not its loop has run since; being paused and ``on_lost`` reach that
     loop thread-safely.
 
@@ -367,7 +367,7 @@ class ElectionThread:
                  identity: str | None = None) -> None:
         self.process_loop = asyncio.get_running_loop()
         self.loop = asyncio.new_event_loop()
-        self.elector = Elector(Access(access.client), settings, on_lost, identity=identity, acting=access,
+        self.elector = Elector(own_connections(access), settings, on_lost, identity=identity, acting=access,
                                loop=self.process_loop)
         self.done = self.process_loop.create_future()  # set when the thread has finished
         self._task: asyncio.Task[None] | None = None

@@ -83,7 +83,7 @@ async def step(elector: Elector) -> bool:
     if ok:
         elector._renewed_at = sent
         if elector.leading:
-            elector.acting.act_until(sent + elector.settings.renew_deadline, elector.clock)
+            elector.acting.fence.close_at(sent + elector.settings.renew_deadline, elector.clock)
         else:
             elector._acquired()
     return ok
