@@ -39,6 +39,8 @@ import functools
 import importlib.metadata
 import logging
 import os
+import signal
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -153,8 +155,34 @@ def when_stop_requested(callback: Callable[[], object]) -> bool:
     for task in asyncio.all_tasks():
         if task.get_name() == STOP_CHECKER_TASK:
             task.add_done_callback(lambda _: callback())
+            asyncio.get_running_loop().call_soon(_at_signal, callback, SIGNAL_HOOK_TRIES)
             return True
     return False
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SIGNAL_HOOK_TRIES = 40  # 50 ms apart: Kopf adds its signal handlers right after it starts the startup handlers
+
+
+def _at_signal(callback: Callable[[], object], tries: int) -> None:
+    """Also call ``callback`` from the main thread's handler of SIGTERM and SIGINT: at the signal, even
+    while the event loop is busy (Kopf's own handler is asyncio's, run by the loop when it gets to it;
+    a loaded replica's loop took 0.3 s, while the election's thread goes on at once). Chained in front
+    of the handlers Kopf's ``spawn_tasks`` adds (``loop.add_signal_handler``: the loop still gets the
+    signal); until they are there, tried again shortly."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    current = [signal.getsignal(number) for number in STOP_SIGNALS]
+    if not all(callable(handler) for handler in current):  # the default: Kopf's are not there yet
+        if tries > 0:
+            asyncio.get_running_loop().call_later(0.05, _at_signal, callback, tries - 1)
+        return
+    for number, previous in zip(STOP_SIGNALS, current, strict=True):
+        def handler(signum: int, frame: Any, previous: Callable[[int, Any], Any] = previous) -> None:  # type: ignore[assignment]
+            callback()
+            previous(signum, frame)
+
+        signal.signal(number, handler)
 
 
 # --- Kopf's ToggleSet: wake waiters only on a change -------------------------------------------------
