@@ -25,7 +25,7 @@ upstream issue it stands in for; docs/kopf-patches.md has the text of each upstr
 - ``small_tls_read_buffers``: asyncio's TLS read buffer of 64 KiB instead of 256 KiB;
 - ``start_allocator_trim``: glibc's ``malloc_trim(0)`` every 10 s (a task, started by the startup handler);
 - reads of Kopf's private registries: ``change_detecting_groups``, ``all_handlers``; its loader: ``preload``;
-  its stop-flag checker task: ``when_stop_requested``.
+  its stop-flag checker task and its signals: ``when_stop_requested``.
 """
 
 from __future__ import annotations
@@ -148,7 +148,8 @@ STOP_CHECKER_TASK = "stop-flag checker"
 def when_stop_requested(callback: Callable[[], object]) -> bool:
     """Call ``callback`` as soon as Kopf is told to stop, not seconds later at its cleanup handlers (Kopf
     has no public hook for this; upstream report in docs/kopf-patches.md). Reads nothing and changes
-    nothing in Kopf: it watches the task above, on the tested Kopf only. True when it is watched (a
+    nothing in Kopf: it watches the task above, and the signals themselves (``_at_signal``), on the
+    tested Kopf only. True when it is watched (a
     running operator on the tested Kopf); False otherwise (the caller falls back to what it has)."""
     if kopf_version() != KOPF_TESTED_VERSION:
         return False
