@@ -41,6 +41,7 @@ import datetime
 import enum
 import json
 import logging
+import math
 import random
 import ssl
 import time
@@ -168,6 +169,35 @@ class Paused(ApiError):
         self.args = ("not written: this replica is paused (a standby)",)
 
 
+class Fence:
+    """The writes of a holder whose renewals run on a thread of their own (``core.election``): none from
+    ``until`` (``clock``'s time) on, set from whichever thread (``close_at``), checked before each
+    attempt of a write. It holds even while the event loop is too busy to be told of a lost Lease,
+    and a write that waited (for the loop, or a retry's backoff) past it is not sent."""
+
+    def __init__(self) -> None:
+        self.until = math.inf
+        self.clock: Callable[[], float] = time.monotonic
+
+    def close_at(self, until: float, clock: Callable[[], float] = time.monotonic) -> None:
+        """No write from ``until`` on: ``-math.inf`` closes at once, ``math.inf`` never."""
+        self.clock, self.until = clock, until
+
+    def closed(self) -> bool:
+        return self.clock() >= self.until
+
+    async def send(self, fenced: bool, attempt: Callable[[], Awaitable[T]]) -> T:
+        if fenced and self.closed():
+            raise Paused()
+        return await attempt()
+
+
+def own_connections(access: Access) -> Access:
+    """Another access layer on ``access``'s client configuration and credentials, with connections of
+    its own (the election's thread: ``core.election``)."""
+    return Access(access._client)
+
+
 class Access:
     """The API client of all four operators (one per process, kept in Kopf's ``memo``)."""
 
@@ -179,6 +209,7 @@ class Access:
         # Set while this replica acts: always without leader election, else while it holds the Lease.
         self._acting = asyncio.Event()
         self._acting.set()
+        self.fence = Fence()  # no write once its time has passed (the election's thread moves it on)
         self._locks: dict[Hashable, asyncio.Lock] = {}
         self._lock_users: collections.Counter[Hashable] = collections.Counter()
         # uid -> (resourceVersion, what its echo is) of a write answer its caller kept (``keep_answer``,
@@ -200,15 +231,12 @@ class Access:
 
     @property
     def paused(self) -> bool:
-        """True while another replica acts (``core.election.Elector`` keeps it)."""
-        return not self._acting.is_set()
+        """True while another replica acts (``core.election.Elector`` keeps it, and the ``fence``)."""
+        return not self._acting.is_set() or self.fence.closed()
 
     @paused.setter
     def paused(self, value: bool) -> None:
-        if value:
-            self._acting.clear()
-        else:
-            self._acting.set()
+        self._acting.clear() if value else self._acting.set()
 
     async def until_acting(self) -> None:
         """Return once this replica acts (at once when it does)."""
@@ -229,6 +257,8 @@ class Access:
         while True:
             try:
                 return await attempt()
+            except Paused:
+                raise  # not a failure of the request: it was never sent
             except ApiError as exc:
                 metrics.API_ERRORS.labels(status=str(exc.status or "unreachable")).inc()
                 if not exc.transient or attempts >= RETRIES:
@@ -325,7 +355,7 @@ class Access:
     async def _request(self, method: str, path: str, *, query: Mapping[str, str] | None = None,
                        body: Any = None, content_type: str = "application/json") -> dict[str, Any] | None:
         """One request with the layer's retries; the decoded body (None on a 404 of a GET)."""
-        if self.paused and method != "GET" and not path.startswith(_STANDBY_MAY_WRITE):
+        if (fenced := method != "GET" and not path.startswith(_STANDBY_MAY_WRITE)) and self.paused:
             raise Paused()
         url = path + ("?" + urlencode(query) if query else "")
         if method == "GET":
@@ -333,7 +363,8 @@ class Access:
         self._writes_in_flight += 1
         self._no_writes.clear()
         try:
-            return await self._retrying(lambda: self._once(method, url, body, content_type))
+            return await self._retrying(
+                lambda: self.fence.send(fenced, lambda: self._once(method, url, body, content_type)))
         finally:
             self._writes_in_flight -= 1
             if not self._writes_in_flight:

@@ -22,6 +22,12 @@ most ``retry_period + 1`` s apart; else from the later one, as client-go does). 
 was sent before it was applied, and the holder steps down ``renew_deadline`` after sending its last
 successful renewal: the candidate takes over at least ``lease_duration - renew_deadline - retry_period
 - 1`` = 2 s (defaults) after the holder stopped. With monotonic clocks only: no clock skew matters.
+
+Where it runs. The election runs on a thread of its own, with its own event loop and connection
+(``ElectionThread``): on the process's event loop, a holder busy with a burst (10,000 objects arriving
+on a loaded node) sent no renewal for over a minute and lost the Lease for nothing. Fencing does not
+depend on that thread being told anything in time either: each successful renewal moves the process's
+access layer's fence to its renew deadline (``Access.fence``), and no write is sent after it.
 """
 
 from __future__ import annotations
@@ -31,8 +37,10 @@ import contextlib
 import dataclasses
 import datetime
 import logging
+import math
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -40,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from kopf_operators.core import metrics
-from kopf_operators.core.access import LEASE, Access, AlreadyExists, ApiError
+from kopf_operators.core.access import LEASE, Access, AlreadyExists, ApiError, own_connections
 from kopf_operators.core.conventions import env_bool
 
 logger = logging.getLogger("kopf_operators.election")
@@ -118,14 +126,22 @@ class Elector:
     """One candidate for the Lease. ``run()`` elects until the process stops (a holder that loses the
     Lease calls ``on_lost`` and returns: the process exits); ``release()`` hands it over at shutdown.
 
-    While this replica does not hold the Lease, ``access.paused`` is True: the access layer refuses
-    every write but the Lease's, and the controllers' resync loops and timers skip their work."""
+    ``access`` makes the Lease's requests; ``acting`` (``access`` when None) is the process's access
+    layer, whose writes the Lease governs: while this replica does not hold the Lease, ``acting.paused``
+    is True: it refuses every write but the Lease's, and the controllers' resync loops and timers skip
+    their work. While it holds it, ``acting`` is fenced at the renew deadline of the last renewal that
+    succeeded (``Access.fence``): no write after that moment, even when the loss has not been
+    noticed yet. ``loop``: the event loop that owns ``acting`` and ``on_lost`` when the election runs
+    on another one (``ElectionThread``): they are called there, thread-safely."""
 
     def __init__(self, access: Access, settings: LeaseSettings, on_lost: Callable[[], None],
                  identity: str | None = None, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 acting: Access | None = None, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.access = access
+        self.acting = access if acting is None else acting
+        self.loop = loop
         self.settings = settings
         self.on_lost = on_lost
         self.identity = identity or own_identity()
@@ -141,7 +157,7 @@ class Elector:
         self._wake = asyncio.Event()  # ends a pause between attempts early (set by ``stop()``)
         self._gauge = metrics.LEADER.labels(lease=settings.name)
         self._gauge.set(0)
-        access.paused = True
+        self.acting.paused = True
 
     @property
     def where(self) -> str:
@@ -252,6 +268,7 @@ class Elector:
             renewed = await self._attempt(deadline - sent)
             if renewed:
                 self._renewed_at = sent
+                self.acting.fence.close_at(sent + self.settings.renew_deadline, self.clock)
                 await self._pause(retry)
             elif self.clock() >= deadline or (self._observed or ("",))[0] not in ("", self.identity):
                 self._lost()
@@ -261,26 +278,44 @@ class Elector:
         if self._stopping:
             await self.release()
 
+    def _on_acting_loop(self, call: Callable[..., object], *args: Any) -> None:
+        """``call(*args)`` on the loop that owns ``acting``: at once when that is this one."""
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if self.loop is None or self.loop is here:
+            call(*args)
+        else:
+            with contextlib.suppress(RuntimeError):  # that loop is closed: the process is exiting
+                self.loop.call_soon_threadsafe(call, *args)
+
+    def _set_paused(self, paused: bool) -> None:
+        if paused:  # the fence first, from this thread: no write from now on, whatever that loop does
+            self.acting.fence.close_at(-math.inf, self.clock)
+        self._on_acting_loop(setattr, self.acting, "paused", paused)
+
     def _acquired(self) -> None:
         self.leading = True
-        self.access.paused = False
+        self.acting.fence.close_at(self._renewed_at + self.settings.renew_deadline, self.clock)
+        self._set_paused(False)
         self._gauge.set(1)
         logger.info("Acting: this replica (%s) holds the Lease %s", self.identity, self.where)
 
     def _lost(self) -> None:
         self.leading = False
-        self.access.paused = True
+        self._set_paused(True)
         self._gauge.set(0)
         logger.warning("Lost the Lease %s (not renewed within %d s, or taken over): exiting, so that the "
                        "restarted process stands by with fresh state", self.where, self.settings.renew_deadline)
-        self.on_lost()
+        self._on_acting_loop(self.on_lost)
 
     async def release(self, timeout: float = 2.0) -> None:
         """Stop acting, then give the Lease up (no holder) so that a standby takes it over at once."""
         self._released = self._stopping = True
         self._wake.set()
         self.leading = False
-        self.access.paused = True
+        self._set_paused(True)
         self._gauge.set(0)
         if not self.holds():
             return
@@ -312,3 +347,82 @@ class Elector:
                     raise
             lease = self.lease = await self.access.read(LEASE, self.settings.namespace, self.settings.name)
         raise ApiError(409, "Conflict")
+
+
+class ElectionThread:
+    """An ``Elector`` on a thread of its own, with its own event loop and its own connection to the API
+    server (an ``Access`` of its own on the process's client configuration).
+
+    Why: on the process's event loop, the renewals queue behind Kopf's processing. 10,000 objects
+    arriving on a loaded 2-core node kept that loop from sending a renewal for over a minute, and the
+    holder lost its Lease for nothing. Here a renewal needs only a turn of the interpreter (Python hands
+    it to another thread every 5 ms), not a turn of a busy loop. The process's access layer is fenced
+    from this thread (``Access.fence``): its writes stop at the renew deadline of the last
+    successful renewal, whether or not its loop has run since; being paused and ``on_lost`` reach that
+    loop thread-safely.
+
+    Created, started and stopped from the process's event loop."""
+
+    def __init__(self, access: Access, settings: LeaseSettings, on_lost: Callable[[], None],
+                 identity: str | None = None) -> None:
+        self.process_loop = asyncio.get_running_loop()
+        self.loop = asyncio.new_event_loop()
+        self.elector = Elector(own_connections(access), settings, on_lost, identity=identity, acting=access,
+                               loop=self.process_loop)
+        self.done = self.process_loop.create_future()  # set when the thread has finished
+        self._task: asyncio.Task[None] | None = None
+        self._thread = threading.Thread(target=self._main, name=f"lease {settings.name}", daemon=True)
+
+    @property
+    def identity(self) -> str:
+        return self.elector.identity
+
+    @property
+    def where(self) -> str:
+        return self.elector.where
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _main(self) -> None:
+        try:
+            self.loop.run_until_complete(self._elect())
+        finally:
+            self.loop.close()
+            with contextlib.suppress(RuntimeError):  # the process's loop is closed: nobody waits
+                self.process_loop.call_soon_threadsafe(_set_result, self.done)
+
+    async def _elect(self) -> None:
+        self._task = asyncio.current_task()
+        try:
+            await self.elector.run()
+        finally:
+            # Stopped: already released. Lost: clears the Lease if nobody has taken it yet (a quicker
+            # handover than the lease duration). Cancelled: releases what it holds.
+            await self.elector.release()
+            await self.elector.access.close()
+
+    def stop(self) -> None:
+        """``Elector.stop()``, from any thread: no attempt from now on; the holder releases the Lease."""
+        with contextlib.suppress(RuntimeError):  # its loop is closed: the election has ended
+            self.loop.call_soon_threadsafe(self.elector.stop)
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait (on the process's loop) up to ``timeout`` for the election to end; True when it has."""
+        await asyncio.wait({self.done}, timeout=timeout)
+        return self.done.done()
+
+    async def close(self, timeout: float) -> None:
+        """Stop it and wait up to ``timeout`` for it to release the Lease; cancel it after that (it
+        still releases, up to ``Elector.release``'s own timeout)."""
+        self.stop()
+        if await self.wait(timeout):
+            return
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(lambda: self._task.cancel() if self._task is not None else None)
+        await self.wait(2.5)
+
+
+def _set_result(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

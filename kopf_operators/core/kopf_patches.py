@@ -25,7 +25,7 @@ upstream issue it stands in for; docs/kopf-patches.md has the text of each upstr
 - ``small_tls_read_buffers``: asyncio's TLS read buffer of 64 KiB instead of 256 KiB;
 - ``start_allocator_trim``: glibc's ``malloc_trim(0)`` every 10 s (a task, started by the startup handler);
 - reads of Kopf's private registries: ``change_detecting_groups``, ``all_handlers``; its loader: ``preload``;
-  its stop-flag checker task: ``when_stop_requested``.
+  its stop-flag checker task and its signals: ``when_stop_requested``.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ import dataclasses
 import functools
 import importlib.metadata
 import logging
+import os
+import signal
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -70,7 +73,15 @@ TLS_READ_BUFFER_BYTES = 64 * 1024
 # few milliseconds of one thread.
 TRIM_SECONDS = 10.0
 
+# A measurement knob, not a setting: the patches named here (comma-separated function names of
+# ``PATCHES``) are left out, so that a paired bench run can compare a patch with stock Kopf in the same
+# process otherwise (docs/kopf-patches.md, "Measuring a patch"). Unset in production.
+SKIP_ENV = "KOPF_PATCHES_SKIP"
+PATCHES = ("wake_gate_waiters_only_on_change", "govern_event_processing", "lean_watched_bodies",
+           "small_tls_read_buffers", "start_allocator_trim")
+
 _installed = False
+_skipped: frozenset[str] = frozenset()
 
 
 def kopf_version() -> str:
@@ -82,30 +93,50 @@ def installed() -> bool:
     return _installed
 
 
-def install(version: str | None = None) -> bool:
+def skipped_patches(env: Mapping[str, str]) -> frozenset[str]:
+    """The patches ``SKIP_ENV`` names; a name that is not one of ``PATCHES`` is refused (a typo would
+    otherwise measure the patched process against itself)."""
+    names = frozenset(filter(None, (name.strip() for name in env.get(SKIP_ENV, "").split(","))))
+    unknown = sorted(names - set(PATCHES))
+    if unknown:
+        raise ValueError(f"{SKIP_ENV}: no patch named {', '.join(unknown)} (one of {', '.join(PATCHES)})")
+    return names
+
+
+def install(version: str | None = None, env: Mapping[str, str] | None = None) -> bool:
     """Apply every patch, once, if the installed Kopf (``version``: the installed one when None) is
-    ``KOPF_TESTED_VERSION``; else patch nothing and say so in one line. True when patched."""
-    global _installed
+    ``KOPF_TESTED_VERSION``; else patch nothing and say so in one line. True when patched. The
+    patches ``SKIP_ENV`` names (``env``: the process's environment when None) are left out, in one
+    line too."""
+    global _installed, _skipped
     if _installed:
         return True
+    skip = skipped_patches(os.environ if env is None else env)
     version = kopf_version() if version is None else version
     if version != KOPF_TESTED_VERSION:
         logger.warning(f"Kopf {version} is installed, but the patches of kopf_operators.core.kopf_patches were "
                        f"tested with Kopf {KOPF_TESTED_VERSION} only: running on stock Kopf, unpatched (slower and "
                        "bigger in a burst; a standby replica is cold). See docs/kopf-patches.md.")
         return False
-    wake_gate_waiters_only_on_change()
-    govern_event_processing()
-    lean_watched_bodies()
-    small_tls_read_buffers()
-    _installed = True
+    patches: dict[str, Callable[[], None]] = {
+        "wake_gate_waiters_only_on_change": wake_gate_waiters_only_on_change,
+        "govern_event_processing": govern_event_processing,
+        "lean_watched_bodies": lean_watched_bodies,
+        "small_tls_read_buffers": small_tls_read_buffers,
+    }
+    for name, patch in patches.items():
+        if name not in skip:
+            patch()
+    if skip:
+        logger.warning(f"{SKIP_ENV}: left out {', '.join(sorted(skip))} (a measurement against stock Kopf)")
+    _installed, _skipped = True, skip
     return True
 
 
 def warm_standby() -> bool:
     """Whether a standby replica may run Kopf's watches and indexes while it waits for the Lease: only
     when ``governed`` holds every object's handlers at the Lease's gate (the patched processor)."""
-    return _installed
+    return _installed and "govern_event_processing" not in _skipped
 
 
 # The root task Kopf's ``spawn_tasks`` (``kopf._core.reactor.running``) names so: it ends when the process
@@ -117,15 +148,42 @@ STOP_CHECKER_TASK = "stop-flag checker"
 def when_stop_requested(callback: Callable[[], object]) -> bool:
     """Call ``callback`` as soon as Kopf is told to stop, not seconds later at its cleanup handlers (Kopf
     has no public hook for this; upstream report in docs/kopf-patches.md). Reads nothing and changes
-    nothing in Kopf: it watches the task above, on the tested Kopf only. True when it is watched (a
+    nothing in Kopf: it watches the task above, and the signals themselves (``_at_signal``), on the
+    tested Kopf only. True when it is watched (a
     running operator on the tested Kopf); False otherwise (the caller falls back to what it has)."""
     if kopf_version() != KOPF_TESTED_VERSION:
         return False
     for task in asyncio.all_tasks():
         if task.get_name() == STOP_CHECKER_TASK:
             task.add_done_callback(lambda _: callback())
+            asyncio.get_running_loop().call_soon(_at_signal, callback, SIGNAL_HOOK_TRIES)
             return True
     return False
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SIGNAL_HOOK_TRIES = 40  # 50 ms apart: Kopf adds its signal handlers right after it starts the startup handlers
+
+
+def _at_signal(callback: Callable[[], object], tries: int) -> None:
+    """Also call ``callback`` from the main thread's handler of SIGTERM and SIGINT: at the signal, even
+    while the event loop is busy (Kopf's own handler is asyncio's, run by the loop when it gets to it;
+    a loaded replica's loop took 0.3 s, while the election's thread goes on at once). Chained in front
+    of the handlers Kopf's ``spawn_tasks`` adds (``loop.add_signal_handler``: the loop still gets the
+    signal); until they are there, tried again shortly."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    current = [signal.getsignal(number) for number in STOP_SIGNALS]
+    if not all(callable(handler) for handler in current):  # the default: Kopf's are not there yet
+        if tries > 0:
+            asyncio.get_running_loop().call_later(0.05, _at_signal, callback, tries - 1)
+        return
+    for number, previous in zip(STOP_SIGNALS, current, strict=True):
+        def handler(signum: int, frame: Any, previous: Callable[[int, Any], Any] = previous) -> None:  # type: ignore[assignment]
+            callback()
+            previous(signum, frame)
+
+        signal.signal(number, handler)
 
 
 # --- Kopf's ToggleSet: wake waiters only on a change -------------------------------------------------
@@ -143,6 +201,9 @@ def wake_gate_waiters_only_on_change() -> None:
     and their pods ran for over 6 minutes at 100 % CPU, 70 % of it in those wake-ups, before its first
     handler ran; a start with 5,000 ConfigMaps + 5,000 Secrets in place took 390 s to quiet (386 s
     CPU) before, 12 s (10.9 s CPU) after. 400 wake-ups for 200 objects without it, none with it.
+    Re-measured against stock Kopf (paired, docs/kopf-patches.md): no gain shows any more at 2,000
+    ConfigMaps (first handler and quiet within noise) while ``defer_listed`` keeps listed objects'
+    workers off the gate; it still matters for resources with change handlers and without ``governed``.
 
     Upstream: not filed yet (docs/kopf-patches.md, "ToggleSet wakes every waiter on every change").
 
@@ -430,6 +491,8 @@ def govern_event_processing() -> None:
     Gain (docs/performance.md, "Day-2 levers"): at 10,000 ImmortalContainers at once the RSS peak was
     657 MB with the cap against 723.5 MB with ``CONCURRENT_EVENTS=0``; no measurable gain at 1,000.
     The skipped echoes and superseded events: no measurable CPU change per object in that burst.
+    Not re-measurable with the bench's start section (it waits for the drainer's log line); kept as the
+    warm standby's gate in any case.
 
     Upstream: nolar/kopf#1243 (worker_limit deadlocks with indexes); the Lease gate stands in for a
     leader-election hook in Kopf (docs/kopf-patches.md, "Pause handlers, keep indexing").
@@ -496,6 +559,8 @@ def lean_watched_bodies() -> None:
     Gain (docs/performance.md, "Day-2 levers"): 1,000 ImmortalContainers created at once left RSS
     +68/+74 MB at rest with them, +60/+61 MB without; a restart with 1,000 in place peaked at 137 MB
     with them, 127-129 MB without. CPU per object: no change beyond the noise.
+    Re-measured against stock Kopf (paired, docs/kopf-patches.md): a start over 2,000 ConfigMaps
+    peaks 2.6-2.9 MB higher without it, and rests 2.4-2.5 MB higher.
 
     Upstream: not filed yet (docs/kopf-patches.md, "An option to drop managedFields").
 
@@ -518,6 +583,8 @@ def small_tls_read_buffers() -> None:
 
     Gain (docs/performance.md, "Fewer bytes per kept object"): idle RSS 74.8-75.0 -> 69.4-69.6 MB, and
     -6 MB of growth per 1,000 ImmortalContainers.
+    Re-measured against stock asyncio (paired, docs/kopf-patches.md): without it, idle RSS +2.6-4.8 MB
+    and a start over 2,000 ConfigMaps peaks 4.1-5.7 MB higher.
 
     Upstream: CPython, not filed yet (docs/kopf-patches.md, "asyncio's TLS read buffer")."""
     asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BUFFER_BYTES
@@ -547,10 +614,12 @@ def start_allocator_trim() -> asyncio.Task[None] | None:
     Gain (docs/performance.md, "Memory per object at rest"): at rest it returned 3-5 MB of the growth
     for 5,000 ConfigMaps/Secrets (+16.9-18.3 MB with idle workers of 0.5 s alone, +14.9 MB with the
     trim), and 0.8-20 MB after 1,000 ImmortalContainers (not repeatable enough to claim more).
+    Re-measured (paired, docs/kopf-patches.md): 1.6-2.8 MB less at rest after a start over 2,000
+    ConfigMaps.
 
     Upstream: none (the allocator's, not Kopf's; docs/kopf-patches.md, "malloc_trim")."""
     trim = glibc_malloc_trim()
-    if not _installed or trim is None:
+    if not _installed or "start_allocator_trim" in _skipped or trim is None:
         return None
     return asyncio.create_task(trim_allocator(trim, TRIM_SECONDS), name="allocator trim")
 

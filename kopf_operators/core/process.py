@@ -31,7 +31,7 @@ from kopf_operators.core import kopf_patches, metrics
 from kopf_operators.core.access import Access
 from kopf_operators.core.controller import MemoSlot
 from kopf_operators.core.conventions import Config, shard_selector
-from kopf_operators.core.election import Elector, LeaseSettings
+from kopf_operators.core.election import ElectionThread, LeaseSettings
 from kopf_operators.core.kopf_patches import EventPolicy, Fingerprint
 
 logger = logging.getLogger("kopf_operators")
@@ -100,8 +100,7 @@ CONFIG = MemoSlot("config", Config)
 ACCESS = MemoSlot(kopf_patches.ACCESS_MEMO, Access)
 TRIMMER = MemoSlot("allocator_trim", asyncio.Task)
 EVENT_POLICY = MemoSlot(kopf_patches.EVENT_POLICY_MEMO, EventPolicy)
-ELECTOR = MemoSlot("elector", Elector)
-ELECTION = MemoSlot("election", asyncio.Task)
+ELECTOR = MemoSlot("elector", ElectionThread)
 
 
 def event_policy(memo: kopf.Memo) -> EventPolicy | None:
@@ -218,8 +217,9 @@ async def elect(memo: kopf.Memo, lease: LeaseSettings, access: Access) -> None:
         return
     if ELECTOR.present(memo):
         return
-    elector = ELECTOR.set(memo, Elector(access, lease, on_lost=exit_gracefully))
-    ELECTION.set(memo, asyncio.create_task(elector.run(), name="leader election"))
+    # On a thread of its own (its own loop and connection): renewals never wait for Kopf's processing.
+    elector = ELECTOR.set(memo, ElectionThread(access, lease, on_lost=exit_gracefully))
+    elector.start()
     # No attempt at the Lease once the process is told to stop, and the holder hands it over at once:
     # a standby still campaigning while Kopf winds down could take the Lease the holder just released.
     kopf_patches.when_stop_requested(elector.stop)
@@ -239,11 +239,8 @@ async def elect(memo: kopf.Memo, lease: LeaseSettings, access: Access) -> None:
 async def close_connections(memo: kopf.Memo, **_: Any) -> None:
     # The Lease first: a standby takes over at once (this replica writes nothing after it).
     if ELECTOR.present(memo):
-        elector, election = ELECTOR(memo), ELECTION(memo)
-        elector.stop()  # already done at the signal when Kopf is patched: it then released the Lease
-        await asyncio.wait({election}, timeout=RELEASE_SECONDS)
-        election.cancel()
-        await elector.release()  # nothing to do when the election released it
+        # Stopped at the signal already when Kopf is patched (it then released the Lease).
+        await ELECTOR(memo).close(RELEASE_SECONDS)
     # Kopf waits up to 5 s at exit for tasks that are still running: the trim loop never ends by itself.
     if TRIMMER.present(memo):
         TRIMMER(memo).cancel()

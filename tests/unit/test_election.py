@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ import pytest
 
 from kopf_operators.core import access as k8s
 from kopf_operators.core import metrics
-from kopf_operators.core.election import Elector, LeaseSettings
+from kopf_operators.core.election import ElectionThread, Elector, LeaseSettings
 from kopf_operators.core.kopf_patches import EventPolicy, governed
 from kopf_operators.core.process import ACCESS, EVENT_POLICY
 
@@ -76,9 +78,14 @@ def candidate(server: LeaseServer, clock: Clock, name: str, settings: LeaseSetti
 
 async def step(elector: Elector) -> bool:
     """One attempt, as ``run()`` makes it (a failed attempt is False)."""
+    sent = elector.clock()
     ok = await elector._attempt(SETTINGS.renew_deadline)
-    if ok and not elector.leading:
-        elector._acquired()
+    if ok:
+        elector._renewed_at = sent
+        if elector.leading:
+            elector.acting.fence.close_at(sent + elector.settings.renew_deadline, elector.clock)
+        else:
+            elector._acquired()
     return ok
 
 
@@ -398,5 +405,111 @@ def test_a_warm_standby_indexes_every_event_and_holds_only_kopfs_change_handlers
         access.paused = False
         await asyncio.wait_for(rule, 1)
         assert steps[-1] == "handled rule"
+
+    asyncio.run(scenario())
+
+
+def test_a_holder_whose_renewals_stall_is_fenced_at_its_renew_deadline_before_it_notices() -> None:
+    """The renewals run on a thread of their own; the process's writes are fenced at the renew deadline
+    of the last renewal that succeeded, even when nothing (neither the election nor the process's event
+    loop) has run since: no write after the moment the Lease could be taken over."""
+    async def scenario() -> None:
+        server, clock = LeaseServer(), Clock()
+        a = candidate(server, clock, "a")
+        assert await step(a)
+        clock.now += 2
+        assert await step(a)  # the last renewal that succeeds: fenced at clock.now + 10
+        pod = {"metadata": {"namespace": "ns", "name": "p"}}
+        clock.now += SETTINGS.renew_deadline - 0.01
+        assert not a.access.paused
+        sent: list[str] = []
+
+        async def once(method: str, url: str, body: Any, content_type: str) -> dict[str, Any]:
+            sent.append(method)
+            return {}
+
+        a.access._once = once  # type: ignore[method-assign]
+        await a.access.create(k8s.POD, pod)  # still inside the renew deadline
+        clock.now += 0.01
+        assert a.leading and a.access.paused  # the election has not run: the fence alone
+        with pytest.raises(k8s.Paused):
+            await a.access.create(k8s.POD, pod)
+        a.access.event({"metadata": {"name": "x"}}, "Normal", "Reason", "message")  # dropped too
+        assert sent == ["POST"]
+        await a.access.create(k8s.LEASE, {"metadata": {"namespace": "ops", "name": "kopf-operators"}})
+        assert sent == ["POST", "POST"]  # its attempts at the Lease still pass
+
+    asyncio.run(scenario())
+
+
+def test_a_write_that_waited_past_the_fence_is_not_sent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write refused by a busy server (503) is retried by the access layer after a backoff; a retry
+    that would be sent after the fence is not sent at all."""
+    monkeypatch.setattr(k8s, "BACKOFF_SECONDS", 0.0)
+
+    async def scenario() -> None:
+        server, clock = LeaseServer(), Clock()
+        a = candidate(server, clock, "a")
+        assert await step(a)
+        sent: list[float] = []
+
+        async def once(method: str, url: str, body: Any, content_type: str) -> dict[str, Any]:
+            sent.append(clock.now)
+            clock.now += SETTINGS.renew_deadline  # the answer comes after the deadline
+            raise k8s.ApiError(503, "Service Unavailable")
+
+        a.access._once = once  # type: ignore[method-assign]
+        with pytest.raises(k8s.Paused):
+            await a.access.create(k8s.POD, {"metadata": {"namespace": "ns", "name": "p"}})
+        assert len(sent) == 1
+
+    asyncio.run(scenario())
+
+
+def test_the_election_thread_renews_while_the_process_loop_is_blocked_and_fences_it_when_it_cannot(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The holder's renewals do not wait for the process's event loop (busy with 10,000 objects, or
+    here blocked outright for longer than the renew deadline); once they fail, the process's writes
+    stop at the renew deadline and ``on_lost`` runs on the process's loop."""
+    fast = LeaseSettings(enabled=True, name="kopf-operators", namespace="ops", duration=3, renew_deadline=2,
+                         retry_period=1)
+    monkeypatch.setattr(k8s, "BACKOFF_SECONDS", 0.0)  # the unreachable server's retries: no real wait
+
+    async def scenario() -> None:
+        server, lost = LeaseServer(), list[str]()
+        process = k8s.Access(client=None)
+        election = ElectionThread(process, fast, on_lost=lambda: lost.append(threading.current_thread().name),
+                                  identity="a")
+        election.elector.access._once = server.request  # type: ignore[method-assign]
+        assert process.paused
+        election.start()
+        await asyncio.wait_for(process.until_acting(), 2)
+        assert server.holder == "a" and not process.paused
+        renewals = len(server.writes)
+        time.sleep(fast.renew_deadline + 0.5)  # the process's loop runs nothing meanwhile
+        assert len(server.writes) - renewals >= 2 and not process.paused and server.holder == "a"
+        server.down = True
+        cut = time.monotonic()
+        while not process.paused:
+            await asyncio.sleep(0.05)
+        assert time.monotonic() - cut <= fast.renew_deadline + 0.5
+        await asyncio.wait_for(election.done, 3)
+        assert lost == [threading.current_thread().name]  # on the process's thread, not the election's
+        with pytest.raises(k8s.Paused):
+            await process.create(k8s.POD, {"metadata": {"namespace": "ns", "name": "p"}})
+
+    asyncio.run(scenario())
+
+
+def test_the_election_thread_releases_the_lease_when_closed() -> None:
+    async def scenario() -> None:
+        server = LeaseServer()
+        process = k8s.Access(client=None)
+        election = ElectionThread(process, SETTINGS, on_lost=lambda: None, identity="a")
+        election.elector.access._once = server.request  # type: ignore[method-assign]
+        election.start()
+        await asyncio.wait_for(process.until_acting(), 2)
+        await election.close(3)
+        assert election.done.done() and server.holder == "" and process.paused
 
     asyncio.run(scenario())
