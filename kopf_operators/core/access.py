@@ -530,8 +530,7 @@ class Access:
     # --- events ---------------------------------------------------------------------------------
 
     def event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-        """A Kubernetes Event on ``body``, posted in the background (never blocks, never fails the
-        caller; dropped while paused). Messages must never carry data values."""
+        """An Event on ``body``, posted in the background; dropped while paused. Never carries data values."""
         if self.paused:
             return
         catalogue.check_event(type_, reason)  # one not catalogued is logged, and posted all the same
