@@ -3,7 +3,12 @@ process starts over them (a restart, an upgrade, a takeover): its high-water mar
 chart's memory limit, seconds until its handlers run (Kopf runs none until every index is filled:
 every operator is blind until then), seconds until it is quiet, and its RSS at rest. The process
 serves everybody, so this is what one tenant can do to all the others. The operator is stopped while
-the ConfigMaps are created (64 requests in flight): only the start over them is measured."""
+the ConfigMaps are created (64 requests in flight): only the start over them is measured.
+
+``--set restart_ics=K`` (default 0) puts K ImmortalContainers in place first, created while the operator
+runs (their pods exist): at the start their Kopf workers wait on the "every index is filled" gate while
+the ConfigMaps are indexed, the case Kopf's ToggleSet wakes every waiter for on every change (the
+``wake_gate_waiters_only_on_change`` patch; compare with ``KOPF_PATCHES_SKIP``)."""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ import asyncio
 import time
 from typing import Any
 
-from bench.harness import Bench, log
+from bench.harness import IC_PATH, Bench, log
 from bench.kube import bounded
 from bench.sections.memory import CHART_LIMIT_MB
 
@@ -20,13 +25,19 @@ INDEXED_LINE = "Every index is filled"
 
 
 async def run(b: Bench) -> dict[str, Any]:
-    n = b.n["restart_configmaps"]
+    n, k = b.n["restart_configmaps"], b.n["restart_ics"]
     b.restart_operator()
     assert b.operator
     await b.operator.settle()
     idle = b.operator.status()
-    b.stop_operator()
     ns = await b.namespace(f"bench-rcm-{b.run}")
+    if k:
+        await bounded(16, [b.create_retrying(f"{IC_PATH}/namespaces/{ns}/immortalcontainers", {
+            "apiVersion": "immortalcontainer.flugel.it/v1alpha1", "kind": "ImmortalContainer",
+            "metadata": {"name": f"ic-{j}"}, "spec": {"image": "busybox:1.36"}}) for j in range(k)])
+        await b.operator.settle(timeout=600)
+        log(f"  {k} ImmortalContainers in place")
+    b.stop_operator()
     t0 = time.monotonic()
 
     async def cm(j: int) -> None:
@@ -53,9 +64,9 @@ async def run(b: Bench) -> dict[str, Any]:
     await b.cleanup([ns], wait=600)
     hwm = start["VmHWM"] / 1024
     return {
-        "what": (f"{n} ConfigMaps of ~90 bytes in one namespace; a new operator process (all operators, the "
-                 "chart's defaults) starts over them"),
-        "configmaps": n, "created_s": round(created_s, 1),
+        "what": (f"{n} ConfigMaps of ~90 bytes" + (f" and {k} ImmortalContainers" if k else "") + " in one "
+                 "namespace; a new operator process (all operators, the chart's defaults) starts over them"),
+        "configmaps": n, "immortalcontainers": k, "created_s": round(created_s, 1),
         "idle_rss_mb": round(idle["VmRSS"] / 1024, 1),
         "start_first_handler_s": None if first_handler_s is None else round(first_handler_s, 1),
         "start_quiet_after_s": round(quiet_after, 1),
