@@ -93,7 +93,9 @@ def test_namespaces_holding_rules_are_deleted_while_the_operator_is_down_and_cop
     for ns in (current, upgraded):
         assert uids[ns] not in [c.metadata.labels.get(logic.RULE_UID_LABEL)
                                 for c in core.list_namespaced_config_map(target).items if c.metadata.labels]
-    assert not [e for e in operator.errors() if "copyrator" in e.lower()]
+    # The shared operator's log holds the whole suite's run: only this test's namespaces count (Kopf
+    # logs a retried request at ERROR, such as a watch answered 429 while a new CRD's cache starts).
+    assert not [e for ns in (target, current, upgraded, kept) for e in operator.errors(about=ns)]
 
 
 def test_a_chaos_agent_deleted_while_the_operator_is_down_waits_until_released_by_hand(
