@@ -163,10 +163,12 @@ def copy_view(obj: Mapping[str, Any], kind: str | None = None) -> CopyView:
 
 
 def in_sync(view: CopyView, desired: Mapping[str, Any]) -> bool:
-    """Compare before writing: an idle cluster sees no writes."""
+    """Compare before writing: an idle cluster sees no writes. A copy without a data stamp (written
+    before copies carried one) is not rewritten for the stamp alone: an upgrade writes nothing; it gets
+    its stamp with its next write (until then the re-roller treats it as an unstamped object)."""
     annotations = desired["metadata"]["annotations"]
     return (view.actual_hash == annotations[HASH_ANNOTATION] == view.recorded_hash
-            and view.source == annotations[SOURCE_ANNOTATION] and view.stamp == annotations[DATA_STAMP])
+            and view.source == annotations[SOURCE_ANNOTATION] and view.stamp in ("", annotations[DATA_STAMP]))
 
 
 class Action(enum.Enum):

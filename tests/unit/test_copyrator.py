@@ -230,6 +230,17 @@ def test_copies_in_sync_cause_no_writes() -> None:
     assert logic.decide(UID, logic.desired_copy(rule, source, "a"), view) is logic.Action.NONE
 
 
+def test_a_copy_written_before_data_stamps_is_not_rewritten_for_the_stamp_alone() -> None:
+    """An upgrade writes nothing: a copy an earlier version wrote (no data stamp) and otherwise in sync
+    is left as it is; it gets its stamp with its next write (a hand edit of it is still repaired)."""
+    rule, source = make_rule(), cm("settings")
+    old = copy_of(rule, source, "a")
+    del old["metadata"]["annotations"][logic.DATA_STAMP]
+    assert logic.decide(UID, logic.desired_copy(rule, source, "a"), logic.copy_view(old)) is logic.Action.NONE
+    old["data"] = {"k": "edited by hand"}
+    assert logic.decide(UID, logic.desired_copy(rule, source, "a"), logic.copy_view(old)) is logic.Action.PATCH
+
+
 @pytest.mark.parametrize("change", ["data", "removed-key", "labels", "hand-edit", "source-uid"])
 def test_changes_are_propagated_by_one_patch(change: str) -> None:
     rule = make_rule()
