@@ -10,7 +10,7 @@ import yaml
 from testsupport.paths import REPO
 
 
-def tested_minor() -> str:
+def minor_under_test() -> str:
     text = (REPO / "cluster" / "versions.env").read_text()
     match = re.search(r"^KUBERNETES_VERSION=v(\d+\.\d+)\.\d+$", text, re.M)
     assert match, "KUBERNETES_VERSION missing from cluster/versions.env"
@@ -19,8 +19,8 @@ def tested_minor() -> str:
 
 def test_the_chart_claims_the_tested_minor_and_nothing_older() -> None:
     chart = yaml.safe_load((REPO / "charts" / "kopf-operators" / "Chart.yaml").read_text())
-    assert chart["kubeVersion"] == f">={tested_minor()}.0-0"
+    assert chart["kubeVersion"] == f">={minor_under_test()}.0-0"
 
 
 def test_the_readme_names_the_tested_minor() -> None:
-    assert f"Kubernetes **v{tested_minor()}**" in (REPO / "README.md").read_text()
+    assert f"Kubernetes **v{minor_under_test()}**" in (REPO / "README.md").read_text()
