@@ -90,6 +90,9 @@ class Options:
     metrics_by_namespace: bool = False    # [enableMetricsByNamespace] per-namespace reload counter
     argo_rollouts: bool = False           # [--is-Argo-Rollouts] Argo Rollouts (argoproj.io/v1alpha1) too
     cronjob_mode: str = "run-now"         # a CronJob without the cronjob-mode annotation: CRONJOB_MODES
+    # restart-active deletes pods (those of a CronJob's unfinished Jobs): it needs pods delete on every
+    # watched namespace, so it is an installation's explicit choice, off by default.
+    allow_restart_active: bool = False
     # [--sync-after-restart, off by default there] changes made while the operator was down roll at
     # start; off: they become the baseline, as Reloader's default skips them.
     sync_after_restart: bool = True
@@ -117,6 +120,10 @@ class Options:
         cronjob_mode = env.get("REROLLER_CRONJOB_MODE", "").strip().lower() or "run-now"
         if cronjob_mode not in CRONJOB_MODES:
             raise ValueError(f"REROLLER_CRONJOB_MODE: {cronjob_mode!r} is not one of {', '.join(CRONJOB_MODES)}")
+        allow_restart_active = env_bool(env, "REROLLER_ALLOW_RESTART_ACTIVE")
+        if cronjob_mode == "restart-active" and not allow_restart_active:
+            raise ValueError("REROLLER_CRONJOB_MODE: restart-active deletes pods; it needs "
+                             "REROLLER_ALLOW_RESTART_ACTIVE=true")
         return cls(
             debounce_seconds=env_float(env, "REROLLER_DEBOUNCE_SECONDS", 2.0),
             min_interval_seconds=env_float(env, "REROLLER_MIN_INTERVAL_SECONDS", 10.0),
@@ -135,6 +142,7 @@ class Options:
             metrics_by_namespace=env_bool(env, "REROLLER_METRICS_BY_NAMESPACE"),
             argo_rollouts=env_bool(env, "REROLLER_ARGO_ROLLOUTS"),
             cronjob_mode=cronjob_mode,
+            allow_restart_active=allow_restart_active,
             sync_after_restart=env_bool(env, "REROLLER_SYNC_AFTER_RESTART", True),
         )
 

@@ -102,6 +102,10 @@ def cronjob_mode(view: WorkloadView, options: Options) -> str:
     mode = view.cronjob_mode.strip().lower()
     if mode not in CRONJOB_MODES:
         raise ValueError(f"{CRONJOB_MODE} {view.cronjob_mode!r} is not one of {', '.join(CRONJOB_MODES)}")
+    if mode == "restart-active" and not options.allow_restart_active:
+        raise ValueError(f"{CRONJOB_MODE} restart-active is off in this installation (it deletes pods; an "
+                         "administrator turns it on with REROLLER_ALLOW_RESTART_ACTIVE, the chart's "
+                         "operators.reroller.allowRestartActive)")
     return mode
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import kubernetes
 
-from tests.kube import ACTING, wait_for
+from tests.kube import wait_for
 from testsupport.audit import AuditLog, resource_of
 from testsupport.kubectl import kubectl
 from testsupport.paths import CLUSTER_DIR, REPO, helm_binary
@@ -31,8 +31,8 @@ TEST_NAMESPACE_LABEL = "kopf-operators.dev/test"
 # The namespaced custom resources whose deletion the operator handles (a finalizer may wait for it).
 CUSTOM_RESOURCES = "copyrators.flant.com,immortalcontainers.immortalcontainer.flugel.it"
 WRITES = {"create", "update", "patch", "delete", "deletecollection"}
-# What a replica logs when it loses the Lease (and exits); ACTING (tests.kube) when it takes it.
-LOST = "Lost the Lease"
+# The chart's default metrics port: every replica serves its leader gauge there, in standby too.
+METRICS_PORT = 9090
 
 
 def script(name: str, *args: str, timeout: float = 900, root: Any = REPO) -> str:
@@ -89,9 +89,15 @@ def logs(namespace: str, pod: str, previous: bool = False) -> str:
                    check=False).stdout
 
 
-def acting(log: str) -> bool:
-    """Whether this process acts now (holds the Lease), by its own log."""
-    return log.rfind(ACTING) > log.rfind(LOST)
+def acting(namespace: str, pod: str, port: int = METRICS_PORT) -> bool:
+    """Whether the replica in ``pod`` acts now: its leader gauge (1 while it holds the Lease, 0 in standby),
+    read through the API server's pod proxy. A pod that does not answer yet does not act."""
+    path = f"/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy/metrics"
+    done = kubectl("get", "--raw", path, check=False)
+    if done.returncode != 0:
+        return False
+    return any(line.startswith("kopf_operators_leader{") and line.rsplit(" ", 1)[-1] == "1.0"
+               for line in done.stdout.splitlines())
 
 
 def sigkill(pod: Any) -> None:

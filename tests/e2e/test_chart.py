@@ -180,6 +180,8 @@ def test_chart_lints_strictly_with_every_option_on() -> None:
     ("extraEnv[0].name=CHAOS_DRY_RUN", "extraEnv: CHAOS_DRY_RUN is set by the chart from its values"),
     ("nameOverride=Ops_Team", "at '/nameOverride': 'Ops_Team' does not match pattern"),
     ("topologySpreadConstraints=zone", "at '/topologySpreadConstraints': got string, want array"),
+    ("operators.reroller.cronjobMode=restart-active",
+     "restart-active deletes pods: set operators.reroller.allowRestartActive=true too"),
 ])
 def test_helm_install_refuses_a_wrong_value_with_a_readable_message(
         release: tuple[str, str], value: str, message: str) -> None:
@@ -536,6 +538,16 @@ def test_no_two_operator_accounts_share_a_dangerous_right(values: tuple[str, ...
     # The same rights as the bundle's, only split: the mode changes who holds them, not what is granted.
     bundle = account_grants(render(*values))
     assert set().union(*(verbs(g) for g in grants.values())) == verbs(bundle["kopf-operators/kopf-operators"])
+
+
+def test_the_reroller_may_delete_pods_only_where_restart_active_is_allowed() -> None:
+    reroller = "kopf-operators/kopf-operators-reroller"
+    pods = {("", "pods", "list"), ("", "pods", "delete")}
+    assert not verbs(account_grants(render(PER_OPERATOR))[reroller]) & pods
+    allowed = render(PER_OPERATOR, "operators.reroller.allowRestartActive=true")
+    assert verbs(account_grants(allowed)[reroller]) >= pods
+    deployment = next(d for d in allowed if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("reroller"))
+    assert {"name": "REROLLER_ALLOW_RESTART_ACTIVE", "value": "true"} in container(deployment)["env"]
 
 
 def test_blackadder_holds_no_destructive_verb_while_the_chart_forces_dry_run() -> None:

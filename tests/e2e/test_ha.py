@@ -35,7 +35,7 @@ from tests.e2e.realnode import (
     watched_namespaces,
 )
 from tests.kube import (
-    ACTING,
+    E2E_LEASE,
     OperatorProcess,
     PodCreations,
     delete_lease,
@@ -78,7 +78,7 @@ def holder_pod(core: kubernetes.client.CoreV1Api) -> tuple[Any, Any] | None:
     if not pods or not holder:
         return None
     active = [p for p in pods if holder.startswith(f"{p.metadata.name}_")]
-    if len(active) != 1 or not acting(logs(NAMESPACE, active[0].metadata.name)):
+    if len(active) != 1 or not acting(NAMESPACE, active[0].metadata.name):
         return None
     return active[0], next(p for p in pods if p is not active[0])
 
@@ -144,7 +144,7 @@ def test_two_replicas_on_the_lease_one_acts_the_standby_writes_nothing(
     assert created_pods(audit_writes(since, active.metadata.name)) == [ic.pod_name("first")]
     standby_writes = audit_writes(since, standby.metadata.name)
     assert not_lease(standby_writes) == [], standby_writes
-    assert ACTING not in logs(NAMESPACE, standby.metadata.name)
+    assert not acting(NAMESPACE, standby.metadata.name)
     print(f"\nstandby: {requests_of(standby.metadata.name, since) / minutes:.0f} requests/min "
           f"({len(standby_writes)} writes, all at the Lease), RSS {rss_mb(standby.metadata.name):.1f} MB; "
           f"holder: {requests_of(active.metadata.name, since) / minutes:.0f} requests/min, "
@@ -256,7 +256,9 @@ def test_twins_started_at_the_same_instant_act_once(
             for twin in twins:
                 twin.wait_healthy()
             wait_for(lambda: starts(custom, space, name) == 1, timeout=60, what=f"{name}'s pod")  # noqa: B023
-            assert [ACTING in twin.output() for twin in twins].count(True) == 1, [t.tail() for t in twins]
+            # The leader gauge: exactly one twin acts on the Lease, the other stands by.
+            leaders = [twin.metric("kopf_operators_leader", lease=E2E_LEASE) for twin in twins]
+            assert leaders.count(1.0) == 1 and leaders.count(0.0) == 1, (leaders, [t.tail() for t in twins])
         finally:
             for twin in twins:  # both at once: a standby told to stop takes no Lease on its way out
                 if twin.proc is not None and twin.running:

@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (the fixture imported from reroller_helpers is a parameter here)
 """Re-roller: restart windows and CronJob modes, on the real local API server.
 
 A window that opens during the test (chosen from the clock: a one-minute cron window starting at a
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,6 +25,7 @@ from tests.e2e.reroller_helpers import (
     deployment,
     events,
     replicasets,
+    reroller_with,  # noqa: F401  (a fixture)
     set_cm,
     template_hash,
 )
@@ -135,7 +138,8 @@ def pods_of(core: Any, ns: str, job_uid: str) -> list[Any]:
     return [p for p in core.list_namespaced_pod(ns, label_selector=selector).items if not p.metadata.deletion_timestamp]
 
 
-def test_each_cronjob_mode(operator: OperatorProcess, namespace: str, core: Any, batch: Any) -> None:
+def test_each_cronjob_mode(operator: OperatorProcess, reroller_with: Callable[..., OperatorProcess],
+                           namespace: str, core: Any, batch: Any) -> None:
     configmap(core, namespace, "conf", {"k": "1"})
     uids = {"now": cronjob(batch, namespace, "now", {}),
             "next": cronjob(batch, namespace, "next", {logic.CRONJOB_MODE: "next-run"}),
@@ -161,7 +165,12 @@ def test_each_cronjob_mode(operator: OperatorProcess, namespace: str, core: Any,
     wait_for(lambda: logic.CONFIG_HASH in (batch.read_namespaced_cron_job("next", namespace).spec.job_template
                                             .spec.template.metadata.annotations or {}),
              timeout=30, what="next-run's jobTemplate annotated")
-    # restart-active: the running Job's pod replaced by its Job; no new Job.
+    # restart-active deletes pods: off by default, the CronJob's rollout is held with a Warning.
+    wait_for(lambda: events(core, namespace, "active", "RerollBlocked"), timeout=30, what="restart-active refused")
+    assert [p.metadata.uid for p in pods_of(core, namespace, job.metadata.uid)] == [first.metadata.uid]
+    # Allowed (REROLLER_ALLOW_RESTART_ACTIVE, the chart's allowRestartActive): the held rollout goes at
+    # the start: the running Job's pod replaced by its Job; no new Job.
+    operator = reroller_with(REROLLER_ALLOW_RESTART_ACTIVE="true")
     wait_for(lambda: [p for p in pods_of(core, namespace, job.metadata.uid) if p.metadata.uid != first.metadata.uid],
              timeout=60, what="the active Job's new pod")
     stays(lambda: not jobs_of(batch, namespace, uids["next"])

@@ -31,7 +31,6 @@ from tests.e2e.realnode import (
     image_exists,
     immortal_yaml,
     install_release,
-    logs,
     observed_hash,
     one_of_each_yaml,
     script,
@@ -143,7 +142,7 @@ def test_helm_upgrade_from_the_base_commit_keeps_every_object_and_acts(
 
     pods = wait_for(upgraded, timeout=180, what="the upgraded release's two pods")
     assert {p.spec.containers[0].image for p in pods} == {f"{IMAGE_REPO}:{TAG}"}
-    wait_for(lambda: [acting(logs(NAMESPACE, p.metadata.name)) for p in pods].count(True) == 1, timeout=60,
+    wait_for(lambda: [acting(NAMESPACE, p.metadata.name) for p in pods].count(True) == 1, timeout=60,
              what="one upgraded replica to act")
     # Nothing lost, nothing redone: longer than a dry-run agent cycle and the resume passes.
     cycle = agent_cycle(custom, agent)

@@ -139,10 +139,24 @@ def test_the_cronjob_mode_is_the_annotation_else_the_operators_default() -> None
     options = logic.Options.from_env({"REROLLER_CRONJOB_MODE": "next-run"})
     assert logic.cronjob_mode(view_of(deployment(kind="CronJob"), options), options) == "next-run"
     assert logic.cronjob_mode(view_of(deployment(kind="CronJob")), OPTIONS) == "run-now"
+    allowed = logic.Options.from_env({"REROLLER_CRONJOB_MODE": "next-run", "REROLLER_ALLOW_RESTART_ACTIVE": "true"})
     annotated = view_of(deployment({logic.CRONJOB_MODE: "Restart-Active"}, kind="CronJob"))
-    assert logic.cronjob_mode(annotated, options) == "restart-active"
+    assert logic.cronjob_mode(annotated, allowed) == "restart-active"
     with pytest.raises(ValueError, match="REROLLER_CRONJOB_MODE"):
         logic.Options.from_env({"REROLLER_CRONJOB_MODE": "sometimes"})
+
+
+def test_restart_active_deletes_pods_so_it_is_off_unless_the_installation_allows_it() -> None:
+    with pytest.raises(ValueError, match="REROLLER_ALLOW_RESTART_ACTIVE=true"):
+        logic.Options.from_env({"REROLLER_CRONJOB_MODE": "restart-active"})
+    default = logic.Options.from_env({"REROLLER_CRONJOB_MODE": "restart-active", "REROLLER_ALLOW_RESTART_ACTIVE": "1"})
+    assert logic.cronjob_mode(view_of(deployment(kind="CronJob")), default) == "restart-active"
+    # A CronJob that asks for it where it is off: its rollout is held, with the reason and the switch.
+    asked = view_of(deployment({logic.CRONJOB_MODE: "restart-active"}, kind="CronJob"))
+    held = logic.hold(asked, CHANGED, OPTIONS, 0.0)
+    assert held is not None and held.reason == "invalid"
+    assert "restart-active is off" in held.message and "allowRestartActive" in held.message
+    assert logic.hold(asked, CHANGED, default, 0.0) is None
 
 
 def test_active_jobs_are_the_unfinished_ones_the_cronjob_controls() -> None:
@@ -271,7 +285,8 @@ def test_each_cronjob_mode_rolls_its_way() -> None:
     pod = {"metadata": {"name": "web-1-abc", "uid": "pod-uid"}}
     restart.answer("list", [active], [pod])
     pass_once(restart, windowed(policy("UTC", ("* * * * *", "24h")), kind="CronJob",
-                                extra={logic.CRONJOB_MODE: "restart-active"}), "v2")
+                                extra={logic.CRONJOB_MODE: "restart-active"}), "v2",
+              logic.Options(allow_restart_active=True))
     assert restart.made("delete") == [("delete", "Pod", "ns", "web-1-abc")]
     assert restart.made("create") == []
 

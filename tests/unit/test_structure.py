@@ -43,7 +43,6 @@ LOG_READERS_ALLOWED = {
     "tests/e2e/test_bad_input.py": ("when Kopf has handled an object's events, and handler invocations (a hot "
                                     "loop need make no request): neither shows in the API"),
     "bench/sections/restart_configmaps.py": "times the start to Kopf's 'Every index is filled' line",
-    "tests/e2e/test_ha.py": "real-node module: its twins' Lease check is not moved to the leader gauge yet",
 }
 
 

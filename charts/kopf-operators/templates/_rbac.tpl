@@ -126,10 +126,12 @@ checks both directions against the API server's audit log). */}}
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["list", "watch", "patch", "create", "delete"]
+{{- if $ops.reroller.allowRestartActive }}
 # CronJob mode restart-active: the pods of a CronJob's unfinished Jobs are deleted (their Jobs replace them).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "delete"]
+{{- end }}
 {{- if $ops.reroller.argoRollouts }}
 - apiGroups: ["argoproj.io"]
   resources: ["rollouts"]
