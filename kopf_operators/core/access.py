@@ -288,8 +288,7 @@ class Access:
         """The connection pool to the API server, made from the client's configuration (kubeconfig or
         in-cluster): its CA, client certificate, TLS server name and proxy. Requests run on the
         event loop: no thread per request, and the TLS of POOL_CONNECTIONS kept-alive connections, one
-        of them kept spare (``SparePool``). ``watches``: the pool of narrow watches (WATCH_CONNECTIONS),
-        apart from the requests', without a spare (a watch holds its connection for minutes)."""
+        spare (``pools.SparePool``). ``watches``: the narrow watches' own pool (WATCH_CONNECTIONS)."""
         if watches:
             if self._watch_session is None:
                 self._watch_session = self._new_session(aiohttp.TCPConnector, WATCH_CONNECTIONS)
