@@ -56,6 +56,11 @@ class SparePool(aiohttp.TCPConnector):
         finally:
             self._opening = None
 
+    async def close(self, *, abort_ssl: bool = False) -> None:
+        if self._opening is not None:
+            self._opening.cancel()  # no spare opened after the pool is closed
+        await super().close(abort_ssl=abort_ssl)
+
 
 def counted() -> aiohttp.TraceConfig:
     """A session's trace that counts each connection a request opens in ``kopf_operators_api_connections``
