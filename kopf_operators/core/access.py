@@ -54,6 +54,7 @@ import kopf
 import kubernetes
 
 from kopf_operators.core import catalogue, metrics
+from kopf_operators.core.pools import KEEPALIVE_SECONDS, SparePool, counted
 
 logger = logging.getLogger("kopf_operators.access")
 T = TypeVar("T")
@@ -286,17 +287,17 @@ class Access:
     def session(self, *, watches: bool = False) -> aiohttp.ClientSession:
         """The connection pool to the API server, made from the client's configuration (kubeconfig or
         in-cluster): its CA, client certificate, TLS server name and proxy. Requests run on the
-        event loop: no thread per request, and the TLS of POOL_CONNECTIONS kept-alive connections.
-        ``watches``: the pool of narrow watches (WATCH_CONNECTIONS), apart from the requests'."""
+        event loop: no thread per request, and the TLS of POOL_CONNECTIONS kept-alive connections, one
+        spare (``pools.SparePool``). ``watches``: the narrow watches' own pool (WATCH_CONNECTIONS)."""
         if watches:
             if self._watch_session is None:
-                self._watch_session = self._new_session(WATCH_CONNECTIONS)
+                self._watch_session = self._new_session(aiohttp.TCPConnector, WATCH_CONNECTIONS)
             return self._watch_session
         if self._session is None:
-            self._session = self._new_session(POOL_CONNECTIONS)
+            self._session = self._new_session(SparePool, POOL_CONNECTIONS)
         return self._session
 
-    def _new_session(self, connections: int) -> aiohttp.ClientSession:
+    def _new_session(self, pool: type[aiohttp.TCPConnector], connections: int) -> aiohttp.ClientSession:
         cfg = self._client.configuration
         context = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None)
         if not cfg.verify_ssl:
@@ -306,9 +307,9 @@ class Access:
             context.check_hostname = False
         if cfg.cert_file:
             context.load_cert_chain(cfg.cert_file, cfg.key_file)
-        connector = aiohttp.TCPConnector(ssl=context, limit=connections)
+        connector = pool(ssl=context, limit=connections, keepalive_timeout=KEEPALIVE_SECONDS)
         return aiohttp.ClientSession(
-            connector=connector,
+            connector=connector, trace_configs=[counted()],
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_SECONDS,
                                           sock_read=REQUEST_TIMEOUT_SECONDS))
 

@@ -18,6 +18,9 @@ ERRORS = prometheus_client.Counter(
     "kopf_operators_errors", "Errors met by the operators.", ["operator", "kind"])
 API_ERRORS = prometheus_client.Counter(
     "kopf_operators_api_errors", "Failed API requests (each attempt), by HTTP status.", ["status"])
+API_CONNECTIONS = prometheus_client.Counter(
+    "kopf_operators_api_connections",
+    "Connections opened to the API server (each a TLS handshake); a steady rise means they are not kept.")
 REACTION = prometheus_client.Histogram(
     "kopf_operators_reaction_seconds",
     "From a watch event reaching the operator to the writes it caused being done.",

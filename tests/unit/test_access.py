@@ -8,8 +8,10 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import kopf
 import kubernetes
+import prometheus_client
 import pytest
 from aiohttp import web
 
@@ -243,3 +245,51 @@ def test_an_event_outside_kopfs_handlers_is_posted_by_the_access_layer_and_never
     assert (event["type"], event["reason"], event["message"]) == ("Normal", "Synced", "all 2 copies in sync")
     assert event["involvedObject"] == {"apiVersion": "flant.com/v1", "kind": "CopyratorRule", "name": "r",
                                        "uid": "u1", "namespace": "ns"}
+
+
+def test_a_request_beside_busy_connections_finds_a_spare_one_open() -> None:
+    """While requests hold every open connection, the pool opens one more beside them (``SparePool``):
+    the next request is sent on it at once, without a TLS handshake of its own (under load, hundreds of
+    ms: the re-roller's write for a quiet namespace beside a flood's writes). Each is counted."""
+    held, release = asyncio.Event(), asyncio.Event()
+
+    async def handler(request: web.Request) -> web.Response:
+        if request.match_info["name"] == "held":
+            held.set()
+            await release.wait()
+        return web.json_response({"metadata": {"name": request.match_info["name"]}})
+
+    def opened() -> float:
+        return prometheus_client.REGISTRY.get_sample_value("kopf_operators_api_connections_total") or 0.0
+
+    async def scenario() -> tuple[list[str], float]:
+        app = web.Application()
+        app.router.add_get("/api/v1/namespaces/ns/configmaps/{name}", handler)
+        seen: list[str] = []  # how each request got its connection
+
+        async def created(*_: Any) -> None:
+            seen.append("opened")
+
+        async def reused(*_: Any) -> None:
+            seen.append("reused")
+
+        trace = aiohttp.TraceConfig()
+        trace.on_connection_create_end.append(created)
+        trace.on_connection_reuseconn.append(reused)
+        trace.freeze()
+        before = opened()
+        async with local_api(app) as layer:
+            layer.session().trace_configs.append(trace)
+            first = asyncio.create_task(layer.read(access.CONFIGMAP, "ns", "held"))
+            await held.wait()
+            async with asyncio.timeout(5):
+                while opened() < before + 2:  # its own connection, and the spare beside it
+                    await asyncio.sleep(0.01)
+            assert (await layer.read(access.CONFIGMAP, "ns", "other") or {})["metadata"]["name"] == "other"
+            release.set()
+            await first
+        return seen, opened() - before
+
+    seen, counted = asyncio.run(scenario())
+    assert seen == ["opened", "reused"]
+    assert counted >= 2
