@@ -42,8 +42,12 @@ class SparePool(aiohttp.TCPConnector):
         return connection
 
     def _wants_spare(self, req: aiohttp.ClientRequest) -> bool:
-        """No idle connection left for ``req``'s server, and room for one more (never a wait for one)."""
-        return not self._conns.get(req.connection_key) and 0 < len(self._acquired) < self.limit
+        """No idle connection left for ``req``'s server, and room for one more (never a wait for one).
+        An aiohttp without these attributes gets no spare (requests go on as aiohttp's own pool serves them)."""
+        idle, acquired = getattr(self, "_conns", None), getattr(self, "_acquired", None)
+        if idle is None or acquired is None:
+            return False
+        return not idle.get(req.connection_key) and 0 < len(acquired) < self.limit
 
     async def _open_spare(self, req: aiohttp.ClientRequest, timeout: aiohttp.ClientTimeout) -> None:
         try:
