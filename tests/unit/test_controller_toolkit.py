@@ -407,6 +407,45 @@ def test_a_pass_asking_for_retry_is_retried_and_a_crash_is_logged_with_its_trace
     crash = [r for r in caplog.records if r.name == "agent"]
     assert len(crash) == 1 and crash[0].getMessage() == "pass crashed: a bug" and crash[0].exc_info
 
+
+def test_an_events_pass_that_must_wait_for_a_slot_is_handed_over_once_per_key_with_the_newest_report(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Its group's slot is held: ``submit`` returns at once and one task per key runs the pass, with the
+    reports merged, once the slot is free; a key forgotten meanwhile runs nothing; a handed-over pass
+    that crashes is logged (no caller to raise to)."""
+    async def scenario() -> tuple[list[tuple[str, Any]], int]:
+        background = Background("test")
+        limit = toolkit.FairLimit(1)
+        runs: list[tuple[str, Any]] = []
+
+        async def run(key: str, trigger: str, report: Any = None) -> None:
+            runs.append((key, report))
+            if report == "bug":
+                raise ValueError("a bug")
+
+        guard: GuardedPass[str] = GuardedPass(
+            "guard-test", background, run, limit=limit, group=lambda key: "ns", merge=max,
+            say=lambda key, trigger, exc, delay: f"{key} {trigger}: failed")
+        await guard.submit("free", "event", 1)  # a slot is free: it runs now
+        async with limit.hold("ns"):
+            for report in (2, 4, 3):
+                await asyncio.wait_for(guard.submit("web", "event", report), 1)
+            await guard.submit("gone", "event", 1)
+            await guard.submit("crashes", "event", "bug")
+            guard.forget("gone")
+            handed = len(background.tasks)
+            assert runs == [("free", 1)]
+        await asyncio.gather(*background.tasks)
+        await background.stop()
+        return runs, handed
+
+    with caplog.at_level(logging.ERROR, logger="kopf_operators.controller"):
+        runs, handed = asyncio.run(scenario())
+    assert handed == 3
+    assert runs == [("free", 1), ("web", 4), ("crashes", "bug")]
+    [crash] = caplog.records
+    assert crash.getMessage() == "crashes event: failed" and crash.exc_info
+
 def test_a_fair_limit_serves_groups_round_robin_and_passes_on_a_cancelled_turn() -> None:
     async def scenario() -> list[str]:
         limit = toolkit.FairLimit(1)
