@@ -66,13 +66,20 @@ def gone(read: Callable[[], Any]) -> bool:
     return False
 
 
-@pytest.fixture
-def agents(operator: OperatorProcess, custom: kubernetes.client.CustomObjectsApi) -> Iterator[Agents]:
+def agents_of(custom: kubernetes.client.CustomObjectsApi,
+              before_cleanup: Callable[[], object] = lambda: None) -> Iterator[Agents]:
+    """The body of an ``agents`` fixture (``yield from``): the test's agents, each deleted after it and
+    awaited gone; ``before_cleanup`` runs first (say, starting the operator their finalizer needs)."""
     registry = Agents(custom)
     yield registry
-    operator.start()  # the finalizer needs a running operator
+    before_cleanup()
     for name in registry.names:
         registry.delete(name)
+
+
+@pytest.fixture
+def agents(operator: OperatorProcess, custom: kubernetes.client.CustomObjectsApi) -> Iterator[Agents]:
+    yield from agents_of(custom, operator.start)  # the finalizer needs a running operator
 
 
 @pytest.fixture

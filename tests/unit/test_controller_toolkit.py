@@ -446,26 +446,44 @@ def test_an_events_pass_that_must_wait_for_a_slot_is_handed_over_once_per_key_wi
     [crash] = caplog.records
     assert crash.getMessage() == "crashes event: failed" and crash.exc_info
 
+class Holders:
+    """Holders of a ``FairLimit``'s slots: each notes its name in ``served`` when it gets its slot, and
+    holds it until ``release_all``."""
+
+    def __init__(self, limit: toolkit.FairLimit) -> None:
+        self.limit = limit
+        self.served: list[str] = []
+        self.tasks: list[asyncio.Future[None]] = []
+        self.gate = asyncio.Event()
+
+    def start(self, group: str, *names: str) -> asyncio.Future[None]:
+        for name in names:
+            self.tasks.append(asyncio.ensure_future(self._hold(group, name)))
+        return self.tasks[-1]
+
+    async def _hold(self, group: str, name: str) -> None:
+        async with self.limit.hold(group):
+            self.served.append(name)
+            await self.gate.wait()
+
+    async def release_all(self) -> list[str]:
+        self.gate.set()
+        await asyncio.gather(*(task for task in self.tasks if not task.cancelled()))
+        return self.served
+
+
 def test_a_fair_limit_serves_groups_round_robin_and_passes_on_a_cancelled_turn() -> None:
     async def scenario() -> list[str]:
         limit = toolkit.FairLimit(1)
-        served: list[str] = []
-        gate = asyncio.Event()
-
-        async def holder(group: str, name: str) -> None:
-            async with limit.hold(group):
-                served.append(name)
-                await gate.wait()
-
-        tasks = [asyncio.ensure_future(holder("flood", f"f{i}")) for i in range(5)]
+        holders = Holders(limit)
+        holders.start("flood", *(f"f{i}" for i in range(5)))
         await asyncio.sleep(0)
-        tasks.append(asyncio.ensure_future(holder("quiet", "q0")))
-        cancelled = asyncio.ensure_future(holder("other", "o0"))
+        holders.start("quiet", "q0")
+        cancelled = holders.start("other", "o0")
         await asyncio.sleep(0)
         cancelled.cancel()
         await asyncio.sleep(0)
-        gate.set()
-        await asyncio.gather(*tasks)
+        served = await holders.release_all()
         assert limit.free == 1 and not limit.waiting
         return served
 
@@ -479,24 +497,16 @@ def test_a_fair_limit_serves_groups_round_robin_and_passes_on_a_cancelled_turn()
 def test_a_fair_limit_keeps_its_reserve_for_a_group_that_holds_no_slot() -> None:
     async def scenario() -> tuple[list[str], list[str]]:
         limit = toolkit.FairLimit(3, reserve=1)
-        served: list[str] = []
-        gate = asyncio.Event()
-
-        async def holder(group: str, name: str) -> None:
-            async with limit.hold(group):
-                served.append(name)
-                await gate.wait()
-
-        tasks = [asyncio.ensure_future(holder("flood", f"f{i}")) for i in range(5)]
+        holders = Holders(limit)
+        holders.start("flood", *(f"f{i}" for i in range(5)))
         await asyncio.sleep(0)
         # While the flood waits, the reserved slot is free for another group (its pass may run at once).
         assert limit.waiting and limit.may_take("quiet") and not limit.may_take("flood")
-        tasks.append(asyncio.ensure_future(holder("quiet", "q0")))
-        tasks.append(asyncio.ensure_future(holder("quiet", "q1")))  # its group now holds one: it waits
+        holders.start("quiet", "q0")
+        holders.start("quiet", "q1")  # its group now holds one: it waits
         await asyncio.sleep(0)
-        before_any_release = list(served)
-        gate.set()
-        await asyncio.gather(*tasks)
+        before_any_release = list(holders.served)
+        served = await holders.release_all()
         assert limit.free == 3 and not limit.waiting and not limit.held
         return before_any_release, served
 
