@@ -95,6 +95,12 @@ def make_pod(core: kubernetes.client.CoreV1Api, ns: str, name: str) -> None:
                                     "spec": {"containers": [{"name": "c", "image": "test"}]}})
 
 
+def make_pods(core: kubernetes.client.CoreV1Api, ns: str, prefix: str, count: int) -> None:
+    """Bare pods ``<prefix>-0`` .. ``<prefix>-<count - 1>``."""
+    for i in range(count):
+        make_pod(core, ns, f"{prefix}-{i}")
+
+
 def make_deployment(apps: kubernetes.client.AppsV1Api, ns: str, name: str, replicas: int) -> None:
     labels = {"app": name}
     apps.create_namespaced_deployment(ns, {
