@@ -20,7 +20,9 @@ The one reconcile shape (a pass is observe -> decide -> act) rests on three more
   to our own writes (and tombstones of our deletes) until the watch catches up, or the newest of
   several reports that may arrive out of order;
 - ``GuardedPass``: one pass for one key outside Kopf's retrying handlers: skipped while paused, a
-  failure counted, said in the log and retried with backoff (never hot), a success resets the backoff.
+  failure counted, said in the log and retried with backoff (never hot), a success resets the backoff;
+  with a ``FairLimit``, each pass holds a slot of its key's group, and an event's pass that must wait
+  for one is handed over to a task (``submit``) so that the event returns at once.
 """
 
 from __future__ import annotations
