@@ -196,19 +196,13 @@ class StatusReporter:
     # --- pushes: no status object, problems go to the source --------------------------------------------
 
     def check_push(self, entry: Mapping[str, Any], rule: logic.Rule) -> None:
+        """A push's problems: observe (its tally, its source), decide (``logic.decide_push``), act (a
+        Warning on the source when they change)."""
         tally = self.tally(rule)
         self.kept(rule.uid, len(tally.kept))
-        status = logic.build_status(rule, {}, tally)
-        _ready, stalled, reason, message = logic.readiness(tally, status)
-        stalled = stalled and reason != "NoTargetConsents"  # said below, as for any refusing target
-        if tally.skipped and not stalled:  # a token or a Helm release: never copied, and the owner is told
-            source = self.sources.get(rule.kind, (rule.namespace, rule.name)) or {}
-            reason, message, stalled = "Skipped", str(logic.skip_reason(rule, source)), True
-        if tally.unaccepted or tally.kept:  # the targets' consent: named, once per change
-            refused = logic.target_refusals(tally)
-            reason, message = (reason, f"{message}; {refused}") if stalled else ("PushRefused", refused)
-            stalled = True
-        self.sources.report_push(entry, reason, message if stalled else "")
+        source = self.sources.get(rule.kind, (rule.namespace, rule.name)) or {}
+        reason, message = logic.decide_push(rule, tally, source)
+        self.sources.report_push(entry, reason, message)
 
     # --- a rule's status ----------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from kopf_operators.copyrator.rules import (
     Rule,
     RuleError,
     consent_refusal,
+    skip_reason,
 )
 from kopf_operators.core.conventions import (
     kstatus_conditions,
@@ -335,6 +336,21 @@ def decide_status(rule: Rule, previous: Mapping[str, Any], tally: Tally, *, done
         message = "; ".join(status["refused"])
         said.append((f"Copyrator {rule.key}: {message}", ("Warning", "Refused", message)))
     return StatusDecision(status, said, refused)
+
+
+def decide_push(rule: Rule, tally: Tally, source: Mapping[str, Any]) -> tuple[str, str]:
+    """A push's problems (a push has no status; its source gets a Warning when they change): (reason,
+    message), the message empty when nothing is wrong. A stalled readiness, a source never copied (a
+    token, a Helm release: its owner is told), and the target namespaces that refuse, named."""
+    _ready, stalled, reason, message = readiness(tally, build_status(rule, {}, tally))
+    stalled = stalled and reason != "NoTargetConsents"  # said below, as for any refusing target
+    if tally.skipped and not stalled:
+        reason, message, stalled = "Skipped", str(skip_reason(rule, source)), True
+    if tally.unaccepted or tally.kept:  # the targets' consent: named, once per change
+        refused = target_refusals(tally)
+        reason, message = (reason, f"{message}; {refused}") if stalled else ("PushRefused", refused)
+        stalled = True
+    return reason, message if stalled else ""
 
 
 def status_changed(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:

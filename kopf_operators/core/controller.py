@@ -20,7 +20,9 @@ The one reconcile shape (a pass is observe -> decide -> act) rests on three more
   to our own writes (and tombstones of our deletes) until the watch catches up, or the newest of
   several reports that may arrive out of order;
 - ``GuardedPass``: one pass for one key outside Kopf's retrying handlers: skipped while paused, a
-  failure counted, said in the log and retried with backoff (never hot), a success resets the backoff.
+  failure counted, said in the log and retried with backoff (never hot), a success resets the backoff;
+  with a ``FairLimit``, each pass holds a slot of its key's group, and an event's pass that must wait
+  for one is handed over to a task (``submit``) so that the event returns at once.
 """
 
 from __future__ import annotations
@@ -515,7 +517,13 @@ class GuardedPass(Generic[K]):
       ``KeyedTimers.start``). Never hot.
     - A pass answering ``RETRY`` (False) is tried again the same way, without a log line (it says why
       itself); ``HOLD`` neither retries nor resets; any other answer resets the key's backoff.
-    - ``limit``: at most this many passes at once (over all keys).
+    - ``limit``: at most this many passes at once (over all keys), or a ``FairLimit`` shared by the
+      keys' ``group``s (a namespace): each pass holds a slot of its group while it runs.
+    - ``later(key, delay)``: run the pass again after ``delay`` (the retry's timer: one per key).
+    - ``submit(key, trigger, report)``: an event's pass. It runs now when its group may take a slot;
+      otherwise it is handed over to a task that waits for the group's turn, so that the event returns
+      at once. One handed-over pass per key: later events only ``merge`` their report into the one it
+      will run with. A handed-over pass that crashes has no caller to raise to: it is logged.
     """
 
     def __init__(self, operator: str, background: Background, run: Callable[..., Awaitable[Any]], *,
@@ -523,26 +531,57 @@ class GuardedPass(Generic[K]):
                  paused: Callable[[], bool] = lambda: False, retry: tuple[float, float] | None = None,
                  if_pending: IfPending = "keep", catch: tuple[type[Exception], ...] = (ApiError,),
                  retried: Callable[[Exception], bool] = lambda exc: True, error_kind: str = "api",
-                 traceback: bool = False, limit: int | None = None,
+                 traceback: bool = False, limit: int | FairLimit | None = None,
+                 group: Callable[[K], Hashable] = lambda key: None,
+                 merge: Callable[[Any, Any], Any] = lambda held, report: report,
+                 retry_trigger: str = "retry", log: logging.Logger | None = None,
                  on_failure: Callable[[K, Exception], None] | None = None) -> None:
         self.operator, self.run, self.say = operator, run, say
         self.paused, self.catch, self.retried = paused, catch, retried
         self.error_kind, self.traceback, self.if_pending = error_kind, traceback, if_pending
-        self.on_failure = on_failure
+        self.on_failure, self.retry_trigger, self.log = on_failure, retry_trigger, log or logger
         self.backoff: Backoff[K] | None = None if retry is None else Backoff(*retry)
+        self.background = background
         self.timers: KeyedTimers[K] = background.timers()
-        self._limit = None if limit is None else asyncio.Semaphore(limit)
+        self.limit = FairLimit(limit) if isinstance(limit, int) else limit
+        self.group, self.merge = group, merge
+        self._handed: dict[K, Any] = {}  # key -> the report its handed-over pass runs with (``submit``)
+
+    async def submit(self, key: K, trigger: str, report: Any = None) -> None:
+        """An event's pass, run now or handed over to wait for a slot (see the class)."""
+        if self.paused():
+            return
+        if key in self._handed:
+            self._handed[key] = self.merge(self._handed[key], report)
+        elif self.limit is None or self.limit.may_take(self.group(key)):
+            await self(key, trigger, report)
+        else:
+            self._handed[key] = report
+            self.background.spawn(self._handed_pass(key, trigger))
+
+    async def _handed_pass(self, key: K, trigger: str) -> None:
+        try:
+            await self(key, trigger, handed=True)
+        except Exception as exc:
+            self.log.error(self.say(key, trigger, exc, None), exc_info=exc)  # no handler to say it
 
     async def __call__(self, key: K, trigger: str, *args: Any,
-                       log: logging.Logger | logging.LoggerAdapter[Any] | None = None) -> bool:
-        """One pass; True when it is done (no retry due)."""
+                       log: logging.Logger | logging.LoggerAdapter[Any] | None = None, handed: bool = False) -> bool:
+        """One pass; True when it is done (no retry due). ``handed``: the pass ``submit`` handed over
+        (it runs with the newest report once it holds its slot; nothing when its key was forgotten)."""
         if self.paused():
+            if handed:
+                self._handed.pop(key, None)
             return False
         try:
-            if self._limit is None:
+            if self.limit is None:
                 answer = await self.run(key, trigger, *args)
             else:
-                async with self._limit:
+                async with self.limit.hold(self.group(key)):
+                    if handed:
+                        if key not in self._handed:
+                            return True  # forgotten meanwhile (the object is gone)
+                        args = (self._handed.pop(key),)
                     answer = await self.run(key, trigger, *args)
         except asyncio.CancelledError:
             raise
@@ -558,7 +597,7 @@ class GuardedPass(Generic[K]):
                     self.backoff.next_delay(key)
             message = self.say(key, trigger, exc, delay)
             if message:
-                (log or logger).log(logging.WARNING if not self.traceback else logging.ERROR, message,
+                (log or self.log).log(logging.WARNING if not self.traceback else logging.ERROR, message,
                                     exc_info=self.traceback)
             return False
         if answer is RETRY:
@@ -575,11 +614,16 @@ class GuardedPass(Generic[K]):
         if self.backoff is None or (if_pending == "keep" and self.timers.pending(key)):
             return None
         delay = self.backoff.next_delay(key)
-        self.timers.start(key, delay, lambda: self._retry(key), if_pending=if_pending)
+        self.later(key, delay, if_pending=if_pending)
         return delay
 
+    def later(self, key: K, delay: float, *, if_pending: IfPending = "earlier") -> bool:
+        """Run the pass of ``key`` (as ``retry_trigger``) after ``delay``: a look again that a decision
+        asks for shares the retry's one timer per key. False: a pending one was kept."""
+        return self.timers.start(key, delay, lambda: self._retry(key), if_pending=if_pending)
+
     async def _retry(self, key: K) -> None:
-        await self(key, "retry")
+        await self(key, self.retry_trigger)
 
     def failures(self, key: K) -> int:
         return 0 if self.backoff is None else self.backoff.failures(key)
@@ -588,3 +632,4 @@ class GuardedPass(Generic[K]):
         if self.backoff is not None:
             self.backoff.reset(key)
         self.timers.cancel(key)
+        self._handed.pop(key, None)

@@ -32,11 +32,10 @@ from kopf_operators.core import metrics
 from kopf_operators.core.access import Access, ApiError
 from kopf_operators.core.controller import (
     Background,
-    Backoff,
     FairLimit,
+    GuardedPass,
     Index,
     KeyedState,
-    KeyedTimers,
     MemoSlot,
     Newest,
     PerKey,
@@ -96,16 +95,20 @@ class RerollerController:
         self._sightings: PerKey[Key, logic.FirstSighting] = self.state.map()  # first sightings, baseline unwritten
         self._last_roll: PerKey[Key, float] = self.state.map()  # monotonic time of its last rollout
         self._warned: PerKey[Key, tuple[str, ...]] = self.state.map()  # the missing sources said
-        self._timers: KeyedTimers[Key] = self.state.track(self.background.timers())  # the next look (earliest wins)
-        self._backoff: Backoff[Key] = self.state.track(Backoff(*RETRY_SECONDS))
         self.state.on_forget(self._release)  # no longer waiting for a rollout slot
         # Fair between namespaces, like the bucket: a flood of rollouts in one namespace, slower to write
         # than the budget allows, must not queue another namespace's pass behind it (and one slot is
         # kept for a namespace that holds none, so its first write need not wait for the flood's).
         self._limit = FairLimit(CONCURRENCY, reserve=1)
-        # Events' passes handed over to wait for a write slot (see ``submit``): key -> the newest view an
-        # event reported for it (None: look it up when the pass runs). A key is here while its pass waits.
-        self._handed: PerKey[Key, logic.WorkloadView | None] = self.state.map()
+        # Every pass (an event's, a look again, a retry, the resync) holds a write slot of its namespace;
+        # a failure is retried with backoff on the same timer as the next look (earliest wins). An event's
+        # pass that must wait for a slot is handed over (``submit``) with the newest view reported for it.
+        self.passes: GuardedPass[Key] = self.state.track(GuardedPass(
+            OPERATOR, self.background, lambda key, trigger, view=None: self.reconcile(key, trigger, view),
+            say=self._say, paused=lambda: self.access.paused, retry=RETRY_SECONDS, if_pending="earlier",
+            retried=lambda exc: isinstance(exc, ApiError) and (exc.transient or exc.status == 409),
+            limit=self._limit, group=lambda key: key[1], merge=self.known.newer, retry_trigger="timer",
+            log=logger, on_failure=lambda key, _exc: self._count(key, "failed")))
         # Sources whose data differs from their data stamp (a copy edited by hand, about to be put back
         # by its writer) -> when that was first seen (monotonic); see ``decisions.drift_held``.
         self._drift_since: dict[SourceKey, float] = {}
@@ -190,53 +193,29 @@ class RerollerController:
         write slot would hold them all, and another namespace's ConfigMap event would wait for one.)
         One handed-over pass per key; later events only bring it a newer view. It is in memory only,
         like a timer: after a restart the first look compares the stored baseline with the data."""
-        if self.access.paused:
-            return
-        if key in self._handed:
-            self._handed[key] = self.known.newer(self._handed[key], event_view)
-        elif self._limit.may_take(key[1]):
-            await self.guarded(key, trigger, event_view)
-        else:
-            self._handed[key] = event_view
-            self.background.spawn(self.guarded(key, trigger, handed=True))
+        await self.passes.submit(key, trigger, event_view)
 
-    async def guarded(self, key: Key, trigger: str, event_view: logic.WorkloadView | None = None, *,
-                      handed: bool = False) -> None:
-        """One pass outside Kopf's retrying handlers: a failure is logged once and retried later with
-        backoff, never hot. Nothing while Kopf has paused this process (a standby). ``handed``: the
-        pass ``submit`` handed over (it takes the newest view reported meanwhile once it may write)."""
-        if self.access.paused:
-            self._handed.pop(key, None)
-            return
-        try:
-            async with self._limit.hold(key[1]):
-                if handed:
-                    if key not in self._handed:
-                        return  # forgotten meanwhile (deleted, or no longer opted in)
-                    event_view = self._handed.pop(key)
-                await self.reconcile(key, trigger, event_view)
-            self._backoff.reset(key)
-        except ApiError as exc:
-            metrics.error(OPERATOR, "api")
-            self._count(key, "failed")
-            attempts = self._backoff.failures(key)
-            delay = self._backoff.next_delay(key)
-            if not (exc.transient or exc.status == 409):
-                # Refused (403, 422: say, annotations over the size limit): retrying will not help;
-                # said once, and the next change of the workload or its sources (or the sweep) retries.
-                if not attempts:
-                    logger.warning(f"{key[0]} {key[1]}/{key[2]}: {trigger}: {exc}; not retrying until it changes")
-                return
-            logger.warning(f"{key[0]} {key[1]}/{key[2]}: {trigger}: {exc}; retrying in {delay:.0f}s")
-            self._schedule(key, delay)
-        except Exception:
-            if not handed:
-                raise  # Kopf's handler says it
-            logger.exception(f"{key[0]} {key[1]}/{key[2]}: {trigger}: failed")  # no handler to say it
+    async def guarded(self, key: Key, trigger: str, event_view: logic.WorkloadView | None = None) -> None:
+        """One pass outside Kopf's retrying handlers (a failure is retried later with backoff, never
+        hot; nothing on a standby), holding a write slot of its namespace."""
+        await self.passes(key, trigger, event_view)
+
+    def _say(self, key: Key, trigger: str, exc: Exception, delay: float | None) -> str:
+        where = f"{key[0]} {key[1]}/{key[2]}: {trigger}"
+        if not isinstance(exc, ApiError):
+            return f"{where}: failed"  # a handed-over pass's crash (no handler to say it)
+        if delay is None:
+            # Refused (403, 422: say, annotations over the size limit): retrying will not help; said
+            # once, and the next change of the workload or its sources (or the sweep) retries.
+            if self.passes.failures(key) == 1:
+                logger.warning(f"{where}: {exc}; not retrying until it changes")
+        else:
+            logger.warning(f"{where}: {exc}; retrying in {delay:.0f}s")
+        return ""  # said here, in this operator's logger
 
     def _schedule(self, key: Key, delay: float) -> None:
         """Look at the workload again after ``delay`` (an earlier pending look wins)."""
-        self._timers.start(key, delay, lambda: self.guarded(key, "timer"), if_pending="earlier")
+        self.passes.later(key, delay)
 
     # --- one level-triggered pass ----------------------------------------------------------------------
 

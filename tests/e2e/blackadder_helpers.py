@@ -66,13 +66,20 @@ def gone(read: Callable[[], Any]) -> bool:
     return False
 
 
-@pytest.fixture
-def agents(operator: OperatorProcess, custom: kubernetes.client.CustomObjectsApi) -> Iterator[Agents]:
+def agents_of(custom: kubernetes.client.CustomObjectsApi,
+              before_cleanup: Callable[[], object] = lambda: None) -> Iterator[Agents]:
+    """The body of an ``agents`` fixture (``yield from``): the test's agents, each deleted after it and
+    awaited gone; ``before_cleanup`` runs first (say, starting the operator their finalizer needs)."""
     registry = Agents(custom)
     yield registry
-    operator.start()  # the finalizer needs a running operator
+    before_cleanup()
     for name in registry.names:
         registry.delete(name)
+
+
+@pytest.fixture
+def agents(operator: OperatorProcess, custom: kubernetes.client.CustomObjectsApi) -> Iterator[Agents]:
+    yield from agents_of(custom, operator.start)  # the finalizer needs a running operator
 
 
 @pytest.fixture
@@ -86,6 +93,12 @@ def other_namespace(namespace: str, core: kubernetes.client.CoreV1Api) -> Iterat
 def make_pod(core: kubernetes.client.CoreV1Api, ns: str, name: str) -> None:
     core.create_namespaced_pod(ns, {"metadata": {"name": name, "labels": {"app": "chaos-test"}},
                                     "spec": {"containers": [{"name": "c", "image": "test"}]}})
+
+
+def make_pods(core: kubernetes.client.CoreV1Api, ns: str, prefix: str, count: int) -> None:
+    """Bare pods ``<prefix>-0`` .. ``<prefix>-<count - 1>``."""
+    for i in range(count):
+        make_pod(core, ns, f"{prefix}-{i}")
 
 
 def make_deployment(apps: kubernetes.client.AppsV1Api, ns: str, name: str, replicas: int) -> None:

@@ -54,6 +54,16 @@ def wait_counted(custom: Any, namespace: str, name: str, starts: int, uid: str, 
     return wait_for(probe, timeout=timeout, what=f"{name} to count start #{starts} for pod {uid}")
 
 
+def started_ic(core: kubernetes.client.CoreV1Api, custom: Any, namespace: str, name: str) -> tuple[PodCreations, Any]:
+    """An ImmortalContainer ``name`` created with a watch of its pod's creations (the ground truth of
+    its starts: ``wait_counted_exactly``), once its first pod is counted: (the watch, the pod)."""
+    creations = PodCreations(core, namespace, field_selector=f"metadata.name={name}-immortalpod")
+    create_ic(custom, namespace, name)
+    pod = wait_pod(core, namespace, f"{name}-immortalpod")
+    wait_counted(custom, namespace, name, 1, pod.metadata.uid)
+    return creations, pod
+
+
 def ready(st: dict[str, Any]) -> dict[str, Any]:
     return next(c for c in st.get("conditions") or () if c["type"] == "Ready")
 

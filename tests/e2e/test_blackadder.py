@@ -43,6 +43,7 @@ from tests.e2e.blackadder_helpers import (  # noqa: F401 (fixtures)
     make_cm,
     make_deployment,
     make_pod,
+    make_pods,
     next_cycles,
     other_namespace,
     replicas,
@@ -81,10 +82,8 @@ spec: {{tantrumMode: true, podTolerance: 10, eagerness: 200, pauseDuration: 30, 
 
 def test_tantrum_kills_only_in_targets_and_respects_tolerance(
         agents: Agents, namespace: str, other_namespace: str, core: kubernetes.client.CoreV1Api) -> None:
-    for i in range(4):
-        make_pod(core, namespace, f"victim-{i}")
-    for i in range(2):
-        make_pod(core, other_namespace, f"bystander-{i}")
+    make_pods(core, namespace, "victim", 4)
+    make_pods(core, other_namespace, "bystander", 2)
     bystanders = live_pods(core, other_namespace)
     # Bare pods are single-replica workloads: only fair game when allowed (issue #14).
     name = agents.create({"tantrumMode": True, "podTolerance": 2, "eagerness": 100, "pauseDuration": PAUSE,
@@ -157,8 +156,7 @@ def test_cancer_and_ipsum_confined_live_edit_and_revert(
 
 def test_dry_run_changes_nothing_but_reports(
         agents: Agents, namespace: str, core: kubernetes.client.CoreV1Api, apps: kubernetes.client.AppsV1Api) -> None:
-    for i in range(3):
-        make_pod(core, namespace, f"pod-{i}")
+    make_pods(core, namespace, "pod", 3)
     make_deployment(apps, namespace, "web", 1)
     cm_version = make_cm(core, namespace, "settings", {"a": "1"})
     pods = live_pods(core, namespace)
@@ -311,10 +309,8 @@ def test_pod_and_namespace_selectors_scope_every_mode(
 
 def test_max_kills_per_cycle_and_minimum_pod_age(
         agents: Agents, namespace: str, other_namespace: str, core: kubernetes.client.CoreV1Api) -> None:
-    for i in range(6):
-        make_pod(core, namespace, f"pod-{i}")
-    for i in range(3):
-        make_pod(core, other_namespace, f"young-{i}")
+    make_pods(core, namespace, "pod", 6)
+    make_pods(core, other_namespace, "young", 3)
     young = live_pods(core, other_namespace)
     capped = agents.create({**GREEDY, "tantrumMode": True, "maxKillsPerCycle": 2, "targetNamespaces": [namespace]})
     aged = agents.create({**GREEDY, "tantrumMode": True, "minPodAgeSeconds": 3600,
@@ -344,8 +340,7 @@ def test_annotation_selector_and_required_opt_in(
 
 def test_active_windows_idle_outside_and_act_inside(
         agents: Agents, namespace: str, core: kubernetes.client.CoreV1Api) -> None:
-    for i in range(2):
-        make_pod(core, namespace, f"pod-{i}")
+    make_pods(core, namespace, "pod", 2)
     pods = live_pods(core, namespace)
     today = time.gmtime().tm_wday
     closed_day = logic.WEEKDAYS[(today + 3) % 7]  # a whole day, but not today (in UTC)

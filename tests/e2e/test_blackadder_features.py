@@ -25,6 +25,7 @@ from tests.e2e.blackadder_helpers import (  # noqa: F401 (fixtures)
     events,
     live_pods,
     make_pod,
+    make_pods,
     next_cycles,
     replicas,
 )
@@ -118,8 +119,7 @@ def test_invalid_pod_name_pattern_stalls_with_an_event_until_fixed(
 
 def test_excluded_date_idles_the_agent_all_day(
         agents: Agents, namespace: str, core: kubernetes.client.CoreV1Api) -> None:
-    for i in range(2):
-        make_pod(core, namespace, f"pod-{i}")
+    make_pods(core, namespace, "pod", 2)
     pods = live_pods(core, namespace)
     # Today (and tomorrow, should the test run over midnight) in the agent's zone: once, and every year.
     zone = "Pacific/Kiritimati"  # UTC+14: not the machine's day, proving the zone is used

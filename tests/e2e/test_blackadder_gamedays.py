@@ -25,6 +25,7 @@ from tests.e2e.blackadder_helpers import (
     GREEDY,
     PAUSE,
     Agents,
+    agents_of,
     condition,
     events,
     make_deployment,
@@ -120,10 +121,7 @@ def game_operator(operator_process: OperatorProcess, health: int) -> Iterator[Op
 
 @pytest.fixture
 def agents(game_operator: OperatorProcess, custom: kubernetes.client.CustomObjectsApi) -> Iterator[Agents]:
-    registry = Agents(custom)
-    yield registry
-    for name in registry.names:
-        registry.delete(name)
+    yield from agents_of(custom)
 
 
 def run_of(agents: Agents, name: str) -> dict[str, Any]:

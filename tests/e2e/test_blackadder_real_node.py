@@ -13,7 +13,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from tests.e2e.blackadder_helpers import GREEDY, Agents
+from tests.e2e.blackadder_helpers import GREEDY, Agents, agents_of
 from tests.e2e.realnode import NODE, script
 from tests.kube import OperatorProcess, wait_for
 
@@ -30,10 +30,7 @@ def image(real_node: str) -> str:
 
 @pytest.fixture
 def agents(operator: OperatorProcess, custom: kubernetes.client.CustomObjectsApi) -> Iterator[Agents]:
-    registry = Agents(custom)
-    yield registry
-    for name in registry.names:
-        registry.delete(name)
+    yield from agents_of(custom)
 
 
 def epoch(value: Any) -> float:

@@ -27,6 +27,7 @@ from tests.e2e.blackadder_helpers import (
     live_pods,
     make_deployment,
     make_pod,
+    make_pods,
     render,
 )
 from tests.kube import E2E_VALUES, OperatorProcess, chart_objects, delete_namespaces, stays, wait_for
@@ -146,10 +147,8 @@ def test_an_agent_with_every_field_kills_only_in_its_namespace_within_the_limits
         custom: kubernetes.client.CustomObjectsApi) -> None:
     ns = team.namespace
     allow(core, ns)
-    for i in range(6):
-        make_pod(core, ns, f"own-{i}")
-    for i in range(3):
-        make_pod(core, neighbour, f"their-{i}")
+    make_pods(core, ns, "own", 6)
+    make_pods(core, neighbour, "their", 3)
     wait_for(lambda: len(live_pods(core, ns)) == 6 and len(live_pods(core, neighbour)) == 3, timeout=30,
              what="the pods")
     theirs = live_pods(core, neighbour)
@@ -194,8 +193,7 @@ def test_the_kill_switch_and_the_operators_dry_run_stop_tenants(
         custom: kubernetes.client.CustomObjectsApi) -> None:
     ns = team.namespace
     allow(core, ns)
-    for i in range(3):
-        make_pod(core, ns, f"p-{i}")
+    make_pods(core, ns, "p", 3)
     wait_for(lambda: len(live_pods(core, ns)) == 3, timeout=30, what="the pods")
     pods = live_pods(core, ns)
     core.patch_namespace(RELEASE, {"metadata": {"labels": {logic.KILL_SWITCH_LABEL: "true"}}})
@@ -226,8 +224,7 @@ def test_deleting_an_agent_removes_its_ledger_and_nothing_else(
         team: Team, core: kubernetes.client.CoreV1Api, custom: kubernetes.client.CustomObjectsApi) -> None:
     ns = team.namespace
     allow(core, ns)
-    for i in range(4):
-        make_pod(core, ns, f"p-{i}")
+    make_pods(core, ns, "p", 4)
     wait_for(lambda: len(live_pods(core, ns)) == 4, timeout=30, what="the pods")
     assert team.apply(agent_yaml("brief", {"eagerness": 100, "pauseDuration": 5, "maxKillsPerCycle": 1,
                                            "allowSingleReplica": True})).returncode == 0

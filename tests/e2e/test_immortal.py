@@ -24,6 +24,7 @@ from tests.e2e.immortal_helpers import (
     has_event,
     pod_or_none,
     ready,
+    started_ic,
     status,
     wait_counted,
     wait_counted_exactly,
@@ -75,10 +76,7 @@ def test_deleted_pod_is_recreated_and_counted_exactly_once(core: Any, custom: An
                                                             operator: OperatorProcess) -> None:
     # Ground truth from a pod watch: KWOK sometimes deletes a just-recreated pod of the same name,
     # and that replacement is a real start too.
-    creations = PodCreations(core, namespace, field_selector="metadata.name=web-immortalpod")
-    create_ic(custom, namespace, "web")
-    pod = wait_pod(core, namespace, "web-immortalpod")
-    wait_counted(custom, namespace, "web", 1, pod.metadata.uid)
+    creations, pod = started_ic(core, custom, namespace, "web")
     for _ in range(2):
         old = pod.metadata.uid
         delete_pod(core, namespace, "web-immortalpod")
@@ -350,10 +348,7 @@ def test_overlong_name_is_rejected(namespace: str, crds: None) -> None:
 
 def test_reaction_time_pod_deleted_to_replacement(core: Any, custom: Any, namespace: str,
                                                   operator: OperatorProcess) -> None:
-    creations = PodCreations(core, namespace, field_selector="metadata.name=fast-immortalpod")
-    create_ic(custom, namespace, "fast")
-    pod = wait_pod(core, namespace, "fast-immortalpod")
-    wait_counted(custom, namespace, "fast", 1, pod.metadata.uid)
+    creations, pod = started_ic(core, custom, namespace, "fast")
     latencies: list[float] = []
     for _ in range(20):
         old = pod.metadata.uid

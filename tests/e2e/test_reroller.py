@@ -122,7 +122,8 @@ def test_statefulset_and_daemonset_roll_once(operator: OperatorProcess, namespac
     wait_for(lambda: revisions(apps, namespace, "w") == 2, timeout=30, what="a second revision")
     stays(lambda: revisions(apps, namespace, "w") == 2 and template_hash(apps, namespace, "w", kind) == new,
           3, what="exactly one rollout")
-    assert events(core, namespace, "w", "Rerolled")
+    wait_for(lambda: events(core, namespace, "w", "Rerolled"), timeout=10,
+             what="the Rerolled Event(s)")  # posted after the write
 
 
 def test_noop_edits_recreate_and_restarts_roll_nothing(operator: OperatorProcess, namespace: str,
@@ -373,7 +374,8 @@ def test_cronjob_gets_a_job_and_job_is_recreated(operator: OperatorProcess, name
     assert again.metadata.annotations.get(logic.RELOADER_AUTO) == "true"
     stays(lambda: len(triggered()) == 1, 4, what="one Job per change")
     assert batch.read_namespaced_job("once", namespace).metadata.uid == again.metadata.uid, "recreated once"
-    assert events(core, namespace, "nightly", "Rerolled") and events(core, namespace, "once", "Rerolled")
+    wait_for(lambda: events(core, namespace, "nightly", "Rerolled") and events(core, namespace, "once", "Rerolled"),
+             timeout=10, what="the Rerolled Events")  # posted after the write
     assert not operator.errors(about=namespace)
 
 
@@ -832,7 +834,8 @@ def test_notify_only(reroller_with: Callable[..., OperatorProcess], receiver: Re
     body = receiver.received[0][1]
     assert body["action"] == "notified" and body["sources"] == ["configmap/nginx-conf"]
     wait_for(lambda: observed_hash(apps, namespace, "nginx") != first, timeout=15, what="the change recorded")
-    assert events(core, namespace, "nginx", "ChangeNotified")
+    wait_for(lambda: events(core, namespace, "nginx", "ChangeNotified"), timeout=10,
+             what="the ChangeNotified Event(s)")  # posted after the write
     assert_not_rolled(apps, namespace, "nginx", 4)
     assert len(receiver.received) == 1
 
@@ -989,7 +992,8 @@ def test_argo_rollouts(rollouts_installed: None, reroller_with: Callable[..., Op
     restart_at = wait_for(lambda: get("restarted")["spec"].get("restartAt"), timeout=30, what="restartAt set")
     assert not (get("restarted")["spec"]["template"]["metadata"].get("annotations") or {})
     assert "restartAt" not in get("canary")["spec"]
-    assert events(core, namespace, "restarted", "Rerolled") and events(core, namespace, "canary", "Rerolled")
+    wait_for(lambda: events(core, namespace, "restarted", "Rerolled") and events(core, namespace, "canary", "Rerolled"),
+             timeout=10, what="the Rerolled Events")  # posted after the write
 
     time.sleep(10.5)  # past the minimum interval: the next change restarts again, with a later time
     set_cm(core, namespace, "conf", {"k": "3"})

@@ -112,7 +112,8 @@ def test_a_reverted_change_rolls_nothing_and_a_malformed_window_blocks_with_a_wa
         wait_for(lambda n=name: pending(apps, namespace, n) is None, timeout=30,  # type: ignore[misc]
                  what=f"{name}'s pending rollout dropped")
         assert_not_rolled(apps, namespace, name, seconds=2)
-    assert events(core, namespace, "later", "RerollDropped")
+    wait_for(lambda: events(core, namespace, "later", "RerollDropped"), timeout=10,
+             what="the RerollDropped Event(s)")  # posted after the write
     assert not events(core, namespace, "later", "Rerolled")
 
 

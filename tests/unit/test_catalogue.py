@@ -149,9 +149,9 @@ def _is(index: int, value: object) -> Callable[[ast.Tuple], bool]:
 
 _RULE_ERRORS = [call_literals("copyrator", "rules.py", "RuleError", 1, "Warning"),
                 default_of("copyrator", "rules.py", "RuleError", "reason", "Warning")]
-_PUSH_PROBLEMS = [*_RULE_ERRORS,  # a push's reason: a stalled readiness, or what check_push decides
+_PUSH_PROBLEMS = [*_RULE_ERRORS,  # a push's reason: a stalled readiness, or what decide_push adds
                   tuple_literals("copyrator", "tally.py", "readiness", 2, "Warning", when=_is(1, True)),
-                  tuple_literals("copyrator", "status.py", "check_push", 0, "Warning")]
+                  tuple_literals("copyrator", "tally.py", "decide_push", 0, "Warning")]
 
 # A computed reason at an emit site: (file, the expression) -> the scans that find every value it takes.
 COMPUTED: dict[tuple[str, str], list[Scan]] = {

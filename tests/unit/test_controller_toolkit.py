@@ -407,26 +407,83 @@ def test_a_pass_asking_for_retry_is_retried_and_a_crash_is_logged_with_its_trace
     crash = [r for r in caplog.records if r.name == "agent"]
     assert len(crash) == 1 and crash[0].getMessage() == "pass crashed: a bug" and crash[0].exc_info
 
+
+def test_an_events_pass_that_must_wait_for_a_slot_is_handed_over_once_per_key_with_the_newest_report(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Its group's slot is held: ``submit`` returns at once and one task per key runs the pass, with the
+    reports merged, once the slot is free; a key forgotten meanwhile runs nothing; a handed-over pass
+    that crashes is logged (no caller to raise to)."""
+    async def scenario() -> tuple[list[tuple[str, Any]], int]:
+        background = Background("test")
+        limit = toolkit.FairLimit(1)
+        runs: list[tuple[str, Any]] = []
+
+        async def run(key: str, trigger: str, report: Any = None) -> None:
+            runs.append((key, report))
+            if report == "bug":
+                raise ValueError("a bug")
+
+        guard: GuardedPass[str] = GuardedPass(
+            "guard-test", background, run, limit=limit, group=lambda key: "ns", merge=max,
+            say=lambda key, trigger, exc, delay: f"{key} {trigger}: failed")
+        await guard.submit("free", "event", 1)  # a slot is free: it runs now
+        async with limit.hold("ns"):
+            for report in (2, 4, 3):
+                await asyncio.wait_for(guard.submit("web", "event", report), 1)
+            await guard.submit("gone", "event", 1)
+            await guard.submit("crashes", "event", "bug")
+            guard.forget("gone")
+            handed = len(background.tasks)
+            assert runs == [("free", 1)]
+        await asyncio.gather(*background.tasks)
+        await background.stop()
+        return runs, handed
+
+    with caplog.at_level(logging.ERROR, logger="kopf_operators.controller"):
+        runs, handed = asyncio.run(scenario())
+    assert handed == 3
+    assert runs == [("free", 1), ("web", 4), ("crashes", "bug")]
+    [crash] = caplog.records
+    assert crash.getMessage() == "crashes event: failed" and crash.exc_info
+
+class Holders:
+    """Holders of a ``FairLimit``'s slots: each notes its name in ``served`` when it gets its slot, and
+    holds it until ``release_all``."""
+
+    def __init__(self, limit: toolkit.FairLimit) -> None:
+        self.limit = limit
+        self.served: list[str] = []
+        self.tasks: list[asyncio.Future[None]] = []
+        self.gate = asyncio.Event()
+
+    def start(self, group: str, *names: str) -> asyncio.Future[None]:
+        for name in names:
+            self.tasks.append(asyncio.ensure_future(self._hold(group, name)))
+        return self.tasks[-1]
+
+    async def _hold(self, group: str, name: str) -> None:
+        async with self.limit.hold(group):
+            self.served.append(name)
+            await self.gate.wait()
+
+    async def release_all(self) -> list[str]:
+        self.gate.set()
+        await asyncio.gather(*(task for task in self.tasks if not task.cancelled()))
+        return self.served
+
+
 def test_a_fair_limit_serves_groups_round_robin_and_passes_on_a_cancelled_turn() -> None:
     async def scenario() -> list[str]:
         limit = toolkit.FairLimit(1)
-        served: list[str] = []
-        gate = asyncio.Event()
-
-        async def holder(group: str, name: str) -> None:
-            async with limit.hold(group):
-                served.append(name)
-                await gate.wait()
-
-        tasks = [asyncio.ensure_future(holder("flood", f"f{i}")) for i in range(5)]
+        holders = Holders(limit)
+        holders.start("flood", *(f"f{i}" for i in range(5)))
         await asyncio.sleep(0)
-        tasks.append(asyncio.ensure_future(holder("quiet", "q0")))
-        cancelled = asyncio.ensure_future(holder("other", "o0"))
+        holders.start("quiet", "q0")
+        cancelled = holders.start("other", "o0")
         await asyncio.sleep(0)
         cancelled.cancel()
         await asyncio.sleep(0)
-        gate.set()
-        await asyncio.gather(*tasks)
+        served = await holders.release_all()
         assert limit.free == 1 and not limit.waiting
         return served
 
@@ -440,24 +497,16 @@ def test_a_fair_limit_serves_groups_round_robin_and_passes_on_a_cancelled_turn()
 def test_a_fair_limit_keeps_its_reserve_for_a_group_that_holds_no_slot() -> None:
     async def scenario() -> tuple[list[str], list[str]]:
         limit = toolkit.FairLimit(3, reserve=1)
-        served: list[str] = []
-        gate = asyncio.Event()
-
-        async def holder(group: str, name: str) -> None:
-            async with limit.hold(group):
-                served.append(name)
-                await gate.wait()
-
-        tasks = [asyncio.ensure_future(holder("flood", f"f{i}")) for i in range(5)]
+        holders = Holders(limit)
+        holders.start("flood", *(f"f{i}" for i in range(5)))
         await asyncio.sleep(0)
         # While the flood waits, the reserved slot is free for another group (its pass may run at once).
         assert limit.waiting and limit.may_take("quiet") and not limit.may_take("flood")
-        tasks.append(asyncio.ensure_future(holder("quiet", "q0")))
-        tasks.append(asyncio.ensure_future(holder("quiet", "q1")))  # its group now holds one: it waits
+        holders.start("quiet", "q0")
+        holders.start("quiet", "q1")  # its group now holds one: it waits
         await asyncio.sleep(0)
-        before_any_release = list(served)
-        gate.set()
-        await asyncio.gather(*tasks)
+        before_any_release = list(holders.served)
+        served = await holders.release_all()
         assert limit.free == 3 and not limit.waiting and not limit.held
         return before_any_release, served
 

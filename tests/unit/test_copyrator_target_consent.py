@@ -148,6 +148,28 @@ def test_a_rule_no_target_accepts_is_not_ready_and_says_why() -> None:
     assert logic.readiness(some, {})[:3] == (True, False, "Synced")
 
 
+def test_a_push_decides_its_problem_from_its_tally_and_source() -> None:
+    """A push has no status: ``decide_push`` is what its source's Warning says (nothing when all is well)."""
+    source = pushing()
+    synced = logic.Tally(sources=1, targets=1, desired=1, copied=1)
+    assert logic.decide_push(push(source), synced, source)[1] == ""
+    # Refusing targets are named, whether some or every target refuses (NoTargetConsents is a rule's).
+    for desired in (1, 0):
+        tally = logic.Tally(sources=1, targets=2, desired=desired, copied=desired,
+                            unaccepted=[("team-b", "no consent")])
+        reason, message = logic.decide_push(push(source), tally, source)
+        assert reason == "PushRefused" and message.startswith("not copied into 1 namespace(s)")
+        assert "team-b (no consent)" in message
+    # Stalled for another reason: that reason, and the refusals after it.
+    stalled = logic.Tally(sources=1, targets=2, conflicts=["team-c/cfg"], unaccepted=[("team-b", "no consent")])
+    reason, message = logic.decide_push(push(source), stalled, source)
+    assert reason == "ForeignObject" and "team-c/cfg" in message and message.endswith(logic.target_refusals(stalled))
+    # A source never copied (a Helm release): its owner is told why.
+    release = {**pushing(), "kind": "Secret", "type": "helm.sh/release.v1"}
+    reason, message = logic.decide_push(push(release), logic.Tally(skipped=1), release)
+    assert (reason, message) == ("Skipped", "Secrets of type helm.sh/release.v1 are never copied")
+
+
 # --- the controller ---------------------------------------------------------------------------
 
 class Recorder(FakeAccess):

@@ -97,8 +97,8 @@ def test_a_transient_failure_is_retried_with_doubling_backoff() -> None:
         delays: list[float | None] = []
         for _ in range(2):
             await ctl.guarded(KEY, "workload event")
-            delays.append(ctl._timers.due_in(KEY))
-            ctl._timers.cancel(KEY)  # as if it had fired
+            delays.append(ctl.passes.timers.due_in(KEY))
+            ctl.passes.timers.cancel(KEY)  # as if it had fired
         await ctl.stop()
         return delays
 
@@ -112,7 +112,7 @@ def test_a_refused_write_is_not_retried_until_something_changes() -> None:
         access.answer("patch", ApiError(422, "Unprocessable Entity", "metadata.annotations: Too long"))
         ctl = controller(access, deployment(), configmap("v1"))
         await ctl.guarded(KEY, "workload event")
-        pending = ctl._timers.pending(KEY)
+        pending = ctl.passes.timers.pending(KEY)
         await ctl.stop()
         return pending
 
@@ -133,7 +133,7 @@ def test_stop_cancels_pending_looks_and_waits_for_passes_in_flight() -> None:
         finished = in_flight(ctl.background)
         await asyncio.sleep(0)
         await ctl.stop()
-        return ctl._timers.pending(KEY), finished.is_set()
+        return ctl.passes.timers.pending(KEY), finished.is_set()
 
     assert run(scenario()) == (False, True)
 
@@ -150,7 +150,7 @@ def test_a_source_missing_at_the_first_sighting_is_recorded_absent_only_once_it_
         ctl = controller(access, deployment(), None)
         await ctl.guarded(KEY, "workload event")
         await ctl.guarded(KEY, "workload event")  # say, the Deployment's own status update
-        early, due = list(access.calls), ctl._timers.due_in(KEY)
+        early, due = list(access.calls), ctl.passes.timers.due_in(KEY)
         clock[0] += logic.ABSENT_SETTLE_SECONDS
         await ctl.guarded(KEY, "timer")
         await ctl.stop()
@@ -257,7 +257,7 @@ def test_a_hand_edited_copy_writes_nothing_and_looks_again_when_the_grace_ends()
         access = FakeAccess()
         ctl = controller(access, deployment(baseline_for(configmap("v1"))), edited_copy("by hand", "v1"))
         await ctl.source_event("ConfigMap", "ns", "conf")
-        due = ctl._timers.due_in(KEY)
+        due = ctl.passes.timers.due_in(KEY)
         await ctl.stop()
         return access.calls, due
 

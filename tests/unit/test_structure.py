@@ -3,10 +3,12 @@
 - No module in kopf_operators/ over 700 lines, no class over 400.
 - No test module imports another test module (shared helpers live in helper modules or conftest).
 - No controller keeps its own "newest known version" cache: core.controller.Newest is the one.
+- Every controller's passes outside Kopf's handlers go through core.controller.GuardedPass: each makes
+  one, and none keeps a retry wrapper of its own (a ``Backoff``, a ``next_delay`` call).
 - Tests and benchmarks assert behaviour through the API (objects, Events, status, metrics): only the
   modules in LOG_READERS_ALLOWED read the operator's log text, each for a reason the API cannot serve.
 
-Every operator keeps the first three, with no exceptions listed.
+Every operator keeps the first four, with no exceptions listed.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ MAX_CLASS_LINES = 400
 # What marks a private version cache (a ``_written``/``_pods_seen`` map, a ``_rv`` parser): every
 # controller uses core.controller.Newest instead.
 VERSION_CACHE_NAMES = {"_written", "_pods_seen", "_rv"}
+
+# What marks a private retry wrapper (a backoff counted per key outside GuardedPass).
+RETRY_WRAPPER_NAMES = {"Backoff", "next_delay"}
 
 # The helpers that hand out the operator's log text (testsupport/launcher.py, bench/harness.py,
 # tests/e2e/faultkit.py). Not among them: ``errors()``/``tracebacks()`` (a run that goes as the user
@@ -119,6 +124,33 @@ def test_no_controller_keeps_its_own_version_cache() -> None:
     assert not new, "use core.controller.Newest:\n" + "\n".join(new)
 
 
+def retry_wrappers(path: pathlib.Path) -> list[str]:
+    """Names in ``path`` that mark a private retry wrapper (a ``Backoff``, a ``.next_delay()`` call)."""
+    def mark(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Name):
+            return node.id
+        if isinstance(node, ast.alias):
+            return node.name
+        return node.attr if isinstance(node, ast.Attribute) else None
+    return names_used(path, RETRY_WRAPPER_NAMES, mark)
+
+
+def makes_a_guarded_pass(path: pathlib.Path) -> bool:
+    return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "GuardedPass"
+               for node in ast.walk(ast.parse(path.read_text())))
+
+
+def test_every_controllers_pass_goes_through_the_guarded_pass() -> None:
+    controllers = sorted(path for path in PACKAGE.glob("*/controller.py") if path.parent.name != "core")
+    assert len(controllers) == 4, controllers  # immortal, copyrator, blackadder, reroller
+    without = [relative(path) for path in controllers if not makes_a_guarded_pass(path)]
+    assert not without, "run the passes outside Kopf's handlers through core.controller.GuardedPass: " + str(without)
+    found = {relative(path): retry_wrappers(path) for path in sorted(PACKAGE.rglob("*.py"))
+             if not path.is_relative_to(PACKAGE / "core")}
+    new = [f"{name}: {names}" for name, names in found.items() if names]
+    assert not new, "retry through core.controller.GuardedPass (retry_later, later):\n" + "\n".join(new)
+
+
 def log_readers(path: pathlib.Path) -> list[str]:
     """The LOG_READERS that ``path`` calls (a method or function of that name), names (a class) or defines."""
     def mark(node: ast.AST) -> str | None:
@@ -149,6 +181,12 @@ def test_the_checks_see_what_they_look_for(tmp_path: pathlib.Path) -> None:
     assert imported_test_modules(module) == ["tests.e2e.test_other", "tests.e2e.test_other.helper",
                                              "tests.unit.test_y"]
     assert version_caches(module) == ["_rv", "_written"]
+    wrapper = tmp_path / "controller.py"
+    wrapper.write_text("from kopf_operators.core.controller import Backoff\n"
+                       "def retry(self):\n    return self.backoff.next_delay(1)\n")
+    assert retry_wrappers(wrapper) == ["Backoff", "next_delay"] and not makes_a_guarded_pass(wrapper)
+    wrapper.write_text("passes = GuardedPass('op', background, run, say=say)\n")
+    assert retry_wrappers(wrapper) == [] and makes_a_guarded_pass(wrapper)
     reader = tmp_path / "test_log.py"
     reader.write_text("def test(operator):\n    assert 'x' in operator.output()\n    LogWindow(operator)\n"
                       "    output = 'no call'\n    assert not operator.errors() and operator.tail()\n")
