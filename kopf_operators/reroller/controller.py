@@ -60,7 +60,6 @@ API_VERSIONS = {"Deployment": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": 
 RETRY_SECONDS = (1.0, 300.0)
 CONFLICT_ATTEMPTS = 3
 CONCURRENCY = 16  # writes in flight for one source event (independent workloads)
-WINDOW_MARGIN = 0.5  # a held rollout looks again this long after its window opens (clocks of one host)
 
 logger = logging.getLogger("kopf_operators.reroller")
 Key = logic.WorkloadKey
@@ -250,71 +249,56 @@ class RerollerController:
             raise ApiError(409, "Conflict", "the workload kept changing")
 
     async def _pass(self, view: logic.WorkloadView, first_look: bool = False) -> bool:
-        """Decide and act once; True when something was written. ``first_look``: this process has not
-        looked at the workload before (REROLLER_SYNC_AFTER_RESTART)."""
+        """Observe, decide (one call: ``decisions.decide_pass``), act; True when something was written.
+        ``first_look``: this process has not looked at the workload before (REROLLER_SYNC_AFTER_RESTART)."""
         key = view.key
-        wall = time.time()
-        due = logic.unpause_due(view, wall)
-        if due is not None:
-            if due <= 0:
-                return await self._unpause(view)
-            self._schedule(key, due)
-
+        wall, now = time.time(), time.monotonic()
         drift_since = {(kind, name): since for (kind, namespace, name), since in self._drift_since.items()
                        if namespace == view.namespace}
-        decision = logic.decide(view, self.lookup(view), self.options, self._sightings.get(key), time.monotonic(),
-                                drift_since=drift_since, first_look=first_look)
+        step = logic.decide_pass(view, self.lookup(view), self.options, self._sightings.get(key),
+                                 self._last_roll.get(key), now, wall, drift_since=drift_since, first_look=first_look)
+        if step.do is logic.Do.UNPAUSE:
+            return await self._unpause(view)
         self._sightings.pop(key, None)
-        if decision.sighting is not None:
-            self._sightings[key] = decision.sighting
-        if decision.look_in is not None:
-            self._schedule(key, decision.look_in)
-        if decision.plan is None:
-            return False
-        plan, snap = decision.plan, decision.snap
-        self._warn_missing(view, plan)
-        if logic.held_by_suspend(view, plan):
-            return await self._record_suspended(view, plan, snap)
-        held = logic.hold(view, plan, self.options, wall)
-        if held is not None or (plan.action is logic.Action.NONE and view.pending is not None):
+        if step.sighting is not None:
+            self._sightings[key] = step.sighting
+        for delay in step.look_in:
+            self._schedule(key, delay)
+        if step.release:
             self._release(key)
-            if held is not None and held.look_in is not None:
-                self._schedule(key, held.look_in + WINDOW_MARGIN)
-            wrote, answer = await pend(self.access, view, held)
+        if step.decision is not None and step.decision.plan is not None:
+            self._warn_missing(view, step.plan)
+        if step.do is logic.Do.NOTHING:
+            return False
+        if step.do is logic.Do.SUSPENDED:
+            return await self._record_suspended(view, step.plan, step.snap)
+        if step.do is logic.Do.PEND:
+            wrote, answer = await pend(self.access, view, step.held)
             if wrote:
                 self._after_write(view, answer)
             return wrote
-
-        if plan.action in (logic.Action.NONE, logic.Action.WAIT_MISSING):
-            self._release(key)
-            return False
-        if plan.action is logic.Action.BASELINE:
-            self._release(key)
+        if step.do is logic.Do.BASELINE:
             # A Job's status changes all the time and only we write these keys (serialised per
             # workload); its rollout is a uid-guarded delete: no resourceVersion, so no 409 and no read.
             rv = None if view.kind == "Job" else view.rv
             answer = await self.access.patch(KINDS[view.kind], view.namespace, view.name,
-                                             logic.metadata_patch(plan, snap, rv, pending=view.pending is not None))
+                                             logic.metadata_patch(step.plan, step.snap, rv,
+                                                                  pending=view.pending is not None))
             self._after_write(view, answer)
             self._sightings.pop(key, None)
             metrics.action(OPERATOR, "baseline")
-            logger.debug(f"{view.kind} {view.namespace}/{view.name}: baseline {plan.new_hash} recorded")
+            logger.debug(f"{view.kind} {view.namespace}/{view.name}: baseline {step.plan.new_hash} recorded")
             return True
-
-        # A rollout: paced per workload (leading edge, then one merged trailing rollout) and cluster-wide.
-        now = time.monotonic()
-        at = logic.next_rollout_at(self._last_roll.get(key), now, self.options)
-        if at > now:
-            self._schedule(key, at - now)
-            return False
-        wait = self.bucket.ask(key[1], key, now)  # fair between namespaces; asked again when due
+        # A rollout, past its per-workload interval: the cluster-wide budget, fair between namespaces
+        # (asked again when due).
+        wait = self.bucket.ask(key[1], key, now)
         if wait > 0:
             self._schedule(key, wait)
             return False
         if self.alerts.settings.notify_only:
-            await self._notify_only(view, plan, snap)
+            await self._notify_only(view, step.plan, step.snap)
         else:
-            await self._roll(view, plan, snap, wall)
+            await self._roll(view, step.plan, step.snap, wall)
         self._sightings.pop(key, None)
         return True
 

@@ -11,14 +11,16 @@ Everything here is data in, data out, in modules along its seams: ``settings`` (
 selectors), ``views`` (index entries: ``WorkloadView``, ``SourceView``; the watched set), ``plans``
 (the snapshot and the plan), ``patches`` (the writes), ``windows`` (restart windows, CronJob modes:
 rollouts held back) and ``pacing`` (leading edge, per-workload
-interval, cluster token bucket). This module is what a pass asks: ``decide`` (the plan for a workload,
-first sightings included), and every decision is read as ``logic.X`` (the controller, the handlers,
+interval, cluster token bucket). This module is what a pass asks: ``decide_pass`` (the one call: what
+to write now and when to look again), built on ``decide`` (the plan for a workload, first sightings
+included); every decision is read as ``logic.X`` (the controller, the handlers,
 the tests), so the others are re-exported here. All unit-tested without a cluster.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 from collections.abc import Iterable, Mapping
 
@@ -234,3 +236,81 @@ def _decide(view: WorkloadView, sources: Iterable[Source], snap: Snapshot,
         snap = Snapshot(per_source=dict(parse_observed(pending)[1]) or snap.per_source,
                         missing=snap.missing, optional=snap.optional)
     return Decision(plan_, snap, sighting)
+
+
+# --- a pass: everything it writes, from one call ----------------------------------------------------
+
+# A held rollout looks again this long after its window opens (the clocks of one host).
+WINDOW_MARGIN = 0.5
+
+
+class Do(enum.Enum):
+    UNPAUSE = "unpause"        # resume a Deployment we paused, and nothing else this pass
+    NOTHING = "nothing"        # no write (the timers in ``look_in`` look again)
+    SUSPENDED = "suspended"    # a suspended CronJob: the change recorded, no rollout
+    PEND = "pend"              # the pending annotation written (a held rollout) or cleared
+    BASELINE = "baseline"      # the baseline annotations written
+    ROLL = "roll"              # a rollout, once the cluster-wide budget grants a token
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """What one pass does: ``do`` with ``decision``'s plan and snapshot; ``held``: why a rollout waits
+    (PEND); ``sighting``: what to remember of a first sighting from now on; ``look_in``: the delays
+    after which the workload is looked at again; ``release``: it no longer waits for a budget token."""
+
+    do: Do
+    decision: Decision | None = None
+    sighting: FirstSighting | None = None
+    held: Hold | None = None
+    look_in: tuple[float, ...] = ()
+    release: bool = False
+
+    @property
+    def plan(self) -> Plan:
+        assert self.decision is not None and self.decision.plan is not None
+        return self.decision.plan
+
+    @property
+    def snap(self) -> Snapshot:
+        assert self.decision is not None
+        return self.decision.snap
+
+
+def decide_pass(view: WorkloadView, lookup: Mapping[tuple[str, str], SourceView], options: Options,
+                sighting: FirstSighting | None, last_roll: float | None, now: float, wall: float, *,
+                drift_since: Mapping[tuple[str, str], float] | None = None, first_look: bool = False) -> Step:
+    """A pass over a workload, decided at once: ``now`` monotonic, ``wall`` epoch seconds, ``last_roll``
+    the monotonic time of its last rollout (the per-workload interval). In order: a Deployment we paused
+    is resumed when its period is over; else the plan (``decide``); a suspended CronJob only records it;
+    a rollout outside its restart window (or with a malformed setting) is held on the workload, and a
+    held one no longer due is cleared; a baseline is written; a rollout waits for the per-workload
+    interval, then asks the cluster-wide budget (the controller's ``TokenBucket``, shared state)."""
+    looks: list[float] = []
+    due = unpause_due(view, wall)
+    if due is not None:
+        if due <= 0:
+            return Step(Do.UNPAUSE, sighting=sighting)
+        looks.append(due)
+    decision = decide(view, lookup, options, sighting, now, drift_since=drift_since, first_look=first_look)
+    if decision.look_in is not None:
+        looks.append(decision.look_in)
+    step = functools.partial(Step, decision=decision, sighting=decision.sighting)
+    plan_ = decision.plan
+    if plan_ is None:
+        return step(Do.NOTHING, look_in=tuple(looks))
+    if held_by_suspend(view, plan_):
+        return step(Do.SUSPENDED, look_in=tuple(looks))
+    held = hold(view, plan_, options, wall)
+    if held is not None or (plan_.action is Action.NONE and view.pending is not None):
+        if held is not None and held.look_in is not None:
+            looks.append(held.look_in + WINDOW_MARGIN)
+        return step(Do.PEND, held=held, look_in=tuple(looks), release=True)
+    if plan_.action in (Action.NONE, Action.WAIT_MISSING):
+        return step(Do.NOTHING, look_in=tuple(looks), release=True)
+    if plan_.action is Action.BASELINE:
+        return step(Do.BASELINE, look_in=tuple(looks), release=True)
+    at = next_rollout_at(last_roll, now, options)
+    if at > now:
+        return step(Do.NOTHING, look_in=(*looks, at - now))
+    return step(Do.ROLL, look_in=tuple(looks))

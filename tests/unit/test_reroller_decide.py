@@ -3,6 +3,8 @@ sighting and a first-sighting baseline not written yet, from data alone."""
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 from typing import Any
 
 from kopf_operators.core.conventions import DATA_STAMP, data_hash
@@ -118,3 +120,52 @@ def test_without_sync_after_restart_the_first_look_records_a_change_made_while_d
     assert later.plan is not None and later.plan.action is Action.ROLL
     ours = logic.decide(baselined, lookup(configmap("v2")), OPTIONS, None, 100.0, first_look=True)
     assert ours.plan is not None and ours.plan.action is Action.ROLL
+
+
+# --- decide_pass: the whole pass, one call ---------------------------------------------------------
+
+def step(workload: logic.WorkloadView, source: logic.SourceView | None, last_roll: float | None = None,
+         now: float = 100.0, wall: float = 1_800_000_000.0) -> logic.Step:
+    return logic.decide_pass(workload, lookup(source), OPTIONS, None, last_roll, now, wall)
+
+
+def baselined(value: str = "v1", **extra: str) -> logic.WorkloadView:
+    recorded = decide(view(), configmap(value))
+    assert recorded.sighting is not None and recorded.sighting.pending is not None
+    return view({**recorded.sighting.pending, **extra})
+
+
+def test_a_pass_writes_the_baseline_rolls_a_change_and_otherwise_writes_nothing() -> None:
+    first = step(view(), configmap("v1"))
+    assert first.do is logic.Do.BASELINE and first.release and first.sighting is not None
+    unchanged = step(baselined(), configmap("v1"))
+    assert unchanged.do is logic.Do.NOTHING and unchanged.look_in == () and unchanged.release
+    changed = step(baselined(), configmap("v2"))
+    assert changed.do is logic.Do.ROLL and changed.plan.changed == ("configmap/conf",) and not changed.release
+
+
+def test_a_rollout_within_the_per_workload_interval_looks_again_when_it_ends() -> None:
+    soon = step(baselined(), configmap("v2"), last_roll=95.0, now=100.0)
+    assert soon.do is logic.Do.NOTHING and not soon.release
+    assert soon.look_in == (OPTIONS.min_interval_seconds - 5.0,)
+    assert step(baselined(), configmap("v2"), last_roll=100.0 - OPTIONS.min_interval_seconds).do is logic.Do.ROLL
+
+
+def test_a_held_rollout_is_pended_and_looked_at_when_its_window_opens_and_cleared_once_not_due() -> None:
+    window = '{"timezone": "UTC", "windows": [{"cron": "0 0 * * *", "duration": "1m"}]}'  # midnight
+    held = step(baselined(**{logic.RESTART_WINDOW: window}), configmap("v2"), wall=1_800_000_000.0)  # 08:00 UTC
+    assert held.do is logic.Do.PEND and held.release and held.held is not None
+    assert held.held.look_in is not None and held.look_in == (held.held.look_in + logic.WINDOW_MARGIN,)
+    # Reverted before the window: nothing to roll, and the pending annotation goes.
+    reverted = step(baselined(**{logic.RESTART_WINDOW: window, logic.PENDING: "waiting"}), configmap("v1"))
+    assert reverted.do is logic.Do.PEND and reverted.held is None
+
+
+def test_a_deployment_we_paused_is_resumed_first_when_its_period_is_over() -> None:
+    paused_at = {logic.PAUSE_PERIOD: "5m", logic.PAUSED_AT: "2027-01-15T08:00:00Z"}
+    workload = baselined(**paused_at)
+    workload = dataclasses.replace(workload, paused=True)
+    at = datetime.datetime(2027, 1, 15, 8, tzinfo=datetime.UTC).timestamp()
+    assert step(workload, configmap("v2"), wall=at + 301).do is logic.Do.UNPAUSE
+    waiting = step(workload, configmap("v2"), wall=at + 60)
+    assert waiting.do is logic.Do.ROLL and waiting.look_in == (240.0,)
