@@ -140,6 +140,15 @@ class PodCreations:
         with self._lock:
             return [dataclasses.replace(self._lives[uid]) for uid in self._uids.get(pod_name, [])]
 
+    def life(self, pod_name: str, uid: str, timeout: float = 10) -> PodLife:
+        """The life of that pod, once the watch has seen it: a direct read can return a pod before this
+        watch has delivered its ADDED (and, being ordered, everything before it under the name)."""
+        def seen() -> PodLife | None:
+            return next((life for life in self.lives(pod_name) if life.uid == uid), None)
+        life = wait_for(seen, timeout=timeout, interval=0.05, what=f"the watch to see pod {pod_name} {uid}")
+        assert life is not None  # wait_for returns only what is truthy
+        return life
+
     def stop(self) -> None:
         self._stopped.set()
         self._watch.stop()

@@ -157,8 +157,8 @@ def test_foreign_pod_with_the_target_name_is_left_alone(core: Any, custom: Any, 
     delete_pod(core, namespace, "mine-immortalpod")
     ours = wait_pod(core, namespace, "mine-immortalpod", not_uid=foreign.metadata.uid)
     assert ours.metadata.owner_references[0].name == "mine"
-    [gone] = [life for life in creations.lives("mine-immortalpod") if life.uid == foreign.metadata.uid]
-    [mine, *_] = [life for life in creations.lives("mine-immortalpod") if life.uid != foreign.metadata.uid]
+    mine = creations.life("mine-immortalpod", ours.metadata.uid)
+    gone = creations.life("mine-immortalpod", foreign.metadata.uid)
     assert gone.gone_at is not None and mine.seen_at - gone.gone_at <= 2.0
     wait_counted_exactly(custom, namespace, "mine", creations, not_ours=(foreign.metadata.uid,))
     creations.stop()

@@ -221,6 +221,7 @@ def test_edits_while_the_old_pod_terminates_end_with_the_last_spec(
     wait_counted(custom, namespace, "mid", 2, new.metadata.uid)
     stays(same_pod(core, namespace, "mid-immortalpod", new.metadata.uid), 2, what="the last spec's pod stays")
     # One replacement (KWOK may re-create a just-created pod: then each pod is still counted once).
+    creations.life("mid-immortalpod", new.metadata.uid)
     uids = creations.uids("mid-immortalpod")
     assert uids[0] == pod.metadata.uid and uids[-1] == new.metadata.uid, uids
     assert status(custom, namespace, "mid")["startTimes"] == len(uids)

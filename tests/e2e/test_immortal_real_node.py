@@ -114,10 +114,10 @@ def test_pods_taken_away_are_replaced_at_once_and_counted_once(
         old = pod.metadata.uid
         take_away()
         pod = running_pod(core, namespace, pod_name, not_uid=old)
-        [gone] = [life for life in creations.lives(pod_name) if life.uid == old]
+        new = creations.life(pod_name, pod.metadata.uid)
+        gone = creations.life(pod_name, old)
         assert gone.ended_deleting, f"{way}: the kubelet did not report the pod ended on its way out: {gone}"
         assert gone.gone_at is not None
-        [new] = [life for life in creations.lives(pod_name) if life.uid == pod.metadata.uid]
         assert new.seen_at - gone.gone_at < 2.0, f"{way}: replaced {new.seen_at - gone.gone_at:.1f} s after"
         print(f"{way}: ended as {gone.ended_phase} on its way out; replaced {new.seen_at - gone.gone_at:.3f} s after")
         if way == "ChaosAgent kill":
