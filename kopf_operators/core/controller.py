@@ -610,11 +610,14 @@ class GuardedPass(Generic[K]):
         return True
 
     def retry_later(self, key: K, *, if_pending: IfPending = "keep") -> float | None:
-        """Try ``key`` again after its backoff; the delay (None: no retries, or one already pending)."""
+        """Try ``key`` again after its backoff; the seconds until it is tried (None: no retries, or one
+        already pending is kept). An earlier look kept under ``"earlier"`` is when it is tried: the
+        failure's log line says that, not the backoff's longer delay."""
         if self.backoff is None or (if_pending == "keep" and self.timers.pending(key)):
             return None
         delay = self.backoff.next_delay(key)
-        self.later(key, delay, if_pending=if_pending)
+        if not self.later(key, delay, if_pending=if_pending):
+            return self.timers.due_in(key)
         return delay
 
     def later(self, key: K, delay: float, *, if_pending: IfPending = "earlier") -> bool:

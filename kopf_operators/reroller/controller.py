@@ -209,7 +209,7 @@ class RerollerController:
             if self.passes.failures(key) == 1:
                 logger.warning(f"{where}: {exc}; not retrying until it changes")
         else:
-            logger.warning(f"{where}: {exc}; retrying in {delay:.0f}s")
+            logger.warning(f"{where}: {exc}; retrying in {delay:.1f}s")
         return ""  # said here, in this operator's logger
 
     def _schedule(self, key: Key, delay: float) -> None:

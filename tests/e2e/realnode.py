@@ -18,6 +18,7 @@ import kubernetes
 from tests.kube import wait_for
 from testsupport.audit import AuditLog, resource_of
 from testsupport.kubectl import kubectl
+from testsupport.launcher import total
 from testsupport.paths import CLUSTER_DIR, REPO, helm_binary
 
 NODE = "kopf-real-node"
@@ -96,8 +97,7 @@ def acting(namespace: str, pod: str, port: int = METRICS_PORT) -> bool:
     done = kubectl("get", "--raw", path, check=False)
     if done.returncode != 0:
         return False
-    return any(line.startswith("kopf_operators_leader{") and line.rsplit(" ", 1)[-1] == "1.0"
-               for line in done.stdout.splitlines())
+    return total(done.stdout, "kopf_operators_leader") > 0
 
 
 def sigkill(pod: Any) -> None:

@@ -341,6 +341,38 @@ def test_a_failed_pass_is_counted_said_once_and_retried_with_backoff(
         "[k] event: HTTP 503 Unavailable; retrying in 0.01s", "[k] retry: HTTP 503 Unavailable; retrying in 0.02s"]
 
 
+def test_a_failure_with_an_earlier_look_pending_says_when_that_look_comes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``if_pending="earlier"``: a look asked for in 0.5 s stays when the backoff would say 30 s, and the
+    failure's line says the 0.5 s, when the key is really tried again."""
+    monkeypatch.setattr(toolkit.random, "uniform", lambda low, high: 1.0)
+
+    async def scenario() -> list[float | None]:
+        background = Background("test")
+        delays: list[float | None] = []
+
+        async def run(key: str, trigger: str) -> None:
+            raise ApiError(503, "Unavailable")
+
+        def say(key: str, trigger: str, exc: Exception, delay: float | None) -> str:
+            delays.append(delay)
+            return ""
+
+        guard: GuardedPass[str] = GuardedPass("guard-test", background, run, retry=(30.0, 60.0),
+                                              if_pending="earlier", say=say)
+        guard.later("k", 0.5)
+        await guard("k", "event")
+        due = guard.timers.due_in("k")
+        guard.forget("k")
+        await guard("k", "event")  # nothing pending: the backoff's own delay
+        await background.stop()
+        assert due is not None and 0.4 < due <= 0.5
+        return delays
+
+    [kept, backoff] = asyncio.run(scenario())
+    assert kept is not None and 0.4 < kept <= 0.5
+    assert backoff == 30.0
+
+
 def test_a_refused_pass_is_not_retried_and_a_paused_process_runs_nothing() -> None:
     async def scenario() -> tuple[list[str], list[float | None], int]:
         background = Background("test")
