@@ -25,7 +25,7 @@ import aiohttp
 
 from bench.kube import ApiError, Kube, bounded
 from testsupport.audit import AuditLog
-from testsupport.kubectl import kubectl
+from testsupport.kubectl import kubectl, wait_crds_served
 from testsupport.launcher import KopfProcess
 from testsupport.paths import CLUSTER_DIR, KUBECONFIG, REPO
 from testsupport.stats import summary_ms
@@ -437,8 +437,7 @@ class Bench:
                        env={**os.environ, "CLUSTER_DIR": str(CLUSTER_DIR)})
         self.audit = Audit()
         kubectl("apply", "--server-side", "--force-conflicts", "-f", str(self.root / "manifests" / "crds"), timeout=300)
-        kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(self.root / "manifests" / "crds"),
-                timeout=300)
+        wait_crds_served(self.root / "manifests" / "crds")
         items: list[dict[str, Any]] = [
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SA_NAMESPACE}}]
         for sa in (SA_NAME, PEER_SA_NAME):

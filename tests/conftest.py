@@ -15,7 +15,7 @@ import kubernetes
 import pytest
 
 from tests.kube import OperatorProcess, delete_namespaces, service_account_kubeconfig, wait_for
-from testsupport.kubectl import kubectl
+from testsupport.kubectl import kubectl, wait_crds_served
 from testsupport.paths import KUBECONFIG, REPO
 
 
@@ -37,7 +37,7 @@ def cluster() -> str:
 @pytest.fixture(scope="session")
 def crds(cluster: str) -> None:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "manifests" / "crds"))
-    kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(REPO / "manifests" / "crds"))
+    wait_crds_served(REPO / "manifests" / "crds")
 
 
 @pytest.fixture(scope="session")

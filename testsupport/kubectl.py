@@ -34,3 +34,15 @@ def kubectl_json(*args: str) -> Any:
 def apply_yaml(text: str, namespace: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
     ns = ["-n", namespace] if namespace else []
     return kubectl("apply", *ns, "-f", "-", input=text, check=check)
+
+
+def wait_crds_served(directory: Path, timeout: float = 60) -> None:
+    """The CRDs in ``directory`` Established and served. Established comes first: for a moment after it,
+    a list of a new CRD's kind answers 429 ("storage is (re)initializing"). kubectl's client waits that
+    out (it follows Retry-After), so one list of each kind here spares every later client the retry."""
+    kubectl("wait", "--for=condition=Established", f"--timeout={timeout:.0f}s", "-f", str(directory),
+            timeout=timeout + 10)
+    found = kubectl_json("get", "-f", str(directory))
+    for crd in found.get("items", [found]):
+        kubectl("get", f"{crd['spec']['names']['plural']}.{crd['spec']['group']}", "--all-namespaces",
+                "-o", "name", timeout=timeout)
