@@ -82,14 +82,18 @@ def assert_no_kopf_state_on(pod: Any) -> None:
     assert not pod.metadata.finalizers, pod.metadata.finalizers
 
 
-def delete_pod(core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> None:
+def delete_pod(core: kubernetes.client.CoreV1Api, namespace: str, name: str, *, at_once: bool = False) -> None:
     """Delete the pod ``name`` if it is still there. On a KWOK node, KWOK (v0.8.0) finishes each pod
     deletion with a DELETE by name, without a uid precondition, often twice (kwok-controller.log: "Delete
     pod", then a "not found" retry): a late one deletes the replacement that already has the name, and
     the operator replaces that one too. So a pod may be gone before the test deletes it, and the tests
-    count starts against a pod watch (``PodCreations``), not against their own deletions."""
+    count starts against a pod watch (``PodCreations``), not against their own deletions.
+
+    ``at_once``: a grace period of 0, so the API server removes the pod in the same request. KWOK
+    still sees it marked deleting and sends its DELETE by name some tens of milliseconds later; that
+    usually finds nothing, but can hit a replacement created in between."""
     try:
-        core.delete_namespaced_pod(name, namespace)
+        core.delete_namespaced_pod(name, namespace, grace_period_seconds=0 if at_once else None)
     except kubernetes.client.ApiException as exc:
         if exc.status != 404:
             raise
@@ -106,6 +110,17 @@ def wait_counted_exactly(custom: Any, namespace: str, name: str, creations: PodC
 
     wait_for(counted_exactly, what="every pod created counted once")
     stays(counted_exactly, 3, what="exactly one start per pod created")
+
+
+def delete_pod_while_down(core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> None:
+    """Delete the pod at once while no operator runs, and return once it is gone and stays gone for a
+    second: KWOK's late DELETE by name (see ``delete_pod``) lands in that second and finds nothing, so
+    it cannot take the pod that replaces this one. There is nothing to wait for instead: KWOK's queued
+    DELETE is not visible in the API. Without it, a replacement KWOK deleted before any operator ran
+    would be the documented miss (docs/immortal.md, "What the start count can miss")."""
+    delete_pod(core, namespace, name, at_once=True)
+    wait_for(lambda: pod_or_none(core, namespace, name) is None, what=f"{name} to be gone")
+    stays(lambda: pod_or_none(core, namespace, name) is None, 1, what=f"{name} gone (KWOK's late DELETE done)")
 
 
 def create_template_ic(custom: Any, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from tests.e2e.immortal_helpers import (
     create_ic,
     create_template_ic,
     delete_pod,
+    delete_pod_while_down,
     fail_pod,
     get_ic,
     has_event,
@@ -210,8 +211,7 @@ def test_operator_down_while_pods_deleted_converges_on_start(core: Any, custom: 
     pod = wait_pod(core, namespace, "sturdy-immortalpod")
     wait_counted(custom, namespace, "sturdy", 1, pod.metadata.uid)
     operator.stop()
-    delete_pod(core, namespace, "sturdy-immortalpod")
-    wait_for(lambda: pod_or_none(core, namespace, "sturdy-immortalpod") is None, what="the pod to be gone")
+    delete_pod_while_down(core, namespace, "sturdy-immortalpod")
     create_ic(custom, namespace, "newcomer")
     stays(lambda: pod_or_none(core, namespace, "newcomer-immortalpod") is None, 1, what="nothing while down")
     operator.start()
@@ -262,8 +262,7 @@ def test_crash_between_create_and_status_counts_once(core: Any, custom: Any, nam
     pod = wait_pod(core, namespace, "crashy-immortalpod")
     wait_counted(custom, namespace, "crashy", 1, pod.metadata.uid)
     operator.kill()
-    delete_pod(core, namespace, "crashy-immortalpod")
-    wait_for(lambda: pod_or_none(core, namespace, "crashy-immortalpod") is None, what="the pod to be gone")
+    delete_pod_while_down(core, namespace, "crashy-immortalpod")
     ic = get_ic(custom, namespace, "crashy")
     created = core.create_namespaced_pod(namespace, logic.build_pod(ic))  # exactly what the operator sends
     operator.start()
@@ -276,23 +275,33 @@ def test_crash_between_create_and_status_counts_once(core: Any, custom: Any, nam
 
 def test_sigkill_during_replacements_never_double_counts(core: Any, custom: Any, namespace: str,
                                                          operator: OperatorProcess) -> None:
-    # Ground truth from a pod watch: KWOK sometimes deletes a just-recreated pod, and its replacement
-    # is a real start too (seen in a full run: three pods within 100 ms after one deletion).
+    # Ground truth from a pod watch. The test deletes each pod at once (grace 0), after it was counted.
+    # KWOK can still delete a replacement by name (see delete_pod); one it deletes between the SIGKILL
+    # and the restart is the documented miss (docs/immortal.md, "What the start count can miss"). So
+    # the count must be at most the pods created (no double count) and at least the pods created less
+    # those that someone else deleted.
     creations = PodCreations(core, namespace, field_selector="metadata.name=victim-immortalpod")
+    deleted_by_test: set[str] = set()
+
+    def strays() -> list[str]:
+        return [life.uid for life in creations.lives("victim-immortalpod")
+                if life.gone_at is not None and life.uid not in deleted_by_test]
 
     def counted_exactly() -> bool:
         current = pod_or_none(core, namespace, "victim-immortalpod")
         created = creations.uids("victim-immortalpod")
         st = status(custom, namespace, "victim")
+        starts = st.get("startTimes") or 0
         return (current is not None and bool(created) and created[-1] == current.metadata.uid
-                and st.get("startTimes") == len(created) and st.get("currentPodUID") == created[-1])
+                and len(created) - len(strays()) <= starts <= len(created)
+                and st.get("currentPodUID") == created[-1])
 
     def seen() -> str:
         st = status(custom, namespace, "victim")
-        return (f"pods created {creations.uids('victim-immortalpod')}, "
+        return (f"pods created {creations.uids('victim-immortalpod')}, deleted by others {strays()}, "
                 f"status startTimes={st.get('startTimes')} currentPodUID={st.get('currentPodUID')}")
 
-    def wait_counted_exactly() -> None:
+    def wait_each_counted() -> None:
         try:
             wait_for(counted_exactly, what="every pod created counted once")
         except Timeout as exc:
@@ -302,15 +311,14 @@ def test_sigkill_during_replacements_never_double_counts(core: Any, custom: Any,
     pod = wait_pod(core, namespace, "victim-immortalpod")
     wait_counted(custom, namespace, "victim", 1, pod.metadata.uid)
     for kill_after in (0.0, 0.02, 0.05, 0.1):
-        delete_pod(core, namespace, "victim-immortalpod")
+        deleted_by_test.add(pod.metadata.uid)
+        delete_pod(core, namespace, "victim-immortalpod", at_once=True)
         time.sleep(kill_after)  # land the SIGKILL at different points of the replacement
         operator.kill()
         operator.start()
         pod = wait_pod(core, namespace, "victim-immortalpod", not_uid=pod.metadata.uid)
-        # The next deletion waits until a running operator has seen this pod. A pod created just
-        # before a SIGKILL and deleted before any operator ran again leaves no trace to count
-        # (docs/immortal.md, "What the start count can miss"); that is not what this test is about.
-        wait_counted_exactly()
+        # The next deletion waits until a running operator has counted this pod.
+        wait_each_counted()
     stays(counted_exactly, 2, what="one start per pod created")
     creations.stop()
     assert len(creations.uids("victim-immortalpod")) >= 5

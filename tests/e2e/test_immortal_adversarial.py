@@ -22,6 +22,7 @@ from tests.e2e.immortal_helpers import (
     create_ic,
     create_template_ic,
     delete_pod,
+    delete_pod_while_down,
     events_for,
     fail_pod,
     get_ic,
@@ -284,8 +285,7 @@ def test_operator_stopped_during_a_replacement_converges_once(
     operator.stop()
     patch_spec(custom, namespace, "paused", {"image": "nginx:1.27"})
     if step == "after-deleting-the-old-pod":  # the state a crash right after our delete leaves
-        delete_pod(core, namespace, "paused-immortalpod")
-        wait_for(lambda: pod_or_none(core, namespace, "paused-immortalpod") is None, what="the pod gone")
+        delete_pod_while_down(core, namespace, "paused-immortalpod")
     operator.start()
     new = wait_pod(core, namespace, "paused-immortalpod", not_uid=pod.metadata.uid)
     assert new.spec.containers[0].image == "nginx:1.27"
