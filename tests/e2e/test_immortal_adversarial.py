@@ -405,7 +405,7 @@ def test_the_same_change_applied_twice_changes_nothing(core: Any, custom: Any, n
         apply_json(reordered, namespace, check=True)
         stays(same_pod(core, namespace, "twice-immortalpod", pod.metadata.uid), 2, what="no replacement")
         # The same image change twice: the operator replaces the pod once (one ImageChanged). KWOK may
-        # then delete the replacement by name once more (see test_immortal.delete_pod): the operator
+        # then delete the replacement by name once more (see immortal_helpers.delete_pod): the operator
         # replaces that one as it would any lost pod, and every pod created is counted once.
         changed = {**manifest, "spec": {"template": {"metadata": {"labels": {"a": "1", "b": "2"}},
                                                      "spec": {"containers": [{"name": "web", "image": "nginx:1.28"}]}}}}

@@ -39,7 +39,7 @@ def test_reaction_latency_is_a_histogram_per_operator(namespace: str, operator: 
     pod = wait_for(lambda: core.read_namespaced_pod("timed-immortalpod", namespace), timeout=30, what="the pod")
     core.delete_namespaced_pod("timed-immortalpod", namespace, grace_period_seconds=0)
     wait_for(lambda: reactions() > before, timeout=30, what="a timed reaction to the pod's deletion")
-    # A replacement (a stray KWOK delete may have replaced it once more: see test_immortal.delete_pod).
+    # A replacement (a stray KWOK delete may have replaced it once more: see immortal_helpers.delete_pod).
     wait_for(lambda: (new := pod_or_none(core, namespace, "timed-immortalpod")) is not None
              and new.metadata.uid != pod.metadata.uid, timeout=30, what="a new pod")
     assert "# TYPE kopf_operators_reaction_seconds histogram" in operator.metrics()
