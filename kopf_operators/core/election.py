@@ -23,6 +23,13 @@ was sent before it was applied, and the holder steps down ``renew_deadline`` aft
 successful renewal: the candidate takes over at least ``lease_duration - renew_deadline - retry_period
 - 1`` = 2 s (defaults) after the holder stopped. With monotonic clocks only: no clock skew matters.
 
+A released Lease goes to a warm standby. When a holder's pod is deleted, its release and the start of
+the Deployment's replacement pod race; a replacement that took the Lease would act cold (list all it
+watches first) while a warm standby, ready to act, waited for its next look. So only a candidate that
+had been watching the Lease for ``retry_period + 1`` s when it first saw it released takes it at once;
+one that had not (a process that has just started) waits that long after that first sight, by when
+every standby, looking every ``retry_period``, has had its look. Alone, it takes it then.
+
 Where it runs. The election runs on a thread of its own, with its own event loop and connection
 (``ElectionThread``): on the process's event loop, a holder busy with a burst (10,000 objects arriving
 on a loaded node) sent no renewal for over a minute and lost the Lease for nothing. Fencing does not
@@ -151,6 +158,8 @@ class Elector:
         self._observed: tuple[Any, ...] | None = None  # the record last seen
         self._observed_at = 0.0  # the earliest the record last seen can have been written (clock)
         self._poll_sent: float | None = None  # when the previous read was sent (clock)
+        self._first_read: float | None = None  # when the first read that got an answer was sent (clock)
+        self._free_at = 0.0  # when this candidate may take the Lease last seen released (clock)
         self._renewed_at = 0.0  # when this holder's last successful write was sent (clock)
         self._released = False
         self._stopping = False  # the process was told to stop: no attempt after this
@@ -177,15 +186,18 @@ class Elector:
             return True
         received = self.clock()
         record = _record(lease)
+        warm = self.settings.retry_period + POLL_SLACK_SECONDS
+        if self._first_read is None:
+            self._first_read = sent
         if record != self._observed:
             previous = self._poll_sent
-            bounded = previous is not None and received - previous <= self.settings.retry_period + POLL_SLACK_SECONDS
+            bounded = previous is not None and received - previous <= warm
             self._observed = record
             self._observed_at = previous if previous is not None and bounded else received
+            self._free_at = sent if sent - self._first_read >= warm else sent + warm
         self._poll_sent = sent
         self.lease = lease
-        holder = record[0]
-        if holder and holder != self.identity and self.clock() < self.expiry():
+        if record[0] != self.identity and self.clock() < self.expiry():
             return False
         try:
             answer = await self.access.replace(LEASE, self._body(lease, sent))
@@ -199,7 +211,11 @@ class Elector:
         return True
 
     def expiry(self) -> float:
-        """When the current holder's claim ends if it is not renewed (clock)."""
+        """When this candidate may take the Lease over (clock): when the holder's claim ends if it is not
+        renewed; when it is released, at once for a candidate that was watching before, else a retry
+        period and a second after this one first saw it released (a warm standby goes first)."""
+        if self._observed is not None and not self._observed[0]:
+            return self._free_at
         duration = (self._observed or ())[4:5] or (None,)
         return self._observed_at + float(duration[0] or self.settings.duration)
 

@@ -1,5 +1,6 @@
 """Leader election on a Lease (core/election.py): only the holder acts, a standby writes nothing but its
-attempts at the Lease, a dead holder is replaced within the lease duration, a released Lease at once.
+attempts at the Lease, a dead holder is replaced within the lease duration, a released Lease at once
+by a standby (a process that has just started leaves it to the standby for a retry period and a second).
 
 The candidates talk through the real access layer to an in-memory Lease endpoint (resourceVersions,
 409 on a taken name or a stale version) on a virtual clock: no cluster, no waiting."""
@@ -169,8 +170,11 @@ def test_a_released_lease_is_taken_over_at_the_next_look() -> None:
         server, clock = LeaseServer(), Clock()
         a, b = candidate(server, clock, "a"), candidate(server, clock, "b")
         await step(a)
-        clock.now += 1
-        assert not await step(b)
+        for _ in range(2):  # b stands by: it has been looking for a while
+            clock.now += 1
+            assert not await step(b)
+            clock.now += 1
+            assert await step(a)
         await a.release()
         assert a.access.paused and server.holder == "" and leader_gauge("kopf-operators") == 0
         with pytest.raises(k8s.Paused):  # a released holder writes nothing more
@@ -179,6 +183,52 @@ def test_a_released_lease_is_taken_over_at_the_next_look() -> None:
         assert await step(b) and server.holder == "b"
 
     asyncio.run(scenario())
+
+
+def test_a_process_that_has_just_started_leaves_a_released_lease_to_the_warm_standby() -> None:
+    """A holder's pod deleted: it releases the Lease as the Deployment's replacement starts. The
+    replacement, cold, does not take it before the standby's next look; alone, it takes it a retry
+    period and a second after it first saw it released, looking no more often than every retry period."""
+    async def scenario(standby_looks_in: float) -> None:
+        server, clock = LeaseServer(), Clock()
+        a, b = candidate(server, clock, "a"), candidate(server, clock, "b")
+        await step(a)
+        for _ in range(2):  # b stands by: it has been looking for a while
+            clock.now += 0.1
+            assert not await step(b)
+            clock.now += 1.9
+            assert await step(a)
+        await a.release()
+        clock.now += 0.05
+        fresh = candidate(server, clock, "fresh")
+        assert not await step(fresh)  # its first look: released, but it has only just started
+        clock.now += standby_looks_in
+        assert not await step(fresh)
+        assert await step(b) and server.holder == "b"  # the standby, at its next look (within 2 s)
+        clock.now += 2
+        assert not await step(fresh)  # now held by b
+
+    for looks_in in (0.05, 1.0, 1.9):
+        asyncio.run(scenario(looks_in))
+
+    async def alone() -> None:
+        server, clock = LeaseServer(), Clock()
+        a = candidate(server, clock, "a")
+        await step(a)
+        await a.release()
+        fresh = candidate(server, clock, "fresh")
+        fresh.sleep = virtual_sleep_for(clock)
+        started, reads = clock.now, server.reads
+        election = asyncio.create_task(fresh.run())
+        while not fresh.leading:
+            await asyncio.sleep(0)
+        assert server.holder == "fresh"
+        assert started + SETTINGS.retry_period + 1 <= clock.now <= started + SETTINGS.retry_period + 1.1
+        assert server.reads - reads <= 3  # a look every retry period at most, not a poll while it waits
+        fresh.stop()
+        await asyncio.wait_for(election, 1)
+
+    asyncio.run(alone())
 
 
 def test_the_release_follows_a_renewal_that_was_in_flight() -> None:
