@@ -4,7 +4,8 @@ The rules are client-go's (``k8s.io/client-go/tools/leaderelection``), the ones 
 and ``kubectl get lease`` users know: one Lease per release, in the operator's namespace; the holder
 renews it every ``retry_period`` and steps down when it has not renewed for ``renew_deadline``; a
 candidate takes it over once it has seen no change of it for ``lease_duration``, or at once when it is
-released (no holder). Durations are whole seconds and the renew deadline is shorter than the lease
+released (no holder); one rule is added: a process that has just started leaves a released Lease to a
+warm standby (below). Durations are whole seconds and the renew deadline is shorter than the lease
 duration: the holder stops acting before anyone may take over, even with a late renewal.
 
 Why not the official client's ``kubernetes.aio.leaderelection`` (kubernetes 37, installed): it has no
@@ -186,15 +187,16 @@ class Elector:
             return True
         received = self.clock()
         record = _record(lease)
-        warm = self.settings.retry_period + POLL_SLACK_SECONDS
+        # Polls at most this far apart bound a change between them; watching this long makes a standby warm.
+        span = self.settings.retry_period + POLL_SLACK_SECONDS
         if self._first_read is None:
             self._first_read = sent
         if record != self._observed:
             previous = self._poll_sent
-            bounded = previous is not None and received - previous <= warm
+            bounded = previous is not None and received - previous <= span
             self._observed = record
             self._observed_at = previous if previous is not None and bounded else received
-            self._free_at = sent if sent - self._first_read >= warm else sent + warm
+            self._free_at = sent if sent - self._first_read >= span else sent + span
         self._poll_sent = sent
         self.lease = lease
         if record[0] != self.identity and self.clock() < self.expiry():

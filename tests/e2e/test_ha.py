@@ -237,7 +237,7 @@ def test_sigterm_of_the_holder_hands_over_at_once(
               what="one pod for the new object")
     finally:
         creations.stop()
-    wait_roles(core)  # the Deployment's replacement and the survivor: one holds, the other stands by
+    wait_roles(core)  # the Deployment's replacement stands by
 
 
 # --- twins: two replicas started at the same instant, 20 times ------------------------------------------
