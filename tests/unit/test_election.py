@@ -165,16 +165,22 @@ def test_a_dead_holder_is_replaced_after_its_renew_deadline_and_within_the_lease
         asyncio.run(scenario(phase))
 
 
+async def holder_and_warm_standby(server: LeaseServer, clock: Clock, offset: float) -> tuple[Elector, Elector]:
+    """a holds the Lease; b has stood by for 4 s, looking ``offset`` s after each of a's renewals."""
+    a, b = candidate(server, clock, "a"), candidate(server, clock, "b")
+    await step(a)
+    for _ in range(2):
+        clock.now += offset
+        assert not await step(b)
+        clock.now += 2 - offset
+        assert await step(a)
+    return a, b
+
+
 def test_a_released_lease_is_taken_over_at_the_next_look() -> None:
     async def scenario() -> None:
         server, clock = LeaseServer(), Clock()
-        a, b = candidate(server, clock, "a"), candidate(server, clock, "b")
-        await step(a)
-        for _ in range(2):  # b stands by: it has been looking for a while
-            clock.now += 1
-            assert not await step(b)
-            clock.now += 1
-            assert await step(a)
+        a, b = await holder_and_warm_standby(server, clock, 1.0)
         await a.release()
         assert a.access.paused and server.holder == "" and leader_gauge("kopf-operators") == 0
         with pytest.raises(k8s.Paused):  # a released holder writes nothing more
@@ -191,13 +197,7 @@ def test_a_process_that_has_just_started_leaves_a_released_lease_to_the_warm_sta
     period and a second after it first saw it released, looking no more often than every retry period."""
     async def scenario(standby_looks_in: float) -> None:
         server, clock = LeaseServer(), Clock()
-        a, b = candidate(server, clock, "a"), candidate(server, clock, "b")
-        await step(a)
-        for _ in range(2):  # b stands by: it has been looking for a while
-            clock.now += 0.1
-            assert not await step(b)
-            clock.now += 1.9
-            assert await step(a)
+        a, b = await holder_and_warm_standby(server, clock, 0.1)
         await a.release()
         clock.now += 0.05
         fresh = candidate(server, clock, "fresh")
