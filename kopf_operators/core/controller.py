@@ -409,20 +409,15 @@ class Newest(Generic[K, V]):
     the newest; without it the index is the authority on existence (an object gone from it, or
     replaced, drops what we wrote to the old one).
 
-    How each controller's own cache maps onto it (they move in a later phase; ``tests/unit/
-    test_structure.py`` lists them until then):
-    - immortal (done) ``_written`` + ``current()``: an overlay (identity uid, version resourceVersion):
-      ``remember(key, snapshot(answer))`` after a status patch, ``current(key, first(objects, key))``;
-      the event body's ``_rv(body) > _rv(ic)`` step is ``newer(ic, body)``;
-    - immortal ``_pods_seen`` + ``_pod``/``_saw_pod``: ``saw(key, summary or None, rv)`` for every
-      indexed pod, the pod event (None when DELETED) and our create's answer, then ``seen(key)``;
-    - Copyrator ``_written`` (a CopyView, or ``Gone`` after our delete) + ``copy()``: an overlay with
-      ``ours_until_seen=True`` (we create copies), ``remember_gone(key, uid)`` for ``Gone``;
-      ``copies_of`` walks ``held()``; its source entries kept newest-first are ``saw``;
-    - the re-roller ``_written`` + ``current()``: an overlay of WorkloadViews (identity uid, version
-      rv), then ``newer(view, event_view)``;
-    - Blackadder's ledgers (``blackadder/ledger.py``, done): ``ours_until_seen=True`` with no index
-      (we are the ledger's only writer): ``remember`` after our read and after every write.
+    Where each operator uses it:
+    - immortal: an overlay of ImmortalContainers (``remember`` after a status patch, then
+      ``newer(ic, event body)``) and the newest report of its pod (``saw`` for every indexed pod, the
+      pod event, None when DELETED, and our create's answer; then ``seen``);
+    - Copyrator: an overlay of copies with ``ours_until_seen`` (we create them; ``remember_gone``
+      after our delete), and the newest report of each source;
+    - the re-roller: an overlay of WorkloadViews, then ``newer(view, event_view)``;
+    - Blackadder's ledgers: ``ours_until_seen`` with no index (we are the ledger's only writer):
+      ``remember`` after our read and after every write.
     """
 
     def __init__(self, version: Callable[[V], int], identity: Callable[[V], Hashable], *,

@@ -373,7 +373,7 @@ class RerollerController:
         metrics.action(OPERATOR, action)
         self._count(view.key, outcome)
         logger.info(f"{view.kind} {view.namespace}/{view.name}: {message}" + (f" ({how})" if how else ""))
-        self.access.event(self._ref(view), "Normal", reason, message)
+        self.access.event(ref_of(view), "Normal", reason, message)
         self.alerts.notify(Alert(view.kind, view.namespace, view.name, plan.changed, outcome, message))
 
     async def _record_suspended(self, view: logic.WorkloadView, plan: logic.Plan, snap: logic.Snapshot) -> bool:
@@ -389,7 +389,7 @@ class RerollerController:
             metrics.action(OPERATOR, "skip-suspended")
             self._count(view.key, "suspended")
             logger.info(f"{view.kind} {view.namespace}/{view.name}: {message}")
-            self.access.event(self._ref(view), "Normal", "RerollSkipped", message)
+            self.access.event(ref_of(view), "Normal", "RerollSkipped", message)
         return True
 
     async def _unpause(self, view: logic.WorkloadView) -> bool:
@@ -412,12 +412,7 @@ class RerollerController:
                    f"(the baseline is kept, so a recreate with the same data rolls nothing)")
         metrics.error(OPERATOR, "source-missing")
         logger.warning(f"{view.kind} {view.namespace}/{view.name}: {message}"[:1000])
-        self.access.event(self._ref(view), "Warning", "SourceMissing", message)
-
-    @staticmethod
-    def _ref(view: logic.WorkloadView) -> dict[str, Any]:
-        return {"apiVersion": API_VERSIONS[view.kind], "kind": view.kind,
-                "metadata": {"name": view.name, "namespace": view.namespace, "uid": view.uid}}
+        self.access.event(ref_of(view), "Warning", "SourceMissing", message)
 
     # --- the periodic sweep ----------------------------------------------------------------------------
 
