@@ -15,14 +15,38 @@ import kubernetes
 import pytest
 
 from tests.kube import OperatorProcess, delete_namespaces, service_account_kubeconfig, wait_for
+from tests.scheduling import FIRST_WORKER, start_run_clusters, stop_run_clusters, worker_id
 from testsupport.kubectl import kubectl, wait_crds_served
-from testsupport.paths import KUBECONFIG, REPO
+from testsupport.paths import CLUSTER_DIR, KUBECONFIG, REPO
+
+_STARTED = pytest.StashKey[list[str]]()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "/e2e/" in str(item.path):
             item.add_marker(pytest.mark.e2e)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Scripts and tools the tests start act on this worker's cluster (tests/scheduling.py).
+    os.environ["CLUSTER_DIR"] = str(CLUSTER_DIR)
+    if worker_id() not in ("", FIRST_WORKER):
+        os.environ["REAL_NODE"] = "0"  # the machine's one real node belongs to gw0's cluster
+    if not worker_id():  # the controller (or a run without xdist): every cluster of this run, for its workers
+        config.stash[_STARTED] = start_run_clusters(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    stop_run_clusters(config.stash.get(_STARTED, []))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """`pytest -n N`: whole modules, one cluster per worker, the real node's modules on gw0 and the RBAC
+    audit last (tests/scheduling.py)."""
+    from tests.scheduling import ClusterScheduling
+
+    return ClusterScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

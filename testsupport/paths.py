@@ -7,7 +7,17 @@ import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-CLUSTER_DIR = Path(os.environ.get("CLUSTER_DIR", REPO / ".cluster")).resolve()
+
+
+def _cluster_dir() -> Path:
+    """$CLUSTER_DIR (default <repo>/.cluster); under pytest-xdist, workers other than gw0 get a cluster of
+    their own beside it (``<dir>-gw1``, ...): tests/scheduling.py says why."""
+    base = Path(os.environ.get("CLUSTER_DIR", REPO / ".cluster")).resolve()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return base if worker in ("", "gw0") else base.with_name(f"{base.name}-{worker}")
+
+
+CLUSTER_DIR = _cluster_dir()
 KUBECONFIG = CLUSTER_DIR / "kubeconfig"
 LOGS = CLUSTER_DIR / "logs"
 

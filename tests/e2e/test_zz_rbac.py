@@ -1,10 +1,11 @@
 """RBAC is minimal: every permission the chart grants is used, and nothing the operator calls is refused;
 in deploymentMode perOperator (on the real node), each operator's account uses only its own rights.
 
-Runs last (file name), after every other end-to-end scenario ran with the operator authenticated as
-the chart's ServiceAccount (see ``operator_identity`` in conftest). The API server's audit log
-(cluster/audit-policy.yaml) records each request of that ServiceAccount; this test compares the
-calls with the ClusterRole rendered from the chart.
+Runs last (file name; under `pytest -n`, tests/scheduling.py), after every other end-to-end scenario
+ran with the operator authenticated as the chart's ServiceAccount (see ``operator_identity`` in
+conftest). The API server's audit log (cluster/audit-policy.yaml; one per cluster of the run) records
+each request of that ServiceAccount; this test compares the calls with the ClusterRole rendered from
+the chart.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from tests.e2e.realnode import (
     watched_namespaces,
 )
 from tests.kube import E2E_RELEASE, E2E_VALUES, Grant, account_grants, chart_objects, stays, wait_for
+from tests.scheduling import audit_log_paths
 from testsupport.audit import AuditLog, audit_now, resource_of
 from testsupport.kubectl import apply_yaml, kubectl
 
@@ -55,7 +57,8 @@ def audited(username: str, since: str | None = None) -> tuple[set[Permission], l
     used_rights: set[Permission] = set()
     refused: list[str] = []
     where: set[tuple[str, Permission]] = set()
-    for entry in AuditLog().entries():
+    entries = (entry for path in audit_log_paths() for entry in AuditLog(path).entries())
+    for entry in entries:
         if (entry.get("user", {}).get("username") != username or "objectRef" not in entry
                 or (since is not None and entry.get("requestReceivedTimestamp", "") <= since)):
             continue

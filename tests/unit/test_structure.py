@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 from collections.abc import Callable
 
+from tests import scheduling
 from testsupport.paths import REPO
 
 PACKAGE = REPO / "kopf_operators"
@@ -196,3 +198,11 @@ def test_the_checks_see_what_they_look_for(tmp_path: pathlib.Path) -> None:
     assert [problem.split(": ", 1)[1] for problem in oversized(big)] == [
         f"{MAX_CLASS_LINES + MAX_MODULE_LINES + 1} lines (at most {MAX_MODULE_LINES})",
         f"class Big has {MAX_CLASS_LINES + 1} lines (at most {MAX_CLASS_LINES})"]
+
+
+def test_every_module_on_the_real_node_runs_where_the_real_node_is() -> None:
+    """Under `pytest -n`, only worker gw0's cluster has the real node: tests/scheduling.py sends there the
+    modules that use it (its fixtures, or the helpers of tests/e2e/realnode.py)."""
+    marks = re.compile(r"\b(real_node|operator_image)\b|tests\.e2e\.realnode")
+    using = {relative(path) for path in (REPO / "tests" / "e2e").glob("test_*.py") if marks.search(path.read_text())}
+    assert using - scheduling.LAST == scheduling.REAL_NODE_MODULES
