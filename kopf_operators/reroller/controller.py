@@ -43,6 +43,7 @@ from kopf_operators.core.controller import (
 )
 from kopf_operators.reroller import decisions as logic
 from kopf_operators.reroller.alerts import Alert, Alerts, AlertSettings
+from kopf_operators.reroller.views import refused_patterns
 
 OPERATOR = "reroller"
 SOURCE_INDEXES = {"ConfigMap": "reroller-configmaps", "Secret": "reroller-secrets"}
@@ -94,6 +95,7 @@ class RerollerController:
         self._sightings: PerKey[Key, logic.FirstSighting] = self.state.map()  # first sightings, baseline unwritten
         self._last_roll: PerKey[Key, float] = self.state.map()  # monotonic time of its last rollout
         self._warned: PerKey[Key, tuple[str, ...]] = self.state.map()  # the missing sources said
+        self._refused: PerKey[Key, tuple[str, ...]] = self.state.map()  # the refused name patterns said
         self.state.on_forget(self._release)  # no longer waiting for a rollout slot
         # Fair between namespaces, like the bucket: a flood of rollouts in one namespace, slower to write
         # than the budget allows, must not queue another namespace's pass behind it (and one slot is
@@ -257,6 +259,7 @@ class RerollerController:
                        if namespace == view.namespace}
         step = logic.decide_pass(view, self.lookup(view), self.options, self._sightings.get(key),
                                  self._last_roll.get(key), now, wall, drift_since=drift_since, first_look=first_look)
+        self._warn_refused(view)
         if step.do is logic.Do.UNPAUSE:
             return await self._unpause(view)
         self._sightings.pop(key, None)
@@ -413,6 +416,21 @@ class RerollerController:
         metrics.error(OPERATOR, "source-missing")
         logger.warning(f"{view.kind} {view.namespace}/{view.name}: {message}"[:1000])
         self.access.event(ref_of(view), "Warning", "SourceMissing", message)
+
+    def _warn_refused(self, view: logic.WorkloadView) -> None:
+        """Name patterns RE2 refuses match nothing: said once per set of them, as a Warning Event."""
+        key = view.key
+        refused = refused_patterns(view)
+        if not refused:
+            self._refused.pop(key, None)
+            return
+        if self._refused.get(key) == refused:
+            return
+        self._refused[key] = refused
+        message = f"Name pattern(s) refused, matching nothing: {'; '.join(refused)}"
+        metrics.error(OPERATOR, "pattern-refused")
+        logger.warning(f"{view.kind} {view.namespace}/{view.name}: {message}"[:1000])
+        self.access.event(ref_of(view), "Warning", "PatternRefused", message)
 
     # --- the periodic sweep ----------------------------------------------------------------------------
 
