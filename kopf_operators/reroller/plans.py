@@ -100,7 +100,7 @@ def parse_observed(annotations: Mapping[str, str]) -> tuple[str | None, dict[str
     observed = annotations.get(OBSERVED_HASH) or None
     try:
         per_source = json.loads(annotations.get(OBSERVED_SOURCES) or "{}")
-    except ValueError:
+    except (ValueError, RecursionError):  # edited by hand: no per-source hashes (``plan`` then plays safe)
         per_source = {}
     if not isinstance(per_source, dict):
         per_source = {}

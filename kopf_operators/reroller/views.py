@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -430,7 +431,8 @@ def parse_duration(value: object) -> float | None:
     parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text)
     if not parts or "".join(n + u for n, u in parts) != text:
         return None
-    return sum(float(n) * units[u] for n, u in parts)
+    seconds = sum(float(n) * units[u] for n, u in parts)
+    return seconds if math.isfinite(seconds) else None  # "999…9h": no sleep of infinite length
 
 
 def refused_patterns(view: WorkloadView) -> tuple[str, ...]:
