@@ -30,11 +30,12 @@ from kopf_operators.reroller.controller import (
 
 @kopf.on.startup(id="reroller-startup")
 async def start(memo: kopf.Memo, **kwargs: Any) -> None:
-    _, access = process.shared(memo)
+    config, access = process.shared(memo)
     options = logic.Options.from_env(os.environ)  # fails fast on a malformed option
     alerts = AlertSettings.from_env(os.environ)
     indexes = {index_id: kwargs[index_id] for index_id in INDEXES if index_id in kwargs}
-    controller = CONTROLLER.set(memo, RerollerController(access, options, indexes, alerts))
+    controller = CONTROLLER.set(memo, RerollerController(access, options, indexes, alerts,
+                                                                config.operator_namespace))
     controller.start_resync()
 
 

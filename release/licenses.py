@@ -44,6 +44,7 @@ OVERRIDES = {
     "requests-oauthlib": ("ISC", "classified 'BSD License'; its License field says ISC"),
     "setuptools": ("MIT", "old wheels: only the MIT classifier"),
     "pathspec": ("MPL-2.0", "only the MPL 2.0 classifier"),
+    "google-re2": ("BSD-3-Clause", "only the 'BSD License' classifier; its LICENSE file is BSD-3-Clause"),
 }
 
 

@@ -6,8 +6,10 @@ Controllers count what they do through ``action`` and ``error`` and time their r
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import prometheus_client
@@ -65,6 +67,53 @@ RECOVERY = prometheus_client.Histogram(
     "kopf_operators_blackadder_recovery_seconds",
     "From a Pod killed by an agent to all Pods of its workload being Ready again.", ["kind"],
     buckets=(0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0))
+
+
+# The process's event loop: every operator, the watches and the handlers share it; anything that holds it
+# (a long computation, a blocking call) delays them all. Set by ``LoopLag`` while it runs.
+EVENT_LOOP_LAG = prometheus_client.Gauge(
+    "kopf_operators_event_loop_lag_seconds",
+    "How late the event loop woke from a short sleep: the most over the last 10 s, or how long a wake is "
+    "overdue right now (a loop held for long shows it while it is held).")
+
+
+class LoopLag:
+    """Sleeps ``interval`` again and again on the event loop and records how late it wakes. Read from
+    the metrics thread: the largest lag over the last ``window`` seconds, or the time the current wake
+    is overdue, whichever is more; so a loop held for minutes reads minutes, not its last good tick."""
+
+    def __init__(self, interval: float = 0.25, window: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval, self.window, self.clock = interval, window, clock
+        self.due: float | None = None  # when the current sleep should end; None: not running
+        self.recent: collections.deque[tuple[float, float]] = collections.deque()  # (woke at, lag)
+
+    def value(self) -> float:
+        now, due = self.clock(), self.due
+        recent = max((lag for woke, lag in list(self.recent) if woke >= now - self.window), default=0.0)
+        return max(recent, 0.0 if due is None else now - due, 0.0)
+
+    def record(self, woke: float, lag: float) -> None:
+        self.recent.append((woke, lag))
+        while self.recent and self.recent[0][0] < woke - self.window:
+            self.recent.popleft()
+
+    async def run(self) -> None:
+        EVENT_LOOP_LAG.set_function(self.value)
+        try:
+            while True:
+                self.due = self.clock() + self.interval
+                await asyncio.sleep(self.interval)
+                woke = self.clock()
+                self.record(woke, max(0.0, woke - self.due))
+        finally:
+            self.due = None
+            self.recent.clear()
+
+
+def watch_event_loop() -> asyncio.Task[None]:
+    """Start measuring the running loop's lag into EVENT_LOOP_LAG (cancel the task to stop)."""
+    return asyncio.get_running_loop().create_task(LoopLag().run(), name="event-loop-lag")
 
 
 def check(agent: str, name: str, passed: bool) -> None:

@@ -99,6 +99,7 @@ class QuietBookkeeping(logging.Filter):
 CONFIG = MemoSlot("config", Config)
 ACCESS = MemoSlot(kopf_patches.ACCESS_MEMO, Access)
 TRIMMER = MemoSlot("allocator_trim", asyncio.Task)
+LOOP_LAG = MemoSlot("event_loop_lag", asyncio.Task)
 EVENT_POLICY = MemoSlot(kopf_patches.EVENT_POLICY_MEMO, EventPolicy)
 ELECTOR = MemoSlot("elector", ElectionThread)
 
@@ -197,6 +198,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         trimmer = kopf_patches.start_allocator_trim()
         if trimmer is not None:
             TRIMMER.set(memo, trimmer)
+    # Measured on standbys too: a held loop would delay a standby's takeover as much as a holder's work.
+    if not LOOP_LAG.present(memo):
+        LOOP_LAG.set(memo, metrics.watch_event_loop())
     if config.metrics_port:
         metrics.serve(config.metrics_port)
         logger.info("Serving Prometheus metrics on :%d/metrics", config.metrics_port)
@@ -244,6 +248,8 @@ async def close_connections(memo: kopf.Memo, **_: Any) -> None:
     # Kopf waits up to 5 s at exit for tasks that are still running: the trim loop never ends by itself.
     if TRIMMER.present(memo):
         TRIMMER(memo).cancel()
+    if LOOP_LAG.present(memo):
+        LOOP_LAG(memo).cancel()
     # A request after this (another cleanup handler's) opens a new pool.
     if ACCESS.present(memo):
         await ACCESS(memo).close()

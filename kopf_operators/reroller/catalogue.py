@@ -20,6 +20,8 @@ CATALOGUE = Catalogue("reroller", "the workload", events=(
             "names the problem"),
     warning("SourceMissing", "a required ConfigMap/Secret does not exist: no rollout until it does "
                              "(once per set of missing sources)"),
+    warning("PatternRefused", "a name pattern in a reload annotation is too long or not RE2 syntax (a "
+            "backreference, lookaround): it matches nothing; the message says why (once per set of them)"),
 ), keys=(
     annotation(settings.AUTO, TEMPLATE, "you",
                '"true": roll on every ConfigMap and Secret the pod template references'),

@@ -20,8 +20,10 @@ one more rollout, and a cluster-wide token bucket spreads out mass rollouts.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import Mapping
@@ -43,6 +45,7 @@ from kopf_operators.core.controller import (
 )
 from kopf_operators.reroller import decisions as logic
 from kopf_operators.reroller.alerts import Alert, Alerts, AlertSettings
+from kopf_operators.reroller.views import refused_patterns
 
 OPERATOR = "reroller"
 SOURCE_INDEXES = {"ConfigMap": "reroller-configmaps", "Secret": "reroller-secrets"}
@@ -60,6 +63,11 @@ API_VERSIONS = {"Deployment": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": 
 RETRY_SECONDS = (1.0, 300.0)
 CONFLICT_ATTEMPTS = 3
 CONCURRENCY = 16  # writes in flight for one source event (independent workloads)
+# The installation's key for Secrets' digests on workloads (``plans.keyed_digest``): in the operator's
+# namespace, created by the first replica that acts (a standby writes nothing), kept across upgrades.
+# Deleted, a new one is made: every workload watching a Secret then adopts its new digests, rolling nothing.
+DIGEST_KEY_SECRET = "kopf-operators-reroller-digest-key"
+DIGEST_KEY_BYTES = 32
 
 logger = logging.getLogger("kopf_operators.reroller")
 Key = logic.WorkloadKey
@@ -73,9 +81,14 @@ WorkloadIndex = Index[SourceKey | ViewKey, Key | logic.WorkloadView]
 
 class RerollerController:
     def __init__(self, access: Access, options: logic.Options, indexes: Mapping[str, Index[Any, Any]],
-                 alerts: AlertSettings | None = None) -> None:
+                 alerts: AlertSettings | None = None, key_namespace: str = "") -> None:
         self.access = access
         self.options = options
+        # Where the digest key lives ("": nowhere, such as `make run` without OPERATOR_NAMESPACE: Secrets'
+        # digests unkeyed); read, or created, by the first pass, which runs only while this replica acts.
+        self.key_namespace = key_namespace
+        self._digest_key: bytes | None = None
+        self._key_lock = asyncio.Lock()
         self.alerts = Alerts(alerts or AlertSettings())
         self.sources: dict[str, Index[SourceKey, logic.SourceView]] = {
             kind: indexes[index_id] for kind, index_id in SOURCE_INDEXES.items()}
@@ -94,6 +107,7 @@ class RerollerController:
         self._sightings: PerKey[Key, logic.FirstSighting] = self.state.map()  # first sightings, baseline unwritten
         self._last_roll: PerKey[Key, float] = self.state.map()  # monotonic time of its last rollout
         self._warned: PerKey[Key, tuple[str, ...]] = self.state.map()  # the missing sources said
+        self._refused: PerKey[Key, tuple[str, ...]] = self.state.map()  # the refused name patterns said
         self.state.on_forget(self._release)  # no longer waiting for a rollout slot
         # Fair between namespaces, like the bucket: a flood of rollouts in one namespace, slower to write
         # than the budget allows, must not queue another namespace's pass behind it (and one slot is
@@ -255,8 +269,11 @@ class RerollerController:
         wall, now = time.time(), time.monotonic()
         drift_since = {(kind, name): since for (kind, namespace, name), since in self._drift_since.items()
                        if namespace == view.namespace}
+        digest_key = await self.digest_key()
         step = logic.decide_pass(view, self.lookup(view), self.options, self._sightings.get(key),
-                                 self._last_roll.get(key), now, wall, drift_since=drift_since, first_look=first_look)
+                                 self._last_roll.get(key), now, wall, drift_since=drift_since, first_look=first_look,
+                                 digest_key=digest_key)
+        self._warn_refused(view)
         if step.do is logic.Do.UNPAUSE:
             return await self._unpause(view)
         self._sightings.pop(key, None)
@@ -301,6 +318,14 @@ class RerollerController:
             await self._roll(view, step.plan, step.snap, wall)
         self._sightings.pop(key, None)
         return True
+
+    async def digest_key(self) -> bytes | None:
+        """The installation's digest key, read (or created) once, by the first pass that needs it."""
+        if self._digest_key is None and self.key_namespace:
+            async with self._key_lock:
+                if self._digest_key is None:
+                    self._digest_key = await load_digest_key(self.access, self.key_namespace)
+        return self._digest_key
 
     # --- the writes ----------------------------------------------------------------------------------
 
@@ -414,6 +439,21 @@ class RerollerController:
         logger.warning(f"{view.kind} {view.namespace}/{view.name}: {message}"[:1000])
         self.access.event(ref_of(view), "Warning", "SourceMissing", message)
 
+    def _warn_refused(self, view: logic.WorkloadView) -> None:
+        """Name patterns RE2 refuses match nothing: said once per set of them, as a Warning Event."""
+        key = view.key
+        refused = refused_patterns(view)
+        if not refused:
+            self._refused.pop(key, None)
+            return
+        if self._refused.get(key) == refused:
+            return
+        self._refused[key] = refused
+        message = f"Name pattern(s) refused, matching nothing: {'; '.join(refused)}"
+        metrics.error(OPERATOR, "pattern-refused")
+        logger.warning(f"{view.kind} {view.namespace}/{view.name}: {message}"[:1000])
+        self.access.event(ref_of(view), "Warning", "PatternRefused", message)
+
     # --- the periodic sweep ----------------------------------------------------------------------------
 
     def start_resync(self) -> None:
@@ -434,6 +474,27 @@ class RerollerController:
 
 
 # --- held rollouts and CronJob modes (module functions: they need no per-workload state) ----------------
+
+
+async def load_digest_key(access: Access, namespace: str) -> bytes:
+    """The digest key from its Secret; created with random bytes when absent (of two replicas racing
+    to create it, the second reads the first's)."""
+    for _attempt in range(3):
+        found = await access.read(k8s.SECRET, namespace, DIGEST_KEY_SECRET)
+        if found is None:
+            body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                    "metadata": {"name": DIGEST_KEY_SECRET, "namespace": namespace},
+                    "data": {"key": base64.b64encode(secrets.token_bytes(DIGEST_KEY_BYTES)).decode()}}
+            try:
+                found = await access.create(k8s.SECRET, body)
+            except k8s.AlreadyExists:
+                continue  # another replica made it meanwhile: read that one
+            logger.info(f"Secret {namespace}/{DIGEST_KEY_SECRET} created: the key of Secrets' digests on workloads")
+        key = base64.b64decode(str((found.get("data") or {}).get("key") or ""))
+        if len(key) < 16:
+            raise ApiError(422, "Invalid", f"Secret {namespace}/{DIGEST_KEY_SECRET} holds no key of 16 bytes or more")
+        return key
+    raise ApiError(409, "Conflict", f"Secret {namespace}/{DIGEST_KEY_SECRET} kept vanishing")
 
 
 def ref_of(view: logic.WorkloadView) -> dict[str, Any]:

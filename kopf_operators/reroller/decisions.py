@@ -179,7 +179,8 @@ def drift_held(sources: Iterable[Source], lookup: Mapping[tuple[str, str], Sourc
 
 def decide(view: WorkloadView, lookup: Mapping[tuple[str, str], SourceView], options: Options,
            sighting: FirstSighting | None, now: float, *,
-           drift_since: Mapping[tuple[str, str], float] | None = None, first_look: bool = False) -> Decision:
+           drift_since: Mapping[tuple[str, str], float] | None = None, first_look: bool = False,
+           digest_key: bytes | None = None) -> Decision:
     """The plan for a workload from its view, its sources' index entries (``lookup``: (kind, name) ->
     SourceView of the existing ones) and what was remembered of its first sighting; ``now`` monotonic.
 
@@ -197,7 +198,7 @@ def decide(view: WorkloadView, lookup: Mapping[tuple[str, str], SourceView], opt
     (``first_look``: a change made while the operator was down) is recorded as the baseline instead.
     """
     sources = effective_sources(view, lookup, options)
-    snap = snapshot(sources, lookup, view.key_scopes)
+    snap = snapshot(sources, lookup, view.key_scopes, digest_key)
     held = drift_held(sources, lookup, drift_since or {}, now)
     if held is not None:
         return Decision(None, snap, sighting, look_in=held)
@@ -279,20 +280,23 @@ class Step:
 
 def decide_pass(view: WorkloadView, lookup: Mapping[tuple[str, str], SourceView], options: Options,
                 sighting: FirstSighting | None, last_roll: float | None, now: float, wall: float, *,
-                drift_since: Mapping[tuple[str, str], float] | None = None, first_look: bool = False) -> Step:
+                drift_since: Mapping[tuple[str, str], float] | None = None, first_look: bool = False,
+                digest_key: bytes | None = None) -> Step:
     """A pass over a workload, decided at once: ``now`` monotonic, ``wall`` epoch seconds, ``last_roll``
     the monotonic time of its last rollout (the per-workload interval). In order: a Deployment we paused
     is resumed when its period is over; else the plan (``decide``); a suspended CronJob only records it;
     a rollout outside its restart window (or with a malformed setting) is held on the workload, and a
     held one no longer due is cleared; a baseline is written; a rollout waits for the per-workload
-    interval, then asks the cluster-wide budget (the controller's ``TokenBucket``, shared state)."""
+    interval, then asks the cluster-wide budget (the controller's ``TokenBucket``, shared state).
+    ``digest_key``: the installation's key for Secrets' digests (``plans.keyed_digest``)."""
     looks: list[float] = []
     due = unpause_due(view, wall)
     if due is not None:
         if due <= 0:
             return Step(Do.UNPAUSE, sighting=sighting)
         looks.append(due)
-    decision = decide(view, lookup, options, sighting, now, drift_since=drift_since, first_look=first_look)
+    decision = decide(view, lookup, options, sighting, now, drift_since=drift_since, first_look=first_look,
+                      digest_key=digest_key)
     if decision.look_in is not None:
         looks.append(decision.look_in)
     step = functools.partial(Step, decision=decision, sighting=decision.sighting)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import hmac
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -51,10 +52,26 @@ class Snapshot:
         return combined_hash(self.per_source)
 
 
+# A Secret's digest keyed with the installation's digest key: "k-" + 8 hex digits of an HMAC-SHA256
+# (a key-scoped one "k-<scope>.<8 hex>"). Without the key, whoever reads the workload cannot test
+# guesses of the Secret's value against it, as a plain digest would let them.
+KEYED = "k-"
+
+
+def keyed_digest(key: bytes, digest: str) -> str:
+    """``digest`` (a source's full data hash, or a key-scoped hash) keyed; ABSENT stays itself."""
+    if digest == ABSENT:
+        return digest
+    scope, dot, value = digest.rpartition(".")
+    return f"{KEYED}{scope}{dot}{hmac.new(key, value.encode(), hashlib.sha256).hexdigest()[:8]}"
+
+
 def snapshot(sources: Iterable[Source], lookup: Mapping[tuple[str, str], Any],
-             key_scopes: Iterable[tuple[tuple[str, str], tuple[str, ...]]] = ()) -> Snapshot:
+             key_scopes: Iterable[tuple[tuple[str, str], tuple[str, ...]]] = (),
+             digest_key: bytes | None = None) -> Snapshot:
     """``lookup``: (kind, name) -> SourceView (or a data hash) of the existing sources; ``key_scopes``:
-    sources of which only these keys count (a key-scoped workload)."""
+    sources of which only these keys count (a key-scoped workload); ``digest_key``: Secrets' digests
+    are keyed with it (``keyed_digest``)."""
     scopes = dict(key_scopes)
     per_source: dict[str, str] = {}
     missing: list[str] = []
@@ -64,10 +81,13 @@ def snapshot(sources: Iterable[Source], lookup: Mapping[tuple[str, str], Any],
         if source.optional:
             optional.add(source.ref)
         scope = scopes.get((source.kind, source.name))
+        keyed = digest_key is not None and source.kind == "Secret"
         if found is not None and scope is not None and isinstance(found, SourceView):
-            per_source[source.ref] = scoped_hash(found.keys, scope)
+            digest = scoped_hash(found.keys, scope)
+            per_source[source.ref] = keyed_digest(digest_key, digest) if digest_key and keyed else digest
         elif found is not None:
-            per_source[source.ref] = short(found.hash if isinstance(found, SourceView) else str(found))
+            full = found.hash if isinstance(found, SourceView) else str(found)
+            per_source[source.ref] = keyed_digest(digest_key, full) if digest_key and keyed else short(full)
         else:
             per_source[source.ref] = ABSENT
             if not source.optional:
@@ -100,7 +120,7 @@ def parse_observed(annotations: Mapping[str, str]) -> tuple[str | None, dict[str
     observed = annotations.get(OBSERVED_HASH) or None
     try:
         per_source = json.loads(annotations.get(OBSERVED_SOURCES) or "{}")
-    except ValueError:
+    except (ValueError, RecursionError):  # edited by hand: no per-source hashes (``plan`` then plays safe)
         per_source = {}
     if not isinstance(per_source, dict):
         per_source = {}
@@ -139,7 +159,7 @@ def plan(annotations: Mapping[str, str], snap: Snapshot, *, newer: Iterable[str]
     changed = []
     for ref, h in sorted(snap.per_source.items()):
         old = observed_sources.get(ref) or observed_sources.get(ref_digest(ref))
-        if old is None or old == h or _scope_changed(old, h):
+        if old is None or old == h or _scope_changed(old, h) or _scheme_changed(old, h):
             continue
         required = ref not in snap.optional
         if required and old == ABSENT and not reload_on_create:
@@ -155,6 +175,14 @@ def held_by_suspend(view: WorkloadView, plan_: Plan) -> bool:
     suspended. The change becomes its baseline instead, so resuming it creates no Job either: its
     next scheduled Job reads the data of then."""
     return plan_.action is Action.ROLL and view.kind == "CronJob" and view.suspended
+
+
+def _scheme_changed(old: str, new: str) -> bool:
+    """One digest is keyed and the other is not (the first pass after an upgrade that keys Secrets'
+    digests, or keying switched off): they cannot be compared; the new one is adopted, nothing rolls."""
+    if ABSENT in (old, new):
+        return False
+    return old.startswith(KEYED) != new.startswith(KEYED)
 
 
 def _scope_changed(old: str, new: str) -> bool:

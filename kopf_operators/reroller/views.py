@@ -8,11 +8,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kopf_operators.core.conventions import DATA_STAMP, data_hash
+from kopf_operators.core.patterns import tenant_pattern
 from kopf_operators.reroller.settings import (
     _PLAIN_NAME,
     ABSENT,
@@ -429,7 +431,19 @@ def parse_duration(value: object) -> float | None:
     parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text)
     if not parts or "".join(n + u for n, u in parts) != text:
         return None
-    return sum(float(n) * units[u] for n, u in parts)
+    seconds = sum(float(n) * units[u] for n, u in parts)
+    return seconds if math.isfinite(seconds) else None  # "999…9h": no sleep of infinite length
+
+
+def refused_patterns(view: WorkloadView) -> tuple[str, ...]:
+    """Why each of the workload's name patterns matches nothing (RE2 refused it), one line each."""
+    problems = []
+    for source_kind, pattern in view.patterns:
+        problem = tenant_pattern(pattern).problem
+        if problem is not None:
+            key = RELOADER_CONFIGMAPS if source_kind == "ConfigMap" else RELOADER_SECRETS
+            problems.append(f"{key} {pattern[:80]!r}: {problem}")
+    return tuple(problems)
 
 
 # --- what a workload watches right now --------------------------------------------------------------
@@ -444,12 +458,9 @@ def effective_sources(view: WorkloadView, lookup: Mapping[tuple[str, str], Sourc
     result = set(view.sources)
     result |= {s for s in view.search if (found := lookup.get((s.kind, s.name))) is not None and found.match}
     for source_kind, pattern in view.patterns:
-        try:
-            compiled = re.compile(f"^(?:{pattern})$")
-        except re.error:
-            continue  # an invalid pattern matches nothing (as in Reloader)
+        compiled = tenant_pattern(pattern)  # RE2: linear time; refused (``refused_patterns``) matches nothing
         result |= {Source(source_kind, name) for (kind, name) in lookup
-                   if kind == source_kind and compiled.match(name)}
+                   if kind == source_kind and compiled.fullmatch(name)}
 
     def keep(source: Source) -> bool:
         if (source.kind, source.name) in view.excluded or settings.ignores_source_kind(source.kind):

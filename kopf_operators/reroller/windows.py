@@ -50,6 +50,8 @@ def parse_window(text: str) -> RestartWindow:
         policy = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not JSON ({exc.msg})") from None
+    except RecursionError:  # nested deeper than the parser's stack
+        raise ValueError("not JSON (nested too deep)") from None
     if not isinstance(policy, dict):
         raise ValueError('not a JSON object like {"timezone": "UTC", "windows": [...]}')
     unknown = sorted(set(policy) - {"timezone", "windows"})
@@ -60,8 +62,8 @@ def parse_window(text: str) -> RestartWindow:
         raise ValueError("no timezone (an IANA name such as UTC or Europe/Berlin is required)")
     try:
         zoneinfo.ZoneInfo(timezone)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        raise ValueError(f"unknown timezone {timezone!r}") from None
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a name too long for a file
+        raise ValueError(f"unknown timezone {timezone[:80]!r}") from None
     windows = policy.get("windows")
     if not isinstance(windows, list) or not 1 <= len(windows) <= MAX_WINDOWS:
         raise ValueError(f"windows must be a list of 1 to {MAX_WINDOWS} windows")

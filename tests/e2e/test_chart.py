@@ -363,7 +363,7 @@ def test_alert_rules_and_dashboard_queries_pass_promtool(monitoring: Path, tmp_p
                           "prometheusRule.additionalRules[0].expr=vector(1)")
     alerts = {rule["alert"] for group in groups for rule in group["rules"]}
     assert {"KopfOperatorsDown", "KopfOperatorsErrorRateHigh", "KopfOperatorsReactionSlow",
-            "KopfOperatorsChaosWhileDryRun", "Extra"} <= alerts
+            "KopfOperatorsEventLoopLag", "KopfOperatorsChaosWhileDryRun", "Extra"} <= alerts
     # The dashboard's queries as recording rules: promtool parses each one too.
     recorded = [{"record": f"kopf_operators:dashboard_query_{i}", "expr": q}
                 for i, q in enumerate(dashboard_queries(dashboard()))]
@@ -431,6 +431,9 @@ def test_alerts_fire_on_the_series_they_watch_and_only_then(monitoring: Path, tm
         # One real pod kill from minute 20; webhooks are no chaos.
         (f'kopf_operators_actions_total{{{this},operator="blackadder",action="pod-killed",pod="p0"}}', "_x20 1x20"),
         (f'kopf_operators_actions_total{{{this},operator="blackadder",action="webhook",pod="p0"}}', "0+5x40"),
+        # p0's loop is held (3 s late) from minute 11 to 20; p1's is late once, at minute 5, for one sample.
+        (f'kopf_operators_event_loop_lag_seconds{{{this},pod="p0"}}', "0.01x10 3x9 0.01x20"),
+        (f'kopf_operators_event_loop_lag_seconds{{{this},pod="p1"}}', "0.01x4 5 0.01x35"),
     ]
     tests = [
         fires("KopfOperatorsDown", "4m"),  # shard 1 missing, but not yet for 5 minutes
@@ -441,6 +444,10 @@ def test_alerts_fire_on_the_series_they_watch_and_only_then(monitoring: Path, tm
         fires("KopfOperatorsErrorRateHigh", "30m", {"operator": "copyrator", "kind": "write", "severity": "warning"}),
         fires("KopfOperatorsApiErrorRateHigh", "30m", {"status": "403", "severity": "warning"}),
         fires("KopfOperatorsReactionSlow", "30m", {"operator": "immortal", "severity": "warning"}),
+        fires("KopfOperatorsEventLoopLag", "6m"),  # p1's single late wake: not for 2 minutes
+        fires("KopfOperatorsEventLoopLag", "12m"),  # p0 late for 1 minute only
+        fires("KopfOperatorsEventLoopLag", "15m", {"namespace": "kopf-operators", "pod": "p0", "severity": "warning"}),
+        fires("KopfOperatorsEventLoopLag", "25m"),  # p0's loop free again
         fires("KopfOperatorsChaosWhileDryRun", "19m"),
         fires("KopfOperatorsChaosWhileDryRun", "21m", {"namespace": "kopf-operators", "pod": "p0",
                                                        "action": "pod-killed", "severity": "critical"}),

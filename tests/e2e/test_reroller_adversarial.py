@@ -368,3 +368,25 @@ def test_many_long_named_sources_and_a_template_edit_roll_once(operator: Operato
           what="one rollout for one template edit")
     set_cm(core, namespace, names[99], {"k": "2"})
     assert_rolled_once(apps, core, namespace, "app", f"configmap/{names[99]}", rs=3)
+
+
+def test_a_tenants_pattern_neither_stalls_the_process_nor_is_run_unbounded(
+        operator: OperatorProcess, namespace: str, make_namespace: Callable[..., str], core: Any, apps: Any) -> None:
+    """A reload pattern that backtracks for ever in Python's re, beside the name that triggers it: RE2
+    runs it in linear time (it matches nothing there), and a pattern RE2 refuses says so on its workload
+    (PatternRefused); meanwhile a ConfigMap change in another namespace still rolls its Deployment."""
+    configmap(core, namespace, "a" * 40, {"k": "1"})
+    spec = env_from(("ConfigMap", "a" * 40))
+    deployment(apps, namespace, "greedy", spec, {logic.RELOADER_CONFIGMAPS: "(a|a)*b"})
+    deployment(apps, namespace, "backref", spec, {logic.RELOADER_CONFIGMAPS: r"(a)\1"})
+    warning = wait_for(lambda: events(core, namespace, "backref", "PatternRefused"), timeout=30,
+                       what="a PatternRefused Warning on the workload")[0]
+    assert warning.type == "Warning" and "RE2 refuses it" in warning.message and "invalid escape" in warning.message
+    other = make_namespace("elsewhere")
+    configmap(core, other, "conf", {"k": "1"})
+    deployment(apps, other, "app", env_from(("ConfigMap", "conf")), AUTO)
+    ready(apps, other, "app")
+    set_cm(core, namespace, "a" * 40, {"k": "2"})  # the name the greedy pattern is matched against
+    set_cm(core, other, "conf", {"k": "2"})
+    assert_rolled_once(apps, core, other, "app", "configmap/conf")
+    assert template_hash(apps, namespace, "greedy") is None  # matches nothing: never rolled
