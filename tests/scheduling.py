@@ -130,7 +130,9 @@ class ClusterScheduling(LoadScopeScheduling):
         elif self.workqueue:
             self._assign(node, self.workqueue)
         elif first and self.last:
-            if not self._others_busy() and not self._pending_of(self.assigned_work[node]):
+            # Its own pending tests run before the last module anyway (a worker runs in order, and holds its
+            # last test until it is sent more or told to stop: waiting for it to finish would never end).
+            if not self._others_busy():
                 self._assign(node, self.last)
         elif not first or not (self.pinned or self.last):
             node.shutdown()
