@@ -203,7 +203,7 @@ def test_a_webhook_url_with_credentials_gets_a_clear_warning_and_its_token_shows
         # A check URL with credentials is refused when the agent is written.
         inline = kubectl("apply", "--dry-run=server", "-f", "-", check=False, input=json.dumps({
             "apiVersion": f"{logic.GROUP}/{logic.VERSION}", "kind": logic.KIND, "metadata": {"name": "inline"},
-            "spec": {"paused": True, "targetNamespaces": [namespace], "steadyState": {"checks": [
+            "spec": {"eagerness": 0, "paused": True, "targetNamespaces": [namespace], "steadyState": {"checks": [
                 {"name": "h", "http": {"url": f"http://user:{token}@127.0.0.1/x"}}]}}}))
         assert inline.returncode != 0 and "may not carry credentials" in inline.stderr, inline.stderr
         agents.delete(name)
@@ -237,8 +237,8 @@ def test_a_forged_ledger_makes_no_write(
     make_deployment(apps, other_namespace, "victim", 1)
     victim = apps.read_namespaced_deployment("victim", other_namespace)
     where = logic.ledger_namespace(operator_namespace())
-    copied = agents.create({"paused": True, "targetNamespaces": [namespace]})
-    unowned = agents.create({"paused": True, "targetNamespaces": [namespace]})
+    copied = agents.create({"eagerness": 0, "paused": True, "targetNamespaces": [namespace]})
+    unowned = agents.create({"eagerness": 0, "paused": True, "targetNamespaces": [namespace]})
     operator.stop()
     forged = [forged_ledger(where, copied, agents.get(copied)["metadata"]["uid"], victim,
                             {"copyrator.kopf-operators.dev/rule-uid": "some-rule"}),
