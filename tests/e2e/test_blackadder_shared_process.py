@@ -132,9 +132,11 @@ def test_a_tenants_slow_checks_delay_neither_an_administrators_check_nor_an_aler
     try:
         core.patch_namespace(tenant_ns, {"metadata": {"labels": {
             logic.TENANT_NAMESPACE_LABEL: logic.TENANT_NAMESPACE_VALUE}}})
-        configmap(core, namespace, "nginx-conf", {"nginx.conf": "v1"})
-        deployment(apps, namespace, "nginx", nginx_pod_spec(), AUTO)
-        baseline(apps, namespace, "nginx")
+        # Two workloads: one rollout each (a workload's second rollout would wait out its minimum interval).
+        for name in ("quiet", "loaded"):
+            configmap(core, namespace, f"{name}-conf", {"nginx.conf": "v1"})
+            deployment(apps, namespace, name, nginx_pod_spec(f"{name}-conf"), AUTO)
+            baseline(apps, namespace, name)
         health = {"name": "health", "http": {"url": f"http://127.0.0.1:{hosts.fast}/health", "timeoutSeconds": 2}}
         admin = agents.create({"eagerness": 0, "pauseDuration": logic.MIN_PAUSE_SECONDS,
                                "targetNamespaces": [namespace],
@@ -144,7 +146,7 @@ def test_a_tenants_slow_checks_delay_neither_an_administrators_check_nor_an_aler
         wait_for(lambda: len([t for t in hosts.checks if t >= quiet]) >= 6, timeout=20, what="six checks")
         quiet_gap = largest_gap(hosts.checks, quiet)
         changed = time.monotonic()
-        set_cm(core, namespace, "nginx-conf", {"nginx.conf": "v2"})
+        set_cm(core, namespace, "quiet-conf", {"nginx.conf": "v2"})
         wait_for(lambda: hosts.alerts_about(namespace), timeout=30, what="the alert without the tenant")
         quiet_alert = hosts.alerts_about(namespace)[0] - changed
 
@@ -161,7 +163,7 @@ def test_a_tenants_slow_checks_delay_neither_an_administrators_check_nor_an_aler
         loaded_gap = largest_gap(hosts.checks, loaded)
         before = len(hosts.alerts_about(namespace))
         changed = time.monotonic()
-        set_cm(core, namespace, "nginx-conf", {"nginx.conf": "v3"})
+        set_cm(core, namespace, "loaded-conf", {"nginx.conf": "v2"})
         wait_for(lambda: len(hosts.alerts_about(namespace)) > before, timeout=30, what="the alert with the tenant")
         loaded_alert = hosts.alerts_about(namespace)[before] - changed
         assert hosts.slow_open >= 4  # the tenant's checks were still outstanding throughout
