@@ -115,6 +115,7 @@ class Notifications:
                 return
             refusal = logic.webhook_refusal(url, self.options.webhook_hosts)
             if refusal:
+                metrics.error(OPERATOR, "webhook")
                 self.announce(body, None, "Warning", "WebhookRefused", f"{refusal} (Secret {where})", log)
                 return
             host = urllib.parse.urlsplit(url).hostname

@@ -242,6 +242,14 @@ def checks_problem(spec: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _number(value: Any) -> float | None:
+    """A number from a spec (None when unset or unreadable: the schema's default then applies)."""
+    try:
+        return None if value is None or value == "" else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def tenant_checks_problem(spec: Mapping[str, Any], settings: Options) -> str | None:
     """A TenantChaosAgent's steady state over the administrator's limits (refused, not trimmed: a
     check silently dropped or cut short would judge a different hypothesis)."""
@@ -250,14 +258,14 @@ def tenant_checks_problem(spec: Mapping[str, Any], settings: Options) -> str | N
         return (f"spec.steadyState has {len(checks)} checks; TenantChaosAgents may have at most "
                 f"{settings.tenant_max_checks} (chart: operators.blackadder.tenants.maxChecks)")
     for check in checks:
-        timeout = (check.get("http") or {}).get("timeoutSeconds")
-        if timeout is not None and float(timeout) > settings.tenant_max_check_timeout:
-            return (f"check {check.get('name')!s:.63} has timeoutSeconds {timeout}; TenantChaosAgents may wait at "
+        timeout = _number((check.get("http") or {}).get("timeoutSeconds"))
+        if timeout is not None and timeout > settings.tenant_max_check_timeout:
+            return (f"check {check.get('name')!s:.63} has timeoutSeconds {timeout:g}; TenantChaosAgents may wait at "
                     f"most {settings.tenant_max_check_timeout} s (chart: operators.blackadder.tenants."
                     "maxCheckTimeoutSeconds)")
-    interval = (spec.get("steadyState") or {}).get("intervalSeconds")
-    if checks and interval is not None and float(interval) < settings.tenant_min_check_interval:
-        return (f"spec.steadyState.intervalSeconds is {interval}; TenantChaosAgents check at most every "
+    interval = _number((spec.get("steadyState") or {}).get("intervalSeconds"))
+    if checks and interval is not None and interval < settings.tenant_min_check_interval:
+        return (f"spec.steadyState.intervalSeconds is {interval:g}; TenantChaosAgents check at most every "
                 f"{settings.tenant_min_check_interval} s (chart: operators.blackadder.tenants.minCheckIntervalSeconds)")
     return None
 

@@ -77,6 +77,7 @@ class HttpClient:
         self.name, self.connections, self.per_lane = name, connections, per_lane
         self._session: aiohttp.ClientSession | None = None
         self._lanes: dict[str, asyncio.Semaphore] = {}
+        self._sending: dict[str, int] = {}
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -93,9 +94,8 @@ class HttpClient:
         return self._lanes[key]
 
     def in_flight(self, key: str) -> int:
-        """Requests of the lane ``key`` in flight or waiting for their lane (for tests and metrics)."""
-        lane = self._lanes.get(key)
-        return 0 if lane is None else self.per_lane - lane._value
+        """Requests of the lane ``key`` holding one of its places now."""
+        return self._sending.get(key, 0)
 
     async def request(self, method: str, url: str, timeout: float, *, json: Mapping[str, Any] | None = None,
                       body: bytes | None = None, lane: str = "") -> Answer:
@@ -107,7 +107,11 @@ class HttpClient:
             if semaphore is None:
                 return await self._send(method, url, timeout, json, body)
             async with semaphore:
-                return await self._send(method, url, timeout, json, body)
+                self._sending[lane] = self._sending.get(lane, 0) + 1
+                try:
+                    return await self._send(method, url, timeout, json, body)
+                finally:
+                    self._sending[lane] -= 1
 
     async def _send(self, method: str, url: str, timeout: float, json: Mapping[str, Any] | None,
                     body: bytes | None) -> Answer:
