@@ -37,7 +37,9 @@ from kopf_operators.core.kopf_patches import EventPolicy, Fingerprint
 logger = logging.getLogger("kopf_operators")
 
 # Threads for blocking calls, in Kopf's pool (sync handlers: none of ours) and asyncio's (to_thread:
-# Blackadder's pykube-ng listings) alike. The access layer's own requests need none.
+# Blackadder's pykube-ng listings, to the API server only) alike. The access layer's own requests need
+# none, nor does HTTP to other hosts (checks, webhooks, alerts: core.http, on the loop): no host a
+# tenant names can hold one of these threads.
 WORKER_THREADS = 16
 
 # Kopf keeps one worker (a task, its queue, and the last event's whole body) per object that had an
