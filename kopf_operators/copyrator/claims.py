@@ -20,7 +20,7 @@ class Claims:
                 ns: logic.NamespaceInfo | None) -> tuple[dict[str, Any] | None, bool]:
         """What the rule wants at ``ns``/``name``, and whether it is blocked from writing there (a
         source it cannot copy as configured: whatever is there stays)."""
-        if ns is None or not logic.is_target(rule, ns):
+        if ns is None or not logic.is_target(rule, ns, self.options.by_name_only):
             return None, False
         source, problem = self.sources.source_for(rule, name)
         if problem:
@@ -34,7 +34,7 @@ class Claims:
     def wants(self, rule: logic.Rule, kind: str, namespace: str, name: str) -> bool:
         """Whether ``rule`` would copy something to this place (as ``desired``, without building it)."""
         ns = self.sources.namespace(namespace)
-        if rule.kind != kind or ns is None or not logic.is_target(rule, ns) \
+        if rule.kind != kind or ns is None or not logic.is_target(rule, ns, self.options.by_name_only) \
                 or logic.target_refusal(rule, ns, self.options) is not None:
             return False
         source, problem = self.sources.source_for(rule, name)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from kopf_operators.core.conventions import (
@@ -59,8 +59,13 @@ FORBIDDEN_SECRET_TYPES = frozenset({
     "bootstrap.kubernetes.io/token",
     "helm.sh/release.v1",
 })
-# Excluded from "all namespaces" unless a rule lists them in targetNamespaces.
+# Excluded from "all namespaces" (and from a push's globs), as is the operator's own namespace; closed
+# to other namespaces' rules and pushes unless COPYRATOR_OPEN_NAMESPACES names them (``target_refusal``).
 SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
+# The project's own label and annotation domains (and their subdomains): keys under them steer the
+# operators (Blackadder's ledger and opt-in labels, the re-roller's annotations, Copyrator's marker),
+# so a copy never carries one from its source; the copier sets its own bookkeeping keys itself.
+PROJECT_DOMAINS = (DOMAIN, "blackadder.io")
 
 # Labels and annotations by which another controller would claim, adopt or prune a copy (Helm,
 # Argo CD, Flux, kapp, Kyverno generate, cert-manager): never copied (globs). ownerReferences and
@@ -110,8 +115,14 @@ class Options:
     open_namespaces: tuple[str, ...] = ()
     # Rules need their targets' consent too (for clusters that let tenants write rules).
     rules_need_target_consent: bool = False
-    # The operator's own namespace (closed to pushes like the system namespaces).
+    # The operator's own namespace (closed to other namespaces' rules and pushes, like the system ones).
     operator_namespace: str = ""
+
+    @property
+    def by_name_only(self) -> frozenset[str]:
+        """Namespaces that "every namespace" and a push's globs leave out: a rule or push reaches them
+        only by listing their name (and then only when they are open to it: ``target_refusal``)."""
+        return SYSTEM_NAMESPACES | {self.operator_namespace} - {""}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], operator_namespace: str = "") -> Options:
@@ -466,19 +477,21 @@ CLOSED = ("closed: a system namespace or the operator's own, which receive copie
 
 
 def target_refusal(rule: Rule, ns: NamespaceInfo, settings: Options) -> str | None:
-    """Why ``ns`` does not accept this push's (or, when rules need it, this rule's) copies; None: it
-    accepts. The one asking is the rule's namespace (a push's: its source's). A namespace always
-    accepts what its own rules ask (a pull rule); the system namespaces and the operator's own are
-    closed unless COPYRATOR_OPEN_NAMESPACES names them; then a trusted asker
-    (COPYRATOR_TRUSTED_NAMESPACES) or the namespace's own accept-from annotation decides."""
-    if not rule.push and not settings.rules_need_target_consent:
-        return None
+    """Why ``ns`` does not accept this rule's (or push's) copies; None: it accepts. The one asking is
+    the rule's namespace (a push's: its source's). A namespace always accepts what its own rules ask (a
+    pull rule). The system namespaces and the operator's own are closed in every configuration unless
+    COPYRATOR_OPEN_NAMESPACES names them: a push, or a rule in any other namespace than the operator's
+    (where only the administrator writes rules), writes nothing there. Then a push (and, with
+    COPYRATOR_RULES_NEED_TARGET_CONSENT, a rule) needs consent: a trusted asker
+    (COPYRATOR_TRUSTED_NAMESPACES) or the namespace's own accept-from annotation."""
     asker = rule.namespace
     if ns.name == asker:
         return None
-    if (ns.name in SYSTEM_NAMESPACES or ns.name == settings.operator_namespace) \
-            and ns.name not in settings.open_namespaces:
+    if ns.name in settings.by_name_only and ns.name not in settings.open_namespaces \
+            and (rule.push or asker != settings.operator_namespace):
         return CLOSED
+    if not rule.push and not settings.rules_need_target_consent:
+        return None
     if consent_allows(settings.trusted_namespaces, asker):
         return None
     if ns.accept_from is not None and consent_allows(ns.accept_from, asker):
@@ -489,26 +502,28 @@ def target_refusal(rule: Rule, ns: NamespaceInfo, settings: Options) -> str | No
 # --- Targets ----------------------------------------------------------------------------------
 
 
-def is_target(rule: Rule, ns: NamespaceInfo) -> bool:
-    """Whether ``ns`` should hold this rule's copies (before consent): active, not a source."""
+def is_target(rule: Rule, ns: NamespaceInfo, by_name_only: Collection[str] = SYSTEM_NAMESPACES) -> bool:
+    """Whether ``ns`` should hold this rule's copies (before consent): active, not a source.
+    ``by_name_only`` (``Options.by_name_only``): namespaces reached only when listed by name."""
     if not ns.active or ns.name in rule.source_namespaces or ns.name in rule.excluded_namespaces:
         return False
     if rule.pull:
         return ns.name == rule.namespace
     if rule.target_namespaces is not None:
         listed = ns.name in rule.target_namespaces
-        if rule.push and not listed:  # globs, but system namespaces only by name
-            listed = ns.name not in SYSTEM_NAMESPACES and consent_allows(rule.target_namespaces, ns.name)
+        if rule.push and not listed:  # globs, but the system namespaces and the operator's only by name
+            listed = ns.name not in by_name_only and consent_allows(rule.target_namespaces, ns.name)
         if not listed:
             return False
-    elif ns.name in SYSTEM_NAMESPACES:
+    elif ns.name in by_name_only:
         return False
     return matches_label_selector(ns.labels, rule.namespace_selector)
 
 
-def target_namespaces(rule: Rule, namespaces: Iterable[NamespaceInfo]) -> list[str]:
+def target_namespaces(rule: Rule, namespaces: Iterable[NamespaceInfo],
+                      by_name_only: Collection[str] = SYSTEM_NAMESPACES) -> list[str]:
     """Active namespaces that receive copies (before consent), sorted."""
-    return sorted(ns.name for ns in namespaces if is_target(rule, ns))
+    return sorted(ns.name for ns in namespaces if is_target(rule, ns, by_name_only))
 
 
 # --- Sources ----------------------------------------------------------------------------------

@@ -98,7 +98,7 @@ class Sources:
         return [info for name in list(self.namespaces) if (info := first(self.namespaces, name)) is not None]
 
     def targets(self, rule: logic.Rule) -> set[str]:
-        return {ns.name for ns in self.all_namespaces() if logic.is_target(rule, ns)}
+        return {ns.name for ns in self.all_namespaces() if logic.is_target(rule, ns, self.options.by_name_only)}
 
     # --- the sources index --------------------------------------------------------------------------
 

@@ -128,7 +128,7 @@ class StatusReporter:
         dirty_places, ledger.dirty_places = ledger.dirty_places, set()
         for namespace in dirty_namespaces:
             info = self.sources.namespace(namespace)
-            if info is not None and logic.is_target(rule, info):
+            if info is not None and logic.is_target(rule, info, self.options.by_name_only):
                 ledger.targets.add(namespace)
                 for source_name in judged:
                     judge(source_name, namespace)

@@ -78,8 +78,7 @@ def test_system_namespaces_and_the_operators_own_are_closed_unless_opened(closed
 
 
 def test_rules_need_no_target_consent_unless_the_chart_says_so() -> None:
-    for target in ("tenant-b", "kopf-operators"):
-        assert logic.target_refusal(RULE, ns(target), logic.Options(operator_namespace="kopf-operators")) is None
+    assert logic.target_refusal(RULE, ns("tenant-b"), logic.Options(operator_namespace="kopf-operators")) is None
     strict = logic.Options(rules_need_target_consent=True, operator_namespace="kopf-operators")
     assert logic.target_refusal(RULE, ns("tenant-b"), strict) is not None
     assert logic.target_refusal(RULE, ns("tenant-b", "default"), strict) is None
@@ -87,6 +86,42 @@ def test_rules_need_no_target_consent_unless_the_chart_says_so() -> None:
     pull = logic.parse_rule({"metadata": {"namespace": "tenant-b", "name": "pull", "uid": "p"},
                              "spec": {"ruleType": "configmap", "selector": {"a": "b"}, "namespace": "platform"}})
     assert logic.target_refusal(pull, ns("tenant-b"), strict) is None  # its own namespace asks
+
+
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("closed", ["kube-system", "kube-public", "kube-node-lease", "kopf-operators"])
+def test_the_closed_namespaces_refuse_other_namespaces_rules_in_every_configuration(closed: str,
+                                                                                    strict: bool) -> None:
+    """With or without COPYRATOR_RULES_NEED_TARGET_CONSENT, and whatever the namespace's annotation: a
+    rule in another namespace than the operator's writes nothing into the system namespaces or the
+    operator's own; the administrator's rule in the operator's namespace still may; opening the
+    namespace lets rules in (with consent, when rules need it)."""
+    options = logic.Options(rules_need_target_consent=strict, trusted_namespaces=("*",),
+                            operator_namespace="kopf-operators")
+    assert logic.target_refusal(RULE, ns(closed, "*"), options) == logic.CLOSED
+    admins = logic.parse_rule({"metadata": {"namespace": "kopf-operators", "name": "r", "uid": "a"},
+                               "ruleType": "configmap", "selector": {"a": "b"}, "namespace": "kopf-operators",
+                               "targetNamespaces": [closed]})
+    assert logic.target_refusal(admins, ns(closed, "*"), options) is None
+    assert logic.target_refusal(push(pushing("kopf-operators")), ns(closed, "*"), options) == (
+        None if closed == "kopf-operators" else logic.CLOSED)  # a push is never the administrator's rule
+    opened = logic.Options(rules_need_target_consent=strict, open_namespaces=(closed,),
+                           operator_namespace="kopf-operators")
+    assert logic.target_refusal(RULE, ns(closed, "default"), opened) is None
+
+
+def test_every_namespace_and_a_push_glob_leave_out_the_closed_namespaces() -> None:
+    options = logic.Options(operator_namespace="kopf-operators")
+    assert options.by_name_only == {"kube-system", "kube-public", "kube-node-lease", "kopf-operators"}
+    assert logic.Options().by_name_only == logic.SYSTEM_NAMESPACES  # no operator namespace: none added
+    cluster = [ns(name) for name in ("default", "tenant-b", "kube-system", "kopf-operators")]
+    assert logic.target_namespaces(RULE, cluster, options.by_name_only) == ["tenant-b"]
+    listed = logic.parse_rule({"metadata": {"namespace": "default", "name": "r", "uid": "l"},
+                               "ruleType": "configmap", "selector": {"a": "b"}, "namespace": "default",
+                               "targetNamespaces": ["kube-system", "kopf-operators"]})
+    # Listed by name: a target (and then refused by ``target_refusal`` unless opened).
+    assert logic.target_namespaces(listed, cluster, options.by_name_only) == ["kopf-operators", "kube-system"]
+    assert logic.target_namespaces(push(pushing(to="*")), cluster, options.by_name_only) == ["default", "tenant-b"]
 
 
 def test_options_from_the_environment() -> None:
