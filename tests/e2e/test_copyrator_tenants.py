@@ -170,16 +170,17 @@ def test_copies_pushed_before_consent_existed_are_kept_unsynced_and_reported(
 
 @pytest.fixture
 def rule_writer(tenant: Tenant, namespace: str) -> Iterator[Tenant]:
-    """Tenants may write rules: the chart's aggregated role (operators.copyrator.tenantRules) adds
-    CopyratorRules to the built-in edit role, which the tenant holds in its namespace."""
-    role = [obj for obj in chart_objects(E2E_RELEASE, E2E_RELEASE,
-                                         "operators.copyrator.tenantRules=true")
-            if obj["kind"] == "ClusterRole" and obj["metadata"]["name"].endswith("-copyrator-rules-edit")]
+    """Tenants may write rules: the chart's aggregated role (operators.copyrator.tenantRules, which the
+    chart renders only with rulesNeedTargetConsent) adds CopyratorRules to the built-in admin role,
+    which the tenant holds in its namespace (not to edit)."""
+    role = [obj for obj in chart_objects(E2E_RELEASE, E2E_RELEASE, "operators.copyrator.tenantRules=true",
+                                         "operators.copyrator.rulesNeedTargetConsent=true")
+            if obj["kind"] == "ClusterRole" and obj["metadata"]["name"].endswith("-copyrator-rules-admin")]
     assert len(role) == 1
     kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(role))
-    kubectl("create", "rolebinding", "tenant-edit", "-n", namespace, "--clusterrole=edit", f"--user={USER}")
+    kubectl("create", "rolebinding", "tenant-admin", "-n", namespace, "--clusterrole=admin", f"--user={USER}")
     wait_for(lambda: tenant.may("create", "copyrators.flant.com", namespace), timeout=30,
-             what="the edit role aggregating CopyratorRules")
+             what="the admin role aggregating CopyratorRules")
     yield tenant
     kubectl("delete", "clusterrole", role[0]["metadata"]["name"], "--ignore-not-found")
 
