@@ -16,6 +16,7 @@ from typing import Any
 from kopf_operators.core.conventions import (
     DATA_STAMP,
     DOMAIN,
+    data_hash,
     env_bool,
     env_float,
     env_list,
@@ -117,6 +118,8 @@ class Options:
     rules_need_target_consent: bool = False
     # The operator's own namespace (closed to other namespaces' rules and pushes, like the system ones).
     operator_namespace: str = ""
+    # A source whose data and binaryData hold more bytes than this is never copied, nor held with its data.
+    max_source_bytes: int = 262144
 
     @property
     def by_name_only(self) -> frozenset[str]:
@@ -136,6 +139,7 @@ class Options:
             resync_seconds=env_float(env, "COPYRATOR_RESYNC_SECONDS", 60.0, minimum=1.0),
             write_concurrency=int(env_float(env, "COPYRATOR_WRITE_CONCURRENCY", 16, minimum=1)),
             status_delay_seconds=env_float(env, "COPYRATOR_STATUS_DELAY_SECONDS", 0.5),
+            max_source_bytes=int(env_float(env, "COPYRATOR_MAX_SOURCE_BYTES", 262144, minimum=1)),
         )
 
 
@@ -361,10 +365,12 @@ def copy_problem(rule: Rule, source: Mapping[str, Any]) -> str | None:
     a valid object name, or two keys would land on one."""
     meta = source.get("metadata") or {}
     where = f"{meta.get('namespace')}/{meta.get('name')}"
+    if refused := too_large(source):
+        return refused
     name = copy_name(rule, str(meta.get("name", "")))
     if len(name) > MAX_NAME:
         return f"source {where}: the copy's name would be {len(name)} characters long (at most {MAX_NAME})"
-    present = [*(source.get("data") or {}), *(source.get("binaryData") or {})]
+    present = data_keys(source)
     collision = key_collision(rule.keys, rule.rename_keys, present)
     return f"source {where}: {collision}" if collision else None
 
@@ -551,18 +557,68 @@ def skip_reason(rule: Rule, obj: Mapping[str, Any]) -> str | None:
     return None
 
 
-def source_entry(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """What the sources index keeps of a selected object: what a copy is built from."""
+# In a lean source entry: what it holds instead of the data (``source_entry``).
+DIGEST = "digest"
+
+
+def data_bytes(obj: Mapping[str, Any]) -> int:
+    """The bytes a ConfigMap's/Secret's data and binaryData hold (keys and values; base64 values as
+    decoded), as the cap on sources counts them."""
+    total = 0
+    for field in ("data", "binaryData"):
+        encoded = field == "binaryData" or obj.get("kind") == "Secret"
+        for key, value in (obj.get(field) or {}).items():
+            size = len(str(value).encode())
+            total += len(key) + ((size * 3) // 4 - str(value).count("=", -2) if encoded else size)
+    return total
+
+
+def source_entry(obj: Mapping[str, Any], *, keep_data: bool = True, max_bytes: int | None = None) -> dict[str, Any]:
+    """What the sources index keeps of a selected object. With its data (what a copy is built from)
+    when ``keep_data``; else lean: a digest of the data, its size and keys, and of the annotations
+    only Copyrator's own (what selecting, consent and push read), so a source no target accepts costs
+    little however big it is. Over ``max_bytes`` it is lean in any case, marked refused (``too_large``)."""
     meta = obj.get("metadata") or {}
+    size = data_bytes(obj)
+    where = f"{meta.get('namespace')}/{meta.get('name')}"
+    refused = None
+    if max_bytes is not None and size > max_bytes:
+        refused = (f"source {where}: its data and binaryData hold {size} bytes, more than the {max_bytes} a "
+                   f"source may hold (COPYRATOR_MAX_SOURCE_BYTES): never copied")
+    keep_data = keep_data and refused is None
     entry: dict[str, Any] = {
         "kind": obj.get("kind"),
         "metadata": {key: meta[key] for key in ("name", "namespace", "uid", "resourceVersion", "labels",
                                                 "annotations", "creationTimestamp") if meta.get(key) is not None},
     }
-    for key in ("data", "binaryData", "type", "immutable"):
+    for key in ("type", "immutable", *(("data", "binaryData") if keep_data else ())):
         if obj.get(key) is not None:
             entry[key] = obj[key]
+    if not keep_data:
+        annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(PREFIX)}
+        entry["metadata"]["annotations"] = annotations
+        entry[DIGEST] = {"hash": data_hash(str(obj.get("kind") or ""), obj), "bytes": size,
+                         "keys": [] if refused else data_keys(obj), "refused": refused}
     return entry
+
+
+def is_lean(entry: Mapping[str, Any]) -> bool:
+    """A source entry held without its data (``source_entry``): no copy can be built from it."""
+    return DIGEST in entry
+
+
+def too_large(entry: Mapping[str, Any]) -> str | None:
+    """Why a source is never copied for its size (None: it fits the cap)."""
+    digest = entry.get(DIGEST)
+    return digest.get("refused") if isinstance(digest, Mapping) else None
+
+
+def data_keys(obj: Mapping[str, Any]) -> list[str]:
+    """The data and binaryData keys of a source (entry), lean or not."""
+    digest = obj.get(DIGEST)
+    if isinstance(digest, Mapping):
+        return list(digest.get("keys") or ())
+    return [*(obj.get("data") or {}), *(obj.get("binaryData") or {})]
 
 
 def first_claim(claimants: Iterable[Rule]) -> Rule | None:

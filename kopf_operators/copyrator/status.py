@@ -110,7 +110,8 @@ class StatusReporter:
         def judge(source_name: str, namespace: str) -> None:
             source, name, blocked = judged[source_name]
             if source_name not in wanted:
-                wanted[source_name] = None if blocked else logic.desired_copy(rule, source, "")
+                # (A source held without its data is read before any copy of it is written.)
+                wanted[source_name] = None if blocked or logic.is_lean(source) else logic.desired_copy(rule, source, "")
             assert ledger is not None
             ledger.judge(source_name, namespace, self._standing(rule, source, namespace, name, wanted[source_name]))
 

@@ -25,6 +25,7 @@ from kopf_operators.copyrator.rules import (
     RuleError,
     consent_refusal,
     skip_reason,
+    too_large,
 )
 from kopf_operators.core.conventions import (
     kstatus_conditions,
@@ -341,6 +342,8 @@ def decide_push(rule: Rule, tally: Tally, source: Mapping[str, Any]) -> tuple[st
     """A push's problems (a push has no status; its source gets a Warning when they change): (reason,
     message), the message empty when nothing is wrong. A stalled readiness, a source never copied (a
     token, a Helm release: its owner is told), and the target namespaces that refuse, named."""
+    if refused := too_large(source):
+        return "SourceTooLarge", refused
     _ready, stalled, reason, message = readiness(tally, build_status(rule, {}, tally))
     stalled = stalled and reason != "NoTargetConsents"  # said below, as for any refusing target
     if tally.skipped and not stalled:

@@ -198,7 +198,8 @@ def test_tenant_rules_go_to_namespace_admins_only_and_only_with_target_consent()
     """A namespace editor may not write rules (a rule is a standing order to the operator); the
     chart renders the aggregated role only together with rulesNeedTargetConsent."""
     objects = render("operators.copyrator.tenantRules=true", "operators.copyrator.rulesNeedTargetConsent=true")
-    roles = [o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("-copyrator-rules-admin")]
+    roles = [o for o in objects
+             if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("-copyrator-rules-admin")]
     assert len(roles) == 1
     aggregated = {k for k, v in roles[0]["metadata"]["labels"].items() if k.startswith("rbac.authorization.k8s.io/")}
     assert aggregated == {"rbac.authorization.k8s.io/aggregate-to-admin"}
