@@ -14,8 +14,10 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from kopf_operators.core.conventions import (
+    DATA_ELIDED,
     DATA_STAMP,
     DOMAIN,
+    data_bytes,
     data_hash,
     env_bool,
     env_float,
@@ -561,31 +563,21 @@ def skip_reason(rule: Rule, obj: Mapping[str, Any]) -> str | None:
 DIGEST = "digest"
 
 
-def data_bytes(obj: Mapping[str, Any]) -> int:
-    """The bytes a ConfigMap's/Secret's data and binaryData hold (keys and values; base64 values as
-    decoded), as the cap on sources counts them."""
-    total = 0
-    for field in ("data", "binaryData"):
-        encoded = field == "binaryData" or obj.get("kind") == "Secret"
-        for key, value in (obj.get(field) or {}).items():
-            size = len(str(value).encode())
-            total += len(key) + ((size * 3) // 4 - str(value).count("=", -2) if encoded else size)
-    return total
-
-
 def source_entry(obj: Mapping[str, Any], *, keep_data: bool = True, max_bytes: int | None = None) -> dict[str, Any]:
     """What the sources index keeps of a selected object. With its data (what a copy is built from)
-    when ``keep_data``; else lean: a digest of the data, its size and keys, and of the annotations
-    only Copyrator's own (what selecting, consent and push read), so a source no target accepts costs
-    little however big it is. Over ``max_bytes`` it is lean in any case, marked refused (``too_large``)."""
+    when ``keep_data``; else lean: a digest of the data and its size, and of the annotations only
+    Copyrator's own (what selecting, consent and push read), so a source no target accepts costs little
+    however big it is. Over ``max_bytes`` (or handed on without its data: ``DATA_ELIDED``) it is lean in
+    any case; over ``max_bytes``, marked refused (``too_large``)."""
     meta = obj.get("metadata") or {}
     size = data_bytes(obj)
+    elided = obj.get(DATA_ELIDED)  # a listed body handed on without its data: lean in any case
     where = f"{meta.get('namespace')}/{meta.get('name')}"
     refused = None
     if max_bytes is not None and size > max_bytes:
         refused = (f"source {where}: its data and binaryData hold {size} bytes, more than the {max_bytes} a "
                    f"source may hold (COPYRATOR_MAX_SOURCE_BYTES): never copied")
-    keep_data = keep_data and refused is None
+    keep_data = keep_data and refused is None and elided is None
     entry: dict[str, Any] = {
         "kind": obj.get("kind"),
         "metadata": {key: meta[key] for key in ("name", "namespace", "uid", "resourceVersion", "labels",
@@ -597,8 +589,8 @@ def source_entry(obj: Mapping[str, Any], *, keep_data: bool = True, max_bytes: i
     if not keep_data:
         annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(PREFIX)}
         entry["metadata"]["annotations"] = annotations
-        entry[DIGEST] = {"hash": data_hash(str(obj.get("kind") or ""), obj), "bytes": size,
-                         "keys": [] if refused else data_keys(obj), "refused": refused}
+        digest = elided["hash"] if isinstance(elided, Mapping) else data_hash(str(obj.get("kind") or ""), obj)
+        entry[DIGEST] = {"hash": digest, "bytes": size, "refused": refused}
     return entry
 
 
@@ -614,10 +606,8 @@ def too_large(entry: Mapping[str, Any]) -> str | None:
 
 
 def data_keys(obj: Mapping[str, Any]) -> list[str]:
-    """The data and binaryData keys of a source (entry), lean or not."""
-    digest = obj.get(DIGEST)
-    if isinstance(digest, Mapping):
-        return list(digest.get("keys") or ())
+    """The data and binaryData keys of a source (entry); none of a lean one (its keys are not held
+    either: as many as its bytes allow; they are checked once it is read, before any copy is made)."""
     return [*(obj.get("data") or {}), *(obj.get("binaryData") or {})]
 
 

@@ -154,6 +154,7 @@ class Sources:
         ``rules`` selecting it may copy it somewhere (a target accepts, the source consents); else a
         digest, read in full once a target accepts (``hydrate``). Never the data of one over the cap."""
         namespace = str((body.get("metadata") or {}).get("namespace", ""))
+        # (A listed body handed on without its data, ``DATA_ELIDED``, is held lean: read when needed.)
         keep = any((not logic.needs_consent(rule, namespace, self.options) or logic.consent(body) is not None)
                    and self.accepted(rule) for rule in rules)
         return logic.source_entry(body, keep_data=keep, max_bytes=self.options.max_source_bytes)

@@ -11,6 +11,7 @@ from typing import Any
 from kopf_operators.copyrator import decisions as logic
 from kopf_operators.copyrator.controller import CopyratorController
 from kopf_operators.core import metrics
+from kopf_operators.core.conventions import DATA_ELIDED, data_bytes, data_hash, elide_data
 from tests.unit.fake_access import FakeAccess
 
 CAP = 1000
@@ -37,9 +38,22 @@ def namespace(name: str, accept: str | None = None) -> dict[str, Any]:
 # --- decisions ----------------------------------------------------------------------------------
 
 def test_the_size_of_a_source_counts_keys_and_decoded_values() -> None:
-    assert logic.data_bytes({"kind": "ConfigMap", "data": {"a": "abc"}, "binaryData": {"b": "YQ=="}}) == 6
-    assert logic.data_bytes({"kind": "Secret", "data": {"a": "YWJj", "b": "YQ=="}}) == 6  # base64, decoded
-    assert logic.data_bytes({"kind": "ConfigMap"}) == 0
+    assert data_bytes({"kind": "ConfigMap", "data": {"a": "abc"}, "binaryData": {"b": "YQ=="}}) == 6
+    assert data_bytes({"kind": "Secret", "data": {"a": "YWJj", "b": "YQ=="}}) == 6  # base64, decoded
+    assert data_bytes({"kind": "ConfigMap"}) == 0
+    # A body handed on without its data says how big they were, and their digest.
+    body = source("x" * 500)
+    elided = elide_data(body, 100)
+    assert "data" not in elided and data_bytes(elided) == 501 and elided[DATA_ELIDED]["hash"] == data_hash(
+        "ConfigMap", body)
+    assert elide_data(body, 501) is body
+
+
+def test_a_listed_source_handed_on_without_its_data_is_held_lean_and_refused_by_its_size() -> None:
+    entry = logic.source_entry(elide_data(source("x" * 500), 100), max_bytes=CAP)  # keep_data: not possible
+    assert logic.is_lean(entry) and logic.too_large(entry) is None and entry[logic.DIGEST]["bytes"] == 501
+    big = logic.source_entry(elide_data(source("x" * CAP), 100), max_bytes=CAP)
+    assert logic.too_large(big) and str(CAP + 1) in str(logic.too_large(big))
 
 
 def test_a_lean_entry_holds_a_digest_and_only_copyrators_annotations() -> None:
@@ -49,7 +63,7 @@ def test_a_lean_entry_holds_a_digest_and_only_copyrators_annotations() -> None:
     lean = logic.source_entry(body, keep_data=False, max_bytes=CAP)
     assert "data" not in lean and logic.is_lean(lean) and logic.too_large(lean) is None
     assert lean["metadata"]["annotations"] == {logic.PUSH_TO_ANNOTATION: "tenant-b"}  # not last-applied's copy
-    assert lean[logic.DIGEST]["bytes"] == 501 and logic.data_keys(lean) == ["k"]
+    assert lean[logic.DIGEST]["bytes"] == 501 and logic.data_keys(lean) == []  # its keys: once read
     assert lean[logic.DIGEST]["hash"] == logic.source_entry(source("x" * 500), keep_data=False)[logic.DIGEST]["hash"]
     assert lean[logic.DIGEST]["hash"] != logic.source_entry(source("y" * 500), keep_data=False)[logic.DIGEST]["hash"]
     # What selecting and pushing read is all there.
