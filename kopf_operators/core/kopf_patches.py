@@ -19,9 +19,10 @@ upstream issue it stands in for; docs/kopf-patches.md has the text of each upstr
 - ``wake_gate_waiters_only_on_change``: Kopf's ToggleSet wakes its waiters only on a change of state;
 - ``govern_event_processing``: ``governed`` around Kopf's per-event processor (a cap on objects
   processed at once, superseded/echoed/unchanged events skipped, and the Lease's gate);
-  A listed object's handlers wait for every index as its raw event, not as a waiting Kopf worker
-  (``defer_listed``);
-- ``lean_watched_bodies``: no ``metadata.managedFields`` in what Kopf lists and streams;
+  A listed object's handlers wait for every index as its raw event, not as a waiting Kopf worker, and
+  without its data over ``ELIDE_LISTED_DATA_BYTES`` (``defer_listed``);
+- ``lean_watched_bodies``: no ``metadata.managedFields`` in what Kopf lists and streams; ConfigMaps and
+  Secrets listed ``BULKY_PAGE`` per page, pages read ahead up to ``READ_AHEAD_BYTES`` of data;
 - ``small_tls_read_buffers``: asyncio's TLS read buffer of 64 KiB instead of 256 KiB;
 - ``start_allocator_trim``: glibc's ``malloc_trim(0)`` every 10 s (a task, started by the startup handler);
 - reads of Kopf's private registries: ``change_detecting_groups``, ``all_handlers``; its loader: ``preload``;

@@ -17,6 +17,7 @@ import kubernetes
 import pytest
 import yaml
 
+from kopf_operators.blackadder.settings import LEDGER_LABEL, OPT_LABEL
 from kopf_operators.copyrator import decisions as logic
 from tests.e2e.copyrator_helpers import (
     G,
@@ -223,3 +224,59 @@ def test_a_tenants_rules_need_the_sources_and_with_the_chart_value_the_targets_c
     finally:
         delete_rule(custom, namespace, "pull")
         delete_rule(custom, namespace, "push")
+
+
+# --- what a tenant cannot do to the process -------------------------------------------------------
+
+
+def test_no_rule_outside_the_operators_namespace_reaches_it_or_kube_system_and_copies_carry_no_project_keys(
+        tenant: Tenant, core: kubernetes.client.CoreV1Api, custom: kubernetes.client.CustomObjectsApi,
+        namespace: str, make_namespace: Callable[..., str]) -> None:
+    """With the defaults (rules need no target consent): a rule in a tenant's namespace that names
+    kube-system and the operator's namespace writes into neither (counted in its Warning, naming
+    none); into an ordinary namespace it copies, without the source's project labels and annotations
+    (Blackadder's ledger and opt-in labels, a forged re-roller annotation)."""
+    other = make_namespace("tenant-b")
+    closed = ["kube-system", *filter(None, [operator_namespace()])]
+    project = {LEDGER_LABEL: "forged", OPT_LABEL: "true", "reroller.kopf-operators.dev/auto": "true"}
+    done = tenant.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+        "name": "settings", "labels": {"share": "x", "team": "a", **project},
+        "annotations": {**project, "note": "kept"}}, "data": {"HTTP_PROXY": "tenant-a's"}})
+    assert done.returncode == 0, done.stderr
+    custom.create_namespaced_custom_object(G, V, namespace, logic.PLURAL, rule(
+        "everywhere", ruleType="configmap", selector={"share": "x"}, namespace=namespace, copyAnnotations=True,
+        targetNamespaces=[other, *closed]))
+    try:
+        wait_data(core, other, "settings", {"HTTP_PROXY": "tenant-a's"})
+        copy = get(core, "ConfigMap", other, "settings") or {}
+        labels, annotations = copy["metadata"].get("labels") or {}, copy["metadata"].get("annotations") or {}
+        assert labels.get("team") == "a" and annotations.get("note") == "kept"
+        assert not [key for key in project if key in labels or key in annotations], copy["metadata"]
+        said = warning(core, namespace, "everywhere", "TargetRefused", f"{len(closed)} ({logic.CLOSED})")
+        assert not [ns for ns in closed if f" {ns}" in said.message], said.message
+        stays(lambda: all(get(core, "ConfigMap", ns, "settings") is None for ns in closed), 2,
+              what="nothing in the closed namespaces")
+        assert written_outside(core, namespace) == [f"{other}/settings"]
+    finally:
+        delete_rule(custom, namespace, "everywhere")
+
+
+def test_a_source_over_the_size_cap_is_refused_on_it_and_never_copied(
+        tenant: Tenant, core: kubernetes.client.CoreV1Api, namespace: str,
+        make_namespace: Callable[..., str]) -> None:
+    """A push of more than the cap (256 KiB by default) into a namespace that consents: a Warning
+    SourceTooLarge on the source with both sizes, no copy; made small enough, it is copied."""
+    other = make_namespace("tenant-b", accept_from=namespace)
+    big = "x" * (256 * 1024)
+    # create/replace, not apply: apply would copy it into an annotation, which the API server caps at 256 KiB
+    done = tenant.kubectl("create", "-n", namespace, "-f", "-",
+                          input=yaml.safe_dump(configmap("big", {logic.PUSH_TO_ANNOTATION: other}, data=big)))
+    assert done.returncode == 0, done.stderr
+    said = warning(core, namespace, "big", "SourceTooLarge", f"hold {len(big) + len('HTTP_PROXY')} bytes",
+                   "more than the 262144", "COPYRATOR_MAX_SOURCE_BYTES")
+    assert other not in said.message
+    stays(lambda: get(core, "ConfigMap", other, "big") is None, 3, what="no copy of the oversized source")
+    done = tenant.kubectl("replace", "-n", namespace, "-f", "-", input=yaml.safe_dump(
+        configmap("big", {logic.PUSH_TO_ANNOTATION: other}, data="small now")))
+    assert done.returncode == 0, done.stderr
+    wait_data(core, other, "big", {"HTTP_PROXY": "small now"})

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from kopf_operators.blackadder.settings import LEDGER_LABEL, OPT_LABEL
 from kopf_operators.copyrator import decisions as logic
 
 UID = "rule-uid-1"
@@ -226,7 +227,6 @@ def test_a_copy_never_carries_the_projects_own_labels_or_annotations() -> None:
     """A source's keys under the project's domains (Blackadder's ledger label, its opt-in label, the
     re-roller's annotations, any Copyrator marker) would steer an operator in the target namespace:
     they are never copied; the copier's own bookkeeping keys are the ones it sets itself."""
-    from kopf_operators.blackadder.settings import LEDGER_LABEL, OPT_LABEL
     rule = make_rule(copyAnnotations=True)
     project = {LEDGER_LABEL: "x", OPT_LABEL: "true", "reroller.kopf-operators.dev/auto": "true",
                "kopf-operators.dev/anything": "1", "x.blackadder.io/y": "1", logic.RULE_UID_LABEL: "forged"}
