@@ -149,14 +149,16 @@ class Sources:
         return any(logic.is_target(rule, ns, self.options.by_name_only)
                    and logic.target_refusal(rule, ns, self.options) is None for ns in self.all_namespaces())
 
-    def entry(self, body: Mapping[str, Any], rules: list[logic.Rule]) -> dict[str, Any]:
+    def entry(self, body: Mapping[str, Any], rules: list[logic.Rule],
+              accepted: Mapping[str, bool] | None = None) -> dict[str, Any]:
         """What is held of a selected object (``logic.source_entry``): its data only when one of the
         ``rules`` selecting it may copy it somewhere (a target accepts, the source consents); else a
-        digest, read in full once a target accepts (``hydrate``). Never the data of one over the cap."""
+        digest, read in full once a target accepts (``hydrate``). Never the data of one over the cap.
+        ``accepted``: rule uid -> ``accepted(rule)``, when already known (a listing asks once per rule)."""
         namespace = str((body.get("metadata") or {}).get("namespace", ""))
         # (A listed body handed on without its data, ``DATA_ELIDED``, is held lean: read when needed.)
         keep = any((not logic.needs_consent(rule, namespace, self.options) or logic.consent(body) is not None)
-                   and self.accepted(rule) for rule in rules)
+                   and (accepted[rule.uid] if accepted is not None else self.accepted(rule)) for rule in rules)
         return logic.source_entry(body, keep_data=keep, max_bytes=self.options.max_source_bytes)
 
     async def hydrate(self, kind: str, entry: Mapping[str, Any]) -> None:
@@ -232,6 +234,7 @@ class Sources:
     async def list_sources(self, rule: logic.Rule) -> None:
         """The one LIST per rule (create/update/resume): what existed before the rule had no event."""
         selector = ",".join(f"{k}={v}" for k, v in sorted(rule.selector.items()))
+        accepted = {rule.uid: self.accepted(rule)}
         for ns in rule.source_namespaces:
             listed = await self.access.list(KINDS[rule.kind], ns, labels=selector)
             seen = set()
@@ -239,7 +242,7 @@ class Sources:
                 if logic.is_copy(obj):
                     continue
                 seen.add((ns, obj["metadata"]["name"]))
-                self.put(rule.kind, self.entry(obj, [rule]))
+                self.put(rule.kind, self.entry(obj, [rule], accepted))
                 self.refuse_too_large(obj, [rule])
             for place in [p for p, entry in self.store[rule.kind].held() if p[0] == ns and p not in seen
                           and logic.selects(rule, rule.kind, entry)]:
