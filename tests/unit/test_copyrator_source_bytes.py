@@ -172,3 +172,16 @@ def test_a_rules_source_over_the_cap_gets_the_warning_and_no_copy() -> None:
     assert tally.invalid and "COPYRATOR_MAX_SOURCE_BYTES" in tally.invalid[0]  # the rule is Stalled, says why
     asyncio.run(ctl.object_event("ConfigMap", "DELETED", source("x" * CAP, push_to=None, labels={"copy": "yes"})))
     assert metrics.SOURCES_TOO_LARGE._value.get() == 0
+
+
+def test_a_listed_source_that_came_without_its_data_is_read_once_before_its_copy() -> None:
+    """At a start, a listed source's large data are not kept while its handlers wait for the indexes: a
+    push some target accepts is read (one GET), then copied from what was read."""
+    access = Recorder()
+    ctl = controller(access, namespace("tenant-a"), namespace("tenant-b", "tenant-a"))
+    listed = elide_data(source("x" * 500), 100)
+    access.answer("read", source("x" * 500))
+    asyncio.run(ctl.object_event("ConfigMap", None, listed))
+    assert access.made("read") == [("read", "ConfigMap", "tenant-a", "cfg")]
+    assert writes(access) == [("create", "ConfigMap", "tenant-b", "cfg")]
+    assert held(ctl)["data"] == {"k": "x" * 500}
