@@ -227,11 +227,12 @@ class CopyratorController:
         push, gone = self.sources.push_changed(kind, event_type, body)
         if gone is not None:
             self.state.forget(gone.uid)
-        entry = logic.source_entry(body)
+        entry = self.sources.entry(body, [r for _s, r in now] + ([push] if push is not None else []))
         if push is not None:
             now.append((entry, push))
         if now:
             self.sources.put(kind, entry)
+            self.sources.refuse_too_large({**body, "kind": kind}, [r for _s, r in now])
         elif old is not None:
             self.sources.drop(kind, (namespace, name))
         if event_type is None and push is None:

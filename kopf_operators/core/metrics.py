@@ -57,6 +57,9 @@ REROLLER_SKIPPED = prometheus_client.Counter(
 UNCONSENTED_COPIES = prometheus_client.Gauge(
     "kopf_operators_copyrator_unconsented_copies",
     "Copies kept as they are (no longer synced) in namespaces that do not consent to them.")
+SOURCES_TOO_LARGE = prometheus_client.Gauge(
+    "kopf_operators_copyrator_sources_too_large",
+    "Sources (selected by a rule or pushing) never copied: their data exceed COPYRATOR_MAX_SOURCE_BYTES.")
 
 # Blackadder's game days: each steady-state check's evaluations, and each killed workload's time to
 # recover (all its Pods Ready again), by workload kind (ImmortalContainer included).
@@ -130,6 +133,10 @@ def skipped(reason: str) -> None:
 
 def unconsented_copies(count: int) -> None:
     UNCONSENTED_COPIES.set(count)
+
+
+def sources_too_large(count: int) -> None:
+    SOURCES_TOO_LARGE.set(count)
 
 
 def action(operator: str, name: str, amount: float = 1) -> None:

@@ -182,6 +182,8 @@ def test_chart_lints_strictly_with_every_option_on() -> None:
     ("topologySpreadConstraints=zone", "at '/topologySpreadConstraints': got string, want array"),
     ("operators.reroller.cronjobMode=restart-active",
      "restart-active deletes pods: set operators.reroller.allowRestartActive=true too"),
+    ("operators.copyrator.tenantRules=true",
+     "tenantRules lets namespace admins write CopyratorRules: set operators.copyrator.rulesNeedTargetConsent=true"),
 ])
 def test_helm_install_refuses_a_wrong_value_with_a_readable_message(
         release: tuple[str, str], value: str, message: str) -> None:
@@ -190,6 +192,20 @@ def test_helm_install_refuses_a_wrong_value_with_a_readable_message(
     assert result.returncode != 0
     assert message in result.stderr, result.stderr
     assert helm("status", name, "--namespace", namespace, check=False).returncode != 0, "a release was created"
+
+
+def test_tenant_rules_go_to_namespace_admins_only_and_only_with_target_consent() -> None:
+    """A namespace editor may not write rules (a rule is a standing order to the operator); the
+    chart renders the aggregated role only together with rulesNeedTargetConsent."""
+    objects = render("operators.copyrator.tenantRules=true", "operators.copyrator.rulesNeedTargetConsent=true")
+    roles = [o for o in objects
+             if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("-copyrator-rules-admin")]
+    assert len(roles) == 1
+    aggregated = {k for k, v in roles[0]["metadata"]["labels"].items() if k.startswith("rbac.authorization.k8s.io/")}
+    assert aggregated == {"rbac.authorization.k8s.io/aggregate-to-admin"}
+    deployment = next(d for d in objects if d["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["COPYRATOR_RULES_NEED_TARGET_CONSENT"] == "true"
 
 
 def test_extra_env_cannot_shadow_a_variable_the_chart_sets() -> None:
