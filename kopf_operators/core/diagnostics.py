@@ -1,0 +1,168 @@
+"""Opt-in diagnostics of the process itself, for a soak (``make soak``): what grows while it runs.
+
+With DIAGNOSTICS_FILE set, the shared startup handler (``process.configure``) starts tracemalloc and a
+task that appends one JSON line to that file every DIAGNOSTICS_SECONDS (60 unless set): RSS, the Python
+heap (tracemalloc's total and its ten biggest growers by source line, since the first sample and since
+the previous one), the asyncio tasks (by coroutine), open file descriptors and sockets, the entries of
+each Kopf index, the size of every container a controller in ``memo`` keeps (its per-key state), and
+the number of series of every metric. Off by default: tracemalloc costs CPU on every allocation and
+memory per live block, and a sample blocks the event loop for as long as the heap takes to walk.
+
+Each line is a sample of the process as it is, not an interpretation: the soak's report (bench/soak.py)
+fits the slopes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import os
+import time
+import tracemalloc
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import kopf
+import prometheus_client
+
+logger = logging.getLogger("kopf_operators.diagnostics")
+
+TOP = 10  # heap growers per sample
+DEPTH = 2  # how deep into a controller's attributes its containers are counted
+
+
+def rss_kb() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def descriptors() -> dict[str, int]:
+    """Open file descriptors, and how many of them are sockets (connections, listeners)."""
+    fds = sockets = 0
+    for fd in os.listdir("/proc/self/fd"):
+        fds += 1
+        try:
+            sockets += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:  # closed meanwhile (the listing's own descriptor)
+            pass
+    return {"fds": fds, "sockets": sockets}
+
+
+def tasks() -> dict[str, Any]:
+    names = collections.Counter(getattr(t.get_coro(), "__qualname__", "?") for t in asyncio.all_tasks())
+    return {"total": sum(names.values()), "by_coroutine": dict(names.most_common(TOP))}
+
+
+def index_sizes(indexes: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    """Per Kopf index: its keys, and the values under them."""
+    return {name: {"keys": len(index), "values": sum(len(store) for store in index.values())}
+            for name, index in sorted(indexes.items())}
+
+
+def container_sizes(obj: Any, prefix: str = "", depth: int = DEPTH) -> dict[str, int]:
+    """The length of every container among ``obj``'s attributes (and theirs, ``depth`` levels down):
+    a controller's per-key maps, sets, timers, backoffs, known versions. Kopf's indexes are counted
+    apart (``index_sizes``), not as a controller's own."""
+    sizes: dict[str, int] = {}
+    try:
+        attributes = vars(obj)
+    except TypeError:
+        return sizes
+    for attr, value in attributes.items():
+        if isinstance(value, kopf.Index):
+            continue
+        name = f"{prefix}{attr}"
+        if isinstance(value, dict | set | list | collections.deque | frozenset):
+            sizes[name] = len(value)
+            if isinstance(value, dict) and depth > 1:  # a controller's map of operators' parts, say
+                for key, item in value.items():
+                    if not isinstance(item, kopf.Index) and hasattr(item, "__dict__"):
+                        sizes.update(container_sizes(item, f"{name}[{key}].", depth - 1))
+        elif depth > 1 and hasattr(value, "__dict__") and not isinstance(value, type):
+            sizes.update(container_sizes(value, f"{name}.", depth - 1))
+    return sizes
+
+
+def metric_series() -> dict[str, int]:
+    """Series (label sets; a histogram's buckets count once) per metric of the default registry."""
+    series: dict[str, int] = {}
+    for family in prometheus_client.REGISTRY.collect():
+        label_sets = {tuple(sorted((k, v) for k, v in s.labels.items() if k != "le")) for s in family.samples}
+        series[family.name] = len(label_sets)
+    return series
+
+
+HeapStats = dict[str, tuple[int, int]]  # "file:line" -> (bytes, blocks)
+
+
+def heap_stats() -> HeapStats:
+    stats: HeapStats = {}
+    for stat in tracemalloc.take_snapshot().statistics("lineno"):
+        frame = stat.traceback[0]
+        stats[f"{frame.filename}:{frame.lineno}"] = (stat.size, stat.count)
+    return stats
+
+
+def growers(now: HeapStats, then: HeapStats, top: int = TOP) -> list[dict[str, Any]]:
+    """The ``top`` source lines whose live bytes grew most from ``then`` to ``now``."""
+    diffs = [(size - then.get(where, (0, 0))[0], count - then.get(where, (0, 0))[1], where, size)
+             for where, (size, count) in now.items()]
+    diffs.sort(reverse=True)
+    return [{"where": where, "grew_bytes": grew, "grew_blocks": blocks, "bytes": size}
+            for grew, blocks, where, size in diffs[:top] if grew > 0]
+
+
+class Sampler:
+    """Samples the process every ``period`` seconds into ``path`` (one JSON line each)."""
+
+    def __init__(self, path: Path, period: float, memo: Mapping[str, Any], indexes: Mapping[str, Any]) -> None:
+        self.path = path
+        self.period = period
+        self.memo = memo
+        self.indexes = dict(indexes)
+        self.started = time.monotonic()
+        self.first: HeapStats | None = None
+        self.previous: HeapStats | None = None
+
+    def sample(self) -> dict[str, Any]:
+        began = time.perf_counter()
+        heap = heap_stats() if tracemalloc.is_tracing() else {}
+        self.first = heap if self.first is None else self.first
+        previous, self.previous = self.previous if self.previous is not None else heap, heap
+        traced, peak = tracemalloc.get_traced_memory()
+        controllers = {name: container_sizes(obj) for name, obj in sorted(self.memo.items())
+                       if hasattr(obj, "__dict__") and not isinstance(obj, type)}
+        return {
+            "time": time.time(), "uptime_s": round(time.monotonic() - self.started, 1), "rss_kb": rss_kb(),
+            "heap": {"traced_bytes": traced, "peak_bytes": peak, "growers_since_start": growers(heap, self.first),
+                     "growers_since_last": growers(heap, previous)},
+            "tasks": tasks(), **descriptors(), "indexes": index_sizes(self.indexes),
+            "controllers": {name: sizes for name, sizes in controllers.items() if sizes},
+            "metric_series": metric_series(), "sample_ms": round((time.perf_counter() - began) * 1000, 1),
+        }
+
+    def write(self) -> None:
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(self.sample(), sort_keys=True) + "\n")
+
+    async def run(self) -> None:
+        while True:
+            try:
+                self.write()
+            except Exception as exc:  # a diagnostics failure must never stop the operator
+                logger.warning("Diagnostics sample failed: %s: %s", type(exc).__name__, exc)
+            await asyncio.sleep(self.period)
+
+
+def start(path: str, period: float, memo: Mapping[str, Any], indexes: Mapping[str, Any]) -> asyncio.Task[None]:
+    """Start tracing and sampling; the task is the caller's to cancel at cleanup."""
+    if not tracemalloc.is_tracing():
+        tracemalloc.start()
+    sampler = Sampler(Path(path), period, memo, indexes)
+    logger.info("Diagnostics on: a sample every %g s to %s (tracemalloc on)", period, path)
+    return asyncio.create_task(sampler.run(), name="kopf-operators-diagnostics")
