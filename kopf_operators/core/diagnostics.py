@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -46,10 +47,8 @@ def descriptors() -> dict[str, int]:
     fds = sockets = 0
     for fd in os.listdir("/proc/self/fd"):
         fds += 1
-        try:
+        with contextlib.suppress(OSError):  # closed meanwhile (the listing's own descriptor)
             sockets += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
-        except OSError:  # closed meanwhile (the listing's own descriptor)
-            pass
     return {"fds": fds, "sockets": sockets}
 
 
