@@ -79,6 +79,11 @@ async def namespace_labels(name: str, labels: kopf.Labels, **_: Any) -> Any:
     return {name: dict(labels)}
 
 
+@kopf.on.event("namespaces", id="reroller-namespace-deleted", when=lambda type, **_: type == "DELETED")
+async def namespace_deleted(name: str, memo: kopf.Memo, **_: Any) -> None:
+    CONTROLLER(memo).namespace_deleted(name)
+
+
 # --- events: the controller decides from the indexes and the event's body --------------------------
 
 

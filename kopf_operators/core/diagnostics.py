@@ -22,7 +22,7 @@ import logging
 import os
 import time
 import tracemalloc
-from collections.abc import Mapping
+from collections.abc import Mapping, Sized
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,8 @@ import prometheus_client
 logger = logging.getLogger("kopf_operators.diagnostics")
 
 TOP = 10  # heap growers per sample
-DEPTH = 2  # how deep into a controller's attributes its containers are counted
+DEPTH = 3  # how deep into a controller's attributes its containers are counted
+SPREAD = 8  # a map's values looked into (a map of parts by kind, not of thousands of objects)
 
 
 def rss_kb() -> int:
@@ -64,7 +65,7 @@ def index_sizes(indexes: Mapping[str, Any]) -> dict[str, dict[str, int]]:
 
 
 def container_sizes(obj: Any, prefix: str = "", depth: int = DEPTH) -> dict[str, int]:
-    """The length of every container among ``obj``'s attributes (and theirs, ``depth`` levels down):
+    """The length of everything sized among ``obj``'s attributes (and theirs, ``depth`` levels down):
     a controller's per-key maps, sets, timers, backoffs, known versions. Kopf's indexes are counted
     apart (``index_sizes``), not as a controller's own."""
     sizes: dict[str, int] = {}
@@ -73,16 +74,19 @@ def container_sizes(obj: Any, prefix: str = "", depth: int = DEPTH) -> dict[str,
     except TypeError:
         return sizes
     for attr, value in attributes.items():
-        if isinstance(value, kopf.Index):
+        if isinstance(value, kopf.Index | str | bytes | type):
             continue
         name = f"{prefix}{attr}"
-        if isinstance(value, dict | set | list | collections.deque | frozenset):
-            sizes[name] = len(value)
-            if isinstance(value, dict) and depth > 1:  # a controller's map of operators' parts, say
-                for key, item in value.items():
-                    if not isinstance(item, kopf.Index) and hasattr(item, "__dict__"):
-                        sizes.update(container_sizes(item, f"{name}[{key}].", depth - 1))
-        elif depth > 1 and hasattr(value, "__dict__") and not isinstance(value, type):
+        if isinstance(value, Sized):
+            with contextlib.suppress(Exception):  # a foreign object's __len__ may refuse
+                sizes[name] = len(value)
+        if depth <= 1:
+            continue
+        if isinstance(value, dict):  # a controller's map of parts, say (kind -> its versions)
+            for key, item in list(value.items())[:SPREAD]:
+                if not isinstance(item, kopf.Index) and hasattr(item, "__dict__"):
+                    sizes.update(container_sizes(item, f"{name}[{key}].", depth - 1))
+        elif hasattr(value, "__dict__"):
             sizes.update(container_sizes(value, f"{name}.", depth - 1))
     return sizes
 

@@ -158,6 +158,11 @@ class RerollerController:
     def forget(self, key: Key) -> None:
         self.state.forget(key)
 
+    def namespace_deleted(self, namespace: str) -> None:
+        """Its per-namespace series go with it (its workloads are forgotten by their own deletions)."""
+        if self.options.metrics_by_namespace:
+            metrics.forget_namespace(namespace)
+
     def _release(self, key: Key) -> None:
         self.bucket.cancel(key[1], key)  # no longer waiting for a rollout slot
 

@@ -267,3 +267,14 @@ def test_push_turned_off_writes_and_deletes_nothing_and_tells_the_source() -> No
     asyncio.run(ctl.object_event("ConfigMap", "MODIFIED", pushing(data="new")))
     assert writes(access) == []
     assert access.events == [("Warning", "PushDisabled")]
+
+
+def test_a_deleted_push_source_leaves_no_report_behind() -> None:
+    """What was last reported on a malformed push source goes with it (a process that runs for months
+    sees many sources come and go)."""
+    broken = pushing(to="Bad_NS", uid="broken-uid")
+    ctl = controller(FakeAccess(), [ns("tenant-b", accept="*")], pushing())
+    ctl.sources.push_changed("ConfigMap", "ADDED", broken)
+    assert "broken-uid" in ctl.sources.push_reports
+    ctl.sources.push_changed("ConfigMap", "DELETED", broken)
+    assert "broken-uid" not in ctl.sources.push_reports

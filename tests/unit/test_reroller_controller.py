@@ -4,12 +4,14 @@ index state, which failures it retries (with backoff) and which it does not, and
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import pytest
 
 from kopf_operators.core import controller as toolkit
+from kopf_operators.core import metrics
 from kopf_operators.core.access import ApiError, Conflict
 from kopf_operators.core.conventions import DATA_STAMP, data_hash
 from kopf_operators.reroller import controller as reroller
@@ -278,3 +280,15 @@ def test_without_sync_after_restart_the_first_look_records_the_change_even_after
     # A later look is no first look: against the baseline the fake still answers with (v1), the change rolls.
     run(ctl.guarded(KEY, "source event"))
     assert "spec" in patches(access)[-1]
+
+
+def test_a_deleted_namespace_takes_its_reload_series_with_it() -> None:
+    """REROLLER_METRICS_BY_NAMESPACE: one series per namespace, gone with the namespace."""
+    ctl = controller(FakeAccess(), deployment(), configmap("v"))
+    ctl.options = dataclasses.replace(OPTIONS, metrics_by_namespace=True)
+    metrics.reload_by_namespace("ns", "Deployment", "success")
+    metrics.reload_by_namespace("elsewhere", "Deployment", "success")
+    ctl.namespace_deleted("ns")
+    namespaces = {s.labels["namespace"] for family in metrics.RELOADS_BY_NAMESPACE.collect() for s in family.samples}
+    assert "ns" not in namespaces and "elsewhere" in namespaces
+    metrics.forget_namespace("elsewhere")
