@@ -92,7 +92,7 @@ class BlackadderController:
         # A cycle that crashes is counted and logged with its traceback; the next cycle is its retry.
         self.passes: GuardedPass[str] = self.state.track(GuardedPass(
             OPERATOR, self.background, self._cycle_pass, say=_crashed, catch=(Exception,), error_kind="cycle-crash",
-            traceback=True))
+            traceback=True, paused=lambda: bool(getattr(self.access, "paused", False))))  # a standby: no cycle
 
     # --- settings and scope -----------------------------------------------------------------------
 

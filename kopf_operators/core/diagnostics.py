@@ -64,17 +64,23 @@ def index_sizes(indexes: Mapping[str, Any]) -> dict[str, dict[str, int]]:
             for name, index in sorted(indexes.items())}
 
 
-def container_sizes(obj: Any, prefix: str = "", depth: int = DEPTH) -> dict[str, int]:
-    """The length of everything sized among ``obj``'s attributes (and theirs, ``depth`` levels down):
-    a controller's per-key maps, sets, timers, backoffs, known versions. Kopf's indexes are counted
-    apart (``index_sizes``), not as a controller's own."""
+def container_sizes(obj: Any, prefix: str = "", depth: int = DEPTH, seen: set[int] | None = None) -> dict[str, int]:
+    """The length of everything sized among ``obj``'s attributes, and, ``depth`` levels down, among
+    those of the project's own objects it holds (not a library's: a session's or a loop's internals):
+    a controller's per-key maps, sets, timers, backoffs, known versions. Each object once (``seen``:
+    the access layer every part of a controller holds is counted where it is first met); Kopf's
+    indexes are counted apart (``index_sizes``)."""
     sizes: dict[str, int] = {}
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return sizes
+    seen.add(id(obj))
     try:
         attributes = vars(obj)
     except TypeError:
         return sizes
     for attr, value in attributes.items():
-        if isinstance(value, kopf.Index | str | bytes | type):
+        if isinstance(value, kopf.Index | str | bytes | type) or id(value) in seen:
             continue
         name = f"{prefix}{attr}"
         if isinstance(value, Sized):
@@ -84,11 +90,16 @@ def container_sizes(obj: Any, prefix: str = "", depth: int = DEPTH) -> dict[str,
             continue
         if isinstance(value, dict):  # a controller's map of parts, say (kind -> its versions)
             for key, item in list(value.items())[:SPREAD]:
-                if not isinstance(item, kopf.Index) and hasattr(item, "__dict__"):
-                    sizes.update(container_sizes(item, f"{name}[{key}].", depth - 1))
-        elif hasattr(value, "__dict__"):
-            sizes.update(container_sizes(value, f"{name}.", depth - 1))
+                if ours(item):
+                    sizes.update(container_sizes(item, f"{name}[{key}].", depth - 1, seen))
+        elif ours(value):
+            sizes.update(container_sizes(value, f"{name}.", depth - 1, seen))
     return sizes
+
+
+def ours(value: Any) -> bool:
+    """An object of the project's own classes (worth looking into for per-key state)."""
+    return type(value).__module__.startswith("kopf_operators.") and hasattr(value, "__dict__")
 
 
 def metric_series() -> dict[str, int]:
@@ -138,7 +149,8 @@ class Sampler:
         self.first = heap if self.first is None else self.first
         previous, self.previous = self.previous if self.previous is not None else heap, heap
         traced, peak = tracemalloc.get_traced_memory()
-        controllers = {name: container_sizes(obj) for name, obj in sorted(self.memo.items())
+        seen: set[int] = set()
+        controllers = {name: container_sizes(obj, seen=seen) for name, obj in sorted(self.memo.items())
                        if hasattr(obj, "__dict__") and not isinstance(obj, type)}
         return {
             "time": time.time(), "uptime_s": round(time.monotonic() - self.started, 1), "rss_kb": rss_kb(),

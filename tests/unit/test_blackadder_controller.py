@@ -225,3 +225,22 @@ def test_a_deleted_agent_takes_its_check_series_with_it() -> None:
     agents = {s.labels["agent"] for family in metrics.CHECKS.collect() for s in family.samples}
     assert "agent" not in agents and "other" in agents
     metrics.forget_agent("other")
+
+
+def test_a_standby_runs_no_cycle() -> None:
+    """A warm standby runs the agents' daemons but no cycle (no refused write, no CycleFailed); the
+    replica that acts cycles."""
+    access = FakeAccess()
+    access.paused = True
+    ctl = controller(access, {})
+    ran: list[str] = []
+
+    async def cycle(body: Any, stopped: Any, log: Any) -> None:
+        ran.append(body["metadata"]["name"])
+
+    ctl.cycle = cycle  # type: ignore[method-assign,assignment]
+    assert asyncio.run(ctl.passes("uid-agent", "cycle", agent(), lambda: False, logging.getLogger("t"))) is False
+    assert ran == []
+    access.paused = False
+    asyncio.run(ctl.passes("uid-agent", "cycle", agent(), lambda: False, logging.getLogger("t")))
+    assert ran == ["agent"]

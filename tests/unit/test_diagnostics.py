@@ -10,13 +10,15 @@ from pathlib import Path
 import prometheus_client
 
 from kopf_operators.core import diagnostics
-from kopf_operators.core.controller import KeyedState, PerKey
+from kopf_operators.core.controller import Backoff, KeyedState, PerKey
 from kopf_operators.core.conventions import Config
 
 
-class Part:
+class Foreign:
+    """A library's object: its internals are not a controller's state."""
+
     def __init__(self) -> None:
-        self.pending: dict[str, int] = {"a": 1, "b": 2}
+        self.internals: dict[str, int] = {"x": 1}
 
 
 class Controller:
@@ -24,7 +26,10 @@ class Controller:
         self.state: KeyedState[str] = KeyedState()
         self.seen: PerKey[str, int] = self.state.map()
         self.seen.update(x=1, y=2, z=3)
-        self.part = Part()
+        self.backoff: Backoff[str] = Backoff(1.0, 2.0)
+        self.backoff.next_delay("a")
+        self.backoff.next_delay("b")
+        self.foreign = Foreign()
         self.name = "not a container"
 
 
@@ -34,10 +39,11 @@ def test_off_by_default_and_read_from_the_environment() -> None:
     assert (config.diagnostics_file, config.diagnostics_seconds) == ("/tmp/d.jsonl", 5.0)
 
 
-def test_a_controllers_containers_are_counted_two_levels_down() -> None:
+def test_a_controllers_containers_are_counted_in_its_own_parts_only() -> None:
     sizes = diagnostics.container_sizes(Controller())
     assert sizes["seen"] == 3
-    assert sizes["part.pending"] == 2
+    assert sizes["backoff._failures"] == 2  # a part of the project's own
+    assert "foreign.internals" not in sizes  # a library's internals
     assert "name" not in sizes
 
 
