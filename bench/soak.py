@@ -35,6 +35,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import datetime
 import json
 import os
 import random
@@ -67,6 +68,8 @@ CHAOS_PATH = "/apis/blackadder.io/v1beta1/chaosagents"
 # Opens at every even minute for one minute: rollouts held, then released, all through the soak.
 WINDOW = json.dumps({"timezone": "UTC", "windows": [{"cron": "*/2 * * * *", "duration": "1m"}]})
 LOG_PROBLEM = re.compile(r"\[(ERROR|WARNING|CRITICAL) *\]|Traceback")
+LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
+WARM_UP_S = 120  # a process's first two minutes: its indexes fill, its watches open
 # A count may move with the live objects; growing by more than this over the window, it grows with time.
 COUNT_TOLERANCE = (3, 0.10)  # absolute, and relative to the window's mean
 
@@ -97,18 +100,14 @@ def flatten(sample: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def trends(samples: list[dict[str, Any]], window_s: float) -> dict[str, Any]:
-    """Per series: its slope per hour over the last ``window_s`` seconds of the samples, its first and
-    last value there, and whether a count grows with time (beyond what live objects move)."""
-    if not samples:
-        return {}
-    end = samples[-1]["time"]
-    kept = [s for s in samples if s["time"] >= end - window_s]
+def trends(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per series of ``samples``: its slope per hour (least squares), its first and last value, and
+    whether a count grows with time (beyond what the live objects move)."""
     series: dict[str, list[tuple[float, float]]] = {}
-    for s in kept:
+    for s in samples:
         for name, value in flatten(s).items():
-            series.setdefault(name, []).append(((s["time"] - kept[0]["time"]) / 3600, value))
-    hours = (kept[-1]["time"] - kept[0]["time"]) / 3600
+            series.setdefault(name, []).append(((s["time"] - samples[0]["time"]) / 3600, value))
+    hours = (samples[-1]["time"] - samples[0]["time"]) / 3600
     out: dict[str, Any] = {}
     for name, points in sorted(series.items()):
         slope = least_squares(points)
@@ -118,8 +117,22 @@ def trends(samples: list[dict[str, Any]], window_s: float) -> dict[str, Any]:
         if name not in ("rss_kb", "heap.traced_bytes"):
             entry["grows"] = slope * hours > max(COUNT_TOLERANCE[0], COUNT_TOLERANCE[1] * mean)
         out[name] = entry
-    return {"window_minutes": round(hours * 60, 1), "samples": len(kept), "series": out,
-            "top_growers_since_start": kept[-1]["heap"]["growers_since_start"]}
+    return {"minutes": round(hours * 60, 1), "samples": len(samples), "series": out,
+            "top_growers_since_start": samples[-1]["heap"]["growers_since_start"]}
+
+
+def spans(samples: list[dict[str, Any]], start: float, end: float) -> list[dict[str, Any]]:
+    """The process's samples between ``start`` and ``end`` (epoch seconds), past its warm-up, cut where
+    its role changes (a standby keeps other state than the holder): each span of 3 samples or more,
+    with its trends."""
+    kept = [s for s in samples if start <= s["time"] <= end and s["uptime_s"] >= WARM_UP_S]
+    cut: list[list[dict[str, Any]]] = []
+    for s in kept:
+        if cut and cut[-1][-1]["acting"] == s["acting"]:
+            cut[-1].append(s)
+        else:
+            cut.append([s])
+    return [{"role": "acting" if part[0]["acting"] else "standby", **trends(part)} for part in cut if len(part) >= 3]
 
 
 def read_samples(path: Path) -> list[dict[str, Any]]:
@@ -128,8 +141,9 @@ def read_samples(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def log_problems(paths: list[Path]) -> list[str]:
-    """Every ERROR/WARNING/CRITICAL record (with its traceback) of the operator's logs."""
+def log_problems(paths: list[Path], start: float, end: float) -> list[str]:
+    """Every ERROR/WARNING/CRITICAL record (with its traceback) the operator's logs hold between
+    ``start`` and ``end`` (epoch seconds: the churn, not the soak's own set-up and clean-up)."""
     found = []
     for path in paths:
         if not path.exists():
@@ -140,8 +154,11 @@ def log_problems(paths: list[Path]) -> list[str]:
                 records.append(line)
             else:
                 records[-1] += "\n" + line
-        found += [f"{path.name}: {rec}" for rec in records if LOG_PROBLEM.search(rec.partition("\n")[0])
-                  or "Traceback" in rec]
+        for rec in records:
+            stamp = LOG_TIME.match(rec)
+            at = datetime.datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S").timestamp() if stamp else 0
+            if start <= at <= end and (LOG_PROBLEM.search(rec.partition("\n")[0]) or "Traceback" in rec):
+                found.append(f"{path.name}: {rec}")
     return found
 
 
@@ -154,6 +171,7 @@ class Soak:
         self.run = b.run
         self.started = 0.0
         self.deadline = 0.0
+        self.epoch = (0.0, 0.0)
         self.reactions: dict[str, list[tuple[float, float]]] = {"immortal": [], "copyrator": [], "reroller": []}
         self.counts: dict[str, int] = {}
         self.takeovers: list[dict[str, Any]] = []
@@ -404,6 +422,7 @@ class Soak:
             self.start_replica("b")
             self.started = time.monotonic()
             self.deadline = self.started + self.args.minutes * 60
+            self.epoch = (time.time(), time.time() + self.args.minutes * 60)  # the churn, on the logs' clock
             log(f"soak {self.run}: {self.args.minutes} min of churn; files in {self.out}")
             await self.churn()
             # One more sample of every replica at the end of the churn (the last minute's).
@@ -417,26 +436,27 @@ class Soak:
         a = self.args
         window_s = a.minutes * 60 * (0.8 if a.quick else 40 / 60)
         edge_s = min(600.0, a.minutes * 60 / 5)
+        start, end = self.epoch
         processes = {}
         for path in self.diagnostics:
             samples = read_samples(path)
             processes[path.stem] = {"file": str(path), "samples": len(samples),
                                     "minutes": round((samples[-1]["time"] - samples[0]["time"]) / 60, 1)
-                                    if samples else 0, **trends(samples, window_s)}
+                                    if samples else 0, "spans": spans(samples, end - window_s, end)}
         reactions = {}
-        end = max((t for series in self.reactions.values() for t, _ in series), default=0.0)
         for kind, series in self.reactions.items():
             first = [s for t, s in series if t <= edge_s]
-            last = [s for t, s in series if t >= end - edge_s]
+            last = [s for t, s in series if t >= a.minutes * 60 - edge_s]
             f, la = summary_ms(first) if first else {}, summary_ms(last) if last else {}
             reactions[kind] = {"first": f, "last": la, "events": len(series),
                                "p99_ratio": round(la["p99_ms"] / f["p99_ms"], 2) if f and la and f["p99_ms"] else None}
         return {"meta": {"run": self.run, "minutes": a.minutes, "quick": a.quick, "rates": rates(a),
                          "window_minutes": round(window_s / 60, 1), "edge_minutes": round(edge_s / 60, 1),
-                         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "files": str(self.out)},
+                         "warm_up_s": WARM_UP_S, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                         "files": str(self.out)},
                 "processes": processes, "reactions": reactions, "takeovers": self.takeovers,
                 "churn": self.counts, "churn_failures": self.failures,
-                "log_problems": log_problems([self.out / "a.log", self.out / "b.log"])}
+                "log_problems": log_problems([self.out / "a.log", self.out / "b.log"], start, end)}
 
 
 def on_kwok() -> dict[str, Any]:
@@ -464,18 +484,27 @@ def rates(a: argparse.Namespace) -> dict[str, Any]:
 
 # --- the report ----------------------------------------------------------------------------------------
 
+def judged(r: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The span the targets are judged on: the longest acting one in the window (of any process)."""
+    candidates = [(span["role"] == "acting", span["minutes"], f"{name} ({span['role']})", span)
+                  for name, p in r["processes"].items() for span in p["spans"]]
+    if not candidates:
+        return "none", {}
+    best = max(candidates, key=lambda c: (c[0], c[1]))
+    return best[2], best[3]
+
+
 def verdicts(r: dict[str, Any]) -> dict[str, Any]:
-    """The targets, each pass or fail, judged on the process that lived longest in the window."""
-    longest: dict[str, Any] = max(r["processes"].values(), default={},
-                                  key=lambda p: (p.get("window_minutes", 0), p["samples"]))
-    series = longest.get("series", {})
+    """The targets, each pass or fail."""
+    name, span = judged(r)
+    series = span.get("series", {})
     rss = series.get("rss_kb", {}).get("slope_per_hour", 0) / 1024
-    growing = sorted(name for name, s in series.items() if s.get("grows"))
+    growing = sorted(n for n, s in series.items() if s.get("grows"))
     ratios = {k: v["p99_ratio"] for k, v in r["reactions"].items() if v["p99_ratio"] is not None}
     errors = [p for p in r["log_problems"] if re.search(r"\[(ERROR|CRITICAL) *\]|Traceback", p)]
-    return {"judged_process": next((k for k, p in r["processes"].items() if p is longest), None),
-            "rss_slope_mb_per_hour": {"value": round(rss, 2), "target": "<= 1", "pass": rss <= 1},
-            "counts_growing_with_time": {"value": growing, "target": "none", "pass": not growing},
+    return {"judged": f"{name}, {span.get('samples', 0)} samples over {span.get('minutes', 0)} min",
+            "rss_slope_mb_per_hour": {"value": round(rss, 2), "target": "<= 1", "pass": bool(span) and rss <= 1},
+            "counts_growing_with_time": {"value": growing, "target": "none", "pass": bool(span) and not growing},
             "p99_last_vs_first": {"value": ratios, "target": "<= 1.2x", "pass": all(v <= 1.2 for v in ratios.values())},
             "errors": {"value": len(errors), "target": 0, "pass": not errors}}
 
@@ -483,14 +512,15 @@ def verdicts(r: dict[str, Any]) -> dict[str, Any]:
 def render(r: dict[str, Any]) -> str:
     m = r["meta"]
     v = verdicts(r)
-    out = [f"# Soak {m['run']}: {m['minutes']} minutes{' (--quick)' if m['quick'] else ''}, {m['date']}\n",
-           f"Rates: {json.dumps(m['rates'])}\n", f"Churn done: {json.dumps(r['churn'])}\n",
+    out = [f"# Soak {m['run']}: {m['minutes']} minutes{' (--quick)' if m['quick'] else ''}, {m['date']}\n\n",
+           f"Rates: {json.dumps(m['rates'])}\n\n", f"Churn done: {json.dumps(r['churn'])}\n\n",
            f"Takeovers: {json.dumps(r['takeovers'])}\n",
            "\n## Targets\n\n| target | value | wanted | result |\n|---|---|---|---|\n"]
     for name in ("rss_slope_mb_per_hour", "counts_growing_with_time", "p99_last_vs_first", "errors"):
         t = v[name]
         out.append(f"| {name} | {json.dumps(t['value'])} | {t['target']} | {'PASS' if t['pass'] else 'FAIL'} |\n")
-    out.append(f"\nJudged on the process `{v['judged_process']}` (the one sampled longest in the window).\n")
+    out.append(f"\nJudged on {v['judged']}: the longest span of one role (acting first) in the last "
+               f"{m['window_minutes']} min, past each process's first {m['warm_up_s']} s.\n")
     out.append(f"\n## Reactions (first {m['edge_minutes']} min against the last {m['edge_minutes']})\n\n"
                "| reaction | events | first p50/p99 ms | last p50/p99 ms | p99 last/first |\n|---|---|---|---|---|\n")
     for kind, x in r["reactions"].items():
@@ -498,17 +528,19 @@ def render(r: dict[str, Any]) -> str:
         out.append(f"| {kind} | {x['events']} | {f.get('p50_ms', '-')} / {f.get('p99_ms', '-')} | "
                    f"{la.get('p50_ms', '-')} / {la.get('p99_ms', '-')} | {x['p99_ratio']} |\n")
     for name, p in r["processes"].items():
-        out.append(f"\n## Process {name} ({p['samples']} samples over {p['minutes']} min; slopes over the last "
-                   f"{p.get('window_minutes', 0)} min)\n\n| series | first | last | slope per hour | grows |\n"
-                   "|---|---|---|---|---|\n")
-        for s, x in p.get("series", {}).items():
-            if x["first"] or x["last"] or x["slope_per_hour"]:
-                out.append(f"| {s} | {x['first']} | {x['last']} | {x['slope_per_hour']} | {x.get('grows', '')} |\n")
-        growers = p.get("top_growers_since_start") or []
-        if growers:
-            out.append("\nHeap growers since the process started (tracemalloc, by line):\n\n")
-            out += [f"- {g['where']}: +{g['grew_bytes']:,} B, +{g['grew_blocks']:,} blocks\n" for g in growers]
-    out.append(f"\n## Log lines at WARNING or above ({len(r['log_problems'])})\n\n")
+        out.append(f"\n## Process {name} ({p['samples']} samples over {p['minutes']} min)\n")
+        for span in p["spans"]:
+            out.append(f"\n### {span['role']}: {span['samples']} samples over {span['minutes']} min\n\n"
+                       "| series | first | last | slope per hour | grows |\n|---|---|---|---|---|\n")
+            for s, x in span["series"].items():
+                if x["first"] or x["last"] or x["slope_per_hour"]:
+                    out.append(f"| {s} | {x['first']} | {x['last']} | {x['slope_per_hour']} | "
+                               f"{x.get('grows', '')} |\n")
+            growers = span.get("top_growers_since_start") or []
+            if growers:
+                out.append("\nHeap growers since the process started (tracemalloc, by line):\n\n")
+                out += [f"- {g['where']}: +{g['grew_bytes']:,} B, +{g['grew_blocks']:,} blocks\n" for g in growers]
+    out.append(f"\n## Log records at WARNING or above during the churn ({len(r['log_problems'])})\n\n")
     out += [f"    {line}\n" for p in r["log_problems"] for line in p.splitlines()[:12]]
     if r["churn_failures"]:
         out.append(f"\n## Churn steps that failed ({len(r['churn_failures'])}, first 50)\n\n")

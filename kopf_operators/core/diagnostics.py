@@ -29,11 +29,13 @@ from typing import Any
 import kopf
 import prometheus_client
 
+from kopf_operators.core import metrics
+
 logger = logging.getLogger("kopf_operators.diagnostics")
 
 TOP = 10  # heap growers per sample
 DEPTH = 3  # how deep into a controller's attributes its containers are counted
-SPREAD = 8  # a map's values looked into (a map of parts by kind, not of thousands of objects)
+SPREAD = 8  # a map this small, keyed by names, is looked into: a map of parts by kind, not of objects
 
 
 def rss_kb() -> int:
@@ -88,9 +90,9 @@ def container_sizes(obj: Any, prefix: str = "", depth: int = DEPTH, seen: set[in
                 sizes[name] = len(value)
         if depth <= 1:
             continue
-        if isinstance(value, dict):  # a controller's map of parts, say (kind -> its versions)
-            for key, item in list(value.items())[:SPREAD]:
-                if ours(item):
+        if isinstance(value, dict) and len(value) <= SPREAD:  # a map of parts (kind -> its versions), not of objects
+            for key, item in list(value.items()):
+                if isinstance(key, str) and ours(item):
                     sizes.update(container_sizes(item, f"{name}[{key}].", depth - 1, seen))
         elif ours(value):
             sizes.update(container_sizes(value, f"{name}.", depth - 1, seen))
@@ -102,13 +104,15 @@ def ours(value: Any) -> bool:
     return type(value).__module__.startswith("kopf_operators.") and hasattr(value, "__dict__")
 
 
-def metric_series() -> dict[str, int]:
-    """Series (label sets; a histogram's buckets count once) per metric of the default registry."""
+def metric_series() -> tuple[dict[str, int], bool]:
+    """Series (label sets; a histogram's buckets count once) per metric of the default registry, and
+    whether this replica acts (its leader gauge: a standby's state differs from the holder's)."""
     series: dict[str, int] = {}
     for family in prometheus_client.REGISTRY.collect():
         label_sets = {tuple(sorted((k, v) for k, v in s.labels.items() if k != "le")) for s in family.samples}
         series[family.name] = len(label_sets)
-    return series
+    acting = any(s.value == 1 for family in metrics.LEADER.collect() for s in family.samples)
+    return series, acting
 
 
 HeapStats = dict[str, tuple[int, int]]  # "file:line" -> (bytes, blocks)
@@ -150,15 +154,17 @@ class Sampler:
         previous, self.previous = self.previous if self.previous is not None else heap, heap
         traced, peak = tracemalloc.get_traced_memory()
         seen: set[int] = set()
+        series, acting = metric_series()
         controllers = {name: container_sizes(obj, seen=seen) for name, obj in sorted(self.memo.items())
                        if hasattr(obj, "__dict__") and not isinstance(obj, type)}
         return {
-            "time": time.time(), "uptime_s": round(time.monotonic() - self.started, 1), "rss_kb": rss_kb(),
+            "time": time.time(), "acting": acting, "uptime_s": round(time.monotonic() - self.started, 1),
+            "rss_kb": rss_kb(),
             "heap": {"traced_bytes": traced, "peak_bytes": peak, "growers_since_start": growers(heap, self.first),
                      "growers_since_last": growers(heap, previous)},
             "tasks": tasks(), **descriptors(), "indexes": index_sizes(self.indexes),
             "controllers": {name: sizes for name, sizes in controllers.items() if sizes},
-            "metric_series": metric_series(), "sample_ms": round((time.perf_counter() - began) * 1000, 1),
+            "metric_series": series, "sample_ms": round((time.perf_counter() - began) * 1000, 1),
         }
 
     def write(self) -> None:

@@ -63,7 +63,7 @@ def test_metric_series_count_label_sets_not_buckets() -> None:
         histogram.labels(who="a").observe(1)
         histogram.labels(who="b").observe(1)
         # _bucket, _count, _sum (and _created) share one label set per child: 2 series, not 8.
-        assert diagnostics.metric_series()["diag_test_seconds"] == 2
+        assert diagnostics.metric_series()[0]["diag_test_seconds"] == 2
     finally:
         prometheus_client.REGISTRY.unregister(histogram)
 
@@ -92,3 +92,4 @@ def test_a_sample_is_one_json_line_of_the_process(tmp_path: Path) -> None:
     assert sample["tasks"]["total"] >= 1
     assert sample["heap"]["traced_bytes"] > 0
     assert "kopf_operators_actions" in sample["metric_series"]
+    assert isinstance(sample["acting"], bool)

@@ -292,3 +292,22 @@ def test_a_deleted_namespace_takes_its_reload_series_with_it() -> None:
     namespaces = {s.labels["namespace"] for family in metrics.RELOADS_BY_NAMESPACE.collect() for s in family.samples}
     assert "ns" not in namespaces and "elsewhere" in namespaces
     metrics.forget_namespace("elsewhere")
+
+
+def test_a_source_gone_with_its_namespace_is_no_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A namespace being deleted loses its objects in any order: a Deployment whose ConfigMap went first
+    gets no SourceMissing warning (nor its Event, refused in a terminating namespace anyway)."""
+    clock = [1000.0]
+    monkeypatch.setattr(reroller.time, "monotonic", lambda: clock[0])
+
+    async def scenario() -> list[tuple[str, str]]:
+        access = FakeAccess()
+        ctl = controller(access, deployment(), None)
+        ctl.terminating = {"ns": [True]}
+        await ctl.guarded(KEY, "workload event")
+        clock[0] += logic.ABSENT_SETTLE_SECONDS
+        await ctl.guarded(KEY, "timer")
+        await ctl.stop()
+        return access.events
+
+    assert run(scenario()) == []
