@@ -104,7 +104,7 @@ class BlackadderController:
         # A cycle that crashes is counted and logged with its traceback; the next cycle is its retry.
         self.passes: GuardedPass[str] = self.state.track(GuardedPass(
             OPERATOR, self.background, self._cycle_pass, say=_crashed, catch=(Exception,), error_kind="cycle-crash",
-            traceback=True))
+            traceback=True, paused=lambda: bool(getattr(self.access, "paused", False))))  # a standby: no cycle
 
     # --- settings and scope -----------------------------------------------------------------------
 
@@ -268,6 +268,7 @@ class BlackadderController:
             except LedgerTaken as exc:  # not ours to revert from, nor to delete
                 self.notes.announce(body, None, "Warning", "LedgerTaken",
                                     f"deleted without revert: {exc.where} {exc.why}", log)
+                self.forget(meta)
                 return
             if settings.revert_on_delete and handle.data.get("undo"):
                 summary = await self.reverter.revert_all(body, handle, settings, log)
@@ -279,11 +280,16 @@ class BlackadderController:
                         await self.notes.patch_status(meta, {"revert": summary, "state": "RevertFailed"})
                         raise incomplete
                     await self.reverter.abandon(body, handle, summary, attempt + 1, log)
-                    self.state.forget(meta["uid"])
+                    self.forget(meta)
                     return
             if handle.exists:
                 await self.access.delete(k8s.SECRET, handle.namespace, handle.name, uid=handle.uid or None)
-            self.state.forget(meta["uid"])
+            self.forget(meta)
+
+    def forget(self, meta: Mapping[str, Any]) -> None:
+        """A deleted agent: its per-agent state and its series go."""
+        self.state.forget(meta["uid"])
+        metrics.forget_agent(self.agent_id(meta))
 
     async def stop(self) -> None:
         """Notifications still in flight are dropped when the operator exits."""

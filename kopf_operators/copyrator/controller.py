@@ -32,7 +32,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Coroutine, Mapping
 from typing import Any
 
 from kopf_operators.copyrator import decisions as logic
@@ -281,7 +281,14 @@ class CopyratorController:
                                                             for v in stale])])
 
     async def _run(self, trigger: str, work: Work) -> None:
-        """Event-driven passes: failures are logged once and the rule is retried with backoff."""
+        """Event-driven passes: failures are logged once and the rule is retried with backoff. None on a
+        standby (``Access.paused``): it would write nothing, and the pass it takes over with covers them."""
+        if self.access.paused:
+            for _snapshot, _rule, jobs in work:
+                for job in jobs:
+                    if isinstance(job, Coroutine):
+                        job.close()  # never started
+            return
         if not work:
             return
         started = time.perf_counter()

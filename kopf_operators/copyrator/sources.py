@@ -276,6 +276,8 @@ class Sources:
         reported on the source (a Warning event, once per change)."""
         meta = body.get("metadata") or {}
         place = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        if event_type == "DELETED":  # nothing more to report on it
+            self.push_reports.pop(str(meta.get("uid", "")), None)
         push = None if event_type == "DELETED" or meta.get("deletionTimestamp") else logic.push_rule(body)
         if push is not None and not self.options.push:  # turned off: no push writes or deletes anything
             self.report_push(body, "PushDisabled", f"push annotations are turned off in this cluster "

@@ -68,6 +68,9 @@ class Config:
     # of 1,000 ImmortalContainers it left ~5 MB less at rest (docs/performance.md, "Fewer bytes per
     # kept object"), and the API server, not the passes in flight, bounds the burst.
     concurrent_events: int = 32
+    # The soak's diagnostics (core.diagnostics): a JSON line per period to this file; "" (default): off.
+    diagnostics_file: str = ""
+    diagnostics_seconds: float = 60.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -79,6 +82,8 @@ class Config:
             shard_index=int(env_float(env, "SHARD_INDEX", 0)),
             shard_count=int(env_float(env, "SHARD_COUNT", 1, minimum=1)),
             concurrent_events=int(env_float(env, "CONCURRENT_EVENTS", 32, minimum=0)),
+            diagnostics_file=env.get("DIAGNOSTICS_FILE", ""),
+            diagnostics_seconds=env_float(env, "DIAGNOSTICS_SECONDS", 60.0, minimum=1.0),
         )
 
     def __post_init__(self) -> None:

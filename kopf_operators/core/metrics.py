@@ -123,6 +123,11 @@ def check(agent: str, name: str, passed: bool) -> None:
     CHECKS.labels(agent=agent, check=name, result="pass" if passed else "fail").inc()
 
 
+def forget_agent(agent: str) -> None:
+    """An agent deleted: its checks' series go (a process that runs for months sees thousands of agents)."""
+    CHECKS.remove_by_labels({"agent": agent})
+
+
 def recovery(kind: str, seconds: float) -> None:
     RECOVERY.labels(kind=kind).observe(seconds)
 
@@ -153,6 +158,11 @@ def event(resource: str, outcome: str) -> None:
 
 def reload_by_namespace(namespace: str, kind: str, outcome: str) -> None:
     RELOADS_BY_NAMESPACE.labels(namespace=namespace, kind=kind, outcome=outcome).inc()
+
+
+def forget_namespace(namespace: str) -> None:
+    """A namespace deleted: its reload series go."""
+    RELOADS_BY_NAMESPACE.remove_by_labels({"namespace": namespace})
 
 
 @contextmanager

@@ -309,3 +309,29 @@ def test_push_turned_off_writes_and_deletes_nothing_and_tells_the_source() -> No
     asyncio.run(ctl.object_event("ConfigMap", "MODIFIED", pushing(data="new")))
     assert writes(access) == []
     assert access.events == [("Warning", "PushDisabled")]
+
+
+def test_a_deleted_push_source_leaves_no_report_behind() -> None:
+    """What was last reported on a malformed push source goes with it (a process that runs for months
+    sees many sources come and go)."""
+    broken = pushing(to="Bad_NS", uid="broken-uid")
+    ctl = controller(FakeAccess(), [ns("tenant-b", accept="*")], pushing())
+    ctl.sources.push_changed("ConfigMap", "ADDED", broken)
+    assert "broken-uid" in ctl.sources.push_reports
+    ctl.sources.push_changed("ConfigMap", "DELETED", broken)
+    assert "broken-uid" not in ctl.sources.push_reports
+
+
+def test_a_standby_makes_no_pass_for_a_namespace_event() -> None:
+    """A warm standby follows events but writes nothing: no pass, so no refused write, no warning and
+    no retry (the pass it makes when it takes over covers the namespace)."""
+    access = Recorder()
+    access.paused = True
+    ctl = controller(access, [ns("tenant-a"), ns("tenant-b", "tenant-*")], pushing())
+    asyncio.run(ctl.namespace_event("ADDED", {"metadata": {"name": "tenant-b", "annotations": {
+        logic.ACCEPT_FROM_ANNOTATION: "tenant-*"}}, "status": {"phase": "Active"}}))
+    assert writes(access) == [] and not ctl.passes.timers.pending(("tenant-a", "cfg"))
+    access.paused = False
+    asyncio.run(ctl.namespace_event("ADDED", {"metadata": {"name": "tenant-b", "annotations": {
+        logic.ACCEPT_FROM_ANNOTATION: "tenant-*"}}, "status": {"phase": "Active"}}))
+    assert writes(access) == [("create", "ConfigMap", "tenant-b", "cfg")]
