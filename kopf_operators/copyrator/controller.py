@@ -86,7 +86,11 @@ class CopyratorController:
         A copy the API server refuses (a quota, a policy) or fails is in the rule's status and is
         retried here with backoff, as outside Kopf's handlers: handed to Kopf, a refusal (403, 422)
         failed the handler "permanently" with an ERROR line while the status said it would be retried.
-        Raises ApiError when listing the sources or writing the status fails (Kopf retries the handler)."""
+        Raises ApiError when listing the sources or writing the status fails (Kopf retries the handler).
+        On a standby it waits until this replica acts: its writes would be refused, and Kopf would log
+        each refusal as an error and retry it."""
+        if self.access.paused:
+            await self.access.until_acting()
         snapshot = logic.rule_snapshot(body)
         rule = await self.status.valid_rule(snapshot)
         if rule is None:
