@@ -11,7 +11,7 @@ LOCAL_KUBECONFIG := $(CLUSTER_DIR)/kubeconfig
 RUN_ARGS ?= --all-namespaces --verbose
 
 .PHONY: help setup cluster cluster-down image install uninstall run test unit lint bench manifests deploy undeploy \
-	revert-agents version version-check lock deps-check release release-e2e registry registry-down \
+	soak revert-agents version version-check lock deps-check release release-e2e registry registry-down \
 	peers-test reloader-e2e reloader-bench reference
 
 help: ## list the verbs
@@ -81,6 +81,11 @@ test: setup ## everything: set-up, local cluster, lint, unit and end-to-end test
 bench: setup ## benchmarks (ours, floor, Go peers) on the local cluster -> .bench/results.{json,md}
 	@cluster/cluster.sh up
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
+
+# BENCH_ARGS e.g. "--quick" (10 minutes), "--minutes 240", "--ic-rate 60 --takeover-minutes 0" (bench/README.md).
+soak: setup ## an hour of mixed churn on two replicas, sampled from inside -> .bench/soak.{json,md} (not in CI)
+	@cluster/cluster.sh up
+	$(BIN)/python -m bench.soak $(BENCH_ARGS)
 
 reloader-e2e: setup ## stakater Reloader's own e2e suites against our re-roller (needs Reloader's fetched source; RACE_FREE=1: their prior-value race patched out)
 	@cluster/cluster.sh up

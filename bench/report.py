@@ -279,6 +279,16 @@ def tenants_table(results: dict[str, Any]) -> str:
               f"{restart.get('steady_rss_mb')} MB at rest)", f"{restart['start_hwm_mb']} MB", "", "",
               f"≤ {restart['chart_limit_mb']:.0f} MB (the chart's limit)",
               judge(restart["start_hwm_mb"], restart["chart_limit_mb"], " MB"))
+    pushes = results.get("push_bytes")
+    if e := err(pushes):
+        t.row("A start with a tenant's 1 MiB pushes in place", e)
+    elif pushes is not None:
+        start, before = pushes["start"], pushes.get("baseline")
+        t.row(f"A start with {pushes['configmaps']} ConfigMaps of {pushes['data_bytes']:,} bytes pushing at namespaces "
+              f"that never consented: high-water (quiet after {start['quiet_after_s']} s; {start['rss_mb']} MB at "
+              f"rest)", f"{start['hwm_mb']} MB", f"before: {before['hwm_mb']} MB" if before else "", "",
+              f"≤ {pushes['chart_limit_mb']:.0f} MB (the chart's limit)",
+              judge(start["hwm_mb"], pushes["chart_limit_mb"], " MB"))
     return t.text()
 
 

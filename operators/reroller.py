@@ -23,6 +23,7 @@ from kopf_operators.reroller.controller import (
     INDEXES,
     NAMESPACES_INDEX,
     SOURCE_INDEXES,
+    TERMINATING_INDEX,
     WORKLOAD_INDEXES,
     RerollerController,
 )
@@ -78,6 +79,16 @@ for _kind, (_group, _version, _plural) in _WORKLOADS.items():
 @kopf.index("namespaces", id=NAMESPACES_INDEX)
 async def namespace_labels(name: str, labels: kopf.Labels, **_: Any) -> Any:
     return {name: dict(labels)}
+
+
+@kopf.index("namespaces", id=TERMINATING_INDEX)
+async def terminating_namespaces(name: str, meta: kopf.Meta, **_: Any) -> Any:
+    return {name: True} if meta.get("deletionTimestamp") else None
+
+
+@kopf.on.event("namespaces", id="reroller-namespace-deleted", when=lambda type, **_: type == "DELETED")
+async def namespace_deleted(name: str, memo: kopf.Memo, **_: Any) -> None:
+    CONTROLLER(memo).namespace_deleted(name)
 
 
 # --- events: the controller decides from the indexes and the event's body --------------------------

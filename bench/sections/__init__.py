@@ -27,6 +27,7 @@ SECTIONS: dict[str, str] = {
     "reroller_fairness": "reroller_fairness:run",
     "memory": "memory:run",
     "restart_configmaps": "restart_configmaps:run",
+    "push_bytes": "push_bytes:run",
     "takeover": "takeover:run",
     "quiet_logs": "quiet_logs:run",
     "scale": "scale:run",

@@ -26,16 +26,20 @@ CATALOGUE = Catalogue("blackadder", ON, events=(
     normal("WouldRevert", "dry run: what a revert would restore"),
     warning("RevertSkipped", "a change was not restored: the object was edited since, or is gone"),
     warning("RevertFailed", "a restore failed; the next cycle retries it"),
+    warning("RevertRefused", "a ledger entry names a namespace the agent may not target now (or one on the "
+                             "deny-list): nothing is written there, the entry is dropped"),
     warning("RevertAbandoned", "a revert kept failing: the agent let go of its ledger, which stays for an "
                                "administrator"),
     warning("LedgerFull", "the ledger Secret is full: a ConfigMap is not overwritten, since its undo would not fit"),
     warning("LedgerTaken", "the agent was deleted while its ledger's name is taken by another Secret: no revert, "
                            "the Secret untouched"),
-    warning("CycleFailed", "a cycle failed (the API error, or a ledger Secret that is not ours)"),
-    warning("InvalidSpec", "the spec cannot be used (a bad time zone, window or regular expression): the agent "
-                           "idles until it is fixed"),
-    warning("WebhookRefused", "the webhook address is refused: not an http(s) URL, or a host not in "
-                              "CHAOS_WEBHOOK_HOSTS"),
+    warning("CycleFailed", "a cycle failed (the API error, or a ledger Secret that is not ours: not written by "
+                           "the operator for this agent, or a Copyrator copy)"),
+    warning("InvalidSpec", "the spec cannot be used (a bad time zone, window or regular expression, a check URL "
+                           "with credentials; a TenantChaosAgent outside an allowed namespace or over the "
+                           "administrator's limits): the agent idles, its checks too, until it is fixed"),
+    warning("WebhookRefused", "the webhook address is refused: not an http(s) URL, credentials in it (user@ or "
+                              "user:password@), or a host not in CHAOS_WEBHOOK_HOSTS"),
     warning("WebhookFailed", "a webhook POST, or reading its Secret, failed"),
     warning("WebhookSecretMissing", "the Secret naming the webhook URL does not exist"),
 ), keys=(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -40,12 +41,18 @@ from kopf_operators.core import metrics
 from kopf_operators.core.access import Access, ApiError
 from kopf_operators.core.controller import Background, GuardedPass, Index, KeyedState, MemoSlot
 from kopf_operators.core.conventions import Config
+from kopf_operators.core.http import HttpClient
 
 __all__ = ["AGENTS", "NAMESPACES_INDEX", "SOURCES_INDEX", "TENANT_AGENTS", "BlackadderController", "LedgerHandle",
            "LedgerTaken", "Logger", "RevertIncomplete", "TenantChaosController"]
 
 OPERATOR = "blackadder"
 NAMESPACES_INDEX = "blackadder-namespaces"
+# Outbound HTTP (core.http): the administrators' pool; the tenants' pool, and each tenant namespace's
+# requests in flight at once (its checks beyond that wait for their turn, within their own deadline).
+ADMIN_HTTP_CONNECTIONS = 32
+TENANT_HTTP_CONNECTIONS = 64
+TENANT_REQUESTS_PER_NAMESPACE = 4
 SOURCES_INDEX = "blackadder-copyrator-sources"
 # A sleeping agent looks at its live spec and the kill switch this often (in memory, no request):
 # an emergency stop acts within about a second instead of at the next cycle.
@@ -80,21 +87,29 @@ class BlackadderController:
         self.background = Background(OPERATOR)  # webhook notifications in flight
         self.state: KeyedState[str] = KeyedState()  # per agent uid
         self.ledgers = self.state.track(LedgerStore(access, config, self.kind, namespaces, self.ledger_name))
+        # Outbound HTTP (checks, webhooks) on a connection pool of this controller's own: administrators'
+        # agents and tenants' never share one (``http_client``).
+        self.http = self.http_client()
         self.notes = Notifications(access, self.kind, options, config.operator_namespace, self.agent_id,
-                                   self.background)
+                                   self.background, self.http)
         self.chaos = ChaosCycle(access, config, options, namespaces, self.sources, self.ledgers, self.notes,
                                 self.agent_settings)
         self.reverter = Reverter(access, self.ledgers, self.notes)
         tenant = self.kind.namespaced
-        probes = Probes(access, options.check_hosts, options.prometheus_url,
-                        logic.ledger_namespace(config.operator_namespace), tenant=tenant)
-        self.games = GameDays(probes, self.ledgers, self.notes, self.reverter, self.agent_id, tenant=tenant)
+        probes = Probes(access, options.tenant_http_hosts if tenant else options.check_hosts, options.prometheus_url,
+                        logic.ledger_namespace(config.operator_namespace), tenant=tenant, http=self.http,
+                        max_timeout=float(options.tenant_max_check_timeout) if tenant else None)
+        self.games = GameDays(probes, self.ledgers, self.notes, self.reverter, self.agent_id, tenant=tenant,
+                              may_act=lambda body: not logic.spec_problem(self.agent_settings(body)))
         # A cycle that crashes is counted and logged with its traceback; the next cycle is its retry.
         self.passes: GuardedPass[str] = self.state.track(GuardedPass(
             OPERATOR, self.background, self._cycle_pass, say=_crashed, catch=(Exception,), error_kind="cycle-crash",
-            traceback=True))
+            traceback=True, paused=lambda: bool(getattr(self.access, "paused", False))))  # a standby: no cycle
 
     # --- settings and scope -----------------------------------------------------------------------
+
+    def http_client(self) -> HttpClient:
+        return HttpClient("blackadder", connections=ADMIN_HTTP_CONNECTIONS)
 
     def agent_settings(self, body: Mapping[str, Any]) -> logic.AgentSettings:
         return logic.settings_from_spec(spec_view(body), self.options.dry_run)
@@ -198,8 +213,10 @@ class BlackadderController:
                     await self.notes.patch_status(meta, logic.revert_status(previous, settings, generation, summary),
                                                   body)
                     return
-                if decision.step not in (logic.PAUSED_STEP, logic.STOPPED_STEP):
+                if decision.step not in (logic.PAUSED_STEP, logic.STOPPED_STEP, logic.INVALID_STEP):
                     # A game day's run: started, ended (duration, maxActions, a broken check) or held.
+                    # Not for an agent that may not act (a TenantChaosAgent outside an allowed namespace,
+                    # over the limits, a check URL with credentials): it runs nothing, its checks neither.
                     held = await self.games.gate(body, handle, settings, previous, log)
                     if held is not None:
                         await self.notes.patch_status(meta, held, body)
@@ -251,6 +268,7 @@ class BlackadderController:
             except LedgerTaken as exc:  # not ours to revert from, nor to delete
                 self.notes.announce(body, None, "Warning", "LedgerTaken",
                                     f"deleted without revert: {exc.where} {exc.why}", log)
+                self.forget(meta)
                 return
             if settings.revert_on_delete and handle.data.get("undo"):
                 summary = await self.reverter.revert_all(body, handle, settings, log)
@@ -262,15 +280,21 @@ class BlackadderController:
                         await self.notes.patch_status(meta, {"revert": summary, "state": "RevertFailed"})
                         raise incomplete
                     await self.reverter.abandon(body, handle, summary, attempt + 1, log)
-                    self.state.forget(meta["uid"])
+                    self.forget(meta)
                     return
             if handle.exists:
                 await self.access.delete(k8s.SECRET, handle.namespace, handle.name, uid=handle.uid or None)
-            self.state.forget(meta["uid"])
+            self.forget(meta)
+
+    def forget(self, meta: Mapping[str, Any]) -> None:
+        """A deleted agent: its per-agent state and its series go."""
+        self.state.forget(meta["uid"])
+        metrics.forget_agent(self.agent_id(meta))
 
     async def stop(self) -> None:
         """Notifications still in flight are dropped when the operator exits."""
         await self.background.stop()
+        await self.http.close()
 
 
 class TenantChaosController(BlackadderController):
@@ -280,10 +304,43 @@ class TenantChaosController(BlackadderController):
 
     kind = TENANTCHAOSAGENT
 
+    def __init__(self, access: Access, config: Config, options: logic.Options,
+                 namespaces: Index[str, dict[str, Any]],
+                 sources: Index[tuple[str, str], list[dict[str, Any]]] | None = None) -> None:
+        # The live agents per namespace (uid -> (creationTimestamp, name)): the oldest
+        # CHAOS_TENANTS_MAX_AGENTS_PER_NAMESPACE act, the others say why they do not.
+        self.live: dict[str, dict[str, tuple[str, str]]] = {}
+        super().__init__(access, config, options, namespaces, sources)
+
+    def http_client(self) -> HttpClient:
+        """The tenants' own pool; a few requests at a time per namespace (its lane): a tenant whose host
+        is slow waits for its own requests, never another tenant's nor an administrator's."""
+        return HttpClient("blackadder-tenants", connections=TENANT_HTTP_CONNECTIONS,
+                          per_lane=TENANT_REQUESTS_PER_NAMESPACE)
+
     def agent_settings(self, body: Mapping[str, Any]) -> logic.AgentSettings:
         namespace = str(body["metadata"]["namespace"])
-        return logic.tenant_settings(spec_view(body), namespace, self.options, self.config.operator_namespace,
-                                     namespace_labels(self.namespaces).get(namespace))
+        settings = logic.tenant_settings(spec_view(body), namespace, self.options, self.config.operator_namespace,
+                                         namespace_labels(self.namespaces).get(namespace))
+        if not settings.scope_problem:
+            crowded = logic.tenant_agents_problem(self.live.get(namespace) or {}, str(body["metadata"]["uid"]),
+                                                  namespace, self.options.tenant_max_agents)
+            if crowded:
+                return dataclasses.replace(settings, scope_problem=crowded)
+        return settings
+
+    async def agent_loop(self, body: Mapping[str, Any], stopped: Stopped,
+                         wait: Callable[[float], Any], log: Logger) -> None:
+        meta = body["metadata"]
+        namespace, uid = str(meta["namespace"]), str(meta["uid"])
+        self.live.setdefault(namespace, {})[uid] = (str(meta.get("creationTimestamp") or ""), str(meta["name"]))
+        try:
+            await super().agent_loop(body, stopped, wait, log)
+        finally:
+            mine = self.live.get(namespace) or {}
+            mine.pop(uid, None)
+            if not mine:
+                self.live.pop(namespace, None)
 
     def agent_id(self, meta: Mapping[str, Any]) -> str:
         return logic.tenant_agent_id(str(meta["namespace"]), str(meta["name"]))

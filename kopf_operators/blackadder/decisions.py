@@ -7,6 +7,7 @@ restore) is a plain function of data, so it is unit-tested with a fixed seed.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import datetime
 import json
@@ -20,15 +21,21 @@ from typing import Any
 from kopf_operators.blackadder.settings import *  # noqa: F403
 from kopf_operators.blackadder.settings import (
     CANCER,
+    DENIED_CONFIGMAPS,
     IPSUM,
     JOURNAL_LIMIT,
     KILL_SWITCH_LABEL,
+    LEDGER_ABANDONED_ANNOTATION,
     LEDGER_BUDGET_BYTES,
+    LEDGER_KEY,
+    LEDGER_PREFIX,
     MODES,
     MTBF_LABEL,
     TANTRUM,
+    TENANT_LEDGER_UID_LABEL,
     WEEKDAYS,
     AgentSettings,
+    denied_namespaces,
 )
 from kopf_operators.blackadder.targets import *  # noqa: F403
 from kopf_operators.blackadder.targets import (
@@ -45,7 +52,9 @@ from kopf_operators.blackadder.targets import (
     regex_problem,
     rng_for,
 )
+from kopf_operators.copyrator.rules import PREFIX as COPYRATOR_PREFIX
 from kopf_operators.core.conventions import kstatus_conditions, matches_label_selector, set_condition, stable_hash
+from kopf_operators.core.http import credentials_refusal
 
 # --- Ledger ---------------------------------------------------------------------------------------
 
@@ -68,6 +77,56 @@ def normalise_ledger(raw: Mapping[str, Any] | None, agent: str, agent_uid: str) 
     ledger = empty_ledger(agent, agent_uid)
     ledger.update({k: v for k, v in raw.items() if k in ledger})
     return ledger
+
+
+def ledger_trust_problem(obj: Mapping[str, Any], agent_uid: str, tenant: bool, namespace: str) -> str | None:
+    """Why the Secret found under an agent's ledger name is no ledger the operator wrote for this
+    agent (None: it is, or it is a previous same-named agent's, which starts afresh). What a revert
+    would undo comes from here, so a ledger is trusted only when:
+    - it is in the operator's namespace (no tenant can write there) and is no Copyrator copy (the one
+      other writer there: a copy carries any label its source had, the ledger label too);
+    - it is this agent's by what only the operator sets: a ChaosAgent's ledger has an ownerReference to
+      the agent's uid (an abandoned one, none: kept for an administrator), a TenantChaosAgent's the uid
+      label. Content claiming this agent without that proof is forged."""
+    meta = obj.get("metadata") or {}
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    if meta.get("namespace") and meta.get("namespace") != namespace:
+        return f"is not in the operator's namespace {namespace}"
+    if any(str(k).startswith(COPYRATOR_PREFIX) for k in (*labels, *annotations)):
+        return "is a Copyrator copy, not a ledger the operator wrote"
+    if tenant:
+        owned = labels.get(TENANT_LEDGER_UID_LABEL) == agent_uid
+    else:
+        owned = (any(ref.get("uid") == agent_uid for ref in meta.get("ownerReferences") or ())
+                 or LEDGER_ABANDONED_ANNOTATION in annotations)
+    if not owned and _claimed_uid(obj) == agent_uid:
+        return "claims this agent but was not written by the operator (no owner of this agent's uid)"
+    return None
+
+
+def _claimed_uid(obj: Mapping[str, Any]) -> str | None:
+    encoded = (obj.get("data") or {}).get(LEDGER_KEY)
+    try:
+        raw = json.loads(base64.b64decode(encoded)) if encoded else None
+    except ValueError:
+        return None
+    return str(raw.get("agentUid")) if isinstance(raw, Mapping) else None
+
+
+def revert_refusal(entry: Mapping[str, Any], settings: AgentSettings, operator_namespace: str) -> str | None:
+    """Why a ledger entry may not be restored whatever the ledger says (None: it may): only a
+    Deployment or a ConfigMap, in a namespace this agent may target now, never on the deny-list (the
+    system namespaces, the operator's own), never a ConfigMap no spec can make a target."""
+    kind, namespace, name = str(entry.get("kind")), str(entry.get("namespace")), str(entry.get("name"))
+    if kind not in ("Deployment", "ConfigMap"):
+        return f"{kind} is nothing a revert restores"
+    if namespace in denied_namespaces(operator_namespace):
+        return f"namespace {namespace} is on Blackadder's deny-list"
+    if not namespace_allowed(namespace, settings, operator_namespace):
+        return f"namespace {namespace} is not one this agent may target"
+    if kind == "ConfigMap" and (name in DENIED_CONFIGMAPS or name.startswith(LEDGER_PREFIX)):
+        return f"ConfigMap {name} is never a target"
+    return None
 
 
 def journal(ledger: dict[str, Any], entry: Mapping[str, Any]) -> None:
@@ -201,6 +260,8 @@ def spec_problem(settings: AgentSettings) -> str | None:
     pod-name regular expressions. The agent then idles, Stalled with reason InvalidSpec."""
     if settings.scope_problem:
         return settings.scope_problem
+    if settings.steady_problem:
+        return settings.steady_problem
     if settings.windows or settings.excluded_dates:
         problem = window_problem(settings)
         if problem:
@@ -301,8 +362,11 @@ def is_copyrator_source(namespace: str, labels: Mapping[str, str] | None,
 
 
 def webhook_refusal(url: str, allowed_hosts: Sequence[str]) -> str | None:
-    """Why a webhook URL may not be used (None: it may): http(s) only, and only the operator's
-    allowed hosts when CHAOS_WEBHOOK_HOSTS is set."""
+    """Why a webhook URL may not be used (None: it may): http(s) only, no credentials in it (they
+    would show in errors), and only the operator's allowed hosts when CHAOS_WEBHOOK_HOSTS is set."""
+    credentials = credentials_refusal(url, "webhook")
+    if credentials:
+        return credentials
     parsed = urllib.parse.urlsplit(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         return "the webhook address must be an http:// or https:// URL"

@@ -43,9 +43,13 @@ class GameDays:
     """The runs of one controller's agents. ``tenant``: a TenantChaosAgent's checks stay in its namespace."""
 
     def __init__(self, probes: Probes, ledgers: LedgerStore, notes: Notifications, reverter: Reverter,
-                 agent_id: Callable[[Mapping[str, Any]], str], tenant: bool = False) -> None:
+                 agent_id: Callable[[Mapping[str, Any]], str], tenant: bool = False,
+                 may_act: Callable[[Mapping[str, Any]], bool] = lambda _body: True) -> None:
         self.probes, self.ledgers, self.notes, self.reverter = probes, ledgers, notes, reverter
         self.agent_id, self.tenant = agent_id, tenant
+        # Whether the agent may act at all (a TenantChaosAgent outside an allowed namespace may not):
+        # the watch evaluates no check for one that may not.
+        self.may_act = may_act
 
     def game(self, body: Mapping[str, Any]) -> steady.GameDay:
         namespace = str(body["metadata"].get("namespace") or "") if self.tenant else None
@@ -187,7 +191,7 @@ class GameDays:
             if await wait(game.interval if game.enabled else steady.DEFAULT_INTERVAL_SECONDS):
                 return
             run = self._run(body)
-            if not game.enabled or run is None:
+            if not game.enabled or run is None or not self.may_act(body):
                 continue
             try:
                 if game.checks and not steady.ended(run) and not steady.broken_check(run, game):

@@ -82,6 +82,10 @@ class LedgerStore:
         meta = obj.get("metadata") or {}
         if logic.LEDGER_LABEL not in (meta.get("labels") or {}):
             raise LedgerTaken(f"{namespace}/{name}", "exists and is not a Blackadder ledger (someone else's Secret)")
+        # What a revert undoes comes from here: only a ledger the operator wrote for this agent is read.
+        untrusted = logic.ledger_trust_problem(obj, agent_uid, self.kind.namespaced, namespace)
+        if untrusted:
+            raise LedgerTaken(f"{namespace}/{name}", untrusted)
         annotations = meta.get("annotations") or {}
         if logic.LEDGER_ABANDONED_ANNOTATION in annotations and not self._ours(obj, agent_uid):
             raise LedgerTaken(f"{namespace}/{name}", "holds what a previous agent of this name could not revert "

@@ -3,19 +3,17 @@ target) with their log line, the agent's status, and the webhook (one POST per a
 background).
 
 The webhook's URL comes from a Secret in the operator's namespace, read when there is something to
-send; it is never logged, put in an Event or in status (it carries a token).
+send; it is never logged, put in an Event or in status (it carries a token). The POSTs go through
+``core.http`` (on the event loop, a total deadline each, no redirects, no proxy).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import copy
-import json
 import logging
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,6 +23,7 @@ from kopf_operators.core import metrics
 from kopf_operators.core.access import Access, ApiError
 from kopf_operators.core.controller import Background
 from kopf_operators.core.conventions import stall_event
+from kopf_operators.core.http import HttpClient, failure
 
 OPERATOR = "blackadder"
 WEBHOOK_TIMEOUT_SECONDS = 3.0
@@ -33,30 +32,15 @@ Logger = logging.Logger | logging.LoggerAdapter[Any]
 logger = logging.getLogger("kopf_operators.blackadder")
 
 
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    """A redirect could lead past the allowed hosts: it fails the notification instead."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-_OPENER = urllib.request.build_opener(_NoRedirects(), urllib.request.ProxyHandler({}))
-
-
-def _post_json(url: str, payload: Mapping[str, Any]) -> None:
-    """Blocking POST (in a thread), straight to the host (no proxy, no redirects)."""
-    request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    with _OPENER.open(request, timeout=WEBHOOK_TIMEOUT_SECONDS) as response:
-        response.read()
-
-
 class Notifications:
     """Events, status and webhooks of one controller's agents (``agent_id``: an agent's name in them)."""
 
     def __init__(self, access: Access, kind: k8s.Kind, options: logic.Options, operator_namespace: str,
-                 agent_id: Callable[[Mapping[str, Any]], str], background: Background) -> None:
+                 agent_id: Callable[[Mapping[str, Any]], str], background: Background,
+                 http: HttpClient | None = None) -> None:
         self.access, self.kind, self.options = access, kind, options
+        # A redirect could lead past the allowed hosts: a 3xx fails the notification (core.http follows none).
+        self.http = http if http is not None else HttpClient("blackadder-webhooks")
         self.agent_id = agent_id
         self.namespace = logic.ledger_namespace(operator_namespace)  # where the webhook Secrets are
         self.background = background  # webhook notifications in flight
@@ -131,16 +115,20 @@ class Notifications:
                 return
             refusal = logic.webhook_refusal(url, self.options.webhook_hosts)
             if refusal:
+                metrics.error(OPERATOR, "webhook")
                 self.announce(body, None, "Warning", "WebhookRefused", f"{refusal} (Secret {where})", log)
                 return
+            host = urllib.parse.urlsplit(url).hostname
             for payload in payloads:
                 try:
-                    await asyncio.to_thread(_post_json, url, payload)
-                except (OSError, ValueError) as exc:
+                    answer = await self.http.request("POST", url, WEBHOOK_TIMEOUT_SECONDS, json=payload)
+                    why = "" if answer.status < 300 else f"HTTP {answer.status}"
+                except Exception as exc:  # the boundary: its text may carry the URL, its type only is said
+                    why = failure(exc)
+                if why:
                     metrics.error(OPERATOR, "webhook")
-                    host = urllib.parse.urlsplit(url).hostname
                     self.announce(body, None, "Warning", "WebhookFailed",
-                                  f"webhook to {host} (Secret {where}) failed: {type(exc).__name__}; the rest of "
+                                  f"webhook to {host} (Secret {where}) failed: {why}; the rest of "
                                   "this cycle's notifications are dropped", log)
                     return
             metrics.action(OPERATOR, "webhook", len(payloads))

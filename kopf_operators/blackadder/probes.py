@@ -2,9 +2,11 @@
 
 - workload: one read of the Deployment, StatefulSet, DaemonSet or ImmortalContainer (through the
   access layer); a TenantChaosAgent's checks are confined to its own namespace (``steady``);
-- http: one GET, straight to the host (no proxy, no redirects), to an allowed host only; the URL
-  may come from a Secret in the operator's namespace (then it is never logged, nor put in status or
-  an Event: only scheme, host and path are);
+- http: one GET, straight to the host (no proxy, no redirects, a total deadline: ``core.http``), to an
+  allowed host only (a TenantChaosAgent's: the tenants' own list), never with credentials in the URL;
+  the URL may come from a Secret in the operator's namespace (then it is never logged, nor put in
+  status or an Event: only scheme, host and port are). A tenant's requests go through the tenants'
+  own connection pool, a few at a time per namespace: a slow host delays that tenant only;
 - prometheus: one instant query against the chart's Prometheus.
 
 A check that cannot be evaluated (a missing Secret, a refused host, Prometheus unreachable) fails:
@@ -13,57 +15,51 @@ fail closed. The recovery of killed workloads is observed here too: one Pod list
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kopf_operators.blackadder import steady
-from kopf_operators.blackadder.notify import _NoRedirects
 from kopf_operators.core import access as k8s
 from kopf_operators.core.access import Access, ApiError
+from kopf_operators.core.http import HttpClient, failure
 
 IMMORTALCONTAINER = k8s.Kind("immortalcontainer.flugel.it/v1alpha1", "immortalcontainers", "ImmortalContainer")
 WORKLOADS = {"Deployment": k8s.DEPLOYMENT, "StatefulSet": k8s.STATEFULSET, "DaemonSet": k8s.DAEMONSET,
              "ImmortalContainer": IMMORTALCONTAINER}
 PROMETHEUS_TIMEOUT_SECONDS = 5.0
 
-_OPENER = urllib.request.build_opener(_NoRedirects(), urllib.request.ProxyHandler({}))
-
-
-def _get(url: str, timeout: float) -> tuple[int, bytes]:
-    """Blocking GET (in a thread): the status and the body (at most 1 MiB)."""
-    try:
-        with _OPENER.open(urllib.request.Request(url, method="GET"), timeout=timeout) as response:
-            return int(response.status), response.read(1 << 20)
-    except urllib.error.HTTPError as exc:  # a 4xx/5xx (and a refused redirect) is an answer
-        return int(exc.code), b""
-
 
 class Probes:
     """The checks of one controller's agents. ``secrets_namespace``: where HTTP checks' Secrets are
-    (the operator's namespace, as webhooks'); ``tenant``: no Secrets, no Prometheus."""
+    (the operator's namespace, as webhooks'); ``tenant``: no Secrets, no Prometheus, the tenants' hosts
+    (``check_hosts`` is then CHAOS_TENANT_HTTP_HOSTS), each request in its namespace's lane of ``http``
+    and at most ``max_timeout`` seconds."""
 
     def __init__(self, access: Access, check_hosts: Sequence[str], prometheus_url: str, secrets_namespace: str,
-                 tenant: bool = False) -> None:
+                 tenant: bool = False, http: HttpClient | None = None, max_timeout: float | None = None) -> None:
         self.access, self.check_hosts, self.prometheus_url = access, tuple(check_hosts), prometheus_url
         self.secrets_namespace, self.tenant = secrets_namespace, tenant
+        self.http = http if http is not None else HttpClient("blackadder-checks")
+        self.max_timeout = max_timeout
+        self.hosts_setting = "CHAOS_TENANT_HTTP_HOSTS" if tenant else "CHAOS_CHECK_HOSTS"
 
     async def evaluate(self, check: steady.Check, default_namespace: str = "") -> tuple[bool, str]:
-        """(passed, answer). Never raises for a check's own failure: that is a failed check."""
+        """(passed, answer). Never raises for a check's own failure: that is a failed check.
+        ``default_namespace``: the agent's (a TenantChaosAgent's lane of requests too)."""
         try:
             if check.kind == "workload":
                 return await self._workload(check.spec, default_namespace)
             if check.kind == "http":
-                return await self._http(check.spec)
+                return await self._http(check.spec, default_namespace)
             if check.kind == "prometheus":
                 return await self._prometheus(check.spec)
         except ApiError as exc:
             return False, f"could not evaluate: HTTP {exc.status} {exc.reason}"
+        except Exception as exc:  # the boundary: whatever a check raises fails it, and says its type only
+            return False, f"could not evaluate: {failure(exc)}"
         return False, f"unknown check type {check.kind!r}"
 
     async def _workload(self, spec: Mapping[str, Any], default_namespace: str) -> tuple[bool, str]:
@@ -94,19 +90,21 @@ class Probes:
             return "", f"Secret {where} " + (f"has no key {steady.URL_SECRET_KEY!r}" if obj else "does not exist")
         return url, ""
 
-    async def _http(self, spec: Mapping[str, Any]) -> tuple[bool, str]:
+    async def _http(self, spec: Mapping[str, Any], namespace: str) -> tuple[bool, str]:
         url, refusal = await self._url(spec)
         if refusal:
             return False, f"could not evaluate: {refusal}"
-        refused = steady.url_refusal(url, self.check_hosts)
+        refused = steady.url_refusal(url, self.check_hosts, hosts_setting=self.hosts_setting)
         if refused:
             return False, f"could not evaluate: {refused}"
         timeout = float(spec.get("timeoutSeconds") or steady.DEFAULT_HTTP_TIMEOUT_SECONDS)
+        if self.max_timeout is not None:
+            timeout = min(timeout, self.max_timeout)
         try:
-            status, _body = await asyncio.to_thread(_get, url, timeout)
-        except (OSError, ValueError) as exc:
-            return steady.http_answer(None, f"{type(exc).__name__} from {steady.safe_url(url)}")
-        return steady.http_answer(status)
+            answer = await self.http.request("GET", url, timeout, lane=namespace if self.tenant else "")
+        except Exception as exc:  # its text may carry the URL: the type and the safe URL only
+            return steady.http_answer(None, f"{failure(exc)} from {steady.safe_url(url)}")
+        return steady.http_answer(answer.status)
 
     async def _prometheus(self, spec: Mapping[str, Any]) -> tuple[bool, str]:
         if self.tenant:
@@ -116,12 +114,17 @@ class Probes:
         query = urllib.parse.urlencode({"query": str(spec.get("query") or "")})
         url = f"{self.prometheus_url.rstrip('/')}/api/v1/query?{query}"
         try:
-            status, body = await asyncio.to_thread(_get, url, PROMETHEUS_TIMEOUT_SECONDS)
-            payload = json.loads(body or b"{}")
-        except (OSError, ValueError) as exc:
-            return False, f"could not evaluate: Prometheus unreachable ({type(exc).__name__})"
-        if status != 200 and not payload:
-            return False, f"could not evaluate: Prometheus answered HTTP {status}"
+            answer = await self.http.request("GET", url, PROMETHEUS_TIMEOUT_SECONDS)
+        except Exception as exc:
+            return False, f"could not evaluate: Prometheus unreachable ({failure(exc)})"
+        try:
+            payload = json.loads(answer.body or b"{}")
+        except ValueError:
+            payload = {}
+        if not isinstance(payload, dict):
+            payload = {}
+        if answer.status != 200 and not payload:
+            return False, f"could not evaluate: Prometheus answered HTTP {answer.status}"
         return steady.prometheus_answer(payload, str(spec.get("op") or "<"), float(spec.get("threshold") or 0))
 
     async def pods(self, namespace: str) -> list[dict[str, Any]]:

@@ -52,6 +52,7 @@ class Reverter:
         restored: list[str] = []
         changed: list[str] = []
         gone: list[str] = []
+        outside: list[str] = []  # never the agent's to restore (a namespace it may not target): dropped
         failed: list[dict[str, Any]] = []  # refused or unreachable: kept in the ledger, tried again
         now = now_iso()
         for key in sorted(undo):
@@ -60,6 +61,16 @@ class Reverter:
             kind = k8s.DEPLOYMENT if is_dep else k8s.CONFIGMAP
             ns, nm = entry["namespace"], entry["name"]
             what = f"{entry['kind']} {ns}/{nm}"
+            # Whatever the ledger says, a revert writes only where the agent may act now.
+            refusal = logic.revert_refusal(entry, settings, self.ledgers.config.operator_namespace)
+            if refusal:
+                outside.append(key)
+                metrics.error(OPERATOR, "revert-refused")
+                self.notes.announce(body, None, "Warning", "RevertRefused", f"not restoring {what}: {refusal}", log)
+                if not settings.dry_run:
+                    logic.journal(ledger, {"at": now, "mode": "revert", "kind": entry["kind"], "namespace": ns,
+                                           "name": nm, "outcome": "refused"})
+                continue
             try:
                 verdict, target = await self._revert_one(body, entry, kind, settings, restored, key, ledger, now, log)
             except ApiError as exc:
@@ -84,8 +95,9 @@ class Reverter:
         if not settings.dry_run and undo:
             ledger["undo"] = {f["key"]: undo[f["key"]] for f in failed}
             await self.ledgers.save(handle)
-        return {"at": now, "dryRun": settings.dry_run, "processed": len(undo), "restored": restored[:50],
-                "changed": changed[:50], "gone": gone[:50], "failed": failed[:50]}
+        summary = {"at": now, "dryRun": settings.dry_run, "processed": len(undo), "restored": restored[:50],
+                   "changed": changed[:50], "gone": gone[:50], "failed": failed[:50]}
+        return {**summary, "refused": outside[:50]} if outside else summary
 
     async def _revert_one(self, body: Mapping[str, Any], entry: Mapping[str, Any], kind: k8s.Kind,
                           settings: logic.AgentSettings, restored: list[str], key: str, ledger: dict[str, Any],

@@ -11,6 +11,7 @@ from typing import Any
 
 from kopf_operators.copyrator import decisions as copyrator
 from kopf_operators.core.conventions import DOMAIN, env_bool, env_float, env_list, stable_hash
+from kopf_operators.core.http import credentials_refusal
 
 GROUP = "blackadder.io"
 VERSION = "v1beta1"
@@ -71,6 +72,11 @@ TENANT_LEDGER_PREFIX = "blackadder-tenant-ledger-"
 TENANT_LEDGER_UID_LABEL = f"{DOMAIN}/blackadder-tenant-agent-uid"
 DEFAULT_TENANT_MAX_KILLS = 1
 DEFAULT_TENANT_MIN_PAUSE = 60
+# A TenantChaosAgent's steady-state checks, bounded (the process's HTTP is shared with administrators).
+DEFAULT_TENANT_MAX_CHECKS = 4
+DEFAULT_TENANT_MAX_CHECK_TIMEOUT = 5
+DEFAULT_TENANT_MIN_CHECK_INTERVAL = 5
+DEFAULT_TENANT_MAX_AGENTS = 5  # per namespace
 WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 
 
@@ -93,6 +99,13 @@ class Options:
     tenants: bool = False
     tenant_max_kills: int = DEFAULT_TENANT_MAX_KILLS  # CHAOS_TENANTS_MAX_KILLS_PER_CYCLE
     tenant_min_pause: int = DEFAULT_TENANT_MIN_PAUSE  # CHAOS_TENANTS_MIN_PAUSE_SECONDS
+    # CHAOS_TENANT_HTTP_HOSTS: the only hosts tenants' HTTP checks may ask (empty: none), a list of its
+    # own: a host only the administrators' checks may ask (CHAOS_CHECK_HOSTS) is refused to tenants.
+    tenant_http_hosts: tuple[str, ...] = ()
+    tenant_max_checks: int = DEFAULT_TENANT_MAX_CHECKS  # CHAOS_TENANTS_MAX_CHECKS (per agent)
+    tenant_max_check_timeout: int = DEFAULT_TENANT_MAX_CHECK_TIMEOUT  # CHAOS_TENANTS_MAX_CHECK_TIMEOUT_SECONDS
+    tenant_min_check_interval: int = DEFAULT_TENANT_MIN_CHECK_INTERVAL  # CHAOS_TENANTS_MIN_CHECK_INTERVAL_SECONDS
+    tenant_max_agents: int = DEFAULT_TENANT_MAX_AGENTS  # CHAOS_TENANTS_MAX_AGENTS_PER_NAMESPACE
     # Steady-state checks (spec.steadyState): CHAOS_CHECK_HOSTS, the only hosts HTTP checks may ask
     # (empty: none); CHAOS_PROMETHEUS_URL, the Prometheus that prometheus checks query (empty: none).
     check_hosts: tuple[str, ...] = ()
@@ -109,6 +122,15 @@ class Options:
                                                          DEFAULT_TENANT_MAX_KILLS))),
                    tenant_min_pause=max(MIN_PAUSE_SECONDS, int(env_float(env, "CHAOS_TENANTS_MIN_PAUSE_SECONDS",
                                                                          DEFAULT_TENANT_MIN_PAUSE))),
+                   tenant_http_hosts=tuple(h.lower() for h in env_list(env, "CHAOS_TENANT_HTTP_HOSTS")),
+                   tenant_max_checks=max(0, int(env_float(env, "CHAOS_TENANTS_MAX_CHECKS",
+                                                          DEFAULT_TENANT_MAX_CHECKS))),
+                   tenant_max_check_timeout=max(1, int(env_float(env, "CHAOS_TENANTS_MAX_CHECK_TIMEOUT_SECONDS",
+                                                                 DEFAULT_TENANT_MAX_CHECK_TIMEOUT))),
+                   tenant_min_check_interval=max(1, int(env_float(env, "CHAOS_TENANTS_MIN_CHECK_INTERVAL_SECONDS",
+                                                                  DEFAULT_TENANT_MIN_CHECK_INTERVAL))),
+                   tenant_max_agents=max(0, int(env_float(env, "CHAOS_TENANTS_MAX_AGENTS_PER_NAMESPACE",
+                                                          DEFAULT_TENANT_MAX_AGENTS))),
                    check_hosts=tuple(h.lower() for h in env_list(env, "CHAOS_CHECK_HOSTS")),
                    prometheus_url=(env.get("CHAOS_PROMETHEUS_URL") or "").strip())
 
@@ -155,8 +177,11 @@ class AgentSettings:
     # Per-target frequency (blackadder.io/mtbf on Pods): Honour (default) or Ignore.
     target_frequency: str = "Honour"
     # Why the agent may not act at all, whatever its spec (a TenantChaosAgent outside an allowed
-    # namespace): reported as InvalidSpec, like what the schema could not check.
+    # namespace, or over the administrator's limits): reported as InvalidSpec, like what the schema
+    # could not check. Nothing runs then, its steady-state checks neither.
     scope_problem: str = ""
+    # What is wrong with spec.steadyState (a check URL with credentials): InvalidSpec too.
+    steady_problem: str = ""
 
 
 def settings_from_spec(spec: Mapping[str, Any], forced_dry_run: bool = False) -> AgentSettings:
@@ -199,7 +224,50 @@ def settings_from_spec(spec: Mapping[str, Any], forced_dry_run: bool = False) ->
         excluded_dates=tuple(sorted(set(spec.get("excludedDates") or ()))),
         grace_period=None if spec.get("gracePeriodSeconds") is None else max(0, int(spec["gracePeriodSeconds"])),
         target_frequency=str(spec.get("targetFrequency") or "Honour"),
+        steady_problem=checks_problem(spec) or "",
     )
+
+
+def _checks(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [c for c in ((spec.get("steadyState") or {}).get("checks") or ()) if isinstance(c, Mapping)]
+
+
+def checks_problem(spec: Mapping[str, Any]) -> str | None:
+    """What no check may have, whoever asks: a URL with credentials (the message never shows it)."""
+    for check in _checks(spec):
+        url = str((check.get("http") or {}).get("url") or "")
+        refusal = credentials_refusal(url, f"check {check.get('name')!s:.63}") if url else None
+        if refusal:
+            return refusal
+    return None
+
+
+def _number(value: Any) -> float | None:
+    """A number from a spec (None when unset or unreadable: the schema's default then applies)."""
+    try:
+        return None if value is None or value == "" else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def tenant_checks_problem(spec: Mapping[str, Any], settings: Options) -> str | None:
+    """A TenantChaosAgent's steady state over the administrator's limits (refused, not trimmed: a
+    check silently dropped or cut short would judge a different hypothesis)."""
+    checks = _checks(spec)
+    if len(checks) > settings.tenant_max_checks:
+        return (f"spec.steadyState has {len(checks)} checks; TenantChaosAgents may have at most "
+                f"{settings.tenant_max_checks} (chart: operators.blackadder.tenants.maxChecks)")
+    for check in checks:
+        timeout = _number((check.get("http") or {}).get("timeoutSeconds"))
+        if timeout is not None and timeout > settings.tenant_max_check_timeout:
+            return (f"check {check.get('name')!s:.63} has timeoutSeconds {timeout:g}; TenantChaosAgents may wait at "
+                    f"most {settings.tenant_max_check_timeout} s (chart: operators.blackadder.tenants."
+                    "maxCheckTimeoutSeconds)")
+    interval = _number((spec.get("steadyState") or {}).get("intervalSeconds"))
+    if checks and interval is not None and interval < settings.tenant_min_check_interval:
+        return (f"spec.steadyState.intervalSeconds is {interval:g}; TenantChaosAgents check at most every "
+                f"{settings.tenant_min_check_interval} s (chart: operators.blackadder.tenants.minCheckIntervalSeconds)")
+    return None
 
 
 def tenant_settings(spec: Mapping[str, Any], namespace: str, settings: Options, operator_namespace: str,
@@ -211,7 +279,8 @@ def tenant_settings(spec: Mapping[str, Any], namespace: str, settings: Options, 
     spec_kills = base.max_kills
     kills = settings.tenant_max_kills if not isinstance(spec_kills, int) else min(spec_kills,
                                                                                    settings.tenant_max_kills)
-    problem = tenant_scope_problem(namespace, settings, operator_namespace, namespace_labels)
+    problem = (tenant_scope_problem(namespace, settings, operator_namespace, namespace_labels)
+               or tenant_checks_problem(spec, settings) or "")
     return dataclasses.replace(
         base, tantrum=True, cancer=False, ipsum=False,
         targets=(namespace,), excluded=(), namespace_selector=None,
@@ -231,6 +300,17 @@ def tenant_scope_problem(namespace: str, settings: Options, operator_namespace: 
         return (f"namespace {namespace} does not allow chaos for tenants: an administrator labels it "
                 f"{TENANT_NAMESPACE_LABEL}={TENANT_NAMESPACE_VALUE}")
     return ""
+
+
+def tenant_agents_problem(live: Mapping[str, tuple[str, str]], uid: str, namespace: str, limit: int) -> str:
+    """Why this TenantChaosAgent may not act because its namespace has more than ``limit`` live agents
+    (``live``: uid -> (creationTimestamp, name)): the oldest ``limit`` act, a newer one does not ("" when
+    it may). Decided from the agents this process runs, so the same agents act whichever starts first."""
+    ranked = sorted(live, key=lambda u: (*live[u], u))
+    if uid not in live or ranked.index(uid) < limit:
+        return ""
+    return (f"namespace {namespace} has {len(live)} TenantChaosAgents; at most {limit} act (the oldest; chart: "
+            "operators.blackadder.tenants.maxAgentsPerNamespace)")
 
 
 def tenant_agent_id(namespace: str, name: str) -> str:

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kopf_operators.core.conventions import iso_to_epoch
+from kopf_operators.core.http import credentials_refusal
 
 DEFAULT_INTERVAL_SECONDS = 5
 DEFAULT_FAILURE_THRESHOLD = 3
@@ -165,21 +166,30 @@ def http_answer(status: int | None, error: str = "") -> tuple[bool, str]:
     return 200 <= status < 300, f"HTTP {status}"
 
 
-def url_refusal(url: str, allowed_hosts: Sequence[str], what: str = "check") -> str | None:
-    """Why an HTTP check's URL may not be used: http(s) only, and only allowed hosts (an empty
-    allow-list allows none: a check makes the operator send requests from inside the cluster)."""
+def url_refusal(url: str, allowed_hosts: Sequence[str], what: str = "check",
+                hosts_setting: str = "CHAOS_CHECK_HOSTS") -> str | None:
+    """Why an HTTP check's URL may not be used: http(s) only, no credentials in it, and only allowed
+    hosts (an empty allow-list allows none: a check makes the operator send requests from inside the
+    cluster). ``hosts_setting``: the allow-list's name (the tenants have their own). Never shows
+    more of the URL than its host."""
+    credentials = credentials_refusal(url, what)
+    if credentials:
+        return credentials
     parsed = urllib.parse.urlsplit(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         return f"the {what} URL must be an http:// or https:// URL"
     if parsed.hostname.lower() not in allowed_hosts:
-        return f"host {parsed.hostname} is not in the operator's CHAOS_CHECK_HOSTS"
+        return f"host {parsed.hostname} is not in the operator's {hosts_setting}"
     return None
 
 
 def safe_url(url: str) -> str:
     """A URL as it may appear in status, Events and logs: scheme, host and port only (a URL from a
     Secret may carry a token in its user, path, query or fragment)."""
-    parsed = urllib.parse.urlsplit(url)
+    try:
+        parsed = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "(an unreadable URL)"
     try:
         port = f":{parsed.port}" if parsed.port else ""
     except ValueError:

@@ -25,6 +25,8 @@ CATALOGUE = Catalogue("copyrator", "the CopyratorRule; for a push, its source Co
     warning("NoTargetConsents", "a rule: no target namespace accepts its copies (rulesNeedTargetConsent); "
             "the message names each target and the consent it lacks; the rule is Stalled, not Ready"),
     warning("PushRefused", "push: a target namespace does not accept pushes from the source's namespace"),
+    warning("SourceTooLarge", "a source's data and binaryData hold more bytes than the cap (chart value "
+                              "operators.copyrator.maxSourceBytes): it is never copied; the message gives both sizes"),
     warning("PushDisabled", "push: push annotations are turned off in this cluster (chart value "
                             "operators.copyrator.push.enabled)"),
 ), keys=(

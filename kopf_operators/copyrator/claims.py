@@ -20,7 +20,7 @@ class Claims:
                 ns: logic.NamespaceInfo | None) -> tuple[dict[str, Any] | None, bool]:
         """What the rule wants at ``ns``/``name``, and whether it is blocked from writing there (a
         source it cannot copy as configured: whatever is there stays)."""
-        if ns is None or not logic.is_target(rule, ns):
+        if ns is None or not logic.is_target(rule, ns, self.options.by_name_only):
             return None, False
         source, problem = self.sources.source_for(rule, name)
         if problem:
@@ -29,12 +29,27 @@ class Claims:
             return None, False
         if logic.target_refusal(rule, ns, self.options) is not None:
             return None, True  # the target does not consent: nothing new, and a copy from before stays
+        if logic.is_lean(source):
+            return None, True  # held without its data: read first (``unread``), whatever is there stays
         return logic.desired_copy(rule, source, ns.name), False
+
+    def unread(self, rule: logic.Rule, name: str, namespace: str) -> dict[str, Any] | None:
+        """The source held without its data (``Sources.entry``) that the rule would copy to this place
+        now that the target accepts it: to read before deciding (None: nothing to read)."""
+        ns = self.sources.namespace(namespace)
+        if ns is None or not logic.is_target(rule, ns, self.options.by_name_only):
+            return None
+        source, problem = self.sources.source_for(rule, name)
+        if source is None or problem or not logic.is_lean(source) \
+                or not logic.allowed_into(rule, source, ns.name, self.options) \
+                or logic.target_refusal(rule, ns, self.options) is not None:
+            return None
+        return source
 
     def wants(self, rule: logic.Rule, kind: str, namespace: str, name: str) -> bool:
         """Whether ``rule`` would copy something to this place (as ``desired``, without building it)."""
         ns = self.sources.namespace(namespace)
-        if rule.kind != kind or ns is None or not logic.is_target(rule, ns) \
+        if rule.kind != kind or ns is None or not logic.is_target(rule, ns, self.options.by_name_only) \
                 or logic.target_refusal(rule, ns, self.options) is not None:
             return False
         source, problem = self.sources.source_for(rule, name)

@@ -32,7 +32,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Coroutine, Mapping
 from typing import Any
 
 from kopf_operators.copyrator import decisions as logic
@@ -86,7 +86,11 @@ class CopyratorController:
         A copy the API server refuses (a quota, a policy) or fails is in the rule's status and is
         retried here with backoff, as outside Kopf's handlers: handed to Kopf, a refusal (403, 422)
         failed the handler "permanently" with an ERROR line while the status said it would be retried.
-        Raises ApiError when listing the sources or writing the status fails (Kopf retries the handler)."""
+        Raises ApiError when listing the sources or writing the status fails (Kopf retries the handler).
+        On a standby it waits until this replica acts: its writes would be refused, and Kopf would log
+        each refusal as an error and retry it."""
+        if self.access.paused:
+            await self.access.until_acting()
         snapshot = logic.rule_snapshot(body)
         rule = await self.status.valid_rule(snapshot)
         if rule is None:
@@ -227,11 +231,12 @@ class CopyratorController:
         push, gone = self.sources.push_changed(kind, event_type, body)
         if gone is not None:
             self.state.forget(gone.uid)
-        entry = logic.source_entry(body)
+        entry = self.sources.entry(body, [r for _s, r in now] + ([push] if push is not None else []))
         if push is not None:
             now.append((entry, push))
         if now:
             self.sources.put(kind, entry)
+            self.sources.refuse_too_large({**body, "kind": kind}, [r for _s, r in now])
         elif old is not None:
             self.sources.drop(kind, (namespace, name))
         if event_type is None and push is None:
@@ -280,7 +285,14 @@ class CopyratorController:
                                                             for v in stale])])
 
     async def _run(self, trigger: str, work: Work) -> None:
-        """Event-driven passes: failures are logged once and the rule is retried with backoff."""
+        """Event-driven passes: failures are logged once and the rule is retried with backoff. None on a
+        standby (``Access.paused``): it would write nothing, and the pass it takes over with covers them."""
+        if self.access.paused:
+            for _snapshot, _rule, jobs in work:
+                for job in jobs:
+                    if isinstance(job, Coroutine):
+                        job.close()  # never started
+            return
         if not work:
             return
         started = time.perf_counter()

@@ -17,6 +17,7 @@ from kopf_operators.copyrator.rules import (
     DEFAULT_STRIP_LABELS,
     HASH_ANNOTATION,
     PREFIX,
+    PROJECT_DOMAINS,
     PUSHED_ANNOTATION,
     RULE_ANNOTATION,
     RULE_UID_LABEL,
@@ -39,17 +40,24 @@ def _glob_any(key: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(key, pattern) for pattern in patterns)
 
 
+def ours(key: str) -> bool:
+    """A label or annotation key under one of the project's domains (``PROJECT_DOMAINS``, subdomains
+    included): it steers one of the operators, so a copy never takes it from its source (a tenant's
+    source must not put Blackadder's ledger label, or any marker, into another namespace)."""
+    prefix, slash, _name = key.rpartition("/")
+    return bool(slash) and any(prefix == domain or prefix.endswith("." + domain) for domain in PROJECT_DOMAINS)
+
+
 def copied_labels(rule: Rule, labels: Mapping[str, str] | None) -> dict[str, str]:
     strip = DEFAULT_STRIP_LABELS + rule.strip_labels
-    return {k: v for k, v in (labels or {}).items() if not k.startswith(PREFIX) and not _glob_any(k, strip)}
+    return {k: v for k, v in (labels or {}).items() if not ours(k) and not _glob_any(k, strip)}
 
 
 def copied_annotations(rule: Rule, annotations: Mapping[str, str] | None) -> dict[str, str]:
     if not rule.copy_annotations:
         return {}
     strip = DEFAULT_STRIP_ANNOTATIONS + rule.strip_annotations
-    return {k: v for k, v in (annotations or {}).items()
-            if not k.startswith(PREFIX) and not _glob_any(k, strip)}
+    return {k: v for k, v in (annotations or {}).items() if not ours(k) and not _glob_any(k, strip)}
 
 
 def content(obj: Mapping[str, Any]) -> dict[str, Any]:

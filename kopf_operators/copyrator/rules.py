@@ -10,12 +10,15 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from kopf_operators.core.conventions import (
+    DATA_ELIDED,
     DATA_STAMP,
     DOMAIN,
+    data_bytes,
+    data_hash,
     env_bool,
     env_float,
     env_list,
@@ -59,8 +62,13 @@ FORBIDDEN_SECRET_TYPES = frozenset({
     "bootstrap.kubernetes.io/token",
     "helm.sh/release.v1",
 })
-# Excluded from "all namespaces" unless a rule lists them in targetNamespaces.
+# Excluded from "all namespaces" (and from a push's globs), as is the operator's own namespace; closed
+# to other namespaces' rules and pushes unless COPYRATOR_OPEN_NAMESPACES names them (``target_refusal``).
 SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
+# The project's own label and annotation domains (and their subdomains): keys under them steer the
+# operators (Blackadder's ledger and opt-in labels, the re-roller's annotations, Copyrator's marker),
+# so a copy never carries one from its source; the copier sets its own bookkeeping keys itself.
+PROJECT_DOMAINS = (DOMAIN, "blackadder.io")
 
 # Labels and annotations by which another controller would claim, adopt or prune a copy (Helm,
 # Argo CD, Flux, kapp, Kyverno generate, cert-manager): never copied (globs). ownerReferences and
@@ -110,8 +118,16 @@ class Options:
     open_namespaces: tuple[str, ...] = ()
     # Rules need their targets' consent too (for clusters that let tenants write rules).
     rules_need_target_consent: bool = False
-    # The operator's own namespace (closed to pushes like the system namespaces).
+    # The operator's own namespace (closed to other namespaces' rules and pushes, like the system ones).
     operator_namespace: str = ""
+    # A source whose data and binaryData hold more bytes than this is never copied, nor held with its data.
+    max_source_bytes: int = 262144
+
+    @property
+    def by_name_only(self) -> frozenset[str]:
+        """Namespaces that "every namespace" and a push's globs leave out: a rule or push reaches them
+        only by listing their name (and then only when they are open to it: ``target_refusal``)."""
+        return SYSTEM_NAMESPACES | {self.operator_namespace} - {""}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], operator_namespace: str = "") -> Options:
@@ -125,6 +141,7 @@ class Options:
             resync_seconds=env_float(env, "COPYRATOR_RESYNC_SECONDS", 60.0, minimum=1.0),
             write_concurrency=int(env_float(env, "COPYRATOR_WRITE_CONCURRENCY", 16, minimum=1)),
             status_delay_seconds=env_float(env, "COPYRATOR_STATUS_DELAY_SECONDS", 0.5),
+            max_source_bytes=int(env_float(env, "COPYRATOR_MAX_SOURCE_BYTES", 262144, minimum=1)),
         )
 
 
@@ -350,10 +367,12 @@ def copy_problem(rule: Rule, source: Mapping[str, Any]) -> str | None:
     a valid object name, or two keys would land on one."""
     meta = source.get("metadata") or {}
     where = f"{meta.get('namespace')}/{meta.get('name')}"
+    if refused := too_large(source):
+        return refused
     name = copy_name(rule, str(meta.get("name", "")))
     if len(name) > MAX_NAME:
         return f"source {where}: the copy's name would be {len(name)} characters long (at most {MAX_NAME})"
-    present = [*(source.get("data") or {}), *(source.get("binaryData") or {})]
+    present = data_keys(source)
     collision = key_collision(rule.keys, rule.rename_keys, present)
     return f"source {where}: {collision}" if collision else None
 
@@ -466,19 +485,21 @@ CLOSED = ("closed: a system namespace or the operator's own, which receive copie
 
 
 def target_refusal(rule: Rule, ns: NamespaceInfo, settings: Options) -> str | None:
-    """Why ``ns`` does not accept this push's (or, when rules need it, this rule's) copies; None: it
-    accepts. The one asking is the rule's namespace (a push's: its source's). A namespace always
-    accepts what its own rules ask (a pull rule); the system namespaces and the operator's own are
-    closed unless COPYRATOR_OPEN_NAMESPACES names them; then a trusted asker
-    (COPYRATOR_TRUSTED_NAMESPACES) or the namespace's own accept-from annotation decides."""
-    if not rule.push and not settings.rules_need_target_consent:
-        return None
+    """Why ``ns`` does not accept this rule's (or push's) copies; None: it accepts. The one asking is
+    the rule's namespace (a push's: its source's). A namespace always accepts what its own rules ask (a
+    pull rule). The system namespaces and the operator's own are closed in every configuration unless
+    COPYRATOR_OPEN_NAMESPACES names them: a push, or a rule in any other namespace than the operator's
+    (where only the administrator writes rules), writes nothing there. Then a push (and, with
+    COPYRATOR_RULES_NEED_TARGET_CONSENT, a rule) needs consent: a trusted asker
+    (COPYRATOR_TRUSTED_NAMESPACES) or the namespace's own accept-from annotation."""
     asker = rule.namespace
     if ns.name == asker:
         return None
-    if (ns.name in SYSTEM_NAMESPACES or ns.name == settings.operator_namespace) \
-            and ns.name not in settings.open_namespaces:
+    if ns.name in settings.by_name_only and ns.name not in settings.open_namespaces \
+            and (rule.push or asker != settings.operator_namespace):
         return CLOSED
+    if not rule.push and not settings.rules_need_target_consent:
+        return None
     if consent_allows(settings.trusted_namespaces, asker):
         return None
     if ns.accept_from is not None and consent_allows(ns.accept_from, asker):
@@ -489,26 +510,28 @@ def target_refusal(rule: Rule, ns: NamespaceInfo, settings: Options) -> str | No
 # --- Targets ----------------------------------------------------------------------------------
 
 
-def is_target(rule: Rule, ns: NamespaceInfo) -> bool:
-    """Whether ``ns`` should hold this rule's copies (before consent): active, not a source."""
+def is_target(rule: Rule, ns: NamespaceInfo, by_name_only: Collection[str] = SYSTEM_NAMESPACES) -> bool:
+    """Whether ``ns`` should hold this rule's copies (before consent): active, not a source.
+    ``by_name_only`` (``Options.by_name_only``): namespaces reached only when listed by name."""
     if not ns.active or ns.name in rule.source_namespaces or ns.name in rule.excluded_namespaces:
         return False
     if rule.pull:
         return ns.name == rule.namespace
     if rule.target_namespaces is not None:
         listed = ns.name in rule.target_namespaces
-        if rule.push and not listed:  # globs, but system namespaces only by name
-            listed = ns.name not in SYSTEM_NAMESPACES and consent_allows(rule.target_namespaces, ns.name)
+        if rule.push and not listed:  # globs, but the system namespaces and the operator's only by name
+            listed = ns.name not in by_name_only and consent_allows(rule.target_namespaces, ns.name)
         if not listed:
             return False
-    elif ns.name in SYSTEM_NAMESPACES:
+    elif ns.name in by_name_only:
         return False
     return matches_label_selector(ns.labels, rule.namespace_selector)
 
 
-def target_namespaces(rule: Rule, namespaces: Iterable[NamespaceInfo]) -> list[str]:
+def target_namespaces(rule: Rule, namespaces: Iterable[NamespaceInfo],
+                      by_name_only: Collection[str] = SYSTEM_NAMESPACES) -> list[str]:
     """Active namespaces that receive copies (before consent), sorted."""
-    return sorted(ns.name for ns in namespaces if is_target(rule, ns))
+    return sorted(ns.name for ns in namespaces if is_target(rule, ns, by_name_only))
 
 
 # --- Sources ----------------------------------------------------------------------------------
@@ -536,18 +559,56 @@ def skip_reason(rule: Rule, obj: Mapping[str, Any]) -> str | None:
     return None
 
 
-def source_entry(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """What the sources index keeps of a selected object: what a copy is built from."""
+# In a lean source entry: what it holds instead of the data (``source_entry``).
+DIGEST = "digest"
+
+
+def source_entry(obj: Mapping[str, Any], *, keep_data: bool = True, max_bytes: int | None = None) -> dict[str, Any]:
+    """What the sources index keeps of a selected object. With its data (what a copy is built from)
+    when ``keep_data``; else lean: a digest of the data and its size, and of the annotations only
+    Copyrator's own (what selecting, consent and push read), so a source no target accepts costs little
+    however big it is. Over ``max_bytes`` (or handed on without its data: ``DATA_ELIDED``) it is lean in
+    any case; over ``max_bytes``, marked refused (``too_large``)."""
     meta = obj.get("metadata") or {}
+    size = data_bytes(obj)
+    elided = obj.get(DATA_ELIDED)  # a listed body handed on without its data: lean in any case
+    where = f"{meta.get('namespace')}/{meta.get('name')}"
+    refused = None
+    if max_bytes is not None and size > max_bytes:
+        refused = (f"source {where}: its data and binaryData hold {size} bytes, more than the {max_bytes} a "
+                   f"source may hold (COPYRATOR_MAX_SOURCE_BYTES): never copied")
+    keep_data = keep_data and refused is None and elided is None
     entry: dict[str, Any] = {
         "kind": obj.get("kind"),
         "metadata": {key: meta[key] for key in ("name", "namespace", "uid", "resourceVersion", "labels",
                                                 "annotations", "creationTimestamp") if meta.get(key) is not None},
     }
-    for key in ("data", "binaryData", "type", "immutable"):
+    for key in ("type", "immutable", *(("data", "binaryData") if keep_data else ())):
         if obj.get(key) is not None:
             entry[key] = obj[key]
+    if not keep_data:
+        annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(PREFIX)}
+        entry["metadata"]["annotations"] = annotations
+        digest = elided["hash"] if isinstance(elided, Mapping) else data_hash(str(obj.get("kind") or ""), obj)
+        entry[DIGEST] = {"hash": digest, "bytes": size, "refused": refused}
     return entry
+
+
+def is_lean(entry: Mapping[str, Any]) -> bool:
+    """A source entry held without its data (``source_entry``): no copy can be built from it."""
+    return DIGEST in entry
+
+
+def too_large(entry: Mapping[str, Any]) -> str | None:
+    """Why a source is never copied for its size (None: it fits the cap)."""
+    digest = entry.get(DIGEST)
+    return digest.get("refused") if isinstance(digest, Mapping) else None
+
+
+def data_keys(obj: Mapping[str, Any]) -> list[str]:
+    """The data and binaryData keys of a source (entry); none of a lean one (its keys are not held
+    either: as many as its bytes allow; they are checked once it is read, before any copy is made)."""
+    return [*(obj.get("data") or {}), *(obj.get("binaryData") or {})]
 
 
 def first_claim(claimants: Iterable[Rule]) -> Rule | None:

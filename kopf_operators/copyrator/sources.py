@@ -18,6 +18,7 @@ from typing import Any
 
 from kopf_operators.copyrator import decisions as logic
 from kopf_operators.core import access as k8s
+from kopf_operators.core import metrics
 from kopf_operators.core.access import Access
 from kopf_operators.core.controller import Index, KeyedState, Newest, PerKey, first, version_of
 
@@ -49,6 +50,7 @@ class Sources:
         self.pushes: dict[str, dict[Place, logic.Rule]] = {"ConfigMap": {}, "Secret": {}}
         self.push_reports: dict[str, str] = {}  # source uid -> the problems last reported on it
         self.deleting: set[str] = set()  # rule uids being deleted: they write nothing any more (never forgotten)
+        self.oversized: set[tuple[str, Place]] = set()  # (kind, place) of the sources over the size cap
         self._parsed: PerKey[str, tuple[Any, logic.Rule | logic.RuleError]] = state.map()
         # rule uid -> set once this process has listed the rule's sources (``list_sources``)
         self._listed: PerKey[str, asyncio.Event] = state.map()
@@ -98,7 +100,7 @@ class Sources:
         return [info for name in list(self.namespaces) if (info := first(self.namespaces, name)) is not None]
 
     def targets(self, rule: logic.Rule) -> set[str]:
-        return {ns.name for ns in self.all_namespaces() if logic.is_target(rule, ns)}
+        return {ns.name for ns in self.all_namespaces() if logic.is_target(rule, ns, self.options.by_name_only)}
 
     # --- the sources index --------------------------------------------------------------------------
 
@@ -106,20 +108,84 @@ class Sources:
         return self.store[kind].seen(place)
 
     def put(self, kind: str, entry: dict[str, Any]) -> None:
-        """A source entry seen (a newer one is kept over an older report)."""
+        """A source entry seen (a newer one is kept over an older report; of one version, the one with
+        its data over a lean one)."""
         meta = entry["metadata"]
-        self.store[kind].saw((str(meta.get("namespace", "")), str(meta.get("name", ""))), entry,
-                             version_of(meta.get("resourceVersion")), meta.get("uid"))
+        place = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        held = self.get(kind, place)
+        if held is not None and logic.is_lean(entry) and not logic.is_lean(held) \
+                and held["metadata"].get("uid") == meta.get("uid") \
+                and held["metadata"].get("resourceVersion") == meta.get("resourceVersion"):
+            return
+        self.store[kind].saw(place, entry, version_of(meta.get("resourceVersion")), meta.get("uid"))
+        self._oversized(kind, place)
 
     def drop(self, kind: str, place: Place) -> None:
         self.store[kind].forget(place)
+        self._oversized(kind, place)
 
     def clear(self, kind: str) -> None:
         for place, _entry in self.store[kind].held():
-            self.store[kind].forget(place)
+            self.drop(kind, place)
+
+    def _oversized(self, kind: str, place: Place) -> None:
+        """The gauge of sources refused for their size, as they come and go."""
+        held = self.get(kind, place)
+        count = len(self.oversized)
+        if held is not None and logic.too_large(held):
+            self.oversized.add((kind, place))
+        else:
+            self.oversized.discard((kind, place))
+        if len(self.oversized) != count:
+            metrics.sources_too_large(len(self.oversized))
+
+    # --- what is held of a source: its data only where some target accepts its copies --------------------
+
+    def accepted(self, rule: logic.Rule) -> bool:
+        """Whether some target namespace accepts the rule's copies (a rule that needs no target consent:
+        always). O(namespaces) for a push, or a rule under COPYRATOR_RULES_NEED_TARGET_CONSENT."""
+        if not rule.push and not self.options.rules_need_target_consent:
+            return True
+        return any(logic.is_target(rule, ns, self.options.by_name_only)
+                   and logic.target_refusal(rule, ns, self.options) is None for ns in self.all_namespaces())
+
+    def entry(self, body: Mapping[str, Any], rules: list[logic.Rule],
+              accepted: Mapping[str, bool] | None = None) -> dict[str, Any]:
+        """What is held of a selected object (``logic.source_entry``): its data only when one of the
+        ``rules`` selecting it may copy it somewhere (a target accepts, the source consents); else a
+        digest, read in full once a target accepts (``hydrate``). Never the data of one over the cap.
+        ``accepted``: rule uid -> ``accepted(rule)``, when already known (a listing asks once per rule)."""
+        namespace = str((body.get("metadata") or {}).get("namespace", ""))
+        # (A listed body handed on without its data, ``DATA_ELIDED``, is held lean: read when needed.)
+        keep = any((not logic.needs_consent(rule, namespace, self.options) or logic.consent(body) is not None)
+                   and (accepted[rule.uid] if accepted is not None else self.accepted(rule)) for rule in rules)
+        return logic.source_entry(body, keep_data=keep, max_bytes=self.options.max_source_bytes)
+
+    async def hydrate(self, kind: str, entry: Mapping[str, Any]) -> None:
+        """A lean source a copy is now to be made of: read it (one GET, once: concurrent callers wait for
+        the first) and hold it with its data. Gone or replaced meanwhile: its watch event says so."""
+        meta = entry["metadata"]
+        place = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        async with self.access.serialised(("copyrator-source", kind, *place)):
+            held = self.get(kind, place)
+            if held is None or not logic.is_lean(held) or logic.too_large(held) \
+                    or held["metadata"].get("uid") != meta.get("uid"):
+                return
+            obj = await self.access.read(KINDS[kind], *place)
+            if obj is None or (obj.get("metadata") or {}).get("uid") != meta.get("uid"):
+                return
+            self.put(kind, logic.source_entry({**obj, "kind": kind}, max_bytes=self.options.max_source_bytes))
+            logger.debug(f"Copyrator: read the source {kind} {place[0]}/{place[1]}: a target accepts its copies")
 
     def selected(self, rule: logic.Rule) -> Iterator[dict[str, Any]]:
-        """The rule's selected objects in the sources index (skipped types included)."""
+        """The rule's selected objects in the sources index (skipped types included). A push selects
+        its own source only: looked up, not searched for (every push's status asks for every other
+        push's sources; 700 pushes searching 700 sources each kept a core busy)."""
+        if rule.push:
+            entry = self.get(rule.kind, (rule.namespace, rule.name))
+            if entry is not None and logic.selects(rule, rule.kind, entry):
+                yield entry
+            return
         for (ns, _name), entry in self.store[rule.kind].held():
             if ns in rule.source_namespaces and logic.selects(rule, rule.kind, entry):
                 yield entry
@@ -168,6 +234,7 @@ class Sources:
     async def list_sources(self, rule: logic.Rule) -> None:
         """The one LIST per rule (create/update/resume): what existed before the rule had no event."""
         selector = ",".join(f"{k}={v}" for k, v in sorted(rule.selector.items()))
+        accepted = {rule.uid: self.accepted(rule)}
         for ns in rule.source_namespaces:
             listed = await self.access.list(KINDS[rule.kind], ns, labels=selector)
             seen = set()
@@ -175,7 +242,8 @@ class Sources:
                 if logic.is_copy(obj):
                     continue
                 seen.add((ns, obj["metadata"]["name"]))
-                self.put(rule.kind, logic.source_entry(obj))
+                self.put(rule.kind, self.entry(obj, [rule], accepted))
+                self.refuse_too_large(obj, [rule])
             for place in [p for p, entry in self.store[rule.kind].held() if p[0] == ns and p not in seen
                           and logic.selects(rule, rule.kind, entry)]:
                 self.drop(rule.kind, place)
@@ -208,6 +276,8 @@ class Sources:
         reported on the source (a Warning event, once per change)."""
         meta = body.get("metadata") or {}
         place = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        if event_type == "DELETED":  # nothing more to report on it
+            self.push_reports.pop(str(meta.get("uid", "")), None)
         push = None if event_type == "DELETED" or meta.get("deletionTimestamp") else logic.push_rule(body)
         if push is not None and not self.options.push:  # turned off: no push writes or deletes anything
             self.report_push(body, "PushDisabled", f"push annotations are turned off in this cluster "
@@ -221,6 +291,16 @@ class Sources:
             return None, self.pushes[kind].pop(place, None)
         self.pushes[kind][place] = push
         return push, None
+
+    def refuse_too_large(self, body: Mapping[str, Any], rules: list[logic.Rule]) -> None:
+        """A source over the size cap that a rule selects: a Warning on it (a push's comes with its
+        other problems, ``decide_push``)."""
+        if any(not rule.push for rule in rules):
+            refused = logic.too_large(self.get(str(body.get("kind") or rules[0].kind), (
+                str((body.get("metadata") or {}).get("namespace", "")),
+                str((body.get("metadata") or {}).get("name", "")))) or {})
+            if refused:
+                self.report_push(body, "SourceTooLarge", refused)
 
     def report_push(self, body: Mapping[str, Any], reason: str, message: str) -> None:
         """A push source's problems, as a Warning event on the source when they change (a push has no

@@ -110,7 +110,8 @@ class StatusReporter:
         def judge(source_name: str, namespace: str) -> None:
             source, name, blocked = judged[source_name]
             if source_name not in wanted:
-                wanted[source_name] = None if blocked else logic.desired_copy(rule, source, "")
+                # (A source held without its data is read before any copy of it is written.)
+                wanted[source_name] = None if blocked or logic.is_lean(source) else logic.desired_copy(rule, source, "")
             assert ledger is not None
             ledger.judge(source_name, namespace, self._standing(rule, source, namespace, name, wanted[source_name]))
 
@@ -128,7 +129,7 @@ class StatusReporter:
         dirty_places, ledger.dirty_places = ledger.dirty_places, set()
         for namespace in dirty_namespaces:
             info = self.sources.namespace(namespace)
-            if info is not None and logic.is_target(rule, info):
+            if info is not None and logic.is_target(rule, info, self.options.by_name_only):
                 ledger.targets.add(namespace)
                 for source_name in judged:
                     judge(source_name, namespace)

@@ -25,6 +25,7 @@ from kopf_operators.copyrator.rules import (
     RuleError,
     consent_refusal,
     skip_reason,
+    too_large,
 )
 from kopf_operators.core.conventions import (
     kstatus_conditions,
@@ -287,15 +288,14 @@ def readiness(tally: Tally, status: Mapping[str, Any]) -> tuple[bool, bool, str,
 
 def target_refusals(tally: Tally) -> str:
     """What the targets' consent refuses (the Warning a push's source gets, a rule's Synced message):
-    the namespaces and the consent each lacks, and the copies made before that are kept unsynced."""
+    how many namespaces refuse, per consent they lack, and the copies made before that are kept unsynced.
+    The refusing namespaces are counted, never named: a push to ``a*,b*,...`` (or a tenant's rule over
+    every namespace) would otherwise list every namespace of the cluster to whoever reads the Event."""
     parts = []
     if tally.unaccepted:
-        by_reason: dict[str, list[str]] = collections.defaultdict(list)
-        for namespace, why in tally.unaccepted[:MAX_LISTED]:
-            by_reason[why].append(namespace)
-        more = f" and {len(tally.unaccepted) - MAX_LISTED} more" if len(tally.unaccepted) > MAX_LISTED else ""
+        by_reason = collections.Counter(why for _namespace, why in tally.unaccepted)
         parts.append(f"not copied into {len(tally.unaccepted)} namespace(s) without their consent: "
-                     + "; ".join(f"{', '.join(names)} ({why})" for why, names in sorted(by_reason.items())) + more)
+                     + "; ".join(f"{count} ({why})" for why, count in sorted(by_reason.items())))
     if tally.kept:
         parts.append(f"{len(tally.kept)} copy(ies) made before in namespaces that do not consent are kept as "
                      f"they are and no longer synced (consent resumes them; deleting them is final): "
@@ -342,6 +342,8 @@ def decide_push(rule: Rule, tally: Tally, source: Mapping[str, Any]) -> tuple[st
     """A push's problems (a push has no status; its source gets a Warning when they change): (reason,
     message), the message empty when nothing is wrong. A stalled readiness, a source never copied (a
     token, a Helm release: its owner is told), and the target namespaces that refuse, named."""
+    if refused := too_large(source):
+        return "SourceTooLarge", refused
     _ready, stalled, reason, message = readiness(tally, build_status(rule, {}, tally))
     stalled = stalled and reason != "NoTargetConsents"  # said below, as for any refusing target
     if tally.skipped and not stalled:

@@ -67,6 +67,8 @@ class CopyWriter:
         the write a sweep decided on, made as decided while the place still looks as it did then."""
         kind = kind or rule.kind
         key: CopyKey = (kind, namespace, name)
+        if kind == rule.kind and (unread := self.claims.unread(rule, name, namespace)) is not None:
+            await self.sources.hydrate(kind, unread)  # a target accepts it now: its data, read once
         async with self._limit, self.access.serialised(("copyrator", *key)):
             if rule.uid in self.sources.deleting:
                 return 0
@@ -228,7 +230,11 @@ class CopyWriter:
         return sum(r for r in results if isinstance(r, int)), errors
 
     async def sweep(self, rule: logic.Rule, trigger: str) -> list[ApiError]:
-        """Every copy of one rule, from the indexes: writes only what differs."""
+        """Every copy of one rule, from the indexes: writes only what differs. Its sources held without
+        their data are read first when some target accepts the rule's copies now."""
+        lean = [e for e in self.sources.selected(rule) if logic.is_lean(e) and not logic.too_large(e)]
+        if lean and self.sources.accepted(rule):
+            await asyncio.gather(*(self.sources.hydrate(rule.kind, entry) for entry in lean))
         targets = sorted(self.sources.targets(rule))
         wanted = self.sources.copy_names(rule)
         names = wanted | {v.name for v in self.places.copies_of(rule.uid, rule.kind)}

@@ -68,6 +68,9 @@ class Config:
     # of 1,000 ImmortalContainers it left ~5 MB less at rest (docs/performance.md, "Fewer bytes per
     # kept object"), and the API server, not the passes in flight, bounds the burst.
     concurrent_events: int = 32
+    # The soak's diagnostics (core.diagnostics): a JSON line per period to this file; "" (default): off.
+    diagnostics_file: str = ""
+    diagnostics_seconds: float = 60.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -79,6 +82,8 @@ class Config:
             shard_index=int(env_float(env, "SHARD_INDEX", 0)),
             shard_count=int(env_float(env, "SHARD_COUNT", 1, minimum=1)),
             concurrent_events=int(env_float(env, "CONCURRENT_EVENTS", 32, minimum=0)),
+            diagnostics_file=env.get("DIAGNOSTICS_FILE", ""),
+            diagnostics_seconds=env_float(env, "DIAGNOSTICS_SECONDS", 60.0, minimum=1.0),
         )
 
     def __post_init__(self) -> None:
@@ -220,6 +225,39 @@ def data_hash(kind: str, body: Mapping[str, Any]) -> str:
         payload = {"data": body.get("data") or {}, "binaryData": body.get("binaryData") or {}}
     encoded = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(encoded).hexdigest()[:16]
+
+
+def data_bytes(body: Mapping[str, Any]) -> int:
+    """The bytes a ConfigMap's or Secret's data and binaryData hold (keys and values; base64 values as
+    decoded); for a body whose data were elided (``DATA_ELIDED``), the size they had."""
+    elided = body.get(DATA_ELIDED)
+    if isinstance(elided, Mapping):
+        return int(elided.get("bytes") or 0)
+    total = 0
+    for field in ("data", "binaryData"):
+        encoded = field == "binaryData" or body.get("kind") == "Secret"
+        for key, value in (body.get(field) or {}).items():
+            text = str(value)
+            size = len(text.encode()) if not encoded else (len(text) * 3) // 4 - text.count("=", -2)
+            total += len(key) + size
+    return total
+
+
+# Top-level key of a body handed to handlers without its data and binaryData (a listed object whose
+# handlers wait for the indexes: core.kopf_patches.defer_listed): {"bytes": their size, "hash": their
+# ``data_hash``}. A handler that needs the data reads the object.
+DATA_ELIDED = "kopf_operators_data_elided"  # never sent to the API server: no label or annotation
+
+
+def elide_data(body: Mapping[str, Any], above: int) -> Mapping[str, Any]:
+    """``body`` itself, or, when its data and binaryData hold more than ``above`` bytes, a copy
+    without them that says so (``DATA_ELIDED``)."""
+    size = data_bytes(body)
+    if size <= above:
+        return body
+    lean = {key: value for key, value in body.items() if key not in ("data", "binaryData")}
+    lean[DATA_ELIDED] = {"bytes": size, "hash": data_hash(str(body.get("kind") or ""), body)}
+    return lean
 
 
 def stable_hash(data: Any) -> str:

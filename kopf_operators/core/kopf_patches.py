@@ -19,9 +19,10 @@ upstream issue it stands in for; docs/kopf-patches.md has the text of each upstr
 - ``wake_gate_waiters_only_on_change``: Kopf's ToggleSet wakes its waiters only on a change of state;
 - ``govern_event_processing``: ``governed`` around Kopf's per-event processor (a cap on objects
   processed at once, superseded/echoed/unchanged events skipped, and the Lease's gate);
-  A listed object's handlers wait for every index as its raw event, not as a waiting Kopf worker
-  (``defer_listed``);
-- ``lean_watched_bodies``: no ``metadata.managedFields`` in what Kopf lists and streams;
+  A listed object's handlers wait for every index as its raw event, not as a waiting Kopf worker, and
+  without its data over ``ELIDE_LISTED_DATA_BYTES`` (``defer_listed``);
+- ``lean_watched_bodies``: no ``metadata.managedFields`` in what Kopf lists and streams; ConfigMaps and
+  Secrets listed ``BULKY_PAGE`` per page, pages read ahead up to ``READ_AHEAD_BYTES`` of data;
 - ``small_tls_read_buffers``: asyncio's TLS read buffer of 64 KiB instead of 256 KiB;
 - ``start_allocator_trim``: glibc's ``malloc_trim(0)`` every 10 s (a task, started by the startup handler);
 - reads of Kopf's private registries: ``change_detecting_groups``, ``all_handlers``; its loader: ``preload``;
@@ -53,6 +54,7 @@ from kopf._core.reactor import processing
 
 from kopf_operators.core import metrics
 from kopf_operators.core.access import Access, Echo
+from kopf_operators.core.conventions import data_bytes, elide_data
 
 logger = logging.getLogger("kopf_operators.kopf_patches")
 
@@ -372,6 +374,8 @@ def governed(process: ProcessEvent) -> ProcessEvent:
 
 # Listed objects whose handlers run at once once every index is filled (``drain_listed``).
 LISTED_HANDLERS_AT_ONCE = 32
+# A listed object's data and binaryData larger than this are not kept for its handlers (``defer_listed``).
+ELIDE_LISTED_DATA_BYTES = 16 * 1024
 
 
 async def defer_listed(process: ProcessEvent, policy: EventPolicy, kwargs: dict[str, Any]) -> Any:
@@ -390,6 +394,10 @@ async def defer_listed(process: ProcessEvent, policy: EventPolicy, kwargs: dict[
 
     Upstream: not filed yet (docs/kopf-patches.md, "Listed objects wait for the indexes in their workers").
 
+    A kept ConfigMap's or Secret's data and binaryData over ``ELIDE_LISTED_DATA_BYTES`` are not kept: its
+    handlers get its body without them (``conventions.DATA_ELIDED`` says so) and read the object if they
+    need them. Kept, a tenant's 700 ConfigMaps of 1 MiB would all be held at once at every start.
+
     The object's events stay in order: a later event of it waits for its listed handlers while they
     run, and supersedes them when they have not run yet (``supersede_listed``), as a newer event
     supersedes a queued modification (``governed``)."""
@@ -399,8 +407,11 @@ async def defer_listed(process: ProcessEvent, policy: EventPolicy, kwargs: dict[
         return await process(**kwargs)
     indexing, handling = split_registry(registry)
     await process(**{**kwargs, "registry": indexing, "operator_indexed": _NoWait(gate)})
-    policy.listed[uid] = {**kwargs, "registry": handling, "resource_indexed": None, "operator_indexed": None,
-                          "stream_pressure": None}
+    # Indexed with its data; kept for its handlers without them when they are large (``elide_data``).
+    raw_event = kwargs["raw_event"]
+    kept = {**raw_event, "object": elide_data(raw_event.get("object") or {}, ELIDE_LISTED_DATA_BYTES)}
+    policy.listed[uid] = {**kwargs, "raw_event": kept, "registry": handling, "resource_indexed": None,
+                          "operator_indexed": None, "stream_pressure": None}
     if not policy.drainer:
         policy.drainer.append(asyncio.create_task(drain_listed(process, policy, gate), name="listed handlers"))
     return None
@@ -526,23 +537,46 @@ def lean_stream(stream: Callable[..., AsyncIterator[Any]]) -> Callable[..., Asyn
     return lean
 
 
+# ConfigMaps and Secrets (core/v1) hold up to 1 MiB each, and a tenant writes them: listed this many
+# per page (a page of 1 MiB objects is then ~100 MiB, decoded), and pages read ahead only up to
+# READ_AHEAD_BYTES of their data.
+BULKY_PLURALS = frozenset({"configmaps", "secrets"})
+BULKY_PAGE = 100
+READ_AHEAD_BYTES = 64 * 1024 * 1024
+
+
 def lean_listing(fetch_objs: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
     """``fetch_objs`` (Kopf's ``fetching.fetch_objs``: pages of a listing) with each item lean, and
-    every page read before the first is handed on.
+    every page read before the first is handed on, unless the pages read hold more than
+    ``READ_AHEAD_BYTES`` of data (ConfigMaps and Secrets, listed ``BULKY_PAGE`` per page): then the
+    oldest are handed on meanwhile.
 
     Kopf asks for the next page only once it has processed the objects of the previous one. The API
     server keeps a listing's ``continue`` token for 5 minutes (its compaction interval): a start over
     50,000 ConfigMaps on a busy node took longer, the next page failed with 410 ("The provided continue
     parameter is too old"), and Kopf stopped the operator. Read at once, the pages take seconds; the
-    objects cost no more memory than Kopf's processing of them keeps until every index is filled."""
+    objects cost no more memory than Kopf's processing of them keeps until every index is filled.
+    Large objects are few for their bytes, so processed fast: reading them all ahead is what would cost
+    (a tenant's 700 ConfigMaps of 1 MiB: 700 MiB at once, over the chart's memory limit)."""
 
     @functools.wraps(fetch_objs)
     async def lean(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        resource, settings = kwargs.get("resource"), kwargs.get("settings")
+        if getattr(resource, "group", None) == "" and getattr(resource, "plural", None) in BULKY_PLURALS \
+                and settings is not None and (settings.watching.chunk_size or BULKY_PAGE + 1) > BULKY_PAGE:
+            kwargs["settings"] = dataclasses.replace(settings, watching=dataclasses.replace(
+                settings.watching, chunk_size=BULKY_PAGE))
         pages: collections.deque[tuple[Any, Any]] = collections.deque()
+        held = 0
         async for items, resource_version in fetch_objs(*args, **kwargs):
             for item in items:
                 drop_managed_fields(item)
             pages.append((items, resource_version))
+            held += sum(data_bytes(item) for item in items)
+            while held > READ_AHEAD_BYTES and pages:  # few objects for their bytes: processed fast
+                items, resource_version = pages.popleft()
+                held -= sum(data_bytes(item) for item in items)
+                yield items, resource_version
         while pages:
             yield pages.popleft()
 

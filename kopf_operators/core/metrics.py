@@ -57,6 +57,9 @@ REROLLER_SKIPPED = prometheus_client.Counter(
 UNCONSENTED_COPIES = prometheus_client.Gauge(
     "kopf_operators_copyrator_unconsented_copies",
     "Copies kept as they are (no longer synced) in namespaces that do not consent to them.")
+SOURCES_TOO_LARGE = prometheus_client.Gauge(
+    "kopf_operators_copyrator_sources_too_large",
+    "Sources (selected by a rule or pushing) never copied: their data exceed COPYRATOR_MAX_SOURCE_BYTES.")
 
 # Blackadder's game days: each steady-state check's evaluations, and each killed workload's time to
 # recover (all its Pods Ready again), by workload kind (ImmortalContainer included).
@@ -120,6 +123,11 @@ def check(agent: str, name: str, passed: bool) -> None:
     CHECKS.labels(agent=agent, check=name, result="pass" if passed else "fail").inc()
 
 
+def forget_agent(agent: str) -> None:
+    """An agent deleted: its checks' series go (a process that runs for months sees thousands of agents)."""
+    CHECKS.remove_by_labels({"agent": agent})
+
+
 def recovery(kind: str, seconds: float) -> None:
     RECOVERY.labels(kind=kind).observe(seconds)
 
@@ -130,6 +138,10 @@ def skipped(reason: str) -> None:
 
 def unconsented_copies(count: int) -> None:
     UNCONSENTED_COPIES.set(count)
+
+
+def sources_too_large(count: int) -> None:
+    SOURCES_TOO_LARGE.set(count)
 
 
 def action(operator: str, name: str, amount: float = 1) -> None:
@@ -146,6 +158,11 @@ def event(resource: str, outcome: str) -> None:
 
 def reload_by_namespace(namespace: str, kind: str, outcome: str) -> None:
     RELOADS_BY_NAMESPACE.labels(namespace=namespace, kind=kind, outcome=outcome).inc()
+
+
+def forget_namespace(namespace: str) -> None:
+    """A namespace deleted: its reload series go."""
+    RELOADS_BY_NAMESPACE.remove_by_labels({"namespace": namespace})
 
 
 @contextmanager

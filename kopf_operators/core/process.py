@@ -27,7 +27,7 @@ from typing import Any
 
 import kopf
 
-from kopf_operators.core import kopf_patches, metrics
+from kopf_operators.core import diagnostics, kopf_patches, metrics
 from kopf_operators.core.access import Access
 from kopf_operators.core.controller import MemoSlot
 from kopf_operators.core.conventions import Config, shard_selector
@@ -37,7 +37,9 @@ from kopf_operators.core.kopf_patches import EventPolicy, Fingerprint
 logger = logging.getLogger("kopf_operators")
 
 # Threads for blocking calls, in Kopf's pool (sync handlers: none of ours) and asyncio's (to_thread:
-# Blackadder's pykube-ng listings) alike. The access layer's own requests need none.
+# Blackadder's pykube-ng listings, to the API server only) alike. The access layer's own requests need
+# none, nor does HTTP to other hosts (checks, webhooks, alerts: core.http, on the loop): no host a
+# tenant names can hold one of these threads.
 WORKER_THREADS = 16
 
 # Kopf keeps one worker (a task, its queue, and the last event's whole body) per object that had an
@@ -102,6 +104,7 @@ TRIMMER = MemoSlot("allocator_trim", asyncio.Task)
 LOOP_LAG = MemoSlot("event_loop_lag", asyncio.Task)
 EVENT_POLICY = MemoSlot(kopf_patches.EVENT_POLICY_MEMO, EventPolicy)
 ELECTOR = MemoSlot("elector", ElectionThread)
+DIAGNOSTICS = MemoSlot("diagnostics", asyncio.Task)
 
 
 def event_policy(memo: kopf.Memo) -> EventPolicy | None:
@@ -151,7 +154,7 @@ async def serve_one_shard(settings: kopf.OperatorSettings, config: Config, acces
 
 
 @kopf.on.startup(id="shared-settings")
-async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
     config, _access = shared(memo)
     # Re-establish watches regularly: a silently dead stream then heals within minutes.
     settings.watching.server_timeout = 300
@@ -204,6 +207,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     if config.metrics_port:
         metrics.serve(config.metrics_port)
         logger.info("Serving Prometheus metrics on :%d/metrics", config.metrics_port)
+    if config.diagnostics_file and not DIAGNOSTICS.present(memo):
+        # Kopf hands every index to startup handlers as a kwarg named by its id (empty until filled).
+        indexes = {name: value for name, value in kwargs.items() if isinstance(value, kopf.Index)}
+        DIAGNOSTICS.set(memo, diagnostics.start(config.diagnostics_file, config.diagnostics_seconds, memo, indexes))
 
 
 async def elect(memo: kopf.Memo, lease: LeaseSettings, access: Access) -> None:
@@ -250,6 +257,8 @@ async def close_connections(memo: kopf.Memo, **_: Any) -> None:
         TRIMMER(memo).cancel()
     if LOOP_LAG.present(memo):
         LOOP_LAG(memo).cancel()
+    if DIAGNOSTICS.present(memo):
+        DIAGNOSTICS(memo).cancel()
     # A request after this (another cleanup handler's) opens a new pool.
     if ACCESS.present(memo):
         await ACCESS(memo).close()

@@ -7,7 +7,9 @@ sink and the HTTP status or the error's class only.
 
 Off the hot path: ``notify`` only queues the alert (a bounded queue: when the sink is slow and the
 queue is full, the alert is dropped and counted); one background task sends them, each with a
-bounded timeout and a single attempt. A failing sink never blocks, delays or repeats a rollout.
+total deadline and a single attempt, through ``core.http`` (on the event loop, a connection pool of
+the alerts' own: no thread, nothing shared with Blackadder's checks). A failing sink never blocks,
+delays or repeats a rollout. A URL with credentials (``user:password@``) is refused at start.
 """
 
 from __future__ import annotations
@@ -16,39 +18,17 @@ import asyncio
 import dataclasses
 import json
 import logging
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
 from kopf_operators.core import metrics
 from kopf_operators.core.conventions import env_bool
+from kopf_operators.core.http import HttpClient, credentials_refusal, failure
 
 OPERATOR = "reroller"
 SINKS = ("slack", "teams", "gchat", "webhook")
 QUEUE_SIZE = 1000
 logger = logging.getLogger("kopf_operators.reroller")
-
-
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    """A redirect is refused, as Reloader does (a token URL redirected elsewhere is a misconfiguration)."""
-
-    def redirect_request(self, *_: Any, **__: Any) -> None:
-        return None
-
-
-# No proxy from the environment, no redirects.
-_OPENER = urllib.request.build_opener(_NoRedirects(), urllib.request.ProxyHandler({}))
-
-
-def post(url: str, body: bytes, timeout: float) -> int:
-    """One POST (blocking: run in a thread); the HTTP status."""
-    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
-    try:
-        with _OPENER.open(request, timeout=timeout) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +79,9 @@ class AlertSettings:
         if sink and not url.startswith(("http://", "https://")):
             raise ValueError("REROLLER_ALERT_SINK is set but REROLLER_ALERT_WEBHOOK_URL is not an http(s) URL "
                              "(set it from a Secret)")
+        credentials = credentials_refusal(url, "REROLLER_ALERT_WEBHOOK_URL") if sink else None
+        if credentials:
+            raise ValueError(credentials)
         notify_only = env_bool(env, "REROLLER_NOTIFY_ONLY")
         if notify_only and not sink:
             raise ValueError("REROLLER_NOTIFY_ONLY=true needs REROLLER_ALERT_SINK: it would do nothing at all")
@@ -113,8 +96,11 @@ class AlertSettings:
 class Alerts:
     """The sender: a bounded queue drained by one background task."""
 
-    def __init__(self, settings: AlertSettings) -> None:
+    def __init__(self, settings: AlertSettings, http: HttpClient | None = None) -> None:
         self.settings = settings
+        # A redirect is refused, as Reloader does (a token URL redirected elsewhere is a misconfiguration):
+        # core.http follows none, and a 3xx is a refusal.
+        self.http = http if http is not None else HttpClient("reroller-alerts", connections=4)
         self._queue: asyncio.Queue[Alert] | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -148,11 +134,10 @@ class Alerts:
         where = f"{alert.kind} {alert.namespace}/{alert.name}"
         timeout = self.settings.timeout_seconds
         try:
-            status = await asyncio.wait_for(asyncio.to_thread(post, self.settings.url, body, timeout), timeout + 1)
-        except (urllib.error.URLError, TimeoutError, OSError) as exc:
-            # The exception's text may carry the URL: only its class is logged.
+            status = (await self.http.request("POST", self.settings.url, timeout, body=body)).status
+        except Exception as exc:  # the boundary: the exception's text may carry the URL, only its class is logged
             metrics.error(OPERATOR, "alert")
-            logger.warning(f"{where}: the {sink} alert failed: {type(exc).__name__}")
+            logger.warning(f"{where}: the {sink} alert failed: {failure(exc)}")
             return
         if status >= 300:
             metrics.error(OPERATOR, "alert")
@@ -165,3 +150,4 @@ class Alerts:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        await self.http.close()

@@ -53,7 +53,8 @@ WORKLOAD_INDEXES = {"Deployment": "reroller-deployments", "StatefulSet": "reroll
                     "DaemonSet": "reroller-daemonsets", "CronJob": "reroller-cronjobs", "Job": "reroller-jobs",
                     "Rollout": "reroller-rollouts"}
 NAMESPACES_INDEX = "reroller-namespaces"
-INDEXES = (*SOURCE_INDEXES.values(), *WORKLOAD_INDEXES.values(), NAMESPACES_INDEX)
+TERMINATING_INDEX = "reroller-terminating-namespaces"
+INDEXES = (*SOURCE_INDEXES.values(), *WORKLOAD_INDEXES.values(), NAMESPACES_INDEX, TERMINATING_INDEX)
 ROLLOUT = k8s.Kind("argoproj.io/v1alpha1", "rollouts", "Rollout")  # Argo Rollouts (REROLLER_ARGO_ROLLOUTS)
 KINDS = {"Deployment": k8s.DEPLOYMENT, "StatefulSet": k8s.STATEFULSET, "DaemonSet": k8s.DAEMONSET,
          "CronJob": k8s.CRONJOB, "Job": k8s.JOB, "Rollout": ROLLOUT}
@@ -96,6 +97,8 @@ class RerollerController:
         self.workloads: dict[str, WorkloadIndex] = {
             kind: indexes[index_id] for kind, index_id in WORKLOAD_INDEXES.items() if index_id in indexes}
         self.namespaces: Index[str, Mapping[str, str]] = indexes[NAMESPACES_INDEX]  # name -> labels
+        # Namespaces being deleted: their objects go in any order, so a source gone first is no news.
+        self.terminating: Index[str, bool] = indexes.get(TERMINATING_INDEX) or {}
         self.namespace_selector = logic.parse_selector(options.namespace_selector)
         self.resource_selector = logic.parse_selector(options.resource_label_selector)
         self.bucket = logic.TokenBucket(options.cluster_rate, options.cluster_burst, time.monotonic())
@@ -171,6 +174,11 @@ class RerollerController:
 
     def forget(self, key: Key) -> None:
         self.state.forget(key)
+
+    def namespace_deleted(self, namespace: str) -> None:
+        """Its per-namespace series go with it (its workloads are forgotten by their own deletions)."""
+        if self.options.metrics_by_namespace:
+            metrics.forget_namespace(namespace)
 
     def _release(self, key: Key) -> None:
         self.bucket.cancel(key[1], key)  # no longer waiting for a rollout slot
@@ -430,7 +438,7 @@ class RerollerController:
         if not plan.missing:
             self._warned.pop(key, None)
             return
-        if self._warned.get(key) == plan.missing:
+        if self._warned.get(key) == plan.missing or view.namespace in self.terminating:
             return
         self._warned[key] = plan.missing
         message = (f"Missing source(s) {', '.join(plan.missing)}: not re-rolling until they exist "

@@ -7,9 +7,11 @@ server (KWOK-backed pods); the operator runs as the chart's ServiceAccount with 
 from __future__ import annotations
 
 import base64
+import http.server
 import json
 import os
 import subprocess
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,7 +40,8 @@ from testsupport.tokens import token_kubeconfig
 G, V, P = logic.GROUP, logic.VERSION, logic.TENANT_PLURAL
 ENV = {"CHAOS_TENANTS": "true", "CHAOS_TENANTS_MAX_KILLS_PER_CYCLE": LIMITS["maxKillsPerCycle"],
        "CHAOS_TENANTS_MIN_PAUSE_SECONDS": LIMITS["minPauseSeconds"], "CHAOS_DRY_RUN": "false",
-       "OPERATOR_NAMESPACE": RELEASE}
+       "OPERATOR_NAMESPACE": RELEASE, "CHAOS_TENANT_HTTP_HOSTS": "127.0.0.1",
+       "CHAOS_TENANTS_MIN_CHECK_INTERVAL_SECONDS": "1"}
 
 
 # --- the operator with tenants on, and a team ---------------------------------------------------------
@@ -173,19 +176,44 @@ def test_an_agent_with_every_field_kills_only_in_its_namespace_within_the_limits
     assert not [s for s in core.list_namespaced_secret(ns).items if s.metadata.name.startswith("blackadder")]
 
 
+class Counted(http.server.BaseHTTPRequestHandler):
+    """A check's host on 127.0.0.1 (on the tenants' list) that counts the GETs it gets."""
+
+    gets = 0
+
+    def do_GET(self) -> None:
+        Counted.gets += 1
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
 def test_an_agent_in_a_namespace_not_allowed_by_the_administrator_does_nothing(
         team: Team, core: kubernetes.client.CoreV1Api, custom: kubernetes.client.CustomObjectsApi) -> None:
+    """Nothing at all: no kill, and not one of its steady-state checks (the scope is decided first)."""
     ns = team.namespace
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Counted)
+    Counted.gets = 0
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     make_pod(core, ns, "victim")
     wait_for(lambda: "victim" in live_pods(core, ns), timeout=30, what="the pod")
     pods = live_pods(core, ns)
-    assert team.apply(agent_yaml("eager", {"eagerness": 100, "pauseDuration": 5,
-                                           "allowSingleReplica": True})).returncode == 0
-    wait_for(lambda: condition(status(custom, ns, "eager"), "Stalled").get("status") == "True", timeout=20,
-             what="Stalled")
-    ready = condition(status(custom, ns, "eager"), "Ready")
-    assert ready["reason"] == "InvalidSpec" and logic.TENANT_NAMESPACE_LABEL in ready["message"]
-    stays(lambda: live_pods(core, ns) == pods, seconds=6, what="the pod alive")
+    check = {"name": "h", "http": {"url": f"http://127.0.0.1:{server.server_address[1]}/health"}}
+    try:
+        assert team.apply(agent_yaml("eager", {"eagerness": 100, "pauseDuration": 5, "allowSingleReplica": True,
+                                               "steadyState": {"intervalSeconds": 1, "checks": [check]}})
+                          ).returncode == 0
+        wait_for(lambda: condition(status(custom, ns, "eager"), "Stalled").get("status") == "True", timeout=20,
+                 what="Stalled")
+        ready = condition(status(custom, ns, "eager"), "Ready")
+        assert ready["reason"] == "InvalidSpec" and logic.TENANT_NAMESPACE_LABEL in ready["message"]
+        stays(lambda: live_pods(core, ns) == pods and Counted.gets == 0, seconds=6, what="the pod alive, no check")
+        allow(core, ns)  # the same agent, allowed: its check runs (so the silence above was the scope)
+        wait_for(lambda: Counted.gets > 0, timeout=20, what="the check once the namespace is allowed")
+    finally:
+        server.shutdown()
 
 
 def test_the_kill_switch_and_the_operators_dry_run_stop_tenants(

@@ -1,3 +1,4 @@
+# ruff: noqa: F401, F811  (the fixture imported from copyrator_helpers is a parameter here)
 """Copyrator under adversarial conditions (issue #20), on the real local API server.
 
 Names and sizes at the API's limits (253-character names, ConfigMaps and Secrets of about 1 MiB),
@@ -26,6 +27,7 @@ from tests.e2e.copyrator_helpers import (
     events,
     get,
     make_rule,
+    own_operator,  # a fixture
     put_cm,
     rule_gone,
     wait_condition,
@@ -100,9 +102,11 @@ def test_253_character_rule_and_source_names_work(
 
 @pytest.mark.parametrize("kind", ["ConfigMap", "Secret"])
 def test_objects_of_one_mib_are_copied_and_updated(
-        operator: OperatorProcess, core: kubernetes.client.CoreV1Api,
+        own_operator: Callable[..., OperatorProcess], core: kubernetes.client.CoreV1Api,
         custom: kubernetes.client.CustomObjectsApi, namespace: str,
         make_namespace: Callable[..., str], kind: str) -> None:
+    """With the cap on a source's size raised to the API's limit (it is 256 KiB by default)."""
+    operator = own_operator(COPYRATOR_MAX_SOURCE_BYTES=str(1024 * 1024))
     targets = [make_namespace(), make_namespace()]
     labels = {"share": "big"}
 

@@ -17,6 +17,7 @@ import kubernetes
 import pytest
 import yaml
 
+from kopf_operators.blackadder.settings import LEDGER_LABEL, OPT_LABEL
 from kopf_operators.copyrator import decisions as logic
 from tests.e2e.copyrator_helpers import (
     G,
@@ -104,13 +105,17 @@ def test_a_tenant_pushes_nowhere_without_consent_and_with_consent_the_same_push_
                     logic.PUSH_TO_ANNOTATION: by_name}}, "stringData": {"url": "http://127.0.0.1:9/"}}):
         done = tenant.apply(obj)
         assert done.returncode == 0, done.stderr
-    # A Warning on each source, naming the namespaces it did not reach and the consent they lack.
+    # A Warning on each source, counting the namespaces it did not reach by the consent they lack.
     no_consent = f"no {logic.ACCEPT_FROM_ANNOTATION} annotation listing {namespace}"
-    warning(core, namespace, "by-name", "PushRefused", *closed, f"{other} ({no_consent})", logic.CLOSED)
-    warning(core, namespace, "by-glob", "PushRefused", other, labelled, no_consent)
-    warning(core, namespace, "by-label", "PushRefused", f"{labelled} ({no_consent})")
-    warning(core, namespace, "squat", "PushRefused", *closed, f"{other} ({no_consent})", logic.CLOSED)
+    warning(core, namespace, "by-name", "PushRefused", f"{len(closed)} ({logic.CLOSED})", f"1 ({no_consent})")
+    warning(core, namespace, "by-glob", "PushRefused", no_consent)
+    warning(core, namespace, "by-label", "PushRefused", f"1 ({no_consent})")
+    warning(core, namespace, "squat", "PushRefused", f"{len(closed)} ({logic.CLOSED})", f"1 ({no_consent})")
     warning(core, namespace, "everywhere", "PushRefused", "without their consent")
+    # ... and naming none of them: a push to globs must not list the cluster's namespaces to its owner.
+    for name in ("by-name", "by-glob", "by-label", "squat", "everywhere"):
+        said = [e.message for e in events(core, namespace, name) if e.reason == "PushRefused"]
+        assert said and not [ns for ns in (other, labelled, "kube-system") for m in said if ns in m], said
     stays(lambda: written_outside(core, namespace) == [], 3, what="nothing written outside the tenant's namespace")
     for ns in (other, labelled, *closed):
         for name in ("by-name", "by-glob", "by-label", "everywhere"):
@@ -166,16 +171,17 @@ def test_copies_pushed_before_consent_existed_are_kept_unsynced_and_reported(
 
 @pytest.fixture
 def rule_writer(tenant: Tenant, namespace: str) -> Iterator[Tenant]:
-    """Tenants may write rules: the chart's aggregated role (operators.copyrator.tenantRules) adds
-    CopyratorRules to the built-in edit role, which the tenant holds in its namespace."""
-    role = [obj for obj in chart_objects(E2E_RELEASE, E2E_RELEASE,
-                                         "operators.copyrator.tenantRules=true")
-            if obj["kind"] == "ClusterRole" and obj["metadata"]["name"].endswith("-copyrator-rules-edit")]
+    """Tenants may write rules: the chart's aggregated role (operators.copyrator.tenantRules, which the
+    chart renders only with rulesNeedTargetConsent) adds CopyratorRules to the built-in admin role,
+    which the tenant holds in its namespace (not to edit)."""
+    role = [obj for obj in chart_objects(E2E_RELEASE, E2E_RELEASE, "operators.copyrator.tenantRules=true",
+                                         "operators.copyrator.rulesNeedTargetConsent=true")
+            if obj["kind"] == "ClusterRole" and obj["metadata"]["name"].endswith("-copyrator-rules-admin")]
     assert len(role) == 1
     kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(role))
-    kubectl("create", "rolebinding", "tenant-edit", "-n", namespace, "--clusterrole=edit", f"--user={USER}")
+    kubectl("create", "rolebinding", "tenant-admin", "-n", namespace, "--clusterrole=admin", f"--user={USER}")
     wait_for(lambda: tenant.may("create", "copyrators.flant.com", namespace), timeout=30,
-             what="the edit role aggregating CopyratorRules")
+             what="the admin role aggregating CopyratorRules")
     yield tenant
     kubectl("delete", "clusterrole", role[0]["metadata"]["name"], "--ignore-not-found")
 
@@ -203,13 +209,13 @@ def test_a_tenants_rules_need_the_sources_and_with_the_chart_value_the_targets_c
     assert done.returncode == 0, done.stderr
     try:
         wait_condition(custom, namespace, "pull", "Refused", status="True")
-        warning(core, namespace, "push", "TargetRefused", other, *closed, logic.CLOSED,
-                f"no {logic.ACCEPT_FROM_ANNOTATION} annotation listing {namespace}")
+        warning(core, namespace, "push", "TargetRefused", f"{len(closed)} ({logic.CLOSED})",
+                f"1 (no {logic.ACCEPT_FROM_ANNOTATION} annotation listing {namespace})")
         stays(lambda: get(core, "Secret", namespace, "creds") is None and written_outside(core, namespace) == [], 2,
               what="nothing copied without consent")
         # It copies nothing anywhere: not Ready, and it says which targets refuse and why.
         refused = wait_condition(custom, namespace, "push", "Ready", status="False", reason="NoTargetConsents")
-        assert other in refused["message"] and "kube-system" in refused["message"], refused
+        assert f"{len(closed) + 1} namespace(s)" in refused["message"] and other not in refused["message"], refused
         core.patch_namespace(other, {"metadata": {"annotations": {logic.ACCEPT_FROM_ANNOTATION: namespace}}})
         wait_data(core, other, "settings", {"HTTP_PROXY": "tenant-a's"})
         wait_condition(custom, namespace, "push", "Ready", status="True")  # it does its job where accepted
@@ -218,3 +224,59 @@ def test_a_tenants_rules_need_the_sources_and_with_the_chart_value_the_targets_c
     finally:
         delete_rule(custom, namespace, "pull")
         delete_rule(custom, namespace, "push")
+
+
+# --- what a tenant cannot do to the process -------------------------------------------------------
+
+
+def test_no_rule_outside_the_operators_namespace_reaches_it_or_kube_system_and_copies_carry_no_project_keys(
+        tenant: Tenant, core: kubernetes.client.CoreV1Api, custom: kubernetes.client.CustomObjectsApi,
+        namespace: str, make_namespace: Callable[..., str]) -> None:
+    """With the defaults (rules need no target consent): a rule in a tenant's namespace that names
+    kube-system and the operator's namespace writes into neither (counted in its Warning, naming
+    none); into an ordinary namespace it copies, without the source's project labels and annotations
+    (Blackadder's ledger and opt-in labels, a forged re-roller annotation)."""
+    other = make_namespace("tenant-b")
+    closed = ["kube-system", *filter(None, [operator_namespace()])]
+    project = {LEDGER_LABEL: "forged", OPT_LABEL: "true", "reroller.kopf-operators.dev/auto": "true"}
+    done = tenant.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+        "name": "settings", "labels": {"share": "x", "team": "a", **project},
+        "annotations": {**project, "note": "kept"}}, "data": {"HTTP_PROXY": "tenant-a's"}})
+    assert done.returncode == 0, done.stderr
+    custom.create_namespaced_custom_object(G, V, namespace, logic.PLURAL, rule(
+        "everywhere", ruleType="configmap", selector={"share": "x"}, namespace=namespace, copyAnnotations=True,
+        targetNamespaces=[other, *closed]))
+    try:
+        wait_data(core, other, "settings", {"HTTP_PROXY": "tenant-a's"})
+        copy = get(core, "ConfigMap", other, "settings") or {}
+        labels, annotations = copy["metadata"].get("labels") or {}, copy["metadata"].get("annotations") or {}
+        assert labels.get("team") == "a" and annotations.get("note") == "kept"
+        assert not [key for key in project if key in labels or key in annotations], copy["metadata"]
+        said = warning(core, namespace, "everywhere", "TargetRefused", f"{len(closed)} ({logic.CLOSED})")
+        assert not [ns for ns in closed if f" {ns}" in said.message], said.message
+        stays(lambda: all(get(core, "ConfigMap", ns, "settings") is None for ns in closed), 2,
+              what="nothing in the closed namespaces")
+        assert written_outside(core, namespace) == [f"{other}/settings"]
+    finally:
+        delete_rule(custom, namespace, "everywhere")
+
+
+def test_a_source_over_the_size_cap_is_refused_on_it_and_never_copied(
+        tenant: Tenant, core: kubernetes.client.CoreV1Api, namespace: str,
+        make_namespace: Callable[..., str]) -> None:
+    """A push of more than the cap (256 KiB by default) into a namespace that consents: a Warning
+    SourceTooLarge on the source with both sizes, no copy; made small enough, it is copied."""
+    other = make_namespace("tenant-b", accept_from=namespace)
+    big = "x" * (256 * 1024)
+    # create/replace, not apply: apply would copy it into an annotation, which the API server caps at 256 KiB
+    done = tenant.kubectl("create", "-n", namespace, "-f", "-",
+                          input=yaml.safe_dump(configmap("big", {logic.PUSH_TO_ANNOTATION: other}, data=big)))
+    assert done.returncode == 0, done.stderr
+    said = warning(core, namespace, "big", "SourceTooLarge", f"hold {len(big) + len('HTTP_PROXY')} bytes",
+                   "more than the 262144", "COPYRATOR_MAX_SOURCE_BYTES")
+    assert other not in said.message
+    stays(lambda: get(core, "ConfigMap", other, "big") is None, 3, what="no copy of the oversized source")
+    done = tenant.kubectl("replace", "-n", namespace, "-f", "-", input=yaml.safe_dump(
+        configmap("big", {logic.PUSH_TO_ANNOTATION: other}, data="small now")))
+    assert done.returncode == 0, done.stderr
+    wait_data(core, other, "big", {"HTTP_PROXY": "small now"})

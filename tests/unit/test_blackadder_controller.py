@@ -213,3 +213,34 @@ def test_a_broken_check_halts_the_run_and_reverts_what_the_agent_changed(monkeyp
     assert not ctl.games.must_stop(body)  # ended: nothing left to stop
     asyncio.run(ctl.cycle(body, lambda: False, log))  # halted stays halted: no new chaos
     assert len(access.made("patch")) == 2
+
+
+def test_a_deleted_agent_takes_its_check_series_with_it() -> None:
+    """One series per agent, check and result: those of a deleted agent go, another agent's stay."""
+    metrics.check("agent", "web", True)
+    metrics.check("agent", "web", False)
+    metrics.check("other", "web", True)
+    ctl = controller(FakeAccess(), {})
+    asyncio.run(ctl.revert_on_delete(agent(), logging.getLogger("test")))
+    agents = {s.labels["agent"] for family in metrics.CHECKS.collect() for s in family.samples}
+    assert "agent" not in agents and "other" in agents
+    metrics.forget_agent("other")
+
+
+def test_a_standby_runs_no_cycle() -> None:
+    """A warm standby runs the agents' daemons but no cycle (no refused write, no CycleFailed); the
+    replica that acts cycles."""
+    access = FakeAccess()
+    access.paused = True
+    ctl = controller(access, {})
+    ran: list[str] = []
+
+    async def cycle(body: Any, stopped: Any, log: Any) -> None:
+        ran.append(body["metadata"]["name"])
+
+    ctl.cycle = cycle  # type: ignore[method-assign,assignment]
+    assert asyncio.run(ctl.passes("uid-agent", "cycle", agent(), lambda: False, logging.getLogger("t"))) is False
+    assert ran == []
+    access.paused = False
+    asyncio.run(ctl.passes("uid-agent", "cycle", agent(), lambda: False, logging.getLogger("t")))
+    assert ran == ["agent"]

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from kopf_operators.blackadder.settings import LEDGER_LABEL, OPT_LABEL
 from kopf_operators.copyrator import decisions as logic
 
 UID = "rule-uid-1"
@@ -220,6 +221,29 @@ def test_options_strip_more_labels_and_copy_annotations() -> None:
     view = logic.copy_view({**copy, "metadata": {**copy["metadata"], "uid": "u", "resourceVersion": "1",
                                                  "annotations": {**annotations, "note": "changed"}}})
     assert view.drifted
+
+
+def test_a_copy_never_carries_the_projects_own_labels_or_annotations() -> None:
+    """A source's keys under the project's domains (Blackadder's ledger label, its opt-in label, the
+    re-roller's annotations, any Copyrator marker) would steer an operator in the target namespace:
+    they are never copied; the copier's own bookkeeping keys are the ones it sets itself."""
+    rule = make_rule(copyAnnotations=True)
+    project = {LEDGER_LABEL: "x", OPT_LABEL: "true", "reroller.kopf-operators.dev/auto": "true",
+               "kopf-operators.dev/anything": "1", "x.blackadder.io/y": "1", logic.RULE_UID_LABEL: "forged"}
+    foreign = {"example.com/kopf-operators.dev": "kept", "notkopf-operators.dev/x": "kept", "team": "kept"}
+    source = cm("settings", labels={"copyrator": "true", **project, **foreign})
+    source["metadata"]["annotations"] = {**project, **foreign, logic.PUSH_TO_ANNOTATION: "*"}
+    for each in (rule, logic.push_rule(source)):
+        assert isinstance(each, logic.Rule)
+        copy = logic.desired_copy(each, source, "a")
+        labels, annotations = copy["metadata"]["labels"], copy["metadata"]["annotations"]
+        assert labels[logic.RULE_UID_LABEL] == each.uid  # the copier's own, not the source's forgery
+        assert not [key for key in project if key in labels and key != logic.RULE_UID_LABEL]
+        assert {k: v for k, v in labels.items() if k in foreign} == foreign
+        assert not [key for key in project if key in annotations]
+        if each.copy_annotations:
+            assert {k: v for k, v in annotations.items() if k in foreign} == foreign
+        assert logic.PUSH_TO_ANNOTATION not in annotations  # nor a push onwards from the copy
 
 
 def test_copies_in_sync_cause_no_writes() -> None:

@@ -178,3 +178,24 @@ def test_stop_cancels_the_status_flush_and_retries() -> None:
     flush_pending, retry_pending, calls = run(scenario())
     assert not flush_pending and not retry_pending
     assert calls == []  # the cancelled flush wrote no status
+
+
+def test_a_standbys_rule_handler_waits_to_act_and_then_converges() -> None:
+    """On a warm standby a rule's create handler neither writes nor fails (Kopf would log each refused
+    write as an error and retry it): it waits, and converges once this replica takes the Lease."""
+
+    async def scenario() -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        access = FakeAccess()
+        access.answer("list", [SOURCE])
+        access.paused = True
+        ctl = controller(access)
+        handler = asyncio.ensure_future(ctl.rule_changed(RULE, "rule created"))
+        await asyncio.sleep(0.2)
+        while_standby = access.made("create") + access.made("list")
+        access.paused = False
+        await asyncio.wait_for(handler, 5)
+        await ctl.stop()
+        return while_standby, access.made("create")
+
+    while_standby, creates = run(scenario())
+    assert while_standby == [] and len(creates) == 1

@@ -30,6 +30,7 @@ from kopf_operators.blackadder import decisions as blackadder
 from kopf_operators.copyrator import decisions as copyrator
 from kopf_operators.core import kopf_patches
 from kopf_operators.core.access import CONFIGMAP, ECHO_DEFER_SECONDS, KEPT_ANSWERS_MAX, Access, Echo
+from kopf_operators.core.conventions import DATA_ELIDED, data_hash
 from kopf_operators.core.kopf_patches import (
     EventPolicy,
     glibc_malloc_trim,
@@ -604,12 +605,14 @@ def test_no_stop_hook_outside_a_running_operator() -> None:
 
 
 def _listing(events: list[tuple[str | None, str]],
-             after: list[tuple[str, str]] | None = None) -> tuple[list[str], list[str], bool]:
+             after: list[tuple[str, str]] | None = None, data: str = "",
+             bodies: list[tuple[str, dict[str, Any]]] | None = None) -> tuple[list[str], list[str], bool]:
     """Listed objects (``None``, uid) and later events (type, uid) through ``governed`` with Kopf's
     gate closed until every listed object is indexed: (what Kopf's processor was asked, in order, as
     "index uid" or "handle type uid"; the same at the time the gate opened; whether every listed
     object's worker returned before the gate opened). ``after``: events once the listed handlers ran,
-    in the listed objects' workers (Kopf passes the listing's toggle with them too)."""
+    in the listed objects' workers (Kopf passes the listing's toggle with them too). ``data``: each
+    object's ConfigMap data; ``bodies`` collects (call, the body the processor got)."""
 
     async def scenario() -> tuple[list[str], list[str], bool]:
         calls: list[str] = []
@@ -620,11 +623,15 @@ def _listing(events: list[tuple[str | None, str]],
             if kwargs.get("resource_indexed") is not None and registry is not kopf_registry:
                 assert registry._indexing is not None and registry._watching is not kopf_registry._watching
                 calls.append(f"index {uid}")
+                if bodies is not None:
+                    bodies.append((f"index {uid}", raw_event["object"]))
                 await kwargs["operator_indexed"].drop_toggle(kwargs["resource_indexed"])
                 await kwargs["operator_indexed"].wait_for(True)  # Kopf's wait: a no-op for a listed object
             else:  # a listed object is indexed once, when listed; a later event as Kopf does it (both)
                 assert (registry._indexing is kopf_registry._indexing) == (raw_event["type"] is not None)
                 calls.append(f"handle {raw_event['type']} {uid}")
+                if bodies is not None:
+                    bodies.append((f"handle {raw_event['type']} {uid}", raw_event["object"]))
 
         kopf_registry = registry
         memo = kopf.Memo()
@@ -644,7 +651,8 @@ def _listing(events: list[tuple[str | None, str]],
             toggle = toggles[uid] if kind is None or in_worker else None
             await governing(memobase=memo, resource=resource, registry=registry, operator_indexed=gate,
                             resource_indexed=toggle, stream_pressure=asyncio.Event(),
-                            raw_event={"type": kind, "object": {"metadata": {"uid": uid}}})
+                            raw_event={"type": kind, "object": {"kind": "ConfigMap", "metadata": {"uid": uid},
+                                                                **({"data": {"k": data}} if data else {})}})
 
         workers = [asyncio.create_task(event(kind, uid)) for kind, uid in events if kind is None]
         await asyncio.wait_for(asyncio.gather(*workers), 5)  # done before the gate opens
@@ -667,6 +675,54 @@ def test_a_listed_object_is_indexed_at_once_and_handled_once_every_index_is_fill
     calls, at_open, workers_done = _listing([(None, "a"), (None, "b")])
     assert at_open == ["index a", "index b"] and workers_done  # no worker waits for the gate
     assert sorted(calls[2:]) == ["handle None a", "handle None b"]
+
+
+def test_a_listed_objects_large_data_are_indexed_but_not_kept_for_its_handlers() -> None:
+    """Until every index is filled, a listed object's body waits for its handlers: without its data
+    when they are large (a tenant's ConfigMaps of 1 MiB would otherwise be held all at once)."""
+    big = "x" * (kopf_patches.ELIDE_LISTED_DATA_BYTES + 1)
+    bodies: list[tuple[str, dict[str, Any]]] = []
+    _listing([(None, "a")], after=[("MODIFIED", "a")], data=big, bodies=bodies)
+    seen = dict(bodies)
+    assert seen["index a"]["data"] == {"k": big}  # the indexes see all of it
+    assert "data" not in seen["handle None a"]
+    digest = data_hash("ConfigMap", seen["index a"])
+    assert seen["handle None a"][DATA_ELIDED] == {"bytes": len(big) + 1, "hash": digest}
+    assert seen["handle MODIFIED a"]["data"] == {"k": big}  # a later event: as it came
+    small: list[tuple[str, dict[str, Any]]] = []
+    _listing([(None, "a")], data="small", bodies=small)
+    assert dict(small)["handle None a"]["data"] == {"k": "small"}
+
+
+def test_configmaps_are_listed_in_small_pages_read_ahead_only_up_to_a_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page of ConfigMaps is at most ``BULKY_PAGE`` objects; pages are read ahead (the continue token's
+    5 minutes) only while what they hold stays under ``READ_AHEAD_BYTES``."""
+    monkeypatch.setattr(kopf_patches, "READ_AHEAD_BYTES", 2500)
+    read: list[int] = []
+    limits: list[Any] = []
+
+    async def pages(*, settings: Any, resource: Any, **_: Any) -> AsyncIterator[Any]:
+        limits.append(settings.watching.chunk_size)
+        for n in range(4):
+            read.append(n)
+            data = {"data": {"k": "x" * 999}} if resource.plural == "configmaps" else {}
+            yield [{"kind": resource.kind, "metadata": {"name": f"o-{n}"}, **data}], str(n)
+
+    async def scenario(plural: str) -> list[str]:
+        settings = kopf.OperatorSettings()
+        settings.watching.chunk_size = 500
+        seen = []
+        async for _items, version in lean_listing(pages)(resource=kopf.Resource("", "v1", plural),
+                                                         settings=settings):
+            seen.append(f"{len(read)} read when page {version} is processed")
+        assert settings.watching.chunk_size == 500  # the operator's own settings unchanged
+        return seen
+
+    assert asyncio.run(scenario("configmaps")) == ["3 read when page 0 is processed", "4 read when page 1 is processed",
+                                                   "4 read when page 2 is processed", "4 read when page 3 is processed"]
+    read.clear()
+    assert asyncio.run(scenario("pods"))[0] == "4 read when page 0 is processed"  # no data: all at once
+    assert limits == [kopf_patches.BULKY_PAGE, 500]
 
 
 def test_a_later_event_of_a_listed_object_supersedes_its_listed_handlers() -> None:

@@ -34,7 +34,7 @@ def test_each_handler_registers_exactly_once() -> None:
     assert not duplicates, f"registered more than once: {duplicates}"
     assert handlers["_activities"].count("shared-settings") == 1
     assert handlers["_activities"].count("shared-cleanup") == 1
-    assert len(all_ids) == len(EXPECTED_HANDLER_IDS) == 44
+    assert len(all_ids) == len(EXPECTED_HANDLER_IDS) == 46
     assert sorted(all_ids) == sorted(EXPECTED_HANDLER_IDS)
 
 
@@ -87,6 +87,7 @@ EXPECTED_HANDLER_IDS: list[str] = [
     # operators/reroller.py
     "reroller-startup", "reroller-cleanup", "reroller-configmaps", "reroller-secrets", "reroller-deployments",
     "reroller-statefulsets", "reroller-daemonsets", "reroller-cronjobs", "reroller-jobs", "reroller-namespaces",
+    "reroller-terminating-namespaces", "reroller-namespace-deleted",
     "reroller-configmap-event", "reroller-secret-event", "reroller-deployment-event", "reroller-statefulset-event",
     "reroller-daemonset-event", "reroller-cronjob-event", "reroller-job-event",
 ]

@@ -4,12 +4,14 @@ index state, which failures it retries (with backoff) and which it does not, and
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import pytest
 
 from kopf_operators.core import controller as toolkit
+from kopf_operators.core import metrics
 from kopf_operators.core.access import ApiError, Conflict
 from kopf_operators.core.conventions import DATA_STAMP, data_hash
 from kopf_operators.reroller import controller as reroller
@@ -278,3 +280,34 @@ def test_without_sync_after_restart_the_first_look_records_the_change_even_after
     # A later look is no first look: against the baseline the fake still answers with (v1), the change rolls.
     run(ctl.guarded(KEY, "source event"))
     assert "spec" in patches(access)[-1]
+
+
+def test_a_deleted_namespace_takes_its_reload_series_with_it() -> None:
+    """REROLLER_METRICS_BY_NAMESPACE: one series per namespace, gone with the namespace."""
+    ctl = controller(FakeAccess(), deployment(), configmap("v"))
+    ctl.options = dataclasses.replace(OPTIONS, metrics_by_namespace=True)
+    metrics.reload_by_namespace("ns", "Deployment", "success")
+    metrics.reload_by_namespace("elsewhere", "Deployment", "success")
+    ctl.namespace_deleted("ns")
+    namespaces = {s.labels["namespace"] for family in metrics.RELOADS_BY_NAMESPACE.collect() for s in family.samples}
+    assert "ns" not in namespaces and "elsewhere" in namespaces
+    metrics.forget_namespace("elsewhere")
+
+
+def test_a_source_gone_with_its_namespace_is_no_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A namespace being deleted loses its objects in any order: a Deployment whose ConfigMap went first
+    gets no SourceMissing warning (nor its Event, refused in a terminating namespace anyway)."""
+    clock = [1000.0]
+    monkeypatch.setattr(reroller.time, "monotonic", lambda: clock[0])
+
+    async def scenario() -> list[tuple[str, str]]:
+        access = FakeAccess()
+        ctl = controller(access, deployment(), None)
+        ctl.terminating = {"ns": [True]}
+        await ctl.guarded(KEY, "workload event")
+        clock[0] += logic.ABSENT_SETTLE_SECONDS
+        await ctl.guarded(KEY, "timer")
+        await ctl.stop()
+        return access.events
+
+    assert run(scenario()) == []

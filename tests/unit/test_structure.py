@@ -45,6 +45,8 @@ LOG_READERS_ALLOWED = {
     "bench/sections/quiet_logs.py": "the log's volume is the promise",
     "tests/e2e/test_copyrator.py": "no credential in the log",
     "tests/e2e/test_blackadder_gamedays.py": "no credential in the log (a check's URL from a Secret)",
+    "tests/e2e/test_blackadder_shared_process.py": "no credential in the log (a webhook URL with credentials)",
+    "tests/e2e/test_tenant_abuse.py": "no credential in the log (a tenant's token)",
     "tests/e2e/test_reroller.py": "no credential in the log; one line per rollout and per failed alert",
     "tests/e2e/test_sharding.py": "which process acted: both shards run as one identity, the API cannot tell",
     "tests/e2e/test_bad_input.py": ("when Kopf has handled an object's events, and handler invocations (a hot "

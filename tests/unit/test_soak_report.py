@@ -1,0 +1,62 @@
+"""The soak's report (bench/soak.py): slopes, spans of one role past the warm-up, the verdicts."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import soak
+
+
+def sample(t: float, rss_kb: float, entries: int, acting: bool = True, uptime: float | None = None) -> dict[str, Any]:
+    return {"time": t, "uptime_s": t if uptime is None else uptime, "acting": acting, "rss_kb": rss_kb,
+            "heap": {"traced_bytes": 1000, "growers_since_start": []}, "tasks": {"total": 50}, "fds": 20,
+            "sockets": 10, "indexes": {"pods": {"keys": 30, "values": 30}},
+            "controllers": {"immortal": {"answers": entries}}, "metric_series": {"kopf_operators_actions": 5}}
+
+
+def test_least_squares_is_the_slope() -> None:
+    assert soak.least_squares([(0, 1), (1, 3), (2, 5)]) == pytest.approx(2)
+    assert soak.least_squares([(0, 1)]) == 0
+
+
+def test_a_count_that_grows_with_time_is_told_from_one_that_moves_with_live_objects() -> None:
+    samples = [sample(60.0 * i, 80_000, 30 + (i % 2) * 2) for i in range(3, 13)]
+    steady = soak.spans(samples, 0, 10_000)[0]["series"]
+    assert not steady["state.immortal.answers"]["grows"]
+    leaking = [sample(60.0 * i, 80_000 + 100 * i, 30 + 5 * i) for i in range(3, 13)]
+    span = soak.spans(leaking, 0, 10_000)[0]
+    assert span["series"]["state.immortal.answers"]["grows"]
+    assert span["series"]["rss_kb"]["slope_per_hour"] == pytest.approx(6000)  # 100 kB a minute
+
+
+def test_spans_skip_the_warm_up_and_cut_where_the_role_changes() -> None:
+    samples = [sample(60.0 * i, 80_000, 30, acting=i >= 6) for i in range(12)]
+    got = [(s["role"], s["samples"]) for s in soak.spans(samples, 0, 10_000)]
+    assert got == [("standby", 4), ("acting", 6)]  # minutes 0 and 1: warm-up
+
+
+def test_the_verdicts_judge_the_longest_acting_span() -> None:
+    flat = soak.spans([sample(60.0 * i, 80_000, 30) for i in range(3, 13)], 0, 10_000)
+    report = {"processes": {"a-1": {"spans": flat}},
+              "reactions": {"immortal": {"p99_ratio": 1.1}, "copyrator": {"p99_ratio": None}},
+              "log_problems": ["a.log: [2026-11-28 21:00:00,000] x [WARNING ] y"]}
+    v = soak.verdicts(report)
+    assert v["rss_slope_mb_per_hour"]["pass"] and v["counts_growing_with_time"]["pass"]
+    assert v["p99_last_vs_first"]["pass"] and v["errors"]["pass"]  # a warning is listed, not an error
+    assert v["judged"].startswith("a-1 (acting)")
+
+
+def test_log_problems_are_those_of_the_churn(tmp_path: Path) -> None:
+    log = tmp_path / "a.log"
+    log.write_text("[2026-11-28 21:00:00,000] k [ERROR   ] before\n"
+                   "[2026-11-28 21:05:00,000] k [WARNING ] during\n"
+                   "[2026-11-28 21:05:01,000] k [INFO    ] fine\n"
+                   "[2026-11-28 21:06:00,000] k [ERROR   ] crash\nTraceback (most recent call last):\n  boom\n")
+    at = datetime.datetime(2026, 11, 28, 21, 1).timestamp()
+    found = soak.log_problems([log], at, at + 600)
+    assert [f.splitlines()[0].rsplit(" ", 1)[-1] for f in found] == ["during", "crash"]
+    assert "boom" in found[1]
