@@ -44,7 +44,7 @@ def run(order: list[str]) -> tuple[ClusterScheduling, dict[str, Worker]]:
     """Schedule the collection on gw0 and gw1, then let the workers finish tests in ``order`` of worker
     ids, each running the first test of its queue (a worker runs its queue in order). Like xdist's, a
     worker runs its last queued test only once it is sent more or told to stop."""
-    sched = ClusterScheduling(Config())  # type: ignore[arg-type]
+    sched = ClusterScheduling(Config())
     workers = {name: Worker(Gateway(name)) for name in ("gw0", "gw1")}
     for worker in workers.values():
         sched.add_node(worker)
