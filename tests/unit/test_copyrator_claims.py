@@ -14,6 +14,8 @@ from kopf_operators.copyrator.controller import CopyratorController, copy_index_
 
 
 class FakeAccess:
+    paused = False  # the replica acts
+
     def __init__(self) -> None:
         self.calls: list[tuple[str, ...]] = []
 
