@@ -103,11 +103,13 @@ async def _measure(b: Bench, host: SlowHost, tenant_kube: Kube, tenant: str, els
     lag_quiet = await quiet
 
     abused = asyncio.create_task(_sample(b, abuse_s))
+    abuse_started = time.monotonic()
     refused: list[str] = []
     for obj in tenant_objects(host.port, tenant, [SA_NAMESPACE, "kube-system", by]):
         refused += await _as_tenant(tenant_kube, tenant, obj)
     refused += await _as_tenant(tenant_kube, elsewhere, elsewhere_agent(host.port))
     await within(_until(lambda: host.sent("/hog") >= 4), 60, "the tenant's checks holding the slow host")
+    edited_after = time.monotonic() - abuse_started
     abuse_reaction = await bystander("abused")
     lag_abuse = await abused
     await deps.stop()
@@ -122,6 +124,7 @@ async def _measure(b: Bench, host: SlowHost, tenant_kube: Kube, tenant: str, els
         "lag_abuse": summary_ms(lag_abuse, (0.5,)),
         "bystander_quiet_ms": round(quiet_reaction * 1000, 1),
         "bystander_abuse_ms": round(abuse_reaction * 1000, 1),
+        "bystander_abuse_edited_after_s": round(edited_after, 1),  # from the first of the tenant's writes
         "refused_writes": refused,
         "slow_host_requests": {"hog": host.sent("/hog"), "elsewhere": host.sent("/elsewhere")},
         "operator_errors": len(b.operator.errors()),
