@@ -49,7 +49,8 @@ def _ssl_context(cluster: dict[str, Any], user: dict[str, Any]) -> ssl.SSLContex
 
 
 class Kube:
-    def __init__(self, kubeconfig: str | Path, limit: int = 64) -> None:
+    def __init__(self, kubeconfig: str | Path, limit: int = 64, impersonate: str = "") -> None:
+        """``impersonate``: a user to act as (the kubeconfig's user must be allowed to impersonate)."""
         config = yaml.safe_load(Path(kubeconfig).read_text())
         ctx_name = config.get("current-context")
         context = next(c["context"] for c in config["contexts"] if c["name"] == ctx_name)
@@ -59,6 +60,8 @@ class Kube:
         self.headers = {"Accept": "application/json"}
         if "token" in user:
             self.headers["Authorization"] = f"Bearer {user['token']}"
+        if impersonate:
+            self.headers["Impersonate-User"] = impersonate
         self._ssl = _ssl_context(cluster, user)
         self._limit = limit
         self._session: aiohttp.ClientSession | None = None

@@ -268,6 +268,18 @@ def tenants_table(results: dict[str, Any]) -> str:
                 t.row(f"Quiet namespace's rollout {label}, edit → pod template changed: p50 / max",
                       f"{fair[ours]['p50_ms']} / {fair[ours]['max_ms']} ms",
                       f"{fair[floor]['p50_ms']} / {fair[floor]['max_ms']} ms", "", "", "")
+    abuse = results.get("tenant_abuse")
+    if e := err(abuse):
+        t.row("Event-loop lag under a tenant's abuse", e)
+    else:
+        assert abuse is not None
+        quiet, abused = abuse["lag_quiet"], abuse["lag_abuse"]
+        t.row(f"Event-loop lag (largest in the last 10 s, read every second), quiet ({quiet['n']} s) → under a "
+              f"tenant's abuse ({abused['n']} s; written as the {abuse['writer']}): p50 / max",
+              f"{quiet['p50_ms']} / {quiet['max_ms']} ms → {abused['p50_ms']} / {abused['max_ms']} ms", "", "", "", "")
+        t.row("A bystander's ConfigMap edit → its Deployment's pod template changed, quiet → under the abuse "
+              f"(edited {abuse.get('bystander_abuse_edited_after_s', '?')} s after the abuse's first write)",
+              f"{abuse['bystander_quiet_ms']} → {abuse['bystander_abuse_ms']} ms", "", "", "", "")
     restart = results.get("restart_configmaps")
     if e := err(restart):
         t.row("Restart with a tenant's ConfigMaps in place", e)

@@ -21,10 +21,7 @@ resource.
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -37,28 +34,23 @@ from kopf_operators.blackadder.settings import (
     GROUP as CHAOS_GROUP,
 )
 from kopf_operators.blackadder.settings import (
-    LEDGER_KEY,
-    LEDGER_LABEL,
     TENANT_KIND,
     TENANT_NAMESPACE_LABEL,
     TENANT_NAMESPACE_VALUE,
     TENANT_PLURAL,
-    ledger_label,
     ledger_name,
 )
 from kopf_operators.blackadder.settings import (
     VERSION as CHAOS_VERSION,
 )
-from kopf_operators.copyrator.rules import GROUP as COPY_GROUP
-from kopf_operators.copyrator.rules import KIND as RULE_KIND
-from kopf_operators.copyrator.rules import PUSH_TO_ANNOTATION, RULE_UID_LABEL, SOURCE_ANNOTATION
-from kopf_operators.copyrator.rules import VERSION as COPY_VERSION
-from kopf_operators.reroller.settings import AUTO, RELOADER_CONFIGMAPS
+from kopf_operators.copyrator.rules import RULE_UID_LABEL, SOURCE_ANNOTATION
+from kopf_operators.reroller.settings import AUTO
 from tests.e2e.immortal_helpers import create_ic, delete_pod, wait_pod
 from tests.e2e.reroller_helpers import baseline, configmap, deployment, nginx_pod_spec, set_cm, template_hash
 from tests.kube import E2E_VALUES, OperatorProcess, chart_objects, delete_namespaces, stays, wait_for
 from testsupport.kubectl import kubectl
 from testsupport.paths import CLUSTER_DIR
+from testsupport.tenant_abuse import SlowHost, elsewhere_agent, tenant_objects
 from testsupport.tokens import token_kubeconfig
 
 RELEASE = "kopf-operators-abuse"
@@ -69,48 +61,7 @@ LEASE = RELEASE  # the chart grants its Lease by name
 VALUES = (*E2E_VALUES, "operators.blackadder.tenants.enabled=true", "operators.blackadder.tenants.httpHosts=localhost",
           "operators.blackadder.tenants.minPauseSeconds=5", "operators.blackadder.tenants.minCheckIntervalSeconds=1",
           "operators.copyrator.tenantRules=true", "operators.copyrator.rulesNeedTargetConsent=true")
-CAP = 262144  # the chart's operators.copyrator.maxSourceBytes
 TOKEN = f"tok{uuid.uuid4().hex}"
-
-
-class Host:
-    """A local host (nothing leaves the machine) that answers 200 and then one byte a second, and counts
-    the requests it was sent, by path."""
-
-    def __init__(self) -> None:
-        self.paths: list[str] = []
-        outer = self
-
-        class Slow(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                outer.paths.append(self.path)
-                try:
-                    self.send_response(200)
-                    self.send_header("Content-Length", "100000")
-                    self.end_headers()
-                    for _ in range(120):
-                        self.wfile.write(b".")
-                        self.wfile.flush()
-                        time.sleep(1)
-                except OSError:
-                    pass  # the client gave up (its deadline)
-
-            do_POST = do_GET
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.port = int(self.server.server_address[1])
-
-    def sent(self, prefix: str) -> int:
-        return sum(path.startswith(prefix) for path in self.paths)
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def chart_env(objects: list[dict[str, Any]]) -> dict[str, str]:
@@ -142,7 +93,7 @@ class Platform:
             kubectl("create", "rolebinding", "tenant-chaos", "-n", name, f"--clusterrole={RELEASE}-blackadder-tenant",
                     f"--user={USER}")
         config = token_kubeconfig(RELEASE, RELEASE, CLUSTER_DIR / "abuse-operator.kubeconfig")
-        self.host = Host()
+        self.host = SlowHost()
         env = {**chart_env(objects), "OPERATOR_NAMESPACE": RELEASE, "LEASE_NAMESPACE": RELEASE,
                "LEADER_ELECTION": "true"}
         self.replicas = [OperatorProcess(env=env, kubeconfig=config, log_name=f"abuse-{i}") for i in range(2)]
@@ -189,36 +140,6 @@ def platform(operator_process: OperatorProcess, crds: None, core: kubernetes.cli
         operator_process.start()
 
 
-def tenant_objects(platform: Platform) -> list[dict[str, Any]]:
-    """Everything the tenant writes, in its own namespace (and one agent in the one not allowed)."""
-    slow = f"http://localhost:{platform.host.port}"
-    big = "x" * (CAP + 1024)
-    objects: list[dict[str, Any]] = [
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a" * 40}, "data": {"k": "v"}},
-        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "stall", "annotations": {
-            RELOADER_CONFIGMAPS: "(a|a)*b,(a)\\1"}}, "spec": {
-            "replicas": 1, "selector": {"matchLabels": {"app": "stall"}}, "template": {
-                "metadata": {"labels": {"app": "stall"}}, "spec": {"containers": [{"name": "c", "image": "nginx"}]}}}},
-        {"apiVersion": CHAOS_GROUP + "/" + CHAOS_VERSION, "kind": TENANT_KIND, "metadata": {"name": "hog"},
-         "spec": {"eagerness": 0, "pauseDuration": 5, "podNames": {"include": "(a|a)*b"},
-                  "steadyState": {"intervalSeconds": 1, "failureThreshold": 100, "checks": [
-                      {"name": f"c{i}", "http": {"url": f"{slow}/hog{i}", "timeoutSeconds": 5}} for i in range(4)]}}},
-        # A Secret dressed as the tenant agent's ledger, and a rule copying it where ledgers are read.
-        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": ledger_name("hog"), "labels": {
-            LEDGER_LABEL: ledger_label("hog"), "share": "ledger"}}, "stringData": {LEDGER_KEY: "{}"}},
-        {"apiVersion": f"{COPY_GROUP}/{COPY_VERSION}", "kind": RULE_KIND, "metadata": {"name": "into-theirs"},
-         "spec": {"ruleType": "secret", "selector": {"share": "ledger"}, "namespace": platform.tenant,
-                  "targetNamespaces": [RELEASE, "kube-system", platform.bystander]}},
-    ]
-    for i in range(3):  # over the cap: refused, never held with their data
-        objects.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
-            "name": f"big-{i}", "annotations": {PUSH_TO_ANNOTATION: "*"}}, "data": {"blob": big}})
-    for i in range(20):  # under the cap, pushed at every namespace, none of which consents
-        objects.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
-            "name": f"push-{i}", "annotations": {PUSH_TO_ANNOTATION: "*"}}, "data": {"blob": "y" * 100_000}})
-    return objects
-
-
 def written_outside(core: kubernetes.client.CoreV1Api, tenant: str) -> list[str]:
     """Every Copyrator copy anywhere whose source is in the tenant's namespace ("ns/name")."""
     found = []
@@ -245,7 +166,7 @@ def test_a_tenant_abusing_every_path_stalls_starves_and_steers_nothing(
     pod = wait_pod(core, by, "keeper-immortalpod")
     holder = platform.holder()
 
-    for obj in tenant_objects(platform):
+    for obj in tenant_objects(platform.host.port, platform.tenant, [RELEASE, "kube-system", by]):
         done = platform.as_tenant(obj)
         assert done.returncode == 0, f"{obj['kind']} {obj['metadata']['name']}: {done.stderr}"
     # A check URL carrying a token is refused when written (the API server tells its writer what it
@@ -254,12 +175,7 @@ def test_a_tenant_abusing_every_path_stalls_starves_and_steers_nothing(
                                 "metadata": {"name": "leaky"}, "spec": {"eagerness": 0, "steadyState": {"checks": [{
                                     "name": "c", "http": {"url": f"http://user:{TOKEN}@localhost/x"}}]}}})
     assert leaky.returncode != 0 and "may not carry credentials" in leaky.stderr, leaky.stderr
-    outside = platform.as_tenant({"apiVersion": f"{CHAOS_GROUP}/{CHAOS_VERSION}", "kind": TENANT_KIND,
-                                  "metadata": {"name": "elsewhere"}, "spec": {
-                                      "eagerness": 0, "pauseDuration": 5, "steadyState": {
-                                          "intervalSeconds": 1, "checks": [{"name": "c", "http": {
-                                              "url": f"http://localhost:{platform.host.port}/elsewhere"}}]}}},
-                                 namespace=platform.elsewhere)
+    outside = platform.as_tenant(elsewhere_agent(platform.host.port), namespace=platform.elsewhere)
     assert outside.returncode == 0, outside.stderr
     wait_for(lambda: platform.host.sent("/hog") >= 4, timeout=60, what="the tenant's checks holding the slow host")
 
