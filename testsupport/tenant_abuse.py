@@ -22,26 +22,31 @@ CAP = 262144  # the chart's operators.copyrator.maxSourceBytes
 
 
 class SlowHost:
-    """A local host (nothing leaves the machine) that answers 200 and then one byte a second, and counts
-    the requests it was sent, by path."""
+    """A local host (nothing leaves the machine) that answers 200 and then one byte a second for
+    ``seconds`` (or until the client gives up); it counts the requests it was sent, by path, and those
+    still open."""
 
-    def __init__(self) -> None:
+    def __init__(self, seconds: int = 120) -> None:
         self.paths: list[str] = []
+        self.open = 0
         outer = self
 
         class Slow(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 outer.paths.append(self.path)
+                outer.open += 1
                 try:
                     self.send_response(200)
                     self.send_header("Content-Length", "100000")
                     self.end_headers()
-                    for _ in range(120):
+                    for _ in range(seconds):
                         self.wfile.write(b".")
                         self.wfile.flush()
                         time.sleep(1)
                 except OSError:
                     pass  # the client gave up (its deadline)
+                finally:
+                    outer.open -= 1
 
             do_POST = do_GET
 

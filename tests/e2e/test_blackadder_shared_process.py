@@ -33,6 +33,7 @@ from tests.e2e.reroller_helpers import AUTO, baseline, configmap, deployment, ng
 from tests.kube import OperatorProcess, operator_namespace, stays, wait_for
 from testsupport.kubectl import kubectl
 from testsupport.paths import KUBECONFIG, REPO
+from testsupport.tenant_abuse import SlowHost
 
 TENANT_CHECKS = 16  # the schema's most; the test's limit allows them all, with the longest timeout
 SLOW_TIMEOUT = 60
@@ -45,7 +46,6 @@ class Hosts:
     def __init__(self) -> None:
         self.checks: list[float] = []
         self.alerts: list[tuple[float, dict[str, Any]]] = []
-        self.slow_open = 0
         outer = self
 
         class Fast(http.server.BaseHTTPRequestHandler):
@@ -63,38 +63,20 @@ class Hosts:
             def log_message(self, *_: Any) -> None:
                 pass
 
-        class Slow(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                outer.slow_open += 1
-                try:
-                    self.send_response(200)
-                    self.send_header("Content-Length", "100000")
-                    self.end_headers()
-                    for _ in range(600):
-                        self.wfile.write(b".")
-                        self.wfile.flush()
-                        time.sleep(1)
-                except OSError:
-                    pass  # the client gave up (its deadline)
-                finally:
-                    outer.slow_open -= 1
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        self.servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) for handler in (Fast, Slow)]
-        for server in self.servers:
-            server.daemon_threads = True
-            threading.Thread(target=server.serve_forever, daemon=True).start()
-        self.fast, self.slow = (int(server.server_address[1]) for server in self.servers)
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Fast)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.fast = int(self.server.server_address[1])
+        self.trickling = SlowHost(seconds=600)
+        self.slow = self.trickling.port
 
     def alerts_about(self, namespace: str) -> list[float]:
         return [at for at, body in self.alerts if body.get("namespace") == namespace]
 
     def close(self) -> None:
-        for server in self.servers:
-            server.shutdown()
-            server.server_close()
+        self.server.shutdown()
+        self.server.server_close()
+        self.trickling.close()
 
 
 @pytest.fixture
@@ -156,7 +138,7 @@ def test_a_tenants_slow_checks_delay_neither_an_administrators_check_nor_an_aler
             "apiVersion": f"{logic.GROUP}/{logic.VERSION}", "kind": logic.TENANT_KIND,
             "metadata": {"name": "slow"}, "spec": {"eagerness": 0, "pauseDuration": 5, "steadyState": {
                 "intervalSeconds": 1, "failureThreshold": 100, "checks": checks}}})
-        wait_for(lambda: hosts.slow_open >= 4, timeout=30, what="the tenant's checks holding the slow host")
+        wait_for(lambda: hosts.trickling.open >= 4, timeout=30, what="the tenant's checks holding the slow host")
         loaded = time.monotonic()
         wait_for(lambda: len([t for t in hosts.checks if t >= loaded]) >= 6, timeout=20,
                  what="six administrator's checks while the tenant's are outstanding")
@@ -166,7 +148,7 @@ def test_a_tenants_slow_checks_delay_neither_an_administrators_check_nor_an_aler
         set_cm(core, namespace, "loaded-conf", {"nginx.conf": "v2"})
         wait_for(lambda: len(hosts.alerts_about(namespace)) > before, timeout=30, what="the alert with the tenant")
         loaded_alert = hosts.alerts_about(namespace)[before] - changed
-        assert hosts.slow_open >= 4  # the tenant's checks were still outstanding throughout
+        assert hosts.trickling.open >= 4  # the tenant's checks were still outstanding throughout
         # Behaviour, not a timing target: each within its own deadline (check 2 s after its 1 s interval,
         # alert 5 s), where a shared thread pool held by the tenant stopped both.
         assert loaded_gap < 1 + 2 + 1, (quiet_gap, loaded_gap)
