@@ -129,7 +129,9 @@ def test_cancer_and_ipsum_confined_live_edit_and_revert(
     assert replicas(apps, out, "outside") == 1
     for (n, cm), rv in untouched.items():
         assert cm_rv(core, n, cm) == rv, f"{n}/{cm} was touched"
-    assert events(core, "DeploymentScaled", namespace=ns) and events(core, "ConfigMapIpsumed", namespace=ns)
+    # Events are posted in the background, after the write they report.
+    wait_for(lambda: events(core, "DeploymentScaled", namespace=ns) and events(core, "ConfigMapIpsumed", namespace=ns),
+             timeout=15, what="the DeploymentScaled and ConfigMapIpsumed Events")
 
     # A live edit takes effect on the next cycle: no more growth once a cycle ran with the new spec.
     generation = agents.patch_spec(name, {"cancerMode": False, "ipsumMode": False})

@@ -60,7 +60,7 @@ def test_agent_names_at_the_limits_complete_cycles_revert_and_go(
     assert secret.metadata.annotations[logic.LEDGER_AGENT_ANNOTATION] == name  # the full name
     assert len(secret.metadata.labels[logic.LEDGER_LABEL]) <= 63
     assert ledger(core, name)["agent"] == name
-    assert events(core, "DeploymentScaled", agent=name)
+    wait_for(lambda: events(core, "DeploymentScaled", agent=name), timeout=15, what="DeploymentScaled")  # posted after
     agents.delete(name)
     agents.names.remove(name)
     assert replicas(apps, namespace, "grow") == 1

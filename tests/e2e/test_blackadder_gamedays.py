@@ -165,7 +165,8 @@ def test_a_deployment_check_breaking_mid_run_halts_the_agent_and_reverts(
     assert run["reason"] == "SteadyStateBroken" and "check web" in run["message"]
     assert "Deployment not found" in run["message"] and run["end"] and run["verdict"].startswith("halted")
     assert condition(status, "Stalled")["status"] == "True" and condition(status, "Ready")["status"] == "False"
-    assert events(core, "SteadyStateBroken", agent=name)[0].type == "Warning"
+    broken = wait_for(lambda: events(core, "SteadyStateBroken", agent=name), timeout=15, what="SteadyStateBroken")
+    assert broken[0].type == "Warning"
     # Halted stays halted: no new chaos and no new run until a person edits the spec.
     time.sleep(interval * 3)
     assert agents.status(name)["run"]["start"] == run["start"] and replicas(apps, namespace, "victim") == 2
