@@ -69,6 +69,10 @@ test: setup ## everything: set-up, local cluster, lint, unit and end-to-end test
 	@cluster/monitoring.sh >/dev/null  # tests/e2e/test_chart.py's CRDs and promtool, built once (cached)
 	$(BIN)/pytest
 
+# MINOR=1.35 (or v1.35.4): one supported minor; empty or "all": each of versions.env's COMPAT_VERSIONS.
+compat: setup ## the compatibility subset of the e2e tests on each supported Kubernetes minor (own build, own cluster) -> .compat/
+	cluster/compat.sh $(MINOR)
+
 # BENCH_ARGS e.g. "--quick", "--only scale peers", "--operators operators/immortal.py" (or OPERATOR_FILES=...).
 # The Go peers are built from source by the run itself (testsupport/peer_build.py; see bench/README.md).
 bench: setup ## benchmarks (ours, floor, Go peers) on the local cluster -> .bench/results.{json,md}
