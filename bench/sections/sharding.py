@@ -70,7 +70,8 @@ async def measure(b: Bench, names: list[str], count: int, filtering: str, pods: 
         started = time.monotonic()
         await bounded(32, [b.kube.merge_patch(f"/api/v1/namespaces/{names[i % len(names)]}/configmaps/"
                                               f"cm-{(i // len(names)) % b.n['shard_configmaps']}",
-                                              {"data": {"k": str(i + 1)}}) for i in range(changes)])
+                                              {"data": {"k": f"{count}-{filtering}-{i}"}})  # a real change
+                                 for i in range(changes)])
         for proc in procs:
             await proc.settle(timeout=300)
         cpu_ms = (sum(proc.cpu_seconds() for proc in procs) - cpu) * 1000
