@@ -12,7 +12,7 @@ RUN_ARGS ?= --all-namespaces --verbose
 
 .PHONY: help setup cluster cluster-down image install uninstall run test unit lint bench manifests deploy undeploy \
 	revert-agents version version-check lock deps-check release release-e2e registry registry-down \
-	peers-test reloader-e2e reloader-bench reference
+	peers-test reloader-e2e reloader-bench reference compat
 
 help: ## list the verbs
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
