@@ -12,7 +12,7 @@ RUN_ARGS ?= --all-namespaces --verbose
 
 .PHONY: help setup cluster cluster-down image install uninstall run test unit lint bench manifests deploy undeploy \
 	soak revert-agents version version-check lock deps-check release release-e2e registry registry-down \
-	peers-test reloader-e2e reloader-bench reference
+	peers-test reloader-e2e reloader-bench reference compat
 
 help: ## list the verbs
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -75,6 +75,10 @@ test: setup ## everything: set-up, local cluster, lint, unit and end-to-end test
 	$(BIN)/pytest -n $(TEST_WORKERS) --durations=10; tests=$$?; \
 	if ! wait $$monitoring; then echo "cluster/monitoring.sh failed:" >&2; cat $(CLUSTER_DIR)/monitoring.log >&2; exit 1; fi; \
 	exit $$tests
+
+# MINOR=1.35 (or v1.35.4): one supported minor; empty or "all": each of versions.env's COMPAT_VERSIONS.
+compat: setup ## the compatibility subset of the e2e tests on each supported Kubernetes minor (own build, own cluster) -> .compat/
+	cluster/compat.sh $(MINOR)
 
 # BENCH_ARGS e.g. "--quick", "--only scale peers", "--operators operators/immortal.py" (or OPERATOR_FILES=...).
 # The Go peers are built from source by the run itself (testsupport/peer_build.py; see bench/README.md).

@@ -51,14 +51,16 @@ FULL: dict[str, Any] = dict(
     restart_ics=0, push_bytes_configmaps=700, takeover_configmaps=10000, takeover_ics=50,
     scale_events=50, scale_foreign_events=10,
     scale_pods=[0, 10000, 20000], scale_namespaces=[0, 1000, 3000, 5000], memory_namespaces=3000,
-    peer_events=50, tenant_baseline=30, tenant_abuse=90)
+    peer_events=50, tenant_baseline=30, tenant_abuse=90,
+    shard_namespaces=60, shard_configmaps=50, shard_changes=1500, shard_reactions=15)
 QUICK: dict[str, Any] = dict(
     events=10, ics=50, namespaces=20, deployments=10, pods=300, configmaps=100, secrets=100, idle=10,
     default_events=3, unrelated_changes=45, fairness_deployments=100, fairness_rounds=2, restart_configmaps=2000,
     restart_ics=0, push_bytes_configmaps=700, takeover_configmaps=500, takeover_ics=5,
     scale_events=10, scale_foreign_events=3,
     scale_pods=[0, 300, 600], scale_namespaces=[0, 50, 100, 150], memory_namespaces=100,
-    peer_events=10, tenant_baseline=30, tenant_abuse=60)
+    peer_events=10, tenant_baseline=30, tenant_abuse=60,
+    shard_namespaces=12, shard_configmaps=10, shard_changes=120, shard_reactions=6)
 
 
 def log(msg: str) -> None:

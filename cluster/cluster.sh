@@ -79,9 +79,15 @@ up() {
     --etcd-binary "$bin/etcd" --kube-apiserver-binary "$bin/kube-apiserver"
     --kube-controller-manager-binary "$bin/kube-controller-manager"
     --kube-scheduler-binary "$bin/kube-scheduler" --kwok-controller-binary "$bin/kwok"
-    --kube-audit-policy "$here/audit-policy.yaml" --disable-qps-limits --wait 120s
-    # Server-side sharded list/watch (alpha in 1.36): the operator's hash shards use it (docs/sharding.md).
-    --kube-feature-gates "ShardedListAndWatch=true")
+    --kube-audit-policy "$here/audit-policy.yaml" --disable-qps-limits --wait 120s)
+  # Server-side sharded list/watch (alpha from 1.36, unknown before: an API server refuses a gate it
+  # does not know) filters the operator's hash shards (docs/sharding.md). KUBE_FEATURE_GATES replaces
+  # the default, e.g. "ShardedListAndWatch=false" for a cluster as managed ones run (the shards then
+  # filter in the process), or "" for none.
+  local minor=${KUBERNETES_VERSION#v1.} gates=""
+  [ "${minor%%.*}" -ge 36 ] && gates="ShardedListAndWatch=true"
+  gates=${KUBE_FEATURE_GATES-$gates}
+  if [ -n "$gates" ]; then flags+=(--kube-feature-gates "$gates"); fi
   write_kwok_config
   # A real node left from a crashed run of this cluster goes first (its pods, mounts, cgroups).
   "$here/node.sh" down
@@ -94,7 +100,7 @@ up() {
   # The real node's containerd starts while the control plane does.
   local prepare=""
   if real_node_wanted; then "$here/node.sh" prepare & prepare=$!; fi
-  log "creating cluster $name (Kubernetes $KUBERNETES_VERSION)"
+  log "creating cluster $name (Kubernetes $KUBERNETES_VERSION, feature gates: ${gates:-none})"
   # kwokctl picks free ports when it creates a cluster, but binds them only when the components
   # start: two clusters created at once pick the same ports. One creation at a time per machine.
   exec 8>"${TMPDIR:-/tmp}/kopf-operators-cluster-create.lock"

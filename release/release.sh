@@ -11,7 +11,8 @@
 # Env: REGISTRY (default 127.0.0.1:5000, started here by release/registry.sh when it is a local address),
 #      PLATFORMS (default "amd64 arm64"), RELEASE_DIR (default <repo>/.release: the registry, the SBOMs),
 #      COSIGN_KEY_DIR (default ~/.cache/kopf-operators/release-key: the signing key, made on first use),
-#      COSIGN_PASSWORD (the key's password; empty here), RELEASE_WRITE_TREE (1: write the tree; 0: not).
+#      COSIGN_PASSWORD (the key's password; empty here), RELEASE_WRITE_TREE (1: write the tree; 0: not),
+#      RELEASE_REQUIRE_COMPAT (1, the default: refuse unless `make compat` passed on this commit; 0: a rehearsal).
 # Prints the released references on stdout (image=..., chart=...); everything else goes to stderr.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,6 +33,12 @@ pod() { podman --cgroup-manager=cgroupfs --events-backend=file --runtime=runc "$
 
 version=$("$py" -m release.version show)
 "$py" -m release.version check >&2 || { log "the version strings disagree (above): make version VERSION=$version"; exit 1; }
+# Every supported Kubernetes minor passed `make compat` on this commit (docs/releasing.md).
+if [ "${RELEASE_REQUIRE_COMPAT:-1}" = 1 ]; then
+  "$py" -m release.compat check || { log "refusing to publish: run make compat on this commit first (above)"; exit 1; }
+else
+  log "RELEASE_REQUIRE_COMPAT=0: publishing without the compatibility check (a rehearsal, not a release)"
+fi
 tools=$(cluster/release-tools.sh)
 cosign=$tools/cosign
 image_repo=$registry/kopf-operators

@@ -36,7 +36,10 @@ def helm_binary() -> Path:
 
 
 def kube_version() -> str:
-    """The pinned Kubernetes version (cluster/versions.env), for Helm's --kube-version."""
+    """The Kubernetes version of the cluster under test, for Helm's --kube-version: KUBERNETES_VERSION
+    when set (`make compat` runs another minor), else the one cluster/versions.env pins."""
+    if os.environ.get("KUBERNETES_VERSION"):
+        return os.environ["KUBERNETES_VERSION"].lstrip("v")
     for line in (REPO / "cluster" / "versions.env").read_text().splitlines():
         if line.startswith("KUBERNETES_VERSION="):
             return line.split("=", 1)[1].lstrip("v")

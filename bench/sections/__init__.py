@@ -32,6 +32,7 @@ SECTIONS: dict[str, str] = {
     "takeover": "takeover:run",
     "quiet_logs": "quiet_logs:run",
     "scale": "scale:run",
+    "sharding": "sharding:run",
     "peers": "go_peers:run",  # side by side with the Go peers
 }
 

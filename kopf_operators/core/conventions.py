@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import hashlib
 import json
 import os
@@ -64,6 +65,10 @@ class Config:
     # ``shard_count``; 1 shard (the default) serves everything.
     shard_index: int = 0
     shard_count: int = 1
+    # Who filters a shard's watches: "server" (the API server's shard selector, ShardedListAndWatch),
+    # "client" (this process drops other shards' events), or "auto" (the server when it honours the
+    # selector, checked at start; else the process).
+    shard_filtering: str = "auto"
     # Objects whose events are processed at once (process.governed); 0: no cap. 32, not 64: in a burst
     # of 1,000 ImmortalContainers it left ~5 MB less at rest (docs/performance.md, "Fewer bytes per
     # kept object"), and the API server, not the passes in flight, bounds the burst.
@@ -81,6 +86,7 @@ class Config:
             metrics_port=int(env_float(env, "METRICS_PORT", 0)),
             shard_index=int(env_float(env, "SHARD_INDEX", 0)),
             shard_count=int(env_float(env, "SHARD_COUNT", 1, minimum=1)),
+            shard_filtering=env.get("SHARD_FILTERING", "auto").strip().lower() or "auto",
             concurrent_events=int(env_float(env, "CONCURRENT_EVENTS", 32, minimum=0)),
             diagnostics_file=env.get("DIAGNOSTICS_FILE", ""),
             diagnostics_seconds=env_float(env, "DIAGNOSTICS_SECONDS", 60.0, minimum=1.0),
@@ -89,6 +95,11 @@ class Config:
     def __post_init__(self) -> None:
         if not 0 <= self.shard_index < self.shard_count:
             raise ValueError(f"SHARD_INDEX={self.shard_index} must be below SHARD_COUNT={self.shard_count}")
+        if self.shard_filtering not in SHARD_FILTERINGS:
+            raise ValueError(f"SHARD_FILTERING={self.shard_filtering} must be one of {', '.join(SHARD_FILTERINGS)}")
+
+
+SHARD_FILTERINGS = ("auto", "server", "client")
 
 
 # --- Hash shards: the API server's ShardedListAndWatch hashes a field with 64-bit FNV-1a --------
@@ -112,6 +123,19 @@ def namespace_shard(namespace: str, count: int) -> int:
     """Which shard serves a namespace (what the server's shard selector decides)."""
     h = fnv1a64(namespace)
     return next(i for i in range(count) if shard_bounds(i, count)[0] <= h < shard_bounds(i, count)[1])
+
+
+@functools.lru_cache(maxsize=8192)
+def _namespace_shard_cached(namespace: str, count: int) -> int:
+    return namespace_shard(namespace, count)
+
+
+def serves_namespace(namespace: str | None, index: int, count: int) -> bool:
+    """Whether shard ``index`` of ``count`` serves an object in ``namespace``: the one decision of
+    shard membership, whether the API server applies it (the selector) or this process does (a server
+    without the feature gate). Cluster-scoped objects (no namespace) are served by every shard.
+    Asked once per watched event: the hash of a namespace is kept."""
+    return count <= 1 or not namespace or _namespace_shard_cached(namespace, count) == index
 
 
 def shard_selector(index: int, count: int, field: str = "object.metadata.namespace") -> str:

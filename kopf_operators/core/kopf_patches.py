@@ -47,7 +47,7 @@ from typing import Any
 
 import kopf
 from kopf._cogs.aiokits import aiotoggles
-from kopf._cogs.clients import api, fetching
+from kopf._cogs.clients import api, fetching, watching
 from kopf._cogs.helpers import loaders
 from kopf._core.actions import invocation
 from kopf._core.reactor import processing
@@ -129,6 +129,7 @@ def install(version: str | None = None, env: Mapping[str, str] | None = None) ->
     for name, patch in patches.items():
         if name not in skip:
             patch()
+    filter_shards_in_process()  # not a measurement knob: sharding on a server without the gate needs it
     if skip:
         logger.warning(f"{SKIP_ENV}: left out {', '.join(sorted(skip))} (a measurement against stock Kopf)")
     _installed, _skipped = True, skip
@@ -602,6 +603,44 @@ def lean_watched_bodies() -> None:
     if not getattr(api.stream, "_lean", False):
         api.stream = lean_stream(api.stream)
         fetching.fetch_objs = lean_listing(fetching.fetch_objs)
+
+
+# --- Hash shards filtered by the process itself (a server without ShardedListAndWatch) -----------------
+
+# Kopf's ``settings.watching`` holds the shard membership (a callable of a namespace) under this name
+# when the process filters: it travels with the settings Kopf passes to every watch.
+SHARD_MEMBERSHIP_ATTR = "kopf_operators_serves_namespace"
+
+
+def serve_shard_in_process(settings: kopf.OperatorSettings, serves: Callable[[str | None], bool]) -> None:
+    setattr(settings.watching, SHARD_MEMBERSHIP_ATTR, serves)
+
+
+def shard_filtered(watch: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+    """``watch`` (Kopf's ``continuous_watch``: a resource's listing, then its stream) without the events
+    of other shards' objects when the process filters (the earliest place: such an object gets no
+    worker, queue, index entry or handler, as if the server had filtered it)."""
+
+    @functools.wraps(watch)
+    async def filtering(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        serves = getattr(kwargs["settings"].watching, SHARD_MEMBERSHIP_ATTR, None)
+        async for event in watch(*args, **kwargs):
+            metadata = (event.get("object") or {}).get("metadata") or {} if isinstance(event, dict) else {}
+            if serves is None or serves(metadata.get("namespace")):
+                yield event
+
+    filtering._shard_filtered = True  # type: ignore[attr-defined]
+    return filtering
+
+
+def filter_shards_in_process() -> None:
+    """Idempotent; filters nothing until ``serve_shard_in_process`` names a shard."""
+    if not shard_filter_installed():  # Kopf's watcher calls it by module attribute
+        watching.continuous_watch = shard_filtered(watching.continuous_watch)
+
+
+def shard_filter_installed() -> bool:
+    return bool(getattr(watching.continuous_watch, "_shard_filtered", False))
 
 
 # --- asyncio and glibc: process-wide ------------------------------------------------------------------

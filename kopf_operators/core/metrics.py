@@ -39,6 +39,13 @@ LEADER = prometheus_client.Gauge(
     "kopf_operators_leader", "1 while this replica acts (it holds the Lease, or elects none), 0 while it stands by.",
     ["lease"])
 
+# Hash shards (docs/sharding.md): which slice this process serves and who filters its watches, the API
+# server ("server": the ShardedListAndWatch selector) or the process itself ("client": a server without it).
+SHARD = prometheus_client.Gauge(
+    "kopf_operators_shard",
+    "1 for the shard this process serves (SHARD_INDEX of SHARD_COUNT) and who filters its watches: server or client.",
+    ["index", "count", "filtering"])
+
 # Re-roller, opt-in (REROLLER_METRICS_BY_NAMESPACE, Reloader's enableMetricsByNamespace): one series per
 # namespace, so off by default (cardinality).
 RELOADS_BY_NAMESPACE = prometheus_client.Counter(
@@ -142,6 +149,10 @@ def unconsented_copies(count: int) -> None:
 
 def sources_too_large(count: int) -> None:
     SOURCES_TOO_LARGE.set(count)
+
+
+def shard(index: int, count: int, filtering: str) -> None:
+    SHARD.labels(str(index), str(count), filtering).set(1)
 
 
 def action(operator: str, name: str, amount: float = 1) -> None:

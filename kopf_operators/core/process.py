@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import re
 import signal
@@ -30,7 +31,7 @@ import kopf
 from kopf_operators.core import diagnostics, kopf_patches, metrics
 from kopf_operators.core.access import Access
 from kopf_operators.core.controller import MemoSlot
-from kopf_operators.core.conventions import Config, shard_selector
+from kopf_operators.core.conventions import Config, serves_namespace, shard_selector
 from kopf_operators.core.election import ElectionThread, LeaseSettings
 from kopf_operators.core.kopf_patches import EventPolicy, Fingerprint
 
@@ -140,17 +141,38 @@ def shared(memo: kopf.Memo) -> tuple[Config, Access]:
 
 
 async def serve_one_shard(settings: kopf.OperatorSettings, config: Config, access: Access) -> None:
-    """Hash shards by namespace (docs/sharding.md): the API server streams this process only the
-    namespaced objects of its shard. Cluster-scoped ones (Namespaces, ChaosAgents, peerings) stay
-    whole: Copyrator needs every namespace, and the chart loads Blackadder in shard 0 only."""
-    if not await access.honours_shard_selectors():
+    """Hash shards by namespace (docs/sharding.md): this process acts only on the namespaced objects of
+    its shard. Cluster-scoped ones (Namespaces, ChaosAgents, peerings) stay whole: Copyrator needs
+    every namespace, and the chart loads Blackadder in shard 0 only.
+
+    The API server filters the watches when it honours the shard selector (ShardedListAndWatch, alpha
+    in 1.36); a server without it silently drops the selector, so the process filters instead: every
+    event reaches it, and the other shards' are dropped before Kopf queues them. Either way the
+    membership is ``serves_namespace``'s, and the mode is said once and kept in a gauge."""
+    index, count, wanted = config.shard_index, config.shard_count, config.shard_filtering
+    honoured = wanted != "client" and await access.honours_shard_selectors()
+    if wanted == "server" and not honoured:
         raise kopf.PermanentError(
-            f"SHARD_COUNT={config.shard_count} needs the API server's ShardedListAndWatch feature gate "
-            "(alpha in Kubernetes 1.36); without it every shard would act on every object. Run one "
-            "shard, or enable the gate.")
-    selector = shard_selector(config.shard_index, config.shard_count)
-    settings.watching.shard_selectors[lambda resource: bool(resource.namespaced)] = selector
-    logger.info("Serving shard %d of %d: %s", config.shard_index, config.shard_count, selector)
+            "SHARD_FILTERING=server needs the API server's ShardedListAndWatch feature gate (alpha in "
+            "Kubernetes 1.36), and this server ignores shard selectors. Leave SHARD_FILTERING at auto "
+            "to filter in the process.")
+    if honoured:
+        selector = shard_selector(index, count)
+        settings.watching.shard_selectors[lambda resource: bool(resource.namespaced)] = selector
+        metrics.shard(index, count, "server")
+        logger.info("Serving shard %d of %d, filtered by the API server: %s", index, count, selector)
+        return
+    if not kopf_patches.shard_filter_installed():
+        raise kopf.PermanentError(
+            f"SHARD_COUNT={count}: the API server ignores shard selectors (no ShardedListAndWatch feature "
+            f"gate), and filtering in the process needs kopf_operators' Kopf patches (Kopf "
+            f"{kopf_patches.KOPF_TESTED_VERSION}), which are not installed. Run one shard.")
+    kopf_patches.serve_shard_in_process(settings, functools.partial(serves_namespace, index=index, count=count))
+    metrics.shard(index, count, "client")
+    logger.warning("Serving shard %d of %d, filtered by this process: the API server %s shard "
+                   "selectors, so every shard receives every namespaced event and drops the other "
+                   "shards' (docs/sharding.md)", index, count,
+                   "ignores" if wanted == "auto" else "is not asked (SHARD_FILTERING=client) to apply")
 
 
 @kopf.on.startup(id="shared-settings")

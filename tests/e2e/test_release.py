@@ -72,7 +72,9 @@ def released(tmp_path_factory: pytest.TempPathFactory, real_node: str) -> Iterat
     """`make release` of this tree to the local registry: image=REF@DIGEST, chart=oci://..., public_key=..."""
     work = tmp_path_factory.mktemp("release")
     env = {"REGISTRY": REGISTRY, "RELEASE_DIR": str(work / "out"), "COSIGN_KEY_DIR": str(work / "key"),
-           "COSIGN_PASSWORD": "", "RELEASE_WRITE_TREE": "0"}
+           "COSIGN_PASSWORD": "", "RELEASE_WRITE_TREE": "0",
+           # The pipeline is what this test checks; `make compat` is run per commit before a real release.
+           "RELEASE_REQUIRE_COMPAT": "0"}
     result = run(str(REPO / "release" / "release.sh"), env=env, timeout=5400)
     print(result.stderr[-6000:])
     found = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)

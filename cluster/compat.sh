@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# `make compat [MINOR=1.35]`: the compatibility subset of the end-to-end suite against each supported
+# Kubernetes minor (versions.env's COMPAT_VERSIONS; MINOR picks one, "all" or empty: every one), each
+# on a KWOK cluster of its own (CLUSTER_DIR=<repo>/.cluster-compat/<minor>, no real node), built by
+# build.sh into a cache folder of its own. The API server runs as managed clusters run it: without
+# the alpha ShardedListAndWatch gate (the shards filter in the process).
+#
+# Every minor's outcome is recorded in .compat/<version> (date, commit, whether the tree had
+# uncommitted changes, result, the tests' summary line); `make release` refuses to publish unless every
+# minor passed on the commit it releases, from a clean tree (docs/releasing.md).
+#
+# The subset (COMPAT_TESTS below, ~10 minutes a minor on 2 cores): each operator's main path and its
+# schema's CEL rules, the chart accepted by the API server, the Lease (HA, local replicas: the chart's
+# HA tests need the real node, which compat clusters do not take), the status conventions (kstatus),
+# sharding. A skipped test fails the minor. CI runs the whole suite on the pinned minor (KUBERNETES_VERSION in versions.env).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(dirname "$here")
+cd "$repo"
+# shellcheck source=versions.env
+source "$here/versions.env"
+log() { echo "[compat $(date +%T)] $*" >&2; }
+
+COMPAT_TESTS=(
+  tests/e2e/test_immortal.py::test_article_yaml_runs_a_pod_and_reports_it
+  tests/e2e/test_immortal.py::test_deleted_pod_is_recreated_and_counted_exactly_once
+  tests/e2e/test_immortal.py::test_bad_input_is_rejected_with_a_readable_message
+  tests/e2e/test_immortal.py::test_overlong_name_is_rejected
+  tests/e2e/test_immortal.py::test_image_change_replaces_the_pod
+  tests/e2e/test_copyrator.py::test_article_rule_copies_into_every_namespace_and_propagates
+  tests/e2e/test_copyrator.py::test_schema_rejects_bad_rules_readably
+  tests/e2e/test_copyrator.py::test_secret_rule_skips_tokens_and_never_leaks_values
+  tests/e2e/test_copyrator.py::test_every_prune_path
+  tests/e2e/test_reroller.py::test_nginx_configmap_change_rolls_once
+  tests/e2e/test_reroller.py::test_secret_change_rolls_once_and_never_leaks
+  tests/e2e/test_reroller.py::test_statefulset_and_daemonset_roll_once
+  tests/e2e/test_reroller.py::test_cronjob_gets_a_job_and_job_is_recreated
+  tests/e2e/test_blackadder.py::test_eagerness_over_100_is_rejected_and_columns_show_the_spec
+  tests/e2e/test_blackadder.py::test_tantrum_kills_only_in_targets_and_respects_tolerance
+  tests/e2e/test_blackadder.py::test_cancer_and_ipsum_confined_live_edit_and_revert
+  tests/e2e/test_blackadder.py::test_bad_guard_fields_are_rejected_with_a_readable_message
+  tests/e2e/test_chart.py::test_helm_install_is_accepted_by_the_api_server
+  tests/e2e/test_deploy.py::test_chart_lints_and_the_api_server_accepts_it
+  tests/e2e/test_faults.py::test_two_replicas_only_one_acts_and_the_other_takes_over
+  tests/e2e/test_ha.py::test_twins_started_at_the_same_instant_act_once
+  tests/e2e/test_status.py::test_an_object_the_operator_has_not_observed_yet_is_in_progress
+  tests/e2e/test_status.py::test_immortal_container_states
+  tests/e2e/test_status.py::test_copyrator_rule_states
+  tests/e2e/test_status.py::test_chaos_agent_states
+  tests/e2e/test_sharding.py
+)
+
+wanted=${1:-all}
+versions=()
+for v in $COMPAT_VERSIONS; do
+  minor=${v#v}; minor=${minor%.*}
+  if [ "$wanted" = all ] || [ "$wanted" = "$minor" ] || [ "$wanted" = "$v" ]; then versions+=("$v"); fi
+done
+[ ${#versions[@]} -gt 0 ] || { log "no supported minor $wanted (one of: $COMPAT_VERSIONS, or all)"; exit 2; }
+
+mkdir -p .compat
+failed=0
+for v in "${versions[@]}"; do
+  minor=${v#v}; minor=${minor%.*}
+  export KUBERNETES_VERSION=$v CLUSTER_DIR=$repo/.cluster-compat/$minor REAL_NODE=0
+  export KUBE_FEATURE_GATES=${KUBE_FEATURE_GATES-}  # no alpha gate, as a managed cluster
+  commit=$(git rev-parse HEAD)
+  dirty=no; [ -z "$(git status --porcelain)" ] || dirty=yes
+  log "Kubernetes $v: building (if needed) and starting $CLUSTER_DIR"
+  started=$SECONDS
+  result=failed summary="the cluster did not start"
+  if "$here/build.sh" >/dev/null && "$here/cluster.sh" up; then
+    out=$(mktemp)
+    if "$repo/.venv/bin/pytest" -p no:cacheprovider -q -rs "${COMPAT_TESTS[@]}" 2>&1 | tee "$out" >&2; then
+      result=passed
+    fi
+    summary=$(grep -E '(passed|failed|error)' "$out" | tail -1)
+    # Every test of the subset runs without the real node: a skipped one is not a pass.
+    if [ "$result" = passed ] && grep -q 'skipped' <<<"$summary"; then result=failed; fi
+    rm -f "$out"
+  fi
+  "$here/cluster.sh" down || true
+  printf 'version=%s\ndate=%s\ncommit=%s\nuncommitted_changes=%s\nresult=%s\nseconds=%s\nsummary=%s\n' \
+    "$v" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$commit" "$dirty" "$result" "$((SECONDS - started))" "$summary" > ".compat/$v"
+  log "Kubernetes $v: $result ($summary) in $((SECONDS - started))s; recorded in .compat/$v"
+  [ "$result" = passed ] || failed=1
+done
+exit $failed

@@ -1,0 +1,40 @@
+"""`make release` refuses to publish unless every supported minor passed `make compat` on the commit
+being released, from a clean tree (release/compat.py reads what cluster/compat.sh records)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from release.compat import problems, supported_versions
+
+COMMIT = "a" * 40
+
+
+def record(records: Path, version: str, **fields: str) -> None:
+    values = {"version": version, "date": "2026-11-28T22:00:00Z", "commit": COMMIT, "uncommitted_changes": "no",
+              "result": "passed", "seconds": "600", "summary": "19 passed in 580s", **fields}
+    (records / version).write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+
+
+def test_the_supported_minors_are_1_34_to_1_37_each_once() -> None:
+    versions = supported_versions()
+    assert [v.rsplit(".", 1)[0] for v in versions] == ["v1.34", "v1.35", "v1.36", "v1.37"]
+
+
+def test_every_minor_passed_on_this_commit_is_a_release(tmp_path: Path) -> None:
+    for version in ("v1.34.4", "v1.35.4"):
+        record(tmp_path, version)
+    assert problems(["v1.34.4", "v1.35.4"], tmp_path, COMMIT) == []
+
+
+def test_a_missing_stale_dirty_or_failed_run_refuses_the_release(tmp_path: Path) -> None:
+    record(tmp_path, "v1.35.4", commit="b" * 40)
+    record(tmp_path, "v1.36.3", uncommitted_changes="yes")
+    record(tmp_path, "v1.37.2", result="failed", summary="1 failed, 18 passed")
+    found = problems(["v1.34.4", "v1.35.4", "v1.36.3", "v1.37.2"], tmp_path, COMMIT)
+    assert found == [
+        "Kubernetes v1.34.4: no compatibility run recorded (make compat MINOR=1.34)",
+        f"Kubernetes v1.35.4: last run on {'b' * 12}, not on {'a' * 12}",
+        f"Kubernetes v1.36.3: the run on {'a' * 12} had uncommitted changes",
+        f"Kubernetes v1.37.2: failed on {'a' * 12} (1 failed, 18 passed)",
+    ]
