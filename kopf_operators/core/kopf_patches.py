@@ -32,9 +32,7 @@ upstream issue it stands in for; docs/kopf-patches.md has the text of each upstr
 from __future__ import annotations
 
 import asyncio
-import asyncio.sslproto
 import collections
-import ctypes
 import dataclasses
 import functools
 import importlib.metadata
@@ -55,6 +53,7 @@ from kopf._core.reactor import processing
 from kopf_operators.core import metrics
 from kopf_operators.core.access import Access, Echo
 from kopf_operators.core.conventions import data_bytes, elide_data
+from kopf_operators.core.runtime import TRIM_SECONDS, glibc_malloc_trim, small_tls_read_buffers, trim_allocator
 
 logger = logging.getLogger("kopf_operators.kopf_patches")
 
@@ -65,15 +64,6 @@ KOPF_TESTED_VERSION = "1.45.2"
 # Memo keys the patched processor reads (process.py's MemoSlots use these names).
 ACCESS_MEMO = "access"
 EVENT_POLICY_MEMO = "event_policy"
-
-# asyncio gives every TLS connection a 256 KiB read buffer, zeroed (so resident) at once: with the
-# watches, Kopf's posters and the access layer's pool, 40-50 connections. A TLS record carries at most
-# 16 KiB, so a smaller buffer only means more reads of a large listing.
-TLS_READ_BUFFER_BYTES = 64 * 1024
-
-# glibc keeps the pages a burst freed in its heaps until told otherwise; a trim of a ~150 MB heap takes a
-# few milliseconds of one thread.
-TRIM_SECONDS = 10.0
 
 # A measurement knob, not a setting: the patches named here (comma-separated function names of
 # ``PATCHES``) are left out, so that a paired bench run can compare a patch with stock Kopf in the same
@@ -643,39 +633,7 @@ def shard_filter_installed() -> bool:
     return bool(getattr(watching.continuous_watch, "_shard_filtered", False))
 
 
-# --- asyncio and glibc: process-wide ------------------------------------------------------------------
-
-
-def small_tls_read_buffers() -> None:
-    """asyncio's TLS read buffer of ``TLS_READ_BUFFER_BYTES`` (64 KiB) instead of 256 KiB, for every
-    TLS connection opened after this (``asyncio.sslproto.SSLProtocol.max_size``, a private attribute).
-
-    Fixes: asyncio zeroes (so makes resident) a 256 KiB buffer per TLS connection at once; the process
-    holds 40-50 (Kopf's watches, its Event posters, the access layer's pool of 16). A TLS record carries
-    at most 16 KiB, so a smaller buffer only means more reads of a large listing.
-
-    Gain (docs/performance.md, "Fewer bytes per kept object"): idle RSS 74.8-75.0 -> 69.4-69.6 MB, and
-    -6 MB of growth per 1,000 ImmortalContainers.
-    Re-measured against stock asyncio (paired, docs/kopf-patches.md): without it, idle RSS +2.6-4.8 MB
-    and a start over 2,000 ConfigMaps peaks 4.1-5.7 MB higher.
-
-    Upstream: CPython, not filed yet (docs/kopf-patches.md, "asyncio's TLS read buffer")."""
-    asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BUFFER_BYTES
-
-
-def glibc_malloc_trim() -> Callable[[], object] | None:
-    """glibc's ``malloc_trim(0)``, or None where the C library has none (musl, macOS)."""
-    try:
-        return functools.partial(ctypes.CDLL("libc.so.6").malloc_trim, 0)
-    except (OSError, AttributeError):
-        return None
-
-
-async def trim_allocator(trim: Callable[[], object], period: float) -> None:
-    """Every ``period`` seconds, give the allocator's free pages back to the system (forever)."""
-    while True:
-        await asyncio.sleep(period)
-        trim()
+# --- asyncio and glibc: process-wide (their code: core/runtime.py) --------------------------------
 
 
 def start_allocator_trim() -> asyncio.Task[None] | None:

@@ -31,15 +31,9 @@ from kopf_operators.copyrator import decisions as copyrator
 from kopf_operators.core import kopf_patches
 from kopf_operators.core.access import CONFIGMAP, ECHO_DEFER_SECONDS, KEPT_ANSWERS_MAX, Access, Echo
 from kopf_operators.core.conventions import DATA_ELIDED, data_hash
-from kopf_operators.core.kopf_patches import (
-    EventPolicy,
-    glibc_malloc_trim,
-    governed,
-    lean_listing,
-    lean_stream,
-    trim_allocator,
-)
+from kopf_operators.core.kopf_patches import EventPolicy, governed, lean_listing, lean_stream
 from kopf_operators.core.process import ACCESS, EVENT_POLICY, DiffBaseWhereUsed, skip_unchanged
+from kopf_operators.core.runtime import glibc_malloc_trim, trim_allocator
 from kopf_operators.immortal import decisions as immortal
 from testsupport.paths import REPO
 
@@ -78,13 +72,13 @@ import asyncio.sslproto, glob, json, sys
 from kopf._cogs.aiokits import aiotoggles
 from kopf._cogs.clients import api
 from kopf._core.reactor import processing, running
-from kopf_operators.core import kopf_patches
+from kopf_operators.core import kopf_patches, runtime
 kopf_patches.preload(sorted(glob.glob("operators/*.py")))
 def state():
     return {"processor": getattr(processing.process_resource_event, "_governed", False),
             "toggles": getattr(aiotoggles.ToggleSet, "_wakes_only_on_change", False),
             "lean": getattr(api.stream, "_lean", False),
-            "tls": asyncio.sslproto.SSLProtocol.max_size == kopf_patches.TLS_READ_BUFFER_BYTES,
+            "tls": asyncio.sslproto.SSLProtocol.max_size == runtime.TLS_READ_BUFFER_BYTES,
             "warm": kopf_patches.warm_standby()}
 imported = state()
 installed = kopf_patches.install(version=sys.argv[1]) if len(sys.argv) > 1 else None
