@@ -47,7 +47,15 @@ from kopf_operators.copyrator.rules import RULE_UID_LABEL, SOURCE_ANNOTATION
 from kopf_operators.reroller.settings import AUTO
 from tests.e2e.immortal_helpers import create_ic, delete_pod, wait_pod
 from tests.e2e.reroller_helpers import baseline, configmap, deployment, nginx_pod_spec, set_cm, template_hash
-from tests.kube import E2E_VALUES, OperatorProcess, chart_objects, delete_namespaces, stays, wait_for
+from tests.kube import (
+    E2E_VALUES,
+    OperatorProcess,
+    chart_objects,
+    delete_namespaces,
+    namespace_exists,
+    stays,
+    wait_for,
+)
 from testsupport.kubectl import kubectl
 from testsupport.paths import CLUSTER_DIR
 from testsupport.tenant_abuse import SlowHost, elsewhere_agent, tenant_objects
@@ -115,10 +123,18 @@ class Platform:
         return "".join(proc.output() for proc in self.replicas)
 
     def close(self, core: kubernetes.client.CoreV1Api) -> None:
-        for proc in self.replicas:
-            proc.stop()
-        self.host.close()
-        delete_namespaces(core, [self.tenant, self.elsewhere, self.bystander])
+        """The namespaces go first, while the replicas still run (the agents' finalizers are theirs), and
+        are gone before the next operator starts: one started beside a namespace being deleted posts its
+        refusals' Events into it, which the API server refuses."""
+        names = [self.tenant, self.elsewhere, self.bystander]
+        delete_namespaces(core, names)
+        try:
+            wait_for(lambda: not any(namespace_exists(core, name) for name in names), timeout=120,
+                     what="the abuse's namespaces to be gone")
+        finally:
+            for proc in self.replicas:
+                proc.stop()
+            self.host.close()
         for obj in self.rbac:
             if obj["kind"] in {"ClusterRole", "ClusterRoleBinding"}:
                 kubectl("delete", obj["kind"].lower(), obj["metadata"]["name"], "--ignore-not-found")
