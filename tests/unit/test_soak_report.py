@@ -60,3 +60,25 @@ def test_log_problems_are_those_of_the_churn(tmp_path: Path) -> None:
     found = soak.log_problems([log], at, at + 600)
     assert [f.splitlines()[0].rsplit(" ", 1)[-1] for f in found] == ["during", "crash"]
     assert "boom" in found[1]
+
+
+def test_a_reaction_held_up_by_a_diagnostics_sample_is_told_apart() -> None:
+    probes = [(100.0, 800.0)]  # a sample ending at t=100 s that held the loop for 0.8 s
+    assert soak.probed(probes, 99.5, 99.9) == 800.0
+    assert soak.probed(probes, 99.0, 99.1) is None  # ended before the walk began
+    assert soak.probed(probes, 100.2, 100.4) is None  # began after it
+    timed = [(30.0, 0.02, None), (50.0, 0.9, 800.0), (570.0, 0.02, None), (580.0, 0.03, None)]
+    assert soak.edges(timed, 600, 60)["first"]["p99_ms"] == pytest.approx(900, rel=0.05)
+    outside = soak.edges([x for x in timed if x[2] is None], 600, 60)
+    assert outside["first"]["p99_ms"] == pytest.approx(20) and outside["p99_ratio"] > 1
+
+
+def test_the_p99_target_is_judged_outside_the_samples() -> None:
+    flat = soak.spans([sample(60.0 * i, 80_000, 30) for i in range(3, 13)], 0, 10_000)
+    outside: dict[str, Any] = {"p99_ratio": 0.9}
+    report = {"processes": {"a-1": {"spans": flat}}, "log_problems": [],
+              "reactions": {"copyrator": {"p99_ratio": 1.75, "outside_samples": outside}}}
+    v = soak.verdicts(report)["p99_last_vs_first"]
+    assert v["pass"] and v["value"]["all"] == {"copyrator": 1.75}
+    outside["p99_ratio"] = 1.3
+    assert not soak.verdicts(report)["p99_last_vs_first"]["pass"]
