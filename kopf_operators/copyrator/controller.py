@@ -1,4 +1,5 @@
-"""Copyrator: the controller (state from watches, decisions in ``copyrator.decisions``, API via ``core.access``).
+"""Copyrator: the controller (state from watches, decisions in ``copyrator.rules``, ``copies`` and ``tally``, API
+via ``core.access``).
 
 What it decides on, and where that comes from (never a read per event):
 - rules: Kopf's ``copyrator-rules`` index (fields, uid, generation, status);
@@ -15,7 +16,7 @@ places it touches. The parts, one module each:
 - ``places.Places``: the copies as known (the indexes with our newer writes over them, a
   ``core.controller.Newest``), objects in the way, failing and refused copies;
 - ``claims.Claims``: what a rule wants at a place, and which rule gets a free name;
-- ``writer.CopyWriter``: the copy writer (one write per copy, ``copyrator.decide``), a rule's sweep,
+- ``writer.CopyWriter``: the copy writer (one write per copy, ``copies.decide``), a rule's sweep,
   prunes;
 - ``status.StatusReporter``: each rule's ledger, status and Events (a push's on its source).
 
@@ -35,9 +36,21 @@ import time
 from collections.abc import Awaitable, Coroutine, Mapping
 from typing import Any
 
-from kopf_operators.copyrator import decisions as logic
+from kopf_operators.copyrator import tally
 from kopf_operators.copyrator.claims import Claims
-from kopf_operators.copyrator.places import CopiesIndex, CopyIndexKey, CopyKey, Places, copy_index_keys
+from kopf_operators.copyrator.copies import CopyView, copy_view
+from kopf_operators.copyrator.places import CopiesIndex, CopyKey, Places
+from kopf_operators.copyrator.rules import (
+    NamespaceInfo,
+    Options,
+    Rule,
+    RuleError,
+    copy_name,
+    is_copy,
+    namespace_info,
+    push_rule,
+    selects,
+)
 from kopf_operators.copyrator.sources import KINDS, RuleKey, Sources
 from kopf_operators.copyrator.status import RULE, StatusReporter, said_once
 from kopf_operators.copyrator.writer import CopyWriter
@@ -45,8 +58,7 @@ from kopf_operators.core import metrics
 from kopf_operators.core.access import Access, ApiError
 from kopf_operators.core.controller import RETRY, Background, GuardedPass, Index, KeyedState, MemoSlot, first, values
 
-__all__ = ["CONTROLLER", "COPIES_INDEXES", "NAMESPACES_INDEX", "RULES_INDEX", "ApiError", "CopyIndexKey",
-           "CopyratorController", "RuleKey", "copy_index_keys"]
+__all__ = ["CONTROLLER", "COPIES_INDEXES", "NAMESPACES_INDEX", "RULES_INDEX", "CopyratorController"]
 
 OPERATOR = "copyrator"
 RULES_INDEX = "copyrator-rules"
@@ -56,12 +68,12 @@ COPIES_INDEXES = {"ConfigMap": "copyrator-configmap-copies", "Secret": "copyrato
 RETRY_SECONDS = (2.0, 300.0)
 
 logger = logging.getLogger("kopf_operators.copyrator")
-Work = list[tuple[Mapping[str, Any], logic.Rule, list[Awaitable[int]]]]
+Work = list[tuple[Mapping[str, Any], Rule, list[Awaitable[int]]]]
 
 
 class CopyratorController:
-    def __init__(self, access: Access, options: logic.Options, rules: Index[RuleKey, dict[str, Any]],
-                 namespaces: Index[str, logic.NamespaceInfo], copies: Mapping[str, CopiesIndex]) -> None:
+    def __init__(self, access: Access, options: Options, rules: Index[RuleKey, dict[str, Any]],
+                 namespaces: Index[str, NamespaceInfo], copies: Mapping[str, CopiesIndex]) -> None:
         self.access, self.options = access, options
         self.background = Background(OPERATOR)
         self.state: KeyedState[str] = KeyedState()  # per rule uid (a push: its source's uid)
@@ -91,7 +103,7 @@ class CopyratorController:
         each refusal as an error and retry it."""
         if self.access.paused:
             await self.access.until_acting()
-        snapshot = logic.rule_snapshot(body)
+        snapshot = tally.rule_snapshot(body)
         rule = await self.status.valid_rule(snapshot)
         if rule is None:
             return
@@ -108,7 +120,7 @@ class CopyratorController:
         if snapshot is None or snapshot["metadata"].get("deletionTimestamp"):
             return None
         rule = self.sources.rule(snapshot)
-        if isinstance(rule, logic.RuleError) or rule.uid in self.sources.deleting:
+        if isinstance(rule, RuleError) or rule.uid in self.sources.deleting:
             return None
         errors = await self.writer.sweep(rule, trigger)
         await self.status.flush_status(snapshot)
@@ -118,7 +130,7 @@ class CopyratorController:
     def _say(key: RuleKey, trigger: str, exc: Exception, _delay: float | None) -> str:
         return f"Copyrator {key[0]}/{key[1]}: {trigger}: {exc}; retrying with backoff"
 
-    def _retry_or_reset(self, rule: logic.Rule, errors: list[ApiError]) -> None:
+    def _retry_or_reset(self, rule: Rule, errors: list[ApiError]) -> None:
         key = (rule.namespace, rule.name)
         if errors:
             self.passes.retry_later(key)
@@ -162,7 +174,7 @@ class CopyratorController:
         if self.access.paused:
             return 0
         live = self.sources.live_rule_uids()
-        by_rule: dict[str, list[logic.CopyView]] = collections.defaultdict(list)
+        by_rule: dict[str, list[CopyView]] = collections.defaultdict(list)
         for kind in KINDS:
             index = self.places.index[kind]
             for copy_key in list(index):
@@ -170,15 +182,15 @@ class CopyratorController:
                     by_rule[copy_key[1]].extend(v for v in values(index, copy_key) if not v.pushed)
         by_rule = {uid: views for uid, views in by_rule.items() if views}
         count = 0
-        for uid, rule_key in logic.orphan_suspects(by_rule, live).items():
-            place = logic.split_rule_key(rule_key)
+        for uid, rule_key in tally.orphan_suspects(by_rule, live).items():
+            place = tally.split_rule_key(rule_key)
             try:
                 if uid not in self.sources.deleting:  # a deletion seen here needs no confirmation
                     if place is None:
                         logger.debug(f"Copyrator: copies of rule uid {uid} do not name their rule; left alone")
                         continue
                     listed = await self.access.list(RULE, place[0], fields=f"metadata.name={place[1]}")
-                    if not logic.rule_gone(uid, listed):
+                    if not tally.rule_gone(uid, listed):
                         continue  # alive outside this process's view (another shard, an unwatched namespace)
                     self.sources.deleting.add(uid)
                 count += await self.writer.prune(uid, rule_key or uid, "rule gone")
@@ -193,7 +205,7 @@ class CopyratorController:
     async def namespace_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A namespace added or relabelled: only that namespace's copies, for each rule. (Any event,
         deleted or terminating too, makes the rules' ledgers judge its places again.)"""
-        info = logic.namespace_info(body)
+        info = namespace_info(body)
         self.status.namespace_touched(info.name)
         if event_type == "DELETED" or not info.active:  # nothing fails in it any more
             self.places.settled_in(info.name)
@@ -217,7 +229,7 @@ class CopyratorController:
         namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
         key: CopyKey = (kind, namespace, name)
         self.status.touched(kind, namespace, name, event=True)
-        if logic.is_copy(body):
+        if is_copy(body):
             await self._copy_event(kind, event_type, body)
             return
         if event_type == "DELETED" and self.places.foreign.get(key) == meta.get("uid"):
@@ -227,7 +239,7 @@ class CopyratorController:
         if self.sources.stale(kind, body):
             return
         rules = self.sources.active_rules(kind)
-        now = [(s, r) for s, r in rules if event_type != "DELETED" and not r.push and logic.selects(r, kind, body)]
+        now = [(s, r) for s, r in rules if event_type != "DELETED" and not r.push and selects(r, kind, body)]
         push, gone = self.sources.push_changed(kind, event_type, body)
         if gone is not None:
             self.state.forget(gone.uid)
@@ -242,21 +254,21 @@ class CopyratorController:
         if event_type is None and push is None:
             return  # the initial listing: the rules' resume converges
         # Each rule once: the rules selecting it now, and those that selected it before (to prune).
-        affected = {r.uid: (s, r) for s, r in rules if old is not None and logic.selects(r, kind, old)}
+        affected = {r.uid: (s, r) for s, r in rules if old is not None and selects(r, kind, old)}
         affected.update({r.uid: (s, r) for s, r in now})
         if not affected:
             return
         trigger = f"source {(event_type or 'listed').lower()}"
         await self._run(trigger, [(s, r, self._source_jobs(r, name)) for s, r in affected.values()])
 
-    def _source_jobs(self, rule: logic.Rule, source_name: str) -> list[Awaitable[int]]:
-        name = logic.copy_name(rule, source_name)
+    def _source_jobs(self, rule: Rule, source_name: str) -> list[Awaitable[int]]:
+        name = copy_name(rule, source_name)
         places = self.sources.targets(rule) | {v.namespace for v in self.places.copies_of(rule.uid, rule.kind,
                                                                                            name=name)}
         return [self.writer.sync_copy(rule, ns, name) for ns in sorted(places)]
 
     async def _copy_event(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> None:
-        view = logic.copy_view(body, kind)
+        view = copy_view(body, kind)
         key: CopyKey = (kind, view.namespace, view.name)
         self.places.foreign.pop(key, None)
         if event_type == "DELETED":
@@ -376,7 +388,7 @@ class CopyratorController:
                     logger.info(f"Copyrator push {view.source}: pruned {kind} {view.namespace}/{view.name} "
                                 f"(the source pushes no more)")
 
-    async def _push_gone(self, kind: str, view: logic.CopyView) -> bool:
+    async def _push_gone(self, kind: str, view: CopyView) -> bool:
         """Whether the source that pushed ``view`` pushes no more: a source outside this process's view
         (another shard's namespace) is read once to confirm it (a suspect only; no read when idle)."""
         source_ns, _, source_name = view.source.partition("/")
@@ -384,7 +396,7 @@ class CopyratorController:
             return True  # in view and not pushing (or its namespace is gone)
         source = await self.access.read(KINDS[kind], source_ns, source_name)
         return (source is None or source["metadata"].get("uid") != view.rule_uid
-                or not isinstance(logic.push_rule(source), logic.Rule))
+                or not isinstance(push_rule(source), Rule))
 
     async def stop(self) -> None:
         await self.background.stop()

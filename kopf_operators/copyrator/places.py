@@ -7,7 +7,7 @@ import collections
 from collections.abc import Callable, Mapping
 from typing import Literal
 
-from kopf_operators.copyrator import decisions as logic
+from kopf_operators.copyrator.copies import CopyView
 from kopf_operators.core.controller import Index, KeyedState, Newest, PerKey, first, values
 
 CopyKey = tuple[str, str, str]  # (kind, namespace, name)
@@ -18,10 +18,10 @@ CopiesOf = tuple[Literal["rule"], str]                # ("rule", rule uid): all 
 CopiesNamed = tuple[Literal["rule-name"], str, str]   # ("rule-name", rule uid, name)
 CopiesIn = tuple[Literal["rule-ns"], str, str]        # ("rule-ns", rule uid, namespace)
 CopyIndexKey = CopyAt | CopiesOf | CopiesNamed | CopiesIn
-CopiesIndex = Index[CopyIndexKey, logic.CopyView]
+CopiesIndex = Index[CopyIndexKey, CopyView]
 
 
-def copy_index_keys(view: logic.CopyView) -> dict[CopyIndexKey, logic.CopyView]:
+def copy_index_keys(view: CopyView) -> dict[CopyIndexKey, CopyView]:
     """The keys of one copy in its copies index: by place, by rule, by rule and name, by rule and
     namespace (each a lookup some trigger needs)."""
     return {("at", view.namespace, view.name): view, ("rule", view.rule_uid): view,
@@ -34,8 +34,8 @@ class Places:
 
     def __init__(self, copies: Mapping[str, CopiesIndex], state: KeyedState[str]) -> None:
         self.index = copies  # kind -> Kopf's live index of copies (see copy_index_keys)
-        self.written: Newest[CopyKey, logic.CopyView] = Newest(lambda v: v.rv, lambda v: v.uid,
-                                                                ours_until_seen=True)
+        self.written: Newest[CopyKey, CopyView] = Newest(lambda v: v.rv, lambda v: v.uid,
+                                                         ours_until_seen=True)
         self.foreign: dict[CopyKey, str] = {}  # objects in the way that are nobody's copy: uid (from a 409)
         self.failed: PerKey[str, set[CopyKey]] = state.map()  # rule uid -> failing copies
         # rule uid -> copies the API server refuses (400/422: the source's content, e.g. annotations
@@ -43,13 +43,13 @@ class Places:
         self.rejected: PerKey[str, dict[CopyKey, str]] = state.map()
         self.done: PerKey[str, collections.Counter[str]] = state.map()  # rule uid -> writes since the last Synced
 
-    def copy(self, kind: str, namespace: str, name: str) -> logic.CopyView | None:
+    def copy(self, kind: str, namespace: str, name: str) -> CopyView | None:
         """The copy at a place: the index, or the answer to our own newer write."""
-        indexed: logic.CopyView | None = first(self.index[kind], ("at", namespace, name))
+        indexed: CopyView | None = first(self.index[kind], ("at", namespace, name))
         return self.written.current((kind, namespace, name), indexed)
 
     def copies_of(self, rule_uid: str, kind: str, *, name: str | None = None,
-                  namespace: str | None = None) -> list[logic.CopyView]:
+                  namespace: str | None = None) -> list[CopyView]:
         """A rule's copies (all, or of one name, or in one namespace), our pending writes included."""
         if name is not None:
             key: CopyIndexKey = ("rule-name", rule_uid, name)

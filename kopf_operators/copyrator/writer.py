@@ -1,5 +1,5 @@
 """Copyrator: the copy writer. The unit of work is one copy, (kind, namespace, name) for one rule:
-``sync_copy`` observes the place, asks ``copyrator.decide`` and makes at most one write (create, JSON
+``sync_copy`` observes the place, asks ``copies.decide`` and makes at most one write (create, JSON
 patch, delete; a Secret type change or an immutable copy is delete + create). A rule's ``sweep``
 observes its places and decides them all in one call (``decide_sweep``); each write is then made
 under its place's lock, as decided while the place still looks the same, else decided again. A
@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-from kopf_operators.copyrator import decisions as logic
+from kopf_operators.copyrator import copies, rules
 from kopf_operators.copyrator.claims import Claims
 from kopf_operators.copyrator.places import CopyKey, Places
 from kopf_operators.copyrator.sources import KINDS, Sources
@@ -32,9 +32,9 @@ logger = logging.getLogger("kopf_operators.copyrator")
 class CopyWriter:
     """Makes each place hold what a rule wants there, one write at a time."""
 
-    def __init__(self, access: Access, options: logic.Options, sources: Sources, places: Places, claims: Claims,
+    def __init__(self, access: Access, options: rules.Options, sources: Sources, places: Places, claims: Claims,
                  touched: Callable[[str, str, str], None],
-                 copied: Callable[[logic.Rule], set[tuple[str, str]]]) -> None:
+                 copied: Callable[[rules.Rule], set[tuple[str, str]]]) -> None:
         self.access, self.options = access, options
         self.sources, self.places, self.claims = sources, places, claims
         self.touched = touched  # a place changed: the ledgers judge it again
@@ -42,27 +42,27 @@ class CopyWriter:
         self.inflight: collections.Counter[str] = collections.Counter()  # rule uid -> syncs running
         self._limit = asyncio.Semaphore(options.write_concurrency)
 
-    def observe(self, rule: logic.Rule, key: CopyKey, desired: Mapping[str, Any] | None = None,
-                known: bool = False) -> logic.Place:
+    def observe(self, rule: rules.Rule, key: CopyKey, desired: Mapping[str, Any] | None = None,
+                known: bool = False) -> copies.Place:
         """One place of ``rule`` as the indexes (and our own writes' answers) show it now; ``known``:
         what the rule wants there is ``desired`` (already worked out)."""
         kind, namespace, name = key
         if not known:
             ns = self.sources.namespace(namespace)
             if ns is None or not ns.active:
-                return logic.Place(key, gone=True)  # gone or terminating: its copies go with it
+                return copies.Place(key, gone=True)  # gone or terminating: its copies go with it
             desired, blocked = self.claims.desired(rule, name, ns) if kind == rule.kind else (None, False)
             if blocked:
-                return logic.Place(key, blocked=True)  # reported in status; what is there stays
+                return copies.Place(key, blocked=True)  # reported in status; what is there stays
         view = self.places.copy(kind, namespace, name)
         claimed = view is None and desired is not None and \
             self.claims.claimed(rule, kind, namespace, name) is not None
         keep = desired is None and view is not None and view.rule_uid == rule.uid and kind == rule.kind \
             and self.claims.superseded_pending(rule, view)
-        return logic.Place(key, desired, view, foreign=key in self.places.foreign, claimed=claimed, keep=keep)
+        return copies.Place(key, desired, view, foreign=key in self.places.foreign, claimed=claimed, keep=keep)
 
-    async def sync_copy(self, rule: logic.Rule, namespace: str, name: str, kind: str | None = None,
-                        planned: tuple[logic.Place, logic.Action] | None = None) -> int:
+    async def sync_copy(self, rule: rules.Rule, namespace: str, name: str, kind: str | None = None,
+                        planned: tuple[copies.Place, copies.Action] | None = None) -> int:
         """Make one place hold what ``rule`` wants there; returns the number of writes made. ``planned``:
         the write a sweep decided on, made as decided while the place still looks as it did then."""
         kind = kind or rule.kind
@@ -80,8 +80,8 @@ class CopyWriter:
                 if not self.inflight[rule.uid]:
                     del self.inflight[rule.uid]
 
-    async def _sync_locked(self, rule: logic.Rule, key: CopyKey,
-                           planned: tuple[logic.Place, logic.Action] | None) -> int:
+    async def _sync_locked(self, rule: rules.Rule, key: CopyKey,
+                           planned: tuple[copies.Place, copies.Action] | None) -> int:
         """(The place's lock is held: observe it again, since another pass may have written there.)"""
         place = self.observe(rule, key)
         if place.gone:
@@ -105,7 +105,7 @@ class CopyWriter:
         self.places.rejected.get(rule.uid, {}).pop(key, None)
         return writes
 
-    def _reject(self, rule: logic.Rule, key: CopyKey, exc: ApiError) -> None:
+    def _reject(self, rule: rules.Rule, key: CopyKey, exc: ApiError) -> None:
         """A copy the API server refuses: reported (status, one log line and Event when it starts),
         not retried with backoff. The message is the server's field-level reason (never values)."""
         kind, namespace, name = key
@@ -124,29 +124,29 @@ class CopyWriter:
         if snapshot is not None:
             self.access.event(snapshot, "Warning", "CopyRefused", f"the API server refuses the copy {why}")
 
-    async def _apply(self, rule: logic.Rule, key: CopyKey, desired: Mapping[str, Any] | None) -> int:
+    async def _apply(self, rule: rules.Rule, key: CopyKey, desired: Mapping[str, Any] | None) -> int:
         """Again after a write that found the place changed: observe it (wanting ``desired``), decide, act."""
         place = self.observe(rule, key, desired, known=True)
         return await self._act(rule, place, place.action(rule.uid))
 
-    async def _act(self, rule: logic.Rule, place: logic.Place, action: logic.Action) -> int:
+    async def _act(self, rule: rules.Rule, place: copies.Place, action: copies.Action) -> int:
         """The write ``action`` at ``place`` (as observed)."""
         key, desired, view = place.key, place.desired, place.view
         kind, namespace, name = key
         api_kind = KINDS[kind]
         where = f"Copyrator {rule.key}:"
-        if action is logic.Action.NONE or action is logic.Action.CONFLICT:
+        if action is copies.Action.NONE or action is copies.Action.CONFLICT:
             return 0
-        if action is logic.Action.DELETE and view is not None:
+        if action is copies.Action.DELETE and view is not None:
             await self.access.delete(api_kind, namespace, name, uid=view.uid)
             self._remember_gone(key, view.uid)
             self._count(rule, "deleted")
             logger.info(f"{where} pruned {kind} {namespace}/{name}")
             return 1
         assert desired is not None
-        source = desired["metadata"]["annotations"][logic.SOURCE_ANNOTATION]
-        recreate = action is logic.Action.RECREATE and view is not None
-        if recreate or action is logic.Action.CREATE:
+        source = desired["metadata"]["annotations"][rules.SOURCE_ANNOTATION]
+        recreate = action is copies.Action.RECREATE and view is not None
+        if recreate or action is copies.Action.CREATE:
             if recreate and view is not None:
                 await self.access.delete(api_kind, namespace, name, uid=view.uid)
                 self._remember_gone(key, view.uid)
@@ -154,7 +154,7 @@ class CopyWriter:
                 created = await self.access.create(api_kind, desired)
             except k8s.AlreadyExists:
                 return 1 + await self._in_the_way(rule, key, desired)
-            self._remember(key, logic.copy_view(created, kind), created)
+            self._remember(key, copies.copy_view(created, kind), created)
             if recreate:
                 self._count(rule, "updated")
                 logger.info(f"{where} updated {kind} {namespace}/{name} (re-created: type or immutability)")
@@ -164,7 +164,7 @@ class CopyWriter:
             return 1
         assert view is not None  # PATCH
         try:
-            answer = await self.access.patch(api_kind, namespace, name, logic.patch_ops(view, desired),
+            answer = await self.access.patch(api_kind, namespace, name, copies.patch_ops(view, desired),
                                              json_patch=True)
         except k8s.Conflict:
             # Changed since the index saw it (edited meanwhile): read that one object, try once more.
@@ -172,29 +172,29 @@ class CopyWriter:
             if fresh is None:
                 self._remember_gone(key, view.uid)
                 return 1 + await self._apply(rule, key, desired)
-            fresh_view = logic.copy_view(fresh, kind)
+            fresh_view = copies.copy_view(fresh, kind)
             self._remember(key, fresh_view)
-            if logic.decide(rule.uid, desired, fresh_view) is not logic.Action.PATCH:
+            if copies.decide(rule.uid, desired, fresh_view) is not copies.Action.PATCH:
                 return 1 + await self._apply(rule, key, desired)
-            answer = await self.access.patch(api_kind, namespace, name, logic.patch_ops(fresh_view, desired),
-                                              json_patch=True)
+            answer = await self.access.patch(api_kind, namespace, name, copies.patch_ops(fresh_view, desired),
+                                             json_patch=True)
         if answer is None:  # deleted meanwhile: create it
             self._remember_gone(key, view.uid)
             return 1 + await self._apply(rule, key, desired)
-        self._remember(key, logic.copy_view(answer, kind), answer)
+        self._remember(key, copies.copy_view(answer, kind), answer)
         self._count(rule, "updated")
         logger.info(f"{where} updated {kind} {namespace}/{name}" + (" (edited by hand)" if view.drifted else ""))
         return 1
 
-    async def _in_the_way(self, rule: logic.Rule, key: CopyKey, desired: Mapping[str, Any]) -> int:
+    async def _in_the_way(self, rule: rules.Rule, key: CopyKey, desired: Mapping[str, Any]) -> int:
         """A 409 on create: read that one object. Ours (the watch is behind): carry on from it;
         anybody else's: a conflict, left untouched."""
         kind, namespace, name = key
         existing = await self.access.read(KINDS[kind], namespace, name)
         if existing is None:  # gone again meanwhile: the next event or sweep creates the copy
             return 1
-        if logic.is_copy(existing):
-            view = logic.copy_view(existing, kind)
+        if rules.is_copy(existing):
+            view = copies.copy_view(existing, kind)
             self._remember(key, view)
             if view.rule_uid == rule.uid:
                 return 1 + await self._apply(rule, key, desired)
@@ -203,7 +203,7 @@ class CopyWriter:
         self.touched(*key)
         return 1
 
-    def _remember(self, key: CopyKey, written: logic.CopyView, answer: Mapping[str, Any] | None = None) -> None:
+    def _remember(self, key: CopyKey, written: copies.CopyView, answer: Mapping[str, Any] | None = None) -> None:
         """Our write's answer, until the watch catches up (``Places.copy``). Its echo (``answer``) is
         indexed once the writes in flight are done (``Access.defer_echo``): in a burst, writes come first."""
         self.places.written.remember(key, written)
@@ -216,7 +216,7 @@ class CopyWriter:
         self.places.written.remember_gone(key, uid)
         self.touched(*key)
 
-    def _count(self, rule: logic.Rule, what: str) -> None:
+    def _count(self, rule: rules.Rule, what: str) -> None:
         metrics.action(OPERATOR, what)
         self.places.done.setdefault(rule.uid, collections.Counter())[what] += 1
 
@@ -229,10 +229,10 @@ class CopyWriter:
                 raise r
         return sum(r for r in results if isinstance(r, int)), errors
 
-    async def sweep(self, rule: logic.Rule, trigger: str) -> list[ApiError]:
+    async def sweep(self, rule: rules.Rule, trigger: str) -> list[ApiError]:
         """Every copy of one rule, from the indexes: writes only what differs. Its sources held without
         their data are read first when some target accepts the rule's copies now."""
-        lean = [e for e in self.sources.selected(rule) if logic.is_lean(e) and not logic.too_large(e)]
+        lean = [e for e in self.sources.selected(rule) if rules.is_lean(e) and not rules.too_large(e)]
         if lean and self.sources.accepted(rule):
             await asyncio.gather(*(self.sources.hydrate(rule.kind, entry) for entry in lean))
         targets = sorted(self.sources.targets(rule))
@@ -252,7 +252,7 @@ class CopyWriter:
                 keys.extend((rule.kind, ns, name) for ns in sorted(places) if (ns, name) not in copied)
             keys.extend(others)
             visited.update(others)
-            decided = logic.decide_sweep(rule.uid, [self.observe(rule, key) for key in keys])
+            decided = copies.decide_sweep(rule.uid, [self.observe(rule, key) for key in keys])
             done = set(decided.settled)  # nothing to write there, so nothing fails there either
             self.places.settled(rule.uid, lambda key: key in done)
             return [self.sync_copy(rule, place.key[1], place.key[2], kind=place.key[0], planned=(place, action))
@@ -279,7 +279,7 @@ class CopyWriter:
                            f"retrying")
         return errors
 
-    async def delete_copy(self, kind: str, view: logic.CopyView) -> None:
+    async def delete_copy(self, kind: str, view: copies.CopyView) -> None:
         """Delete one copy (its uid a precondition), under its place's lock."""
         async with self.access.serialised(("copyrator", kind, view.namespace, view.name)):
             await self.access.delete(KINDS[kind], view.namespace, view.name, uid=view.uid)
