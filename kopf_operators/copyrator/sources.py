@@ -16,6 +16,7 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from kopf_operators.copyrator.copies import CopyView
 from kopf_operators.copyrator.rules import (
     PUSH_TO_ANNOTATION,
     PUSH_TO_MATCHING_ANNOTATION,
@@ -198,6 +199,22 @@ class Sources:
                 return
             self.put(kind, source_entry({**obj, "kind": kind}, max_bytes=self.options.max_source_bytes))
             logger.debug(f"Copyrator: read the source {kind} {place[0]}/{place[1]}: a target accepts its copies")
+
+    async def hydrate_accepted(self, rule: Rule) -> None:
+        """The rule's sources held without their data, read once some target accepts its copies."""
+        lean = [e for e in self.selected(rule) if is_lean(e) and not too_large(e)]
+        if lean and self.accepted(rule):
+            await asyncio.gather(*(self.hydrate(rule.kind, entry) for entry in lean))
+
+    async def push_gone(self, kind: str, view: CopyView) -> bool:
+        """Whether the source that pushed ``view`` pushes no more: a source outside this process's view
+        (another shard's namespace) is read once to confirm it (a suspect only; no read when idle)."""
+        source_ns, _, source_name = view.source.partition("/")
+        if self.get(kind, (source_ns, source_name)) is not None or self.namespace(source_ns) is None:
+            return True  # in view and not pushing (or its namespace is gone)
+        source = await self.access.read(KINDS[kind], source_ns, source_name)
+        return (source is None or source["metadata"].get("uid") != view.rule_uid
+                or not isinstance(push_rule(source), Rule))
 
     def selected(self, rule: Rule) -> Iterator[dict[str, Any]]:
         """The rule's selected objects in the sources index (skipped types included). A push selects

@@ -9,13 +9,14 @@ the rule, its sources or another rule of its kind change, and at every resync.
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from kopf_operators.copyrator import copies, rules
 from kopf_operators.copyrator.claims import Claims
-from kopf_operators.copyrator.places import Places
+from kopf_operators.copyrator.places import Outcome, Places
 from kopf_operators.copyrator.sources import RuleKey, Sources
 from kopf_operators.copyrator.tally import (
     Judgement,
@@ -71,6 +72,7 @@ class StatusReporter:
         # the rule, its sources or another rule of its kind changed, and at every resync.
         self.ledgers: PerKey[str, Ledger] = state.map()
         self.ledger_keys: PerKey[str, RuleKey] = state.map()  # rule uid -> where its status is (none for a push)
+        self.done: PerKey[str, collections.Counter[str]] = state.map()  # rule uid -> writes since the last Synced
 
     # --- the ledgers ------------------------------------------------------------------------------------
 
@@ -185,6 +187,14 @@ class StatusReporter:
                 if event and (key := self.ledger_keys.get(uid)) is not None:
                     self.schedule(key)
 
+    def record(self, outcome: Outcome) -> None:
+        """What a pass did at a place: its writes count towards the rule's next ``Synced``; a place it
+        changed (our write, a read, an object in the way) is judged again."""
+        if outcome.seen or outcome.foreign is not None:
+            self.touched(*outcome.key)
+        for what in outcome.counted:
+            self.done.setdefault(outcome.rule_uid, collections.Counter())[what] += 1
+
     def namespace_touched(self, namespace: str) -> None:
         """A namespace added, relabelled, terminating or deleted: the ledgers judge its places again; a
         rule it was a target of writes its status (once per burst)."""
@@ -256,7 +266,7 @@ class StatusReporter:
             return
         previous = self._previous(snapshot)
         tally = self.tally(rule)
-        decision = decide_status(rule, previous, tally, done=self.places.done.pop(rule.uid, None),
+        decision = decide_status(rule, previous, tally, done=self.done.pop(rule.uid, None),
                                  trigger=self.triggers.pop(rule.uid, ""),
                                  told_refusals=self.target_reports.get(rule.uid, ""))
         self.kept(rule.uid, len(tally.kept))

@@ -91,7 +91,7 @@ def made(body: dict[str, Any], colour: str, uid: str) -> copies.CopyView:
 
 def sweep(ctl: CopyratorController, body: dict[str, Any]) -> None:
     parsed = parse_rule(body)
-    asyncio.run(ctl.writer.sweep(parsed, "test"))
+    asyncio.run(ctl.sweep(parsed, "test"))
 
 
 OLDER = rule("z-older", "u-old", "2026-11-01T00:00:00Z", "blue", target={"name": "app"})

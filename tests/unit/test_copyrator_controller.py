@@ -15,7 +15,7 @@ from kopf_operators.copyrator import controller as copyrator
 from kopf_operators.copyrator import rules, tally
 from kopf_operators.copyrator.controller import CopyratorController
 from kopf_operators.copyrator.copies import CopyView, copy_view, desired_copy
-from kopf_operators.copyrator.places import copy_index_keys
+from kopf_operators.copyrator.places import Result, copy_index_keys
 from kopf_operators.core import controller as toolkit
 from kopf_operators.core.access import ApiError
 from tests.unit.fake_access import FakeAccess, conflict_on_create, server_error
@@ -202,3 +202,43 @@ def test_a_standbys_rule_handler_waits_to_act_and_then_converges() -> None:
 
     while_standby, creates = run(scenario())
     assert while_standby == [] and len(creates) == 1
+
+
+def test_the_writer_returns_what_it_did_at_a_place_and_changes_no_one_s_state() -> None:
+    """A pass at a place answers with its ``Outcome``; ``Places`` and the status reporter change only when
+    the controller hands it to them."""
+    async def scenario() -> None:
+        access = FakeAccess()
+        ctl = controller(access)
+        rule = rules.parse_rule(RULE)
+        key = ("ConfigMap", "t", "conf")
+        created = await ctl.writer.sync_copy(rule, "t", "conf")
+        assert (created.key, created.result, created.writes, created.counted) == (key, Result.DONE, 1, ("created",))
+        [seen] = created.seen
+        assert seen.view is not None and seen.view.rule_uid == "rule-uid"
+        assert ctl.places.copy(*key) is None and not ctl.status.done  # nothing recorded by the writer
+        ctl.places.record(created)
+        ctl.status.record(created)
+        assert ctl.places.copy(*key) == seen.view and ctl.status.done["rule-uid"] == {"created": 1}
+
+        # A refusal: reported once (one Event), kept only once recorded; the same refusal again changes nothing.
+        refused = ApiError(422, "Invalid", "metadata.annotations: Too long")
+        access.answer("create", refused, refused)
+        ctl.places.written.forget(key)
+        first = await ctl.writer.sync_copy(rule, "t", "conf")
+        assert first.result is Result.REFUSED and "HTTP 422 Invalid" in first.refusal
+        assert ctl.places.refusal("rule-uid", key) is None
+        ctl.places.record(first)
+        assert ctl.places.refusal("rule-uid", key) == first.refusal
+        again = await ctl.writer.sync_copy(rule, "t", "conf")
+        assert again.result is Result.UNCHANGED
+        assert access.events == [("Warning", "CopyRefused")]
+
+        # A failure: the error is in the outcome (the sweep retries the rule), not raised.
+        access.answer("create", server_error())
+        failed = await ctl.writer.sync_copy(rule, "t", "conf")
+        assert failed.result is Result.FAILED and failed.error is not None and failed.error.transient
+        assert "rule-uid" not in ctl.places.failed
+        await ctl.stop()
+
+    run(scenario())
