@@ -5,6 +5,9 @@
 - No controller keeps its own "newest known version" cache: core.controller.Newest is the one.
 - Every controller's passes outside Kopf's handlers go through core.controller.GuardedPass: each makes
   one, and none keeps a retry wrapper of its own (a ``Backoff``, a ``next_delay`` call).
+- The import graph: no star import; no module imports a name from a module that only imported it itself
+  (a re-export; a package's ``__init__.py`` may gather names); no operator imports another (what two
+  share lives in kopf_operators/core).
 - Tests and benchmarks assert behaviour through the API (objects, Events, status, metrics): only the
   modules in LOG_READERS_ALLOWED read the operator's log text, each for a reason the API cannot serve.
 
