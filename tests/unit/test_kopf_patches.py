@@ -26,8 +26,8 @@ from kopf._cogs.aiokits import aiotoggles
 from kopf._cogs.clients import api, watching
 from kopf._core.reactor import processing, running
 
-from kopf_operators.blackadder.settings import GROUP
-from kopf_operators.copyrator import rules
+from kopf_operators.blackadder import settings as blackadder
+from kopf_operators.copyrator import rules as copyrator
 from kopf_operators.core import kopf_patches
 from kopf_operators.core.access import CONFIGMAP, ECHO_DEFER_SECONDS, KEPT_ANSWERS_MAX, Access, Echo
 from kopf_operators.core.conventions import DATA_ELIDED, data_hash
@@ -161,7 +161,7 @@ def test_no_module_but_the_door_imports_kopfs_internals() -> None:
 
 def test_the_diff_base_is_kept_only_for_the_groups_with_change_handlers_or_daemons() -> None:
     groups, _, _ = _probe()
-    assert groups == sorted({rules.GROUP, GROUP})
+    assert groups == sorted({copyrator.GROUP, blackadder.GROUP})
     assert immortal.GROUP not in groups and "" not in groups  # ImmortalContainers, pods, ConfigMaps: none
 
 
@@ -188,13 +188,13 @@ def body(api_version: str) -> kopf.Body:
 
 def test_bodies_of_other_groups_cost_no_copy_and_show_no_change() -> None:
     inner = Recording()
-    storage = DiffBaseWhereUsed(inner, frozenset({rules.GROUP}))
+    storage = DiffBaseWhereUsed(inner, frozenset({copyrator.GROUP}))
     for skipped in ("v1", f"{immortal.GROUP}/{immortal.VERSION}", "apps/v1"):
         assert storage.build(body=body(skipped)) == {}
         assert storage.fetch(body=body(skipped)) is None
     assert inner.calls == []
-    assert storage.build(body=body(f"{rules.GROUP}/v1")) == {"spec": {"a": 1}}
-    assert storage.fetch(body=body(f"{rules.GROUP}/v1")) is None
+    assert storage.build(body=body(f"{copyrator.GROUP}/v1")) == {"spec": {"a": 1}}
+    assert storage.fetch(body=body(f"{copyrator.GROUP}/v1")) is None
     assert inner.calls == ["build", "fetch"]
 
 
