@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import sections
-from bench.harness import FULL, QUICK, REPO, Bench, log, operator_files
+from bench.harness import FULL, QUICK, Bench, log, operator_files
 from bench.report import render
+from testsupport.paths import REPO
 
 
 async def timed_section(b: Bench, name: str) -> None:

@@ -14,32 +14,32 @@ from typing import Any
 
 import kopf
 
-from kopf_operators.blackadder import decisions as logic
+from kopf_operators.blackadder import decisions, settings
 from kopf_operators.blackadder.controller import (
     AGENTS,
     NAMESPACES_INDEX,
     SOURCES_INDEX,
     TENANT_AGENTS,
     BlackadderController,
-    Logger,
-    RevertIncomplete,
     TenantChaosController,
 )
+from kopf_operators.blackadder.notify import Logger
+from kopf_operators.blackadder.revert import RevertIncomplete
 from kopf_operators.core import process
 from kopf_operators.core.access import ApiError
 
-RESOURCE = (logic.GROUP, logic.VERSION, logic.PLURAL)
-TENANT_RESOURCE = (logic.GROUP, logic.VERSION, logic.TENANT_PLURAL)
+RESOURCE = (settings.GROUP, settings.VERSION, settings.PLURAL)
+TENANT_RESOURCE = (settings.GROUP, settings.VERSION, settings.TENANT_PLURAL)
 # Chaos for tenants is opt-in (chart: operators.blackadder.tenants.enabled, which also grants the RBAC):
 # without it Kopf must not even watch TenantChaosAgents, so the handlers below are registered only then.
-TENANTS = logic.Options.from_env(os.environ).tenants
+TENANTS = settings.Options.from_env(os.environ).tenants
 REVERT_RETRY_SECONDS = 5
 
 
 @kopf.on.startup(id="blackadder-startup")
 async def start(memo: kopf.Memo, **kwargs: Any) -> None:
     config, access = process.shared(memo)
-    options = logic.Options.from_env(os.environ)
+    options = settings.Options.from_env(os.environ)
     namespaces, sources = kwargs[NAMESPACES_INDEX], kwargs[SOURCES_INDEX]
     AGENTS.set(memo, BlackadderController(access, config, options, namespaces, sources))
     tenants = TENANT_AGENTS.set(memo, TenantChaosController(access, config, options, namespaces, sources))
@@ -66,7 +66,7 @@ async def blackadder_namespaces(name: str, labels: kopf.Labels, status: kopf.Sta
 async def blackadder_copyrator_sources(namespace: str | None, name: str, body: kopf.Body,
                                  **_: Any) -> dict[tuple[str, str], list[dict[str, Any]]] | None:
     """Which ConfigMaps Copyrator rules copy (sharedConfigMaps: Skip keeps ipsum off them)."""
-    sources = logic.copyrator_sources(body)
+    sources = decisions.copyrator_sources(body)
     return {(namespace or "", name): sources} if sources else None
 
 
@@ -84,11 +84,11 @@ async def agent_daemon(body: kopf.Body, stopped: kopf.DaemonStopped, logger: Log
 async def revert_on_delete(body: kopf.Body, logger: Logger, memo: kopf.Memo, retry: int, **_: Any) -> None:
     """Deleting an agent stops it (the daemon) and, unless revertOnDelete: false, undoes what it
     did (scaled Deployments, overwritten ConfigMaps); then its ledger goes. A revert that keeps being
-    refused lets go after logic.REVERT_ATTEMPTS tries (the ledger then stays, see the controller)."""
+    refused lets go after settings.REVERT_ATTEMPTS tries (the ledger then stays, see the controller)."""
     try:
         await AGENTS(memo).revert_on_delete(body, logger, attempt=retry)
     except RevertIncomplete as exc:
-        raise kopf.TemporaryError(f"revert incomplete (attempt {retry + 1} of {logic.REVERT_ATTEMPTS}), "
+        raise kopf.TemporaryError(f"revert incomplete (attempt {retry + 1} of {settings.REVERT_ATTEMPTS}), "
                                   f"retrying: {exc}", delay=REVERT_RETRY_SECONDS) from None
     except ApiError as exc:
         # The ledger could not be read or written: the finalizer must not go while changes may remain.

@@ -1,8 +1,8 @@
 """Copyrator: copies labelled ConfigMaps/Secrets into other namespaces, per CopyratorRule.
 
 Thin handlers: indexes and events feed the controller (kopf_operators.copyrator.controller), which
-decides with kopf_operators.copyrator.decisions (pure). Kopf keeps state only on the rules (our CRD), in
-annotations: no finalizer (nothing about deleting a rule needs the operator running).
+decides with kopf_operators.copyrator.rules, .copies and .tally (pure). Kopf keeps state only on the
+rules (our CRD), in annotations: no finalizer (nothing about deleting a rule needs the operator running).
 ConfigMaps, Secrets and Namespaces are watched with ``on.event`` and ``@kopf.index`` only (nothing
 is stored on them). The ConfigMap/Secret streams are shared with the re-roller, so they are not
 label-selected server-side; the copies indexes keep only objects carrying the rule-uid label.
@@ -15,28 +15,29 @@ from typing import Any
 
 import kopf
 
-from kopf_operators.copyrator import decisions as logic
+from kopf_operators.copyrator import rules, tally
 from kopf_operators.copyrator.controller import (
     CONTROLLER,
     COPIES_INDEXES,
     NAMESPACES_INDEX,
     RULES_INDEX,
-    CopyIndexKey,
     CopyratorController,
-    RuleKey,
-    copy_index_keys,
 )
+from kopf_operators.copyrator.copies import CopyView, copy_view
+from kopf_operators.copyrator.places import CopyIndexKey, copy_index_keys
+from kopf_operators.copyrator.sources import RuleKey
 from kopf_operators.core import process
 from kopf_operators.core.access import ApiError
+from kopf_operators.core.conventions import COPYRATOR_RULE_UID_LABEL
 
-RULES = (logic.GROUP, logic.VERSION, logic.PLURAL)
+RULES = (rules.GROUP, rules.VERSION, rules.PLURAL)
 
 
 @kopf.on.startup(id="copyrator-startup")
 async def start(memo: kopf.Memo, **kwargs: Any) -> None:
     config, access = process.shared(memo)
     # fails fast on a malformed variable
-    options = logic.Options.from_env(os.environ, operator_namespace=config.operator_namespace)
+    options = rules.Options.from_env(os.environ, operator_namespace=config.operator_namespace)
     copies = {kind: kwargs[index] for kind, index in COPIES_INDEXES.items()}
     controller = CONTROLLER.set(memo, CopyratorController(access, options, kwargs[RULES_INDEX],
                                                           kwargs[NAMESPACES_INDEX], copies))
@@ -53,23 +54,23 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
 @kopf.index(*RULES, id=RULES_INDEX)
 async def copyrator_rules(namespace: str | None, name: str, body: kopf.Body,
                     **_: Any) -> dict[RuleKey, dict[str, Any]] | None:
-    return {(namespace, name): logic.rule_snapshot(body)} if namespace else None
+    return {(namespace, name): tally.rule_snapshot(body)} if namespace else None
 
 
 @kopf.index("", "v1", "namespaces", id=NAMESPACES_INDEX)
-async def copyrator_namespaces(name: str, body: kopf.Body, **_: Any) -> dict[str, logic.NamespaceInfo]:
-    return {name: logic.namespace_info(body)}
+async def copyrator_namespaces(name: str, body: kopf.Body, **_: Any) -> dict[str, rules.NamespaceInfo]:
+    return {name: rules.namespace_info(body)}
 
 
-@kopf.index("", "v1", "configmaps", labels={logic.RULE_UID_LABEL: kopf.PRESENT},
+@kopf.index("", "v1", "configmaps", labels={COPYRATOR_RULE_UID_LABEL: kopf.PRESENT},
             id=COPIES_INDEXES["ConfigMap"])
-async def copyrator_configmap_copies(body: kopf.Body, **_: Any) -> dict[CopyIndexKey, logic.CopyView]:
-    return copy_index_keys(logic.copy_view(body, "ConfigMap"))
+async def copyrator_configmap_copies(body: kopf.Body, **_: Any) -> dict[CopyIndexKey, CopyView]:
+    return copy_index_keys(copy_view(body, "ConfigMap"))
 
 
-@kopf.index("", "v1", "secrets", labels={logic.RULE_UID_LABEL: kopf.PRESENT}, id=COPIES_INDEXES["Secret"])
-async def copyrator_secret_copies(body: kopf.Body, **_: Any) -> dict[CopyIndexKey, logic.CopyView]:
-    return copy_index_keys(logic.copy_view(body, "Secret"))
+@kopf.index("", "v1", "secrets", labels={COPYRATOR_RULE_UID_LABEL: kopf.PRESENT}, id=COPIES_INDEXES["Secret"])
+async def copyrator_secret_copies(body: kopf.Body, **_: Any) -> dict[CopyIndexKey, CopyView]:
+    return copy_index_keys(copy_view(body, "Secret"))
 
 
 # --- rules --------------------------------------------------------------------------------------

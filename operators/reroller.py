@@ -16,7 +16,7 @@ import kopf
 
 from kopf_operators.core import process
 from kopf_operators.core.conventions import env_bool
-from kopf_operators.reroller import decisions as logic
+from kopf_operators.reroller import settings, views
 from kopf_operators.reroller.alerts import AlertSettings
 from kopf_operators.reroller.controller import (
     CONTROLLER,
@@ -32,7 +32,7 @@ from kopf_operators.reroller.controller import (
 @kopf.on.startup(id="reroller-startup")
 async def start(memo: kopf.Memo, **kwargs: Any) -> None:
     config, access = process.shared(memo)
-    options = logic.Options.from_env(os.environ)  # fails fast on a malformed option
+    options = settings.Options.from_env(os.environ)  # fails fast on a malformed option
     alerts = AlertSettings.from_env(os.environ)
     indexes = {index_id: kwargs[index_id] for index_id in INDEXES if index_id in kwargs}
     controller = CONTROLLER.set(memo, RerollerController(access, options, indexes, alerts,
@@ -50,7 +50,7 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
 
 def _source_index(kind: str) -> Any:
     async def index(namespace: str | None, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> Any:
-        return {(kind, namespace or "", name): logic.source_view(kind, body, CONTROLLER(memo).resource_selector)}
+        return {(kind, namespace or "", name): views.source_view(kind, body, CONTROLLER(memo).resource_selector)}
     return index
 
 
@@ -60,7 +60,7 @@ kopf.index("secrets", id=SOURCE_INDEXES["Secret"])(_source_index("Secret"))
 
 def _workload_index(kind: str) -> Any:
     async def index(body: kopf.Body, memo: kopf.Memo, **_: Any) -> Any:
-        return logic.workload_index_entries(logic.workload_view(kind, body, CONTROLLER(memo).options))
+        return views.workload_index_entries(views.workload_view(kind, body, CONTROLLER(memo).options))
     return index
 
 

@@ -25,7 +25,6 @@ from typing import Any
 
 from bench.harness import (
     BENCH_LABEL,
-    CLUSTER_DIR,
     PEER_USER,
     RULE_PATH,
     SA_USER,
@@ -42,6 +41,7 @@ from bench.kube import Watcher
 from bench.sections.reroller_latency import baseline, template_annotations, template_changed
 from testsupport import peer_build
 from testsupport.launcher import free_port, port_free
+from testsupport.paths import CLUSTER_DIR
 from testsupport.stats import percentile, summary_ms
 
 

@@ -11,8 +11,9 @@ import time
 import urllib.request
 from typing import Any
 
-from bench.harness import CLUSTER_DIR, IC_PATH, Bench, Operator, log, within
+from bench.harness import IC_PATH, Bench, Operator, log, within
 from bench.kube import Watcher, bounded
+from testsupport.paths import CLUSTER_DIR
 from testsupport.stats import summary_ms
 
 # What every shard process runs with, as the latency sections do (no re-roller throttling).

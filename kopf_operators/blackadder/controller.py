@@ -1,7 +1,7 @@
 """Blackadder: the controller of ChaosAgents (decisions in ``decisions``; API via ``core.access``).
 
 One agent's cycle is one pass of the one reconcile shape (``core.controller``): observe (its live
-settings, its ledger, the clock, the kill switch) -> decide (``logic.decide_cycle``: one call) -> act
+settings, its ledger, the clock, the kill switch) -> decide (``decisions.decide_cycle``: one call) -> act
 (write the status, revert, or the chaos of ``cycle.ChaosCycle``, itself observe -> plan -> act). The
 daemon runs it as a ``GuardedPass``: a crash is counted and logged, and the next cycle is its retry.
 
@@ -29,15 +29,35 @@ from typing import Any
 import lorem
 import munch
 
-from kopf_operators.blackadder import decisions as logic
+from kopf_operators.blackadder import decisions
 from kopf_operators.blackadder.cycle import ChaosCycle, Stopped, namespace_labels
 from kopf_operators.blackadder.gameday import GameDays
 from kopf_operators.blackadder.ledger import LedgerHandle, LedgerStore, LedgerTaken
 from kopf_operators.blackadder.notify import Logger, Notifications
 from kopf_operators.blackadder.probes import Probes
 from kopf_operators.blackadder.revert import Reverter, RevertIncomplete
+from kopf_operators.blackadder.settings import (
+    GROUP,
+    KIND,
+    PLURAL,
+    REVERT_ATTEMPTS,
+    TENANT_KIND,
+    TENANT_LEDGER_UID_LABEL,
+    TENANT_PLURAL,
+    VERSION,
+    AgentSettings,
+    Options,
+    ledger_name,
+    ledger_namespace,
+    orphaned_tenant_ledgers,
+    settings_from_spec,
+    tenant_agent_id,
+    tenant_agents_problem,
+    tenant_ledger_name,
+    tenant_settings,
+)
 from kopf_operators.core import access as k8s
-from kopf_operators.core import metrics
+from kopf_operators.core import conventions, metrics
 from kopf_operators.core.access import Access, ApiError
 from kopf_operators.core.controller import Background, GuardedPass, Index, KeyedState, MemoSlot
 from kopf_operators.core.conventions import Config
@@ -57,8 +77,8 @@ SOURCES_INDEX = "blackadder-copyrator-sources"
 # A sleeping agent looks at its live spec and the kill switch this often (in memory, no request):
 # an emergency stop acts within about a second instead of at the next cycle.
 WAKE_POLL_SECONDS = 1.0
-CHAOSAGENT = k8s.Kind(f"{logic.GROUP}/{logic.VERSION}", logic.PLURAL, logic.KIND, namespaced=False)
-TENANTCHAOSAGENT = k8s.Kind(f"{logic.GROUP}/{logic.VERSION}", logic.TENANT_PLURAL, logic.TENANT_KIND, namespaced=True)
+CHAOSAGENT = k8s.Kind(f"{GROUP}/{VERSION}", PLURAL, KIND, namespaced=False)
+TENANTCHAOSAGENT = k8s.Kind(f"{GROUP}/{VERSION}", TENANT_PLURAL, TENANT_KIND, namespaced=True)
 
 logger = logging.getLogger("kopf_operators.blackadder")
 
@@ -75,7 +95,7 @@ def _crashed(key: str, trigger: str, exc: Exception, delay: float | None) -> str
 class BlackadderController:
     kind = CHAOSAGENT
 
-    def __init__(self, access: Access, config: Config, options: logic.Options,
+    def __init__(self, access: Access, config: Config, options: Options,
                  namespaces: Index[str, dict[str, Any]],
                  sources: Index[tuple[str, str], list[dict[str, Any]]] | None = None) -> None:
         self.access = access
@@ -97,10 +117,10 @@ class BlackadderController:
         self.reverter = Reverter(access, self.ledgers, self.notes)
         tenant = self.kind.namespaced
         probes = Probes(access, options.tenant_http_hosts if tenant else options.check_hosts, options.prometheus_url,
-                        logic.ledger_namespace(config.operator_namespace), tenant=tenant, http=self.http,
+                        ledger_namespace(config.operator_namespace), tenant=tenant, http=self.http,
                         max_timeout=float(options.tenant_max_check_timeout) if tenant else None)
         self.games = GameDays(probes, self.ledgers, self.notes, self.reverter, self.agent_id, tenant=tenant,
-                              may_act=lambda body: not logic.spec_problem(self.agent_settings(body)))
+                              may_act=lambda body: not decisions.spec_problem(self.agent_settings(body)))
         # A cycle that crashes is counted and logged with its traceback; the next cycle is its retry.
         self.passes: GuardedPass[str] = self.state.track(GuardedPass(
             OPERATOR, self.background, self._cycle_pass, say=_crashed, catch=(Exception,), error_kind="cycle-crash",
@@ -111,25 +131,25 @@ class BlackadderController:
     def http_client(self) -> HttpClient:
         return HttpClient("blackadder", connections=ADMIN_HTTP_CONNECTIONS)
 
-    def agent_settings(self, body: Mapping[str, Any]) -> logic.AgentSettings:
-        return logic.settings_from_spec(spec_view(body), self.options.dry_run)
+    def agent_settings(self, body: Mapping[str, Any]) -> AgentSettings:
+        return settings_from_spec(spec_view(body), self.options.dry_run)
 
     def agent_id(self, meta: Mapping[str, Any]) -> str:
         """The agent's name in its ledger, Events and logs."""
         return str(meta["name"])
 
     def ledger_name(self, agent: str) -> str:
-        return logic.ledger_name(agent)
+        return ledger_name(agent)
 
     def kill_switch(self) -> bool:
         """The global kill switch: CHAOS_STOP_ALL, or the label blackadder.io/stop=true on the
         operator's namespace (from the namespaces index: no request)."""
         entries = self.namespaces.get(self.ledgers.namespace) or ()
         labels = next((entry.get("labels") for entry in entries), None)
-        return logic.kill_switch_on(labels, self.options.stop_all)
+        return decisions.kill_switch_on(labels, self.options.stop_all)
 
     def _halt_state(self, body: Mapping[str, Any]) -> tuple[bool, bool, bool]:
-        return logic.halt_state(self.agent_settings(body), self.kill_switch())
+        return decisions.halt_state(self.agent_settings(body), self.kill_switch())
 
     async def _sleep(self, body: Mapping[str, Any], seconds: float, ran_with: tuple[bool, bool, bool],
                      wait: Callable[[float], Any]) -> bool:
@@ -187,8 +207,8 @@ class BlackadderController:
             handle = await self.ledgers.get(self.agent_id(meta), meta["uid"])
         last = handle.data.get("lastCycleEpoch")
         if last is None:
-            last = logic.iso_to_epoch((body.get("status") or {}).get("lastCycleTime"))
-        return logic.seconds_until_next_cycle(last, time.time(), settings.pause)
+            last = conventions.iso_to_epoch((body.get("status") or {}).get("lastCycleTime"))
+        return decisions.seconds_until_next_cycle(last, time.time(), settings.pause)
 
     # --- one cycle: observe -> decide -> act -------------------------------------------------------
 
@@ -206,14 +226,14 @@ class BlackadderController:
             try:
                 handle = await self.ledgers.get(self.agent_id(meta), uid)
                 now = time.time()
-                decision = logic.decide_cycle(settings, now, self.kill_switch(), previous, generation,
-                                              self.ledgers.namespace)
-                if decision.step == logic.REVERT_STEP:
+                decision = decisions.decide_cycle(settings, now, self.kill_switch(), previous, generation,
+                                                  self.ledgers.namespace)
+                if decision.step == decisions.REVERT_STEP:
                     summary = await self.reverter.revert_all(body, handle, settings, log)
-                    await self.notes.patch_status(meta, logic.revert_status(previous, settings, generation, summary),
-                                                  body)
+                    await self.notes.patch_status(
+                        meta, decisions.revert_status(previous, settings, generation, summary), body)
                     return
-                if decision.step not in (logic.PAUSED_STEP, logic.STOPPED_STEP, logic.INVALID_STEP):
+                if decision.step not in (decisions.PAUSED_STEP, decisions.STOPPED_STEP, decisions.INVALID_STEP):
                     # A game day's run: started, ended (duration, maxActions, a broken check) or held.
                     # Not for an agent that may not act (a TenantChaosAgent outside an allowed namespace,
                     # over the limits, a check URL with credentials): it runs nothing, its checks neither.
@@ -230,7 +250,7 @@ class BlackadderController:
                     return
 
                 def halted() -> bool:  # checked before every action: an emergency stop acts mid-cycle
-                    return (stopped() or logic.must_halt(self.agent_settings(body), self.kill_switch())
+                    return (stopped() or decisions.must_halt(self.agent_settings(body), self.kill_switch())
                             or self.games.must_stop(body))
 
                 outcome = await self.chaos.run(body, handle, settings, now, halted, log, paragraph,
@@ -245,12 +265,12 @@ class BlackadderController:
                 metrics.error(OPERATOR, "cycle")
                 self.notes.announce(body, None, "Warning", "CycleFailed", f"cycle failed: {exc}", log)
                 retried = exc.transient or exc.status in (404, 409)
-                await self.notes.patch_status(meta, logic.failed_status(previous, settings, generation, str(exc),
-                                                                        retried), body)
+                await self.notes.patch_status(meta, decisions.failed_status(previous, settings, generation, str(exc),
+                                                                            retried), body)
                 return
-            status = logic.cycle_status(previous, settings, generation, handle.data, outcome.done, outcome.skipped,
-                                        outcome.counts, f"{handle.namespace}/{handle.name}",
-                                        outcome.frequency_problems)
+            status = decisions.cycle_status(previous, settings, generation, handle.data, outcome.done, outcome.skipped,
+                                            outcome.counts, f"{handle.namespace}/{handle.name}",
+                                            outcome.frequency_problems)
             await self.notes.patch_status(meta, {**status, "run": run} if run is not None else status, body)
 
     # --- delete: revert, then the ledger goes --------------------------------------------------------
@@ -275,7 +295,7 @@ class BlackadderController:
                 failed = summary["failed"]
                 if failed:
                     incomplete = RevertIncomplete(failed)
-                    if attempt + 1 < logic.REVERT_ATTEMPTS or not incomplete.refused:
+                    if attempt + 1 < REVERT_ATTEMPTS or not incomplete.refused:
                         # While it is retried, the Terminating agent says what is still left.
                         await self.notes.patch_status(meta, {"revert": summary, "state": "RevertFailed"})
                         raise incomplete
@@ -299,12 +319,12 @@ class BlackadderController:
 
 class TenantChaosController(BlackadderController):
     """TenantChaosAgents: the same cycle, ledger and actions, with the settings confined to the
-    agent's own namespace and bounded by the administrator's limits (logic.tenant_settings). The
+    agent's own namespace and bounded by the administrator's limits (settings.tenant_settings). The
     ledger stays in the operator's namespace (a tenant could otherwise write it)."""
 
     kind = TENANTCHAOSAGENT
 
-    def __init__(self, access: Access, config: Config, options: logic.Options,
+    def __init__(self, access: Access, config: Config, options: Options,
                  namespaces: Index[str, dict[str, Any]],
                  sources: Index[tuple[str, str], list[dict[str, Any]]] | None = None) -> None:
         # The live agents per namespace (uid -> (creationTimestamp, name)): the oldest
@@ -318,13 +338,13 @@ class TenantChaosController(BlackadderController):
         return HttpClient("blackadder-tenants", connections=TENANT_HTTP_CONNECTIONS,
                           per_lane=TENANT_REQUESTS_PER_NAMESPACE)
 
-    def agent_settings(self, body: Mapping[str, Any]) -> logic.AgentSettings:
+    def agent_settings(self, body: Mapping[str, Any]) -> AgentSettings:
         namespace = str(body["metadata"]["namespace"])
-        settings = logic.tenant_settings(spec_view(body), namespace, self.options, self.config.operator_namespace,
-                                         namespace_labels(self.namespaces).get(namespace))
+        settings = tenant_settings(spec_view(body), namespace, self.options, self.config.operator_namespace,
+                                   namespace_labels(self.namespaces).get(namespace))
         if not settings.scope_problem:
-            crowded = logic.tenant_agents_problem(self.live.get(namespace) or {}, str(body["metadata"]["uid"]),
-                                                  namespace, self.options.tenant_max_agents)
+            crowded = tenant_agents_problem(self.live.get(namespace) or {}, str(body["metadata"]["uid"]),
+                                            namespace, self.options.tenant_max_agents)
             if crowded:
                 return dataclasses.replace(settings, scope_problem=crowded)
         return settings
@@ -343,10 +363,10 @@ class TenantChaosController(BlackadderController):
                 self.live.pop(namespace, None)
 
     def agent_id(self, meta: Mapping[str, Any]) -> str:
-        return logic.tenant_agent_id(str(meta["namespace"]), str(meta["name"]))
+        return tenant_agent_id(str(meta["namespace"]), str(meta["name"]))
 
     def ledger_name(self, agent: str) -> str:
-        return logic.tenant_ledger_name(agent)
+        return tenant_ledger_name(agent)
 
     async def sweep_ledgers(self) -> int:
         """At start-up: delete the ledgers of TenantChaosAgents that are gone (normally the delete
@@ -355,11 +375,11 @@ class TenantChaosController(BlackadderController):
         if getattr(self.access, "paused", False):
             return 0
         namespace = self.ledgers.namespace
-        ledgers = await self.access.list(k8s.SECRET, namespace, labels=logic.TENANT_LEDGER_UID_LABEL)
+        ledgers = await self.access.list(k8s.SECRET, namespace, labels=TENANT_LEDGER_UID_LABEL)
         if not ledgers:
             return 0
         agents = await self.access.list(TENANTCHAOSAGENT)
-        orphans = logic.orphaned_tenant_ledgers(ledgers, (a["metadata"]["uid"] for a in agents))
+        orphans = orphaned_tenant_ledgers(ledgers, (a["metadata"]["uid"] for a in agents))
         for secret in orphans:
             meta = secret["metadata"]
             if await self.access.delete(k8s.SECRET, namespace, meta["name"], uid=meta.get("uid")):

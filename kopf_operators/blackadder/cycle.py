@@ -1,5 +1,5 @@
 """Blackadder's chaos cycle: one agent's chaos, once its cycle has decided on chaos: observe (the
-inventory) -> decide (``logic.plan_cycle``) -> act (write-ahead ledger, then each action, each
+inventory) -> decide (``decisions.plan_cycle``) -> act (write-ahead ledger, then each action, each
 checked against an emergency stop and the live spec first).
 
 pykube-ng lists the cycle's inventory (Pods, Deployments, ConfigMaps). A cycle is periodic, so its
@@ -20,9 +20,10 @@ from typing import Any
 
 import pykube
 
-from kopf_operators.blackadder import decisions as logic
+from kopf_operators.blackadder import decisions, targets
 from kopf_operators.blackadder.ledger import LedgerHandle, LedgerStore
 from kopf_operators.blackadder.notify import Logger, Notifications
+from kopf_operators.blackadder.settings import CANCER, IPSUM, MODES, TANTRUM, AgentSettings, Options
 from kopf_operators.core import access as k8s
 from kopf_operators.core import metrics
 from kopf_operators.core.access import Access, ApiError
@@ -39,7 +40,7 @@ class CycleOutcome:
     skipped: int = 0
     frequency_problems: list[str] = dataclasses.field(default_factory=list)
     counts: dict[str, int] = dataclasses.field(default_factory=dict)  # the inventory's candidates per mode
-    killed: list[tuple[logic.PodRef, float]] = dataclasses.field(default_factory=list)  # (pod, epoch) really killed
+    killed: list[tuple[targets.PodRef, float]] = dataclasses.field(default_factory=list)  # (pod, epoch) really killed
 
 
 def ref(kind: str, api_version: str, namespace: str, name: str, uid: str) -> dict[str, Any]:
@@ -62,10 +63,10 @@ def copyrator_sources(sources: Index[tuple[str, str], list[dict[str, Any]]]) -> 
 class ChaosCycle:
     """The chaos of one controller's agents (``agent_settings``: an agent's live settings)."""
 
-    def __init__(self, access: Access, config: Config, options: logic.Options,
+    def __init__(self, access: Access, config: Config, options: Options,
                  namespaces: Index[str, dict[str, Any]], sources: Index[tuple[str, str], list[dict[str, Any]]],
                  ledgers: LedgerStore, notes: Notifications,
-                 agent_settings: Callable[[Mapping[str, Any]], logic.AgentSettings]) -> None:
+                 agent_settings: Callable[[Mapping[str, Any]], AgentSettings]) -> None:
         self.access, self.config, self.options = access, config, options
         self.namespaces = namespaces  # Kopf's live index: name -> {"labels": ..., "terminating": bool}
         self.sources = sources  # Kopf's live index: Copyrator rule -> its ConfigMap sources
@@ -73,7 +74,7 @@ class ChaosCycle:
         self._pykube: pykube.HTTPClient | None = None
         self._pykube_guard = threading.Lock()  # one requests session, one listing at a time
 
-    async def run(self, body: Mapping[str, Any], handle: LedgerHandle, settings: logic.AgentSettings, now: float,
+    async def run(self, body: Mapping[str, Any], handle: LedgerHandle, settings: AgentSettings, now: float,
                   stopped: Stopped, log: Logger, paragraph: Callable[[], str],
                   limit: int | None = None) -> CycleOutcome:
         """``limit``: at most this many actions (what is left of a run's maxActions)."""
@@ -82,63 +83,63 @@ class ChaosCycle:
         outcome.counts = inventory.counts()
         return outcome
 
-    async def inventory(self, settings: logic.AgentSettings, now: float) -> logic.Inventory:
+    async def inventory(self, settings: AgentSettings, now: float) -> decisions.Inventory:
         """The cycle's candidates, listed with pykube-ng and scoped server-side: only the allowed
         namespaces (field selector, or one listing per namespace), the spec's label selectors, no
         ended pods; then what only the client can check (annotations, age, Copyrator sources)."""
         # Namespaces being deleted are no candidates: nothing to learn there, and Events are refused.
         going = terminating(self.namespaces)
         settings = dataclasses.replace(settings, excluded=tuple(sorted({*settings.excluded, *going})))
-        namespaces, selector = logic.listing_plan_for(settings, self.config.operator_namespace,
-                                                      namespace_labels(self.namespaces))
+        namespaces, selector = targets.listing_plan_for(settings, self.config.operator_namespace,
+                                                        namespace_labels(self.namespaces))
         allowed = None if namespaces is None else set(namespaces)
         ns_op, pod_op = self.config.operator_namespace, self.config.operator_pod_name
 
         def scoped(obj: Mapping[str, Any]) -> bool:
             namespace = obj["metadata"].get("namespace", "")
-            return (allowed is None or namespace in allowed) and logic.namespace_allowed(namespace, settings, ns_op)
+            return (allowed is None or namespace in allowed) and targets.namespace_allowed(namespace, settings, ns_op)
 
-        pods: list[logic.PodRef] = []
-        deps: list[logic.DeploymentRef] = []
-        cms: list[logic.ConfigMapRef] = []
+        pods: list[targets.PodRef] = []
+        deps: list[targets.DeploymentRef] = []
+        cms: list[targets.ConfigMapRef] = []
         if settings.tantrum:
-            listed = await self._list(pykube.Pod, namespaces, logic.pod_field_selector(selector),
-                                      logic.label_selector_for("Pod", settings))
-            pods = [p for obj in listed if scoped(obj) and logic.pod_selected(obj, settings, now)
-                    if logic.pod_allowed(p := logic.pod_ref(obj), settings, ns_op, pod_op)]
+            listed = await self._list(pykube.Pod, namespaces, targets.pod_field_selector(selector),
+                                      targets.label_selector_for("Pod", settings))
+            pods = [p for obj in listed if scoped(obj) and targets.pod_selected(obj, settings, now)
+                    if targets.pod_allowed(p := targets.pod_ref(obj), settings, ns_op, pod_op)]
         if settings.cancer:
             listed = await self._list(pykube.Deployment, namespaces, selector,
-                                      logic.label_selector_for("Deployment", settings))
-            deps = [logic.deployment_ref(obj) for obj in listed
-                    if scoped(obj) and logic.deployment_selected(obj, settings)]
+                                      targets.label_selector_for("Deployment", settings))
+            deps = [targets.deployment_ref(obj) for obj in listed
+                    if scoped(obj) and targets.deployment_selected(obj, settings)]
         if settings.ipsum:
             listed = await self._list(pykube.ConfigMap, namespaces, selector,
-                                      logic.label_selector_for("ConfigMap", settings))
+                                      targets.label_selector_for("ConfigMap", settings))
             sources = copyrator_sources(self.sources) if settings.shared_configmaps != "Include" else []
             cms = [cm for obj in listed if scoped(obj)
-                   and not logic.is_copyrator_source(obj["metadata"].get("namespace", ""),
-                                                     obj["metadata"].get("labels"), sources)
-                   if logic.configmap_allowed(cm := logic.configmap_ref(obj), settings, ns_op)]
-        return logic.Inventory(tuple(pods), tuple(deps), tuple(cms))
+                   and not decisions.is_copyrator_source(obj["metadata"].get("namespace", ""),
+                                                         obj["metadata"].get("labels"), sources)
+                   if targets.configmap_allowed(cm := targets.configmap_ref(obj), settings, ns_op)]
+        return decisions.Inventory(tuple(pods), tuple(deps), tuple(cms))
 
-    async def chaos(self, body: Mapping[str, Any], handle: LedgerHandle, settings: logic.AgentSettings,
-                    inventory: logic.Inventory, stopped: Stopped, log: Logger,
+    async def chaos(self, body: Mapping[str, Any], handle: LedgerHandle, settings: AgentSettings,
+                    inventory: decisions.Inventory, stopped: Stopped, log: Logger,
                     paragraph: Callable[[], str], limit: int | None = None) -> CycleOutcome:
         ledger = handle.data
         cycle = int(ledger.get("cycle", 0)) + 1
         # The cluster-wide cap on replicas cancer adds: what all agents added and did not revert.
         budget = self.options.max_added_replicas - self.ledgers.added_replicas()
         clock = time.time()
-        elapsed = logic.frequency_elapsed(ledger.get("lastCycleEpoch"), clock, settings.pause)
-        plan = logic.plan_cycle(inventory, settings, cycle, replica_budget=budget, elapsed=elapsed)
+        elapsed = targets.frequency_elapsed(ledger.get("lastCycleEpoch"), clock, settings.pause)
+        plan = decisions.plan_cycle(inventory, settings, cycle, replica_budget=budget, elapsed=elapsed)
         now = now_iso()
-        outcome = CycleOutcome({m: 0 for m in logic.MODES}, frequency_problems=list(plan.frequency_problems))
+        outcome = CycleOutcome({m: 0 for m in MODES}, frequency_problems=list(plan.frequency_problems))
         # The cycle counts as started from here: a crash mid-cycle never makes a restart repeat its number.
         ledger["cycle"], ledger["lastCycleAt"], ledger["lastCycleEpoch"] = cycle, now, clock
         previous_undo: dict[str, Any] = {}
         if not settings.dry_run and (plan.scales or plan.writes):
             previous_undo = copy.deepcopy(ledger.get("undo", {}))
-            writes, refused = logic.write_ahead(ledger, plan, now, paragraph)
+            writes, refused = decisions.write_ahead(ledger, plan, now, paragraph)
             for cm in refused:
                 outcome.skipped += 1
                 self.notes.announce(body, None, "Warning", "LedgerFull", f"not writing ConfigMap {cm.namespace}/"
@@ -148,21 +149,21 @@ class ChaosCycle:
             writes = [(cm, {}) for cm in plan.writes]
 
         def note(mode: str, kind: str, ref: Any, outcome_text: str, before: Any = None, after: Any = None) -> None:
-            logic.journal(ledger, {"cycle": cycle, "at": now, "mode": mode, "kind": kind, "namespace": ref.namespace,
-                                   "name": ref.name, "outcome": outcome_text, "dryRun": settings.dry_run,
-                                   "before": before, "after": after})
+            decisions.journal(ledger, {"cycle": cycle, "at": now, "mode": mode, "kind": kind,
+                                       "namespace": ref.namespace, "name": ref.name, "outcome": outcome_text,
+                                       "dryRun": settings.dry_run, "before": before, "after": after})
 
         # (mode, namespace, ledger key or "", the action)
         steps: list[tuple[str, str, str, Callable[[], Awaitable[bool]]]] = []
         for pod in plan.kills:
-            steps.append((logic.TANTRUM, pod.namespace, "",
+            steps.append((TANTRUM, pod.namespace, "",
                           functools.partial(self._kill, body, pod, settings, note, log, outcome.killed)))
         for dep, replicas in plan.scales:
-            steps.append((logic.CANCER, dep.namespace, logic.target_key("Deployment", dep.namespace, dep.name),
+            steps.append((CANCER, dep.namespace, decisions.target_key("Deployment", dep.namespace, dep.name),
                           functools.partial(self._scale, body, ledger, previous_undo, dep, replicas, settings, note,
                                             log)))
         for cm, new_data in writes:
-            steps.append((logic.IPSUM, cm.namespace, logic.target_key("ConfigMap", cm.namespace, cm.name),
+            steps.append((IPSUM, cm.namespace, decisions.target_key("ConfigMap", cm.namespace, cm.name),
                           functools.partial(self._ipsum, body, ledger, previous_undo, cm, new_data, settings, note,
                                             log)))
         for index, (mode, namespace, key, step) in enumerate(steps):
@@ -171,14 +172,14 @@ class ChaosCycle:
             if stopped() or (limit is not None and sum(outcome.done.values()) >= limit):
                 for _mode, _ns, left, _step in steps[index:]:
                     if left and not settings.dry_run:  # never done: no write-ahead entry may stay behind
-                        logic.forget_undo(ledger, previous_undo, left)
+                        decisions.forget_undo(ledger, previous_undo, left)
                 break
             # An edit in the middle of the cycle (mode off, namespace no longer a target, dry-run on):
             # the rest of the plan follows the live spec, not the one it was made with.
-            if not logic.still_wanted(self.agent_settings(body), settings, mode, namespace,
-                                      self.config.operator_namespace):
+            if not decisions.still_wanted(self.agent_settings(body), settings, mode, namespace,
+                                          self.config.operator_namespace):
                 if key and not settings.dry_run:
-                    logic.forget_undo(ledger, previous_undo, key)
+                    decisions.forget_undo(ledger, previous_undo, key)
                 outcome.skipped += 1
                 continue
             if await step():
@@ -196,11 +197,11 @@ class ChaosCycle:
 
     # --- the actions (each True when done, False when skipped) ------------------------------------
 
-    async def _kill(self, body: Mapping[str, Any], pod: logic.PodRef, settings: logic.AgentSettings,
-                    note: Callable[..., None], log: Logger, killed: list[tuple[logic.PodRef, float]]) -> bool:
+    async def _kill(self, body: Mapping[str, Any], pod: targets.PodRef, settings: AgentSettings,
+                    note: Callable[..., None], log: Logger, killed: list[tuple[targets.PodRef, float]]) -> bool:
         target = ref("Pod", "v1", pod.namespace, pod.name, pod.uid)
         if settings.dry_run:
-            note(logic.TANTRUM, "Pod", pod, "would-delete")
+            note(TANTRUM, "Pod", pod, "would-delete")
             self.notes.announce(body, target, "Normal", "WouldKillPod",
                                 f"dry-run: would delete Pod {pod.namespace}/{pod.name}", log)
             return True
@@ -213,67 +214,67 @@ class ChaosCycle:
                 done = await self.access.delete(k8s.POD, pod.namespace, pod.name, uid=pod.uid,
                                                 grace_seconds=settings.grace_period)
         except ApiError as exc:
-            note(logic.TANTRUM, "Pod", pod, f"skipped: HTTP {exc.status}")
+            note(TANTRUM, "Pod", pod, f"skipped: HTTP {exc.status}")
             return False
         if not done:
             if settings.evict:
-                note(logic.TANTRUM, "Pod", pod, "skipped: eviction refused")
+                note(TANTRUM, "Pod", pod, "skipped: eviction refused")
                 self.notes.announce(body, target, "Normal", "EvictionRefused",
                                     f"not evicting Pod {pod.namespace}/{pod.name}: a PodDisruptionBudget refused it "
                                     "(or it is gone)", log)
             else:
-                note(logic.TANTRUM, "Pod", pod, "skipped: gone")
+                note(TANTRUM, "Pod", pod, "skipped: gone")
             return False
         metrics.action(OPERATOR, "pod-killed")
         killed.append((pod, at))
         how = "evicted" if settings.evict else "deleted"
         grace = "" if settings.grace_period is None else f", grace period {settings.grace_period}s"
-        note(logic.TANTRUM, "Pod", pod, how)
+        note(TANTRUM, "Pod", pod, how)
         self.notes.announce(body, target, "Normal", "PodKilled",
                             f"{how} Pod {pod.namespace}/{pod.name}{grace} (not revertible)", log)
         return True
 
     async def _scale(self, body: Mapping[str, Any], ledger: dict[str, Any], previous_undo: Mapping[str, Any],
-                     dep: logic.DeploymentRef, replicas: int, settings: logic.AgentSettings,
+                     dep: targets.DeploymentRef, replicas: int, settings: AgentSettings,
                      note: Callable[..., None], log: Logger) -> bool:
-        key = logic.target_key("Deployment", dep.namespace, dep.name)
+        key = decisions.target_key("Deployment", dep.namespace, dep.name)
         target = ref("Deployment", "apps/v1", dep.namespace, dep.name, dep.uid)
         msg = f"Deployment {dep.namespace}/{dep.name} from {dep.replicas} to {replicas} replicas"
         if settings.dry_run:
-            note(logic.CANCER, "Deployment", dep, "would-scale", dep.replicas, replicas)
+            note(CANCER, "Deployment", dep, "would-scale", dep.replicas, replicas)
             self.notes.announce(body, target, "Normal", "WouldScaleDeployment", f"dry-run: would scale {msg}", log)
             return True
         # Through the scale subresource, conditional on the replicas we decided on (not on the
         # resourceVersion: the Deployment's status moves it all the time).
-        write = self.access.patch(k8s.DEPLOYMENT, dep.namespace, dep.name, logic.scale_patch(dep.replicas, replicas),
-                                  subresource="scale", json_patch=True)
+        write = self.access.patch(k8s.DEPLOYMENT, dep.namespace, dep.name,
+                                  decisions.scale_patch(dep.replicas, replicas), subresource="scale", json_patch=True)
         if not await self._undoable(write, ledger, previous_undo, key, lambda skipped: note(
-                logic.CANCER, "Deployment", dep, skipped)):
+                CANCER, "Deployment", dep, skipped)):
             return False
         metrics.action(OPERATOR, "deployment-scaled")
-        note(logic.CANCER, "Deployment", dep, "scaled", dep.replicas, replicas)
+        note(CANCER, "Deployment", dep, "scaled", dep.replicas, replicas)
         self.notes.announce(body, target, "Normal", "DeploymentScaled", f"scaled {msg}", log)
         return True
 
     async def _ipsum(self, body: Mapping[str, Any], ledger: dict[str, Any], previous_undo: Mapping[str, Any],
-                     cm: logic.ConfigMapRef, new_data: Mapping[str, str], settings: logic.AgentSettings,
+                     cm: targets.ConfigMapRef, new_data: Mapping[str, str], settings: AgentSettings,
                      note: Callable[..., None], log: Logger) -> bool:
-        key = logic.target_key("ConfigMap", cm.namespace, cm.name)
+        key = decisions.target_key("ConfigMap", cm.namespace, cm.name)
         target = ref("ConfigMap", "v1", cm.namespace, cm.name, cm.uid)
         keys = ", ".join(sorted(cm.data or {}))
-        before_hash = logic.data_fingerprint(cm.data)
+        before_hash = decisions.data_fingerprint(cm.data)
         if settings.dry_run:
-            note(logic.IPSUM, "ConfigMap", cm, "would-ipsum", before_hash)
+            note(IPSUM, "ConfigMap", cm, "would-ipsum", before_hash)
             self.notes.announce(body, target, "Normal", "WouldIpsumConfigMap", f"dry-run: would overwrite "
                                 f"ConfigMap {cm.namespace}/{cm.name} keys [{keys}] with lorem ipsum", log)
             return True
         write = self.access.patch(k8s.CONFIGMAP, cm.namespace, cm.name,
                                   {"metadata": {"resourceVersion": cm.resource_version}, "data": new_data})
         if not await self._undoable(write, ledger, previous_undo, key, lambda skipped: note(
-                logic.IPSUM, "ConfigMap", cm, skipped)):
+                IPSUM, "ConfigMap", cm, skipped)):
             return False
         metrics.action(OPERATOR, "configmap-ipsumed")
-        note(logic.IPSUM, "ConfigMap", cm, "ipsumed", before_hash, logic.data_fingerprint(new_data))
+        note(IPSUM, "ConfigMap", cm, "ipsumed", before_hash, decisions.data_fingerprint(new_data))
         self.notes.announce(body, target, "Normal", "ConfigMapIpsumed", f"overwrote ConfigMap {cm.namespace}/"
                             f"{cm.name} keys [{keys}] with lorem ipsum (revertible)", log)
         return True
@@ -292,7 +293,7 @@ class ChaosCycle:
                 ledger["undo"].get(key, {}).pop("pending", None)
                 return True
             why = "skipped: gone"
-        logic.forget_undo(ledger, previous_undo, key)
+        decisions.forget_undo(ledger, previous_undo, key)
         skipped(why)
         return False
 

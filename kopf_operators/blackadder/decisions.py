@@ -16,9 +16,6 @@ import zoneinfo
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-# Every decision is read as logic.X (the controller, the handlers, the tests): the settings and the
-# targets are re-exported.
-from kopf_operators.blackadder.settings import *  # noqa: F403
 from kopf_operators.blackadder.settings import (
     CANCER,
     DENIED_CONFIGMAPS,
@@ -37,7 +34,6 @@ from kopf_operators.blackadder.settings import (
     AgentSettings,
     denied_namespaces,
 )
-from kopf_operators.blackadder.targets import *  # noqa: F403
 from kopf_operators.blackadder.targets import (
     ConfigMapRef,
     DeploymentRef,
@@ -52,8 +48,13 @@ from kopf_operators.blackadder.targets import (
     regex_problem,
     rng_for,
 )
-from kopf_operators.copyrator.rules import PREFIX as COPYRATOR_PREFIX
-from kopf_operators.core.conventions import kstatus_conditions, matches_label_selector, set_condition, stable_hash
+from kopf_operators.core.conventions import (
+    COPYRATOR_PREFIX,
+    kstatus_conditions,
+    matches_label_selector,
+    set_condition,
+    stable_hash,
+)
 from kopf_operators.core.http import credentials_refusal
 
 # --- Ledger ---------------------------------------------------------------------------------------

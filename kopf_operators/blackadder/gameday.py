@@ -21,13 +21,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kopf_operators.blackadder import decisions as logic
-from kopf_operators.blackadder import steady
+from kopf_operators.blackadder import decisions, steady
 from kopf_operators.blackadder.cycle import CycleOutcome, Stopped
 from kopf_operators.blackadder.ledger import LedgerHandle, LedgerStore
 from kopf_operators.blackadder.notify import Logger, Notifications
 from kopf_operators.blackadder.probes import Probes
 from kopf_operators.blackadder.revert import Reverter
+from kopf_operators.blackadder.settings import AgentSettings
 from kopf_operators.core import metrics
 from kopf_operators.core.access import ApiError
 from kopf_operators.core.conventions import now_iso
@@ -74,7 +74,7 @@ class GameDays:
 
     # --- before a cycle ----------------------------------------------------------------------------------
 
-    async def gate(self, body: Mapping[str, Any], handle: LedgerHandle, settings: logic.AgentSettings,
+    async def gate(self, body: Mapping[str, Any], handle: LedgerHandle, settings: AgentSettings,
                    previous: Any, log: Logger) -> dict[str, Any] | None:
         """None: the cycle may go on (chaos). Else the status to write instead (no chaos)."""
         game = self.game(body)
@@ -99,26 +99,26 @@ class GameDays:
                                     f"{answer}", log)
                 elif failing := steady.failing_checks(run, game):
                     tally = run["checks"][failing[0]]
-                    status = logic.simple_status(previous, settings, generation, True, "SteadyStateFailing",
-                                                 f"no chaos while check {failing[0]} fails: {tally['last']}")
+                    status = decisions.simple_status(previous, settings, generation, True, "SteadyStateFailing",
+                                                     f"no chaos while check {failing[0]} fails: {tally['last']}")
                     return {**status, "state": "Waiting", "run": steady.run_status(run)}
                 else:
                     return None
         return self.ended_status(run, settings, previous, generation)
 
     @staticmethod
-    def ended_status(run: Mapping[str, Any], settings: logic.AgentSettings, previous: Any,
+    def ended_status(run: Mapping[str, Any], settings: AgentSettings, previous: Any,
                      generation: int | None) -> dict[str, Any]:
         """Halted: Stalled (a person decides when to go on: any edit of the spec). Finished: Ready."""
         halted = run.get("state") == steady.HALTED
         message = (f"halted: {run.get('message')}; edit the spec (e.g. set spec.resume) to start a new run"
                    if halted else f"finished: {run.get('message')}")
-        status = logic.simple_status(previous, settings, generation, not halted, str(run.get("why")), message,
-                                     stalled=halted)
+        status = decisions.simple_status(previous, settings, generation, not halted, str(run.get("why")), message,
+                                         stalled=halted)
         return {**status, "state": run.get("state"), "run": steady.run_status(run)}
 
     async def _end(self, body: Mapping[str, Any], handle: LedgerHandle, run: dict[str, Any],
-                   settings: logic.AgentSettings, state: str, why: str, message: str, log: Logger) -> None:
+                   settings: AgentSettings, state: str, why: str, message: str, log: Logger) -> None:
         """End the run: revert (Halted: unless revertOnHalt is false; Finished: as on delete), say so
         (Event, log line, webhook), keep the record in the ledger."""
         steady.end_run(run, time.time(), state, why, message)

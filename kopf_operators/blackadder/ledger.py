@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kopf_operators.blackadder import decisions as logic
+from kopf_operators.blackadder import decisions, settings, targets
 from kopf_operators.core import access as k8s
 from kopf_operators.core.access import Access, ApiError
 from kopf_operators.core.controller import Index, Newest, version_of
@@ -54,7 +54,7 @@ class LedgerStore:
         self.access, self.config, self.kind = access, config, kind
         self.namespaces = namespaces
         self.ledger_name = ledger_name
-        self.namespace = logic.ledger_namespace(config.operator_namespace)
+        self.namespace = settings.ledger_namespace(config.operator_namespace)
         # agent uid -> its ledger as we last wrote it (created by us, so held until forgotten)
         self.handles: Newest[str, LedgerHandle] = Newest(lambda h: version_of(h.resource_version), lambda h: h.uid,
                                                          ours_until_seen=True)
@@ -64,7 +64,7 @@ class LedgerStore:
 
     def added_replicas(self) -> int:
         """What cancer added over all agents and did not revert (the cluster-wide cap's count)."""
-        return logic.added_replicas(handle.data for _uid, handle in self.handles.held())
+        return targets.added_replicas(handle.data for _uid, handle in self.handles.held())
 
     async def get(self, agent: str, agent_uid: str) -> LedgerHandle:
         """The agent's ledger: from memory after the first read (we are its only writer)."""
@@ -78,31 +78,31 @@ class LedgerStore:
         namespace, name = self.namespace, self.ledger_name(agent)
         obj = await self.access.read(k8s.SECRET, namespace, name)
         if obj is None:
-            return LedgerHandle(namespace, name, logic.empty_ledger(agent, agent_uid), exists=False)
+            return LedgerHandle(namespace, name, decisions.empty_ledger(agent, agent_uid), exists=False)
         meta = obj.get("metadata") or {}
-        if logic.LEDGER_LABEL not in (meta.get("labels") or {}):
+        if settings.LEDGER_LABEL not in (meta.get("labels") or {}):
             raise LedgerTaken(f"{namespace}/{name}", "exists and is not a Blackadder ledger (someone else's Secret)")
         # What a revert undoes comes from here: only a ledger the operator wrote for this agent is read.
-        untrusted = logic.ledger_trust_problem(obj, agent_uid, self.kind.namespaced, namespace)
+        untrusted = decisions.ledger_trust_problem(obj, agent_uid, self.kind.namespaced, namespace)
         if untrusted:
             raise LedgerTaken(f"{namespace}/{name}", untrusted)
         annotations = meta.get("annotations") or {}
-        if logic.LEDGER_ABANDONED_ANNOTATION in annotations and not self._ours(obj, agent_uid):
+        if settings.LEDGER_ABANDONED_ANNOTATION in annotations and not self._ours(obj, agent_uid):
             raise LedgerTaken(f"{namespace}/{name}", "holds what a previous agent of this name could not revert "
                                                       "(kept for an administrator: read it, then delete it)")
         raw: dict[str, Any] | None = None
-        encoded = (obj.get("data") or {}).get(logic.LEDGER_KEY)
+        encoded = (obj.get("data") or {}).get(settings.LEDGER_KEY)
         if encoded:
             try:
                 raw = json.loads(base64.b64decode(encoded))
             except ValueError:
                 raw = None  # a hand-edited, broken ledger: start afresh rather than crash-looping
-        return LedgerHandle(namespace, name, logic.normalise_ledger(raw, agent, agent_uid), exists=True,
+        return LedgerHandle(namespace, name, decisions.normalise_ledger(raw, agent, agent_uid), exists=True,
                             resource_version=meta.get("resourceVersion", ""), uid=meta.get("uid", ""))
 
     @staticmethod
     def _ours(obj: Mapping[str, Any], agent_uid: str) -> bool:
-        encoded = (obj.get("data") or {}).get(logic.LEDGER_KEY)
+        encoded = (obj.get("data") or {}).get(settings.LEDGER_KEY)
         if not encoded:
             return False
         try:
@@ -116,16 +116,16 @@ class LedgerStore:
         ``abandoned``: the agent lets go; the Secret loses its ownerReference and says why."""
         agent, agent_uid = handle.data["agent"], handle.data["agentUid"]
         payload = base64.b64encode(json.dumps(handle.data, separators=(",", ":")).encode()).decode()
-        annotations = {logic.LEDGER_AGENT_ANNOTATION: agent}
+        annotations = {settings.LEDGER_AGENT_ANNOTATION: agent}
         if abandoned:
-            annotations[logic.LEDGER_ABANDONED_ANNOTATION] = abandoned
+            annotations[settings.LEDGER_ABANDONED_ANNOTATION] = abandoned
         body: dict[str, Any] = {
             "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
             "metadata": {
                 "name": handle.name, "namespace": handle.namespace,
                 # A label value stops at 63 characters: long agent names are hashed (full name annotated).
-                "labels": {logic.LEDGER_LABEL: logic.ledger_label(agent),
-                           **({logic.TENANT_LEDGER_UID_LABEL: agent_uid} if self.kind.namespaced else {})},
+                "labels": {settings.LEDGER_LABEL: settings.ledger_label(agent),
+                           **({settings.TENANT_LEDGER_UID_LABEL: agent_uid} if self.kind.namespaced else {})},
                 "annotations": annotations,
                 # Namespaced dependents may have cluster-scoped owners: the GC removes a forgotten ledger
                 # (not an abandoned one: that one stays for an administrator).
@@ -134,7 +134,7 @@ class LedgerStore:
                 "ownerReferences": [] if abandoned or self.kind.namespaced else [{
                     "apiVersion": self.kind.api_version, "kind": self.kind.kind, "name": agent, "uid": agent_uid}],
             },
-            "data": {logic.LEDGER_KEY: payload},
+            "data": {settings.LEDGER_KEY: payload},
         }
         for _attempt in range(3):
             answer: dict[str, Any] | None
@@ -159,7 +159,7 @@ class LedgerStore:
                 self.handles.remember(agent_uid, handle)
                 return
             fresh = await self.access.read(k8s.SECRET, handle.namespace, handle.name)
-            if fresh is not None and logic.LEDGER_LABEL not in ((fresh.get("metadata") or {}).get("labels") or {}):
+            if fresh is not None and settings.LEDGER_LABEL not in ((fresh.get("metadata") or {}).get("labels") or {}):
                 raise LedgerTaken(f"{handle.namespace}/{handle.name}",
                                   "exists and is not a Blackadder ledger (someone else's Secret)")
             handle.exists = fresh is not None

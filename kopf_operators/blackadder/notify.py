@@ -17,7 +17,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kopf_operators.blackadder import decisions as logic
+from kopf_operators.blackadder import decisions, settings
 from kopf_operators.core import access as k8s
 from kopf_operators.core import metrics
 from kopf_operators.core.access import Access, ApiError
@@ -35,14 +35,14 @@ logger = logging.getLogger("kopf_operators.blackadder")
 class Notifications:
     """Events, status and webhooks of one controller's agents (``agent_id``: an agent's name in them)."""
 
-    def __init__(self, access: Access, kind: k8s.Kind, options: logic.Options, operator_namespace: str,
+    def __init__(self, access: Access, kind: k8s.Kind, options: settings.Options, operator_namespace: str,
                  agent_id: Callable[[Mapping[str, Any]], str], background: Background,
                  http: HttpClient | None = None) -> None:
         self.access, self.kind, self.options = access, kind, options
         # A redirect could lead past the allowed hosts: a 3xx fails the notification (core.http follows none).
         self.http = http if http is not None else HttpClient("blackadder-webhooks")
         self.agent_id = agent_id
-        self.namespace = logic.ledger_namespace(operator_namespace)  # where the webhook Secrets are
+        self.namespace = settings.ledger_namespace(operator_namespace)  # where the webhook Secrets are
         self.background = background  # webhook notifications in flight
 
     def announce(self, agent_body: Mapping[str, Any], target: Mapping[str, Any] | None, type_: str,
@@ -61,7 +61,7 @@ class Notifications:
                             body: Mapping[str, Any] | None = None) -> None:
         """Patch the agent's status; with ``body``, only when it would change (an idle or paused
         agent does not write every cycle)."""
-        if body is not None and not logic.status_changed(body.get("status") or {}, status):
+        if body is not None and not decisions.status_changed(body.get("status") or {}, status):
             return
         # Kopf updates a daemon's body in place as events arrive, and our own patch's event can arrive
         # during the await: the conditions before the write are the ones read now.
@@ -91,10 +91,10 @@ class Notifications:
         if not secret:  # an agent stored before webhook.url was refused by the schema
             self.announce(body, None, "Warning", "WebhookRefused",
                           "webhook.url is no longer read (a URL in a custom resource leaks its token): put the URL "
-                          f"in a Secret under key {logic.WEBHOOK_SECRET_KEY!r} in namespace {self.namespace}"
+                          f"in a Secret under key {settings.WEBHOOK_SECRET_KEY!r} in namespace {self.namespace}"
                           " and set webhook.secretRef.name", log)
             return
-        payloads = [logic.webhook_payload(agent, entry) for entry in entries]
+        payloads = [decisions.webhook_payload(agent, entry) for entry in entries]
 
         async def post_all() -> None:
             try:
@@ -103,17 +103,17 @@ class Notifications:
                 self.announce(body, None, "Warning", "WebhookFailed", f"could not read the webhook Secret {where}: "
                               f"{exc}", log)
                 return
-            encoded = ((obj or {}).get("data") or {}).get(logic.WEBHOOK_SECRET_KEY)
+            encoded = ((obj or {}).get("data") or {}).get(settings.WEBHOOK_SECRET_KEY)
             try:
                 url = base64.b64decode(encoded).decode().strip() if encoded else ""
             except ValueError:
                 url = ""
             if not url:
                 self.announce(body, None, "Warning", "WebhookSecretMissing",
-                              f"no webhook sent: Secret {where} " + ("has no key " + repr(logic.WEBHOOK_SECRET_KEY)
+                              f"no webhook sent: Secret {where} " + ("has no key " + repr(settings.WEBHOOK_SECRET_KEY)
                                                                      if obj else "does not exist"), log)
                 return
-            refusal = logic.webhook_refusal(url, self.options.webhook_hosts)
+            refusal = decisions.webhook_refusal(url, self.options.webhook_hosts)
             if refusal:
                 metrics.error(OPERATOR, "webhook")
                 self.announce(body, None, "Warning", "WebhookRefused", f"{refusal} (Secret {where})", log)

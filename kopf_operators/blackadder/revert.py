@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kopf_operators.blackadder import decisions as logic
+from kopf_operators.blackadder import decisions
 from kopf_operators.blackadder.cycle import ref
 from kopf_operators.blackadder.ledger import LedgerHandle, LedgerStore
 from kopf_operators.blackadder.notify import Logger, Notifications
+from kopf_operators.blackadder.settings import LEDGER_KEY, AgentSettings
 from kopf_operators.core import access as k8s
 from kopf_operators.core import metrics
 from kopf_operators.core.access import Access, ApiError
@@ -42,7 +43,7 @@ class Reverter:
     def __init__(self, access: Access, ledgers: LedgerStore, notes: Notifications) -> None:
         self.access, self.ledgers, self.notes = access, ledgers, notes
 
-    async def revert_all(self, body: Mapping[str, Any], handle: LedgerHandle, settings: logic.AgentSettings,
+    async def revert_all(self, body: Mapping[str, Any], handle: LedgerHandle, settings: AgentSettings,
                          log: Logger) -> dict[str, Any]:
         """Restore every ledger entry that still shows what we wrote; report the others. Under the
         agent's lock. Dry-run: report what would be restored, keep the ledger as it is. Revert is rare
@@ -62,14 +63,14 @@ class Reverter:
             ns, nm = entry["namespace"], entry["name"]
             what = f"{entry['kind']} {ns}/{nm}"
             # Whatever the ledger says, a revert writes only where the agent may act now.
-            refusal = logic.revert_refusal(entry, settings, self.ledgers.config.operator_namespace)
+            refusal = decisions.revert_refusal(entry, settings, self.ledgers.config.operator_namespace)
             if refusal:
                 outside.append(key)
                 metrics.error(OPERATOR, "revert-refused")
                 self.notes.announce(body, None, "Warning", "RevertRefused", f"not restoring {what}: {refusal}", log)
                 if not settings.dry_run:
-                    logic.journal(ledger, {"at": now, "mode": "revert", "kind": entry["kind"], "namespace": ns,
-                                           "name": nm, "outcome": "refused"})
+                    decisions.journal(ledger, {"at": now, "mode": "revert", "kind": entry["kind"], "namespace": ns,
+                                               "name": nm, "outcome": "refused"})
                 continue
             try:
                 verdict, target = await self._revert_one(body, entry, kind, settings, restored, key, ledger, now, log)
@@ -78,20 +79,20 @@ class Reverter:
                 metrics.error(OPERATOR, "revert")
                 self.notes.announce(body, None, "Warning", "RevertFailed", f"could not restore {what}: {exc}", log)
                 if not settings.dry_run:
-                    logic.journal(ledger, {"at": now, "mode": "revert", "kind": entry["kind"], "namespace": ns,
-                                           "name": nm, "outcome": f"failed: {exc}"})
+                    decisions.journal(ledger, {"at": now, "mode": "revert", "kind": entry["kind"], "namespace": ns,
+                                               "name": nm, "outcome": f"failed: {exc}"})
                 continue
-            if verdict == logic.CHANGED:
+            if verdict == decisions.CHANGED:
                 changed.append(key)
                 self.notes.announce(body, target, "Warning", "RevertSkipped",
                                     f"not restoring {what}: it was changed since the agent wrote it", log)
-            elif verdict == logic.GONE:
+            elif verdict == decisions.GONE:
                 gone.append(key)
                 self.notes.announce(body, None, "Warning", "RevertSkipped",
                                     f"not restoring {what}: it no longer exists", log)
-            if not settings.dry_run and verdict in (logic.CHANGED, logic.GONE):
-                logic.journal(ledger, {"at": now, "mode": "revert", "kind": entry["kind"], "namespace": ns,
-                                       "name": nm, "outcome": verdict})
+            if not settings.dry_run and verdict in (decisions.CHANGED, decisions.GONE):
+                decisions.journal(ledger, {"at": now, "mode": "revert", "kind": entry["kind"], "namespace": ns,
+                                           "name": nm, "outcome": verdict})
         if not settings.dry_run and undo:
             ledger["undo"] = {f["key"]: undo[f["key"]] for f in failed}
             await self.ledgers.save(handle)
@@ -100,24 +101,24 @@ class Reverter:
         return {**summary, "refused": outside[:50]} if outside else summary
 
     async def _revert_one(self, body: Mapping[str, Any], entry: Mapping[str, Any], kind: k8s.Kind,
-                          settings: logic.AgentSettings, restored: list[str], key: str, ledger: dict[str, Any],
+                          settings: AgentSettings, restored: list[str], key: str, ledger: dict[str, Any],
                           now: str, log: Logger) -> tuple[str, dict[str, Any] | None]:
         """One ledger entry: (verdict, the target for Events). Raises ApiError when refused."""
         is_dep = entry["kind"] == "Deployment"
         ns, nm = entry["namespace"], entry["name"]
         what = f"{entry['kind']} {ns}/{nm}"
         current = await self.access.read(kind, ns, nm)
-        verdict = logic.revert_verdict(entry, current)
+        verdict = decisions.revert_verdict(entry, current)
         target = ref(entry["kind"], kind.api_version, ns, nm, entry["uid"]) if current else None
-        if verdict == logic.RESTORE and current is not None:
+        if verdict == decisions.RESTORE and current is not None:
             if settings.dry_run:
                 restored.append(key)
                 self.notes.announce(body, target, "Normal", "WouldRevert", f"dry-run: would restore {what}", log)
                 return verdict, target
             try:
                 if is_dep:
-                    answer = await self.access.patch(kind, ns, nm, logic.scale_patch(entry["written"],
-                                                                                     entry["before"]),
+                    answer = await self.access.patch(kind, ns, nm, decisions.scale_patch(entry["written"],
+                                                                                         entry["before"]),
                                                      subresource="scale", json_patch=True)
                     detail = f"replicas back to {entry['before']}"
                 else:
@@ -129,15 +130,15 @@ class Reverter:
             except ApiError as exc:
                 if exc.status not in (409, 422):  # changed between our read and our write
                     raise
-                verdict = logic.CHANGED
+                verdict = decisions.CHANGED
             else:
                 if answer is None:
-                    verdict = logic.GONE
+                    verdict = decisions.GONE
                 else:
                     restored.append(key)
                     metrics.action(OPERATOR, "reverted")
-                    logic.journal(ledger, {"at": now, "mode": "revert", "kind": entry["kind"], "namespace": ns,
-                                           "name": nm, "outcome": "restored"})
+                    decisions.journal(ledger, {"at": now, "mode": "revert", "kind": entry["kind"], "namespace": ns,
+                                               "name": nm, "outcome": "restored"})
                     self.notes.announce(body, target, "Normal", "Reverted", f"restored {what}: {detail}", log)
         return verdict, target
 
@@ -148,7 +149,7 @@ class Reverter:
         left = ", ".join(f"{f['key']} ({f['error']})" for f in summary["failed"])
         await self.ledgers.save(handle, abandoned=f"revert refused {attempts} times: {left}"[:1000])
         message = (f"gave up reverting after {attempts} attempts; NOT restored: {left}. Their original state "
-                   f"stays in the ledger Secret {where} (key {logic.LEDGER_KEY}, field undo), kept after the agent "
+                   f"stays in the ledger Secret {where} (key {LEDGER_KEY}, field undo), kept after the agent "
                    "is gone; restore by hand, then delete that Secret")
         metrics.error(OPERATOR, "revert-abandoned")
         self.notes.announce(body, None, "Warning", "RevertAbandoned", message, log)

@@ -9,7 +9,6 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kopf_operators.copyrator import decisions as copyrator
 from kopf_operators.core.conventions import DOMAIN, env_bool, env_float, env_list, stable_hash
 from kopf_operators.core.http import credentials_refusal
 
@@ -57,8 +56,6 @@ KILL_VALUE_LABEL = "blackadder.io/kill-value"
 KILL_ONE, KILL_FIXED, KILL_ALL, KILL_RANDOM_MAX_PERCENT, KILL_FIXED_PERCENT = (
     "", "fixed", "kill-all", "random-max-percent", "fixed-percent")
 KILL_MODES = (KILL_FIXED, KILL_ALL, KILL_RANDOM_MAX_PERCENT, KILL_FIXED_PERCENT)
-# Copyrator's marker on its copies: ConfigMaps carrying it are Copyrator's to keep in sync.
-COPYRATOR_COPY_LABEL = copyrator.RULE_UID_LABEL
 DEFAULT_MAX_KILLS = 1  # like chaoskube's --max-kill
 DEFAULT_MAX_ADDED_REPLICAS = 32
 # Chaos for tenants: the namespaced TenantChaosAgent (tantrum only, in its own namespace).

@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from kopf_operators.blackadder.settings import (
-    COPYRATOR_COPY_LABEL,
     DENIED_CONFIGMAPS,
     KILL_ALL,
     KILL_FIXED,
@@ -28,7 +27,7 @@ from kopf_operators.blackadder.settings import (
     AgentSettings,
     denied_namespaces,
 )
-from kopf_operators.core.conventions import iso_to_epoch, matches_label_selector
+from kopf_operators.core.conventions import COPYRATOR_RULE_UID_LABEL, iso_to_epoch, matches_label_selector
 from kopf_operators.core.patterns import tenant_pattern
 
 
@@ -83,7 +82,7 @@ def label_selector_for(kind: str, settings: AgentSettings) -> str:
     if kind == "Pod" and settings.pod_selector:
         parts.append(selector_string(settings.pod_selector))
     if kind == "ConfigMap" and settings.shared_configmaps != "Include":
-        parts.append(f"!{COPYRATOR_COPY_LABEL}")
+        parts.append(f"!{COPYRATOR_RULE_UID_LABEL}")
     return ",".join(p for p in parts if p)
 
 

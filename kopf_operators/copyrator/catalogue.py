@@ -6,6 +6,7 @@ this list lacks."""
 from __future__ import annotations
 
 from kopf_operators.copyrator import rules
+from kopf_operators.core import conventions
 from kopf_operators.core.catalogue import Catalogue, annotation, label, normal, warning
 
 CATALOGUE = Catalogue("copyrator", "the CopyratorRule; for a push, its source ConfigMap or Secret", events=(
@@ -30,7 +31,7 @@ CATALOGUE = Catalogue("copyrator", "the CopyratorRule; for a push, its source Co
     warning("PushDisabled", "push: push annotations are turned off in this cluster (chart value "
                             "operators.copyrator.push.enabled)"),
 ), keys=(
-    annotation(rules.DATA_STAMP, "copy", "operator",
+    annotation(conventions.DATA_STAMP, "copy", "operator",
                "the hash of the data Copyrator wrote: a copy whose data differs was edited by hand and is "
                "repaired (the re-roller rolls nothing for it)"),
     annotation(rules.ALLOWED_NAMESPACES_ANNOTATION, "source ConfigMap/Secret", "you",
@@ -41,7 +42,7 @@ CATALOGUE = Catalogue("copyrator", "the CopyratorRule; for a push, its source Co
                "push into the namespaces carrying all these labels (key=value pairs)"),
     annotation(rules.ACCEPT_FROM_ANNOTATION, "Namespace", "you",
                "target consent: the namespaces (names, globs; * for all) whose pushes may write copies here"),
-    label(rules.RULE_UID_LABEL, "copy", "operator",
+    label(conventions.COPYRATOR_RULE_UID_LABEL, "copy", "operator",
           "the uid of the rule (or pushed source) that owns the copy: only its owner ever changes it"),
     annotation(rules.RULE_ANNOTATION, "copy", "operator", "namespace/name of the rule that made the copy"),
     annotation(rules.SOURCE_ANNOTATION, "copy", "operator", "namespace/name of the source"),

@@ -1,4 +1,5 @@
-"""Copyrator: the controller (state from watches, decisions in ``copyrator.decisions``, API via ``core.access``).
+"""Copyrator: the controller (state from watches, decisions in ``copyrator.rules``, ``copies`` and ``tally``, API
+via ``core.access``).
 
 What it decides on, and where that comes from (never a read per event):
 - rules: Kopf's ``copyrator-rules`` index (fields, uid, generation, status);
@@ -15,8 +16,10 @@ places it touches. The parts, one module each:
 - ``places.Places``: the copies as known (the indexes with our newer writes over them, a
   ``core.controller.Newest``), objects in the way, failing and refused copies;
 - ``claims.Claims``: what a rule wants at a place, and which rule gets a free name;
-- ``writer.CopyWriter``: the copy writer (one write per copy, ``copyrator.decide``), a rule's sweep,
-  prunes;
+- ``writer.CopyWriter``: the copy writer (one write per copy, ``copies.decide``; a sweep's places
+  decided in one call); it returns what it did at each place (a ``places.Outcome``), which the
+  controller hands to ``Places.record`` and ``StatusReporter.record`` (no part changes another's
+  state);
 - ``status.StatusReporter``: each rule's ledger, status and Events (a push's on its source).
 
 A namespace event syncs the copies of that namespace only; a source event the copies of that source
@@ -32,12 +35,23 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Coroutine, Mapping
+from collections.abc import Awaitable, Coroutine, Iterable, Mapping
 from typing import Any
 
-from kopf_operators.copyrator import decisions as logic
+from kopf_operators.copyrator import tally
 from kopf_operators.copyrator.claims import Claims
-from kopf_operators.copyrator.places import CopiesIndex, CopyIndexKey, CopyKey, Places, copy_index_keys
+from kopf_operators.copyrator.copies import Action, CopyView, Place, copy_view
+from kopf_operators.copyrator.places import CopiesIndex, CopyKey, Outcome, Places
+from kopf_operators.copyrator.rules import (
+    NamespaceInfo,
+    Options,
+    Rule,
+    RuleError,
+    copy_name,
+    is_copy,
+    namespace_info,
+    selects,
+)
 from kopf_operators.copyrator.sources import KINDS, RuleKey, Sources
 from kopf_operators.copyrator.status import RULE, StatusReporter, said_once
 from kopf_operators.copyrator.writer import CopyWriter
@@ -45,8 +59,7 @@ from kopf_operators.core import metrics
 from kopf_operators.core.access import Access, ApiError
 from kopf_operators.core.controller import RETRY, Background, GuardedPass, Index, KeyedState, MemoSlot, first, values
 
-__all__ = ["CONTROLLER", "COPIES_INDEXES", "NAMESPACES_INDEX", "RULES_INDEX", "ApiError", "CopyIndexKey",
-           "CopyratorController", "RuleKey", "copy_index_keys"]
+__all__ = ["CONTROLLER", "COPIES_INDEXES", "NAMESPACES_INDEX", "RULES_INDEX", "CopyratorController"]
 
 OPERATOR = "copyrator"
 RULES_INDEX = "copyrator-rules"
@@ -56,12 +69,24 @@ COPIES_INDEXES = {"ConfigMap": "copyrator-configmap-copies", "Secret": "copyrato
 RETRY_SECONDS = (2.0, 300.0)
 
 logger = logging.getLogger("kopf_operators.copyrator")
-Work = list[tuple[Mapping[str, Any], logic.Rule, list[Awaitable[int]]]]
+Work = list[tuple[Mapping[str, Any], Rule, list[Awaitable[Outcome]]]]
+
+
+async def gathered(jobs: Iterable[Awaitable[Outcome]]) -> tuple[int, list[ApiError]]:
+    """Independent copies at once (``CopyWriter.sync_copy`` bounds how many write at a time): the writes
+    made, and the failures."""
+    results = await asyncio.gather(*jobs, return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException) and not isinstance(r, ApiError):
+            raise r
+    outcomes = [r for r in results if isinstance(r, Outcome)]
+    errors = [r for r in results if isinstance(r, ApiError)] + [o.error for o in outcomes if o.error is not None]
+    return sum(o.writes for o in outcomes if o.error is None), errors
 
 
 class CopyratorController:
-    def __init__(self, access: Access, options: logic.Options, rules: Index[RuleKey, dict[str, Any]],
-                 namespaces: Index[str, logic.NamespaceInfo], copies: Mapping[str, CopiesIndex]) -> None:
+    def __init__(self, access: Access, options: Options, rules: Index[RuleKey, dict[str, Any]],
+                 namespaces: Index[str, NamespaceInfo], copies: Mapping[str, CopiesIndex]) -> None:
         self.access, self.options = access, options
         self.background = Background(OPERATOR)
         self.state: KeyedState[str] = KeyedState()  # per rule uid (a push: its source's uid)
@@ -71,8 +96,7 @@ class CopyratorController:
         self.claims = Claims(options, self.sources, self.places)
         self.status = StatusReporter(access, options, self.sources, self.claims, self.places, self.background,
                                      self.state, self.by_rule)
-        self.writer = CopyWriter(access, options, self.sources, self.places, self.claims, self.status.touched,
-                                 self.status.copied)
+        self.writer = CopyWriter(access, options, self.sources, self.places, self.claims)
         self.passes: GuardedPass[RuleKey] = self.by_rule.track(GuardedPass(
             OPERATOR, self.background, self._pass, say=self._say, paused=lambda: self.access.paused,
             retry=RETRY_SECONDS, error_kind="status"))
@@ -91,13 +115,13 @@ class CopyratorController:
         each refusal as an error and retry it."""
         if self.access.paused:
             await self.access.until_acting()
-        snapshot = logic.rule_snapshot(body)
+        snapshot = tally.rule_snapshot(body)
         rule = await self.status.valid_rule(snapshot)
         if rule is None:
             return
         await self.sources.list_sources(rule)
         await self.sources.older_rules_listed(rule)
-        errors = await self.writer.sweep(rule, trigger)
+        errors = await self.sweep(rule, trigger)
         await self.status.flush_status(snapshot)
         self._retry_or_reset(rule, errors)
 
@@ -108,9 +132,9 @@ class CopyratorController:
         if snapshot is None or snapshot["metadata"].get("deletionTimestamp"):
             return None
         rule = self.sources.rule(snapshot)
-        if isinstance(rule, logic.RuleError) or rule.uid in self.sources.deleting:
+        if isinstance(rule, RuleError) or rule.uid in self.sources.deleting:
             return None
-        errors = await self.writer.sweep(rule, trigger)
+        errors = await self.sweep(rule, trigger)
         await self.status.flush_status(snapshot)
         return RETRY if errors else None
 
@@ -118,7 +142,7 @@ class CopyratorController:
     def _say(key: RuleKey, trigger: str, exc: Exception, _delay: float | None) -> str:
         return f"Copyrator {key[0]}/{key[1]}: {trigger}: {exc}; retrying with backoff"
 
-    def _retry_or_reset(self, rule: logic.Rule, errors: list[ApiError]) -> None:
+    def _retry_or_reset(self, rule: Rule, errors: list[ApiError]) -> None:
         key = (rule.namespace, rule.name)
         if errors:
             self.passes.retry_later(key)
@@ -138,7 +162,7 @@ class CopyratorController:
             await asyncio.sleep(0.05)
         key = (str(meta.get("namespace")), str(meta.get("name")))
         self.by_rule.forget(key)
-        count = await self.writer.prune(uid, f"{key[0]}/{key[1]}", "rule deleted")
+        count = await self.prune(uid, f"{key[0]}/{key[1]}", "rule deleted")
         self.state.forget(uid)
         return count
 
@@ -162,7 +186,7 @@ class CopyratorController:
         if self.access.paused:
             return 0
         live = self.sources.live_rule_uids()
-        by_rule: dict[str, list[logic.CopyView]] = collections.defaultdict(list)
+        by_rule: dict[str, list[CopyView]] = collections.defaultdict(list)
         for kind in KINDS:
             index = self.places.index[kind]
             for copy_key in list(index):
@@ -170,18 +194,18 @@ class CopyratorController:
                     by_rule[copy_key[1]].extend(v for v in values(index, copy_key) if not v.pushed)
         by_rule = {uid: views for uid, views in by_rule.items() if views}
         count = 0
-        for uid, rule_key in logic.orphan_suspects(by_rule, live).items():
-            place = logic.split_rule_key(rule_key)
+        for uid, rule_key in tally.orphan_suspects(by_rule, live).items():
+            place = tally.split_rule_key(rule_key)
             try:
                 if uid not in self.sources.deleting:  # a deletion seen here needs no confirmation
                     if place is None:
                         logger.debug(f"Copyrator: copies of rule uid {uid} do not name their rule; left alone")
                         continue
                     listed = await self.access.list(RULE, place[0], fields=f"metadata.name={place[1]}")
-                    if not logic.rule_gone(uid, listed):
+                    if not tally.rule_gone(uid, listed):
                         continue  # alive outside this process's view (another shard, an unwatched namespace)
                     self.sources.deleting.add(uid)
-                count += await self.writer.prune(uid, rule_key or uid, "rule gone")
+                count += await self.prune(uid, rule_key or uid, "rule gone")
             except ApiError as exc:
                 metrics.error(OPERATOR, "prune")
                 logger.warning(f"Copyrator {rule_key or uid}: pruning the copies of a gone rule failed ({exc}); "
@@ -193,14 +217,14 @@ class CopyratorController:
     async def namespace_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A namespace added or relabelled: only that namespace's copies, for each rule. (Any event,
         deleted or terminating too, makes the rules' ledgers judge its places again.)"""
-        info = logic.namespace_info(body)
+        info = namespace_info(body)
         self.status.namespace_touched(info.name)
         if event_type == "DELETED" or not info.active:  # nothing fails in it any more
             self.places.settled_in(info.name)
         if event_type not in ("ADDED", "MODIFIED") or not info.active:
             return  # its copies go with it (and the initial listing: the rules' resume converges)
         trigger = f"namespace {event_type.lower()}"
-        sync = self.writer.sync_copy
+        sync = self._sync
         await self._run(trigger, [
             (snapshot, rule, [sync(rule, info.name, name) for name in sorted(
                 self.sources.copy_names(rule)
@@ -217,17 +241,16 @@ class CopyratorController:
         namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
         key: CopyKey = (kind, namespace, name)
         self.status.touched(kind, namespace, name, event=True)
-        if logic.is_copy(body):
+        if is_copy(body):
             await self._copy_event(kind, event_type, body)
             return
-        if event_type == "DELETED" and self.places.foreign.get(key) == meta.get("uid"):
-            del self.places.foreign[key]  # the object in the way is gone: the copies may go there now
+        if event_type == "DELETED" and self.places.cleared(key, str(meta.get("uid", ""))):
             await self._place_freed(kind, namespace, name, "conflict cleared")
         old = self.sources.get(kind, (namespace, name))
         if self.sources.stale(kind, body):
             return
         rules = self.sources.active_rules(kind)
-        now = [(s, r) for s, r in rules if event_type != "DELETED" and not r.push and logic.selects(r, kind, body)]
+        now = [(s, r) for s, r in rules if event_type != "DELETED" and not r.push and selects(r, kind, body)]
         push, gone = self.sources.push_changed(kind, event_type, body)
         if gone is not None:
             self.state.forget(gone.uid)
@@ -242,23 +265,23 @@ class CopyratorController:
         if event_type is None and push is None:
             return  # the initial listing: the rules' resume converges
         # Each rule once: the rules selecting it now, and those that selected it before (to prune).
-        affected = {r.uid: (s, r) for s, r in rules if old is not None and logic.selects(r, kind, old)}
+        affected = {r.uid: (s, r) for s, r in rules if old is not None and selects(r, kind, old)}
         affected.update({r.uid: (s, r) for s, r in now})
         if not affected:
             return
         trigger = f"source {(event_type or 'listed').lower()}"
         await self._run(trigger, [(s, r, self._source_jobs(r, name)) for s, r in affected.values()])
 
-    def _source_jobs(self, rule: logic.Rule, source_name: str) -> list[Awaitable[int]]:
-        name = logic.copy_name(rule, source_name)
+    def _source_jobs(self, rule: Rule, source_name: str) -> list[Awaitable[Outcome]]:
+        name = copy_name(rule, source_name)
         places = self.sources.targets(rule) | {v.namespace for v in self.places.copies_of(rule.uid, rule.kind,
                                                                                            name=name)}
-        return [self.writer.sync_copy(rule, ns, name) for ns in sorted(places)]
+        return [self._sync(rule, ns, name) for ns in sorted(places)]
 
     async def _copy_event(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> None:
-        view = logic.copy_view(body, kind)
+        view = copy_view(body, kind)
         key: CopyKey = (kind, view.namespace, view.name)
-        self.places.foreign.pop(key, None)
+        self.places.cleared(key)  # a copy: no object in the way there
         if event_type == "DELETED":
             self.places.deleted(key, view.uid)
             await self._place_freed(kind, view.namespace, view.name, "copy deleted")
@@ -268,21 +291,19 @@ class CopyratorController:
             return  # our own write echoing back (or the initial listing: the resume handles it)
         for snapshot, rule in self.sources.active_rules(kind):
             if rule.uid == view.rule_uid:
-                await self._run("copy edited", [(snapshot, rule, [self.writer.sync_copy(rule, view.namespace,
-                                                                                        view.name)])])
+                await self._run("copy edited", [(snapshot, rule, [self._sync(rule, view.namespace, view.name)])])
 
     async def _place_freed(self, kind: str, namespace: str, name: str, trigger: str) -> None:
         """An object left a place: every rule that wants a copy there gets it (or keeps it absent)."""
         wanted = [(s, r) for s, r in self.sources.active_rules(kind) if self.sources.source_for(r, name)[0] is not None]
-        await self._run(trigger, [(s, r, [self.writer.sync_copy(r, namespace, name)]) for s, r in wanted])
+        await self._run(trigger, [(s, r, [self._sync(r, namespace, name)]) for s, r in wanted])
         for snapshot, rule in wanted:
             # A renamed copy may have waited for this place: it goes now that its replacement is made
             # (from the indexes: deletes only, no reads).
             stale = [v for v in self.places.copies_of(rule.uid, kind, namespace=namespace)
                      if v.name not in self.sources.copy_names(rule)]
             if stale:
-                await self._run(trigger, [(snapshot, rule, [self.writer.sync_copy(rule, namespace, v.name)
-                                                            for v in stale])])
+                await self._run(trigger, [(snapshot, rule, [self._sync(rule, namespace, v.name) for v in stale])])
 
     async def _run(self, trigger: str, work: Work) -> None:
         """Event-driven passes: failures are logged once and the rule is retried with backoff. None on a
@@ -296,7 +317,7 @@ class CopyratorController:
         if not work:
             return
         started = time.perf_counter()
-        results = await asyncio.gather(*(self.writer.bounded(jobs) for _s, _r, jobs in work))
+        results = await asyncio.gather(*(gathered(jobs) for _s, _r, jobs in work))
         if any(writes for writes, _errors in results):
             metrics.REACTION.labels(operator=OPERATOR, trigger=trigger.split()[0]).observe(
                 time.perf_counter() - started)
@@ -314,6 +335,79 @@ class CopyratorController:
                 logger.warning(f"Copyrator {rule.key}: {trigger}: {len(errors)} copy operation(s) failed "
                                f"({errors[0]}); retrying with backoff")
                 self.passes.retry_later((rule.namespace, rule.name))
+
+    # --- the writes, and what they did ---------------------------------------------------------------------
+
+    async def _sync(self, rule: Rule, namespace: str, name: str, kind: str | None = None,
+                    planned: tuple[Place, Action] | None = None) -> Outcome:
+        """One place's pass (``CopyWriter.sync_copy``), its outcome recorded before any other pass at that
+        place observes it (nothing is awaited between the writer's answer and the record)."""
+        outcome = await self.writer.sync_copy(rule, namespace, name, kind, planned)
+        self._record(outcome)
+        return outcome
+
+    def _record(self, outcome: Outcome) -> None:
+        self.places.record(outcome)
+        self.status.record(outcome)
+
+    async def sweep(self, rule: Rule, trigger: str) -> list[ApiError]:
+        """Every copy of one rule, from the indexes: writes only what differs."""
+        await self.sources.hydrate_accepted(rule)
+        targets = sorted(self.sources.targets(rule))
+        wanted = self.sources.copy_names(rule)
+        names = wanted | {v.name for v in self.places.copies_of(rule.uid, rule.kind)}
+        visited: set[CopyKey] = set()
+        # Places the ledger sees holding the rule's copy in sync: ``sync_copy`` would write nothing there
+        # (an idle sweep of many copies then costs a count, not a pass per copy).
+        copied = self.status.copied(rule)
+
+        def jobs_for(selected: Iterable[str], others: Iterable[CopyKey] = ()) -> list[Awaitable[Outcome]]:
+            """Observe the places, decide them in one call, and the writes to make (each under its lock)."""
+            keys: list[CopyKey] = []
+            for name in sorted(selected):
+                places = set(targets) | {v.namespace for v in self.places.copies_of(rule.uid, rule.kind, name=name)}
+                visited.update((rule.kind, ns, name) for ns in places)
+                keys.extend((rule.kind, ns, name) for ns in sorted(places) if (ns, name) not in copied)
+            keys.extend(others)
+            visited.update(others)
+            decided = self.writer.decide(rule, keys)
+            done = set(decided.settled)  # nothing to write there, so nothing fails there either
+            self.places.settled(rule.uid, lambda key: key in done)
+            return [self._sync(rule, place.key[1], place.key[2], kind=place.key[0], planned=(place, action))
+                    for place, action in decided.writes]
+
+        started = time.perf_counter()
+        # First the names the rule wants, then the copies under names it no longer uses (a renamed
+        # target): each of those goes only once its replacement is in sync.
+        writes, errors = await gathered(jobs_for(wanted))
+        # (Decided after the first round: whether an old copy stays depends on its replacement.)
+        other_kinds = [(kind, view.namespace, view.name) for kind in KINDS if kind != rule.kind
+                       for view in self.places.copies_of(rule.uid, kind)]  # the rule's type changed: they go
+        more, more_errors = await gathered(jobs_for(names - wanted, other_kinds))
+        # No longer places of the rule, or in sync: nothing fails there.
+        self.places.settled(rule.uid, lambda key: key not in visited or (key[0] == rule.kind and key[1:] in copied))
+        writes, errors = writes + more, errors + more_errors
+        if writes:  # a reaction is an event that caused writes; no-op passes are not timed
+            metrics.REACTION.labels(operator=OPERATOR, trigger=trigger.split()[0]).observe(
+                time.perf_counter() - started)
+        logger.debug(f"Copyrator {rule.key}: reconciled (trigger={trigger}): {len(names)} name(s), "
+                     f"{len(targets)} target(s), {writes} write(s)")
+        if errors:
+            logger.warning(f"Copyrator {rule.key}: {len(errors)} copy operation(s) failed ({errors[0]}); "
+                           f"retrying")
+        return errors
+
+    async def prune(self, uid: str, rule_key: str, why: str) -> int:
+        """Delete the copies carrying this rule uid (each with its uid as a precondition)."""
+        count = 0
+        for kind in KINDS:
+            for view in self.places.copies_of(uid, kind):
+                self._record(await self.writer.delete_copy(kind, view))
+                count += 1
+                logger.info(f"Copyrator {rule_key}: pruned {kind} {view.namespace}/{view.name} ({why})")
+        if count:
+            metrics.action(OPERATOR, "deleted", count)
+        return count
 
     # --- the periodic sweep -----------------------------------------------------------------------------
 
@@ -351,7 +445,7 @@ class CopyratorController:
             for place, rule in list(self.sources.pushes[kind].items()):
                 live.add(rule.uid)
                 try:
-                    errors = await self.writer.sweep(rule, "resync")
+                    errors = await self.sweep(rule, "resync")
                 except ApiError as exc:
                     errors = [exc]
                 if errors:
@@ -365,9 +459,9 @@ class CopyratorController:
                     if not view.pushed:
                         continue
                     try:
-                        if not await self._push_gone(kind, view):
+                        if not await self.sources.push_gone(kind, view):
                             continue
-                        await self.writer.delete_copy(kind, view)
+                        self._record(await self.writer.delete_copy(kind, view))
                     except ApiError as exc:
                         logger.warning(f"Copyrator: pruning the pushed copy {view.namespace}/{view.name} failed "
                                        f"({exc}); the next resync retries")
@@ -375,16 +469,6 @@ class CopyratorController:
                     metrics.action(OPERATOR, "deleted")
                     logger.info(f"Copyrator push {view.source}: pruned {kind} {view.namespace}/{view.name} "
                                 f"(the source pushes no more)")
-
-    async def _push_gone(self, kind: str, view: logic.CopyView) -> bool:
-        """Whether the source that pushed ``view`` pushes no more: a source outside this process's view
-        (another shard's namespace) is read once to confirm it (a suspect only; no read when idle)."""
-        source_ns, _, source_name = view.source.partition("/")
-        if self.sources.get(kind, (source_ns, source_name)) is not None or self.sources.namespace(source_ns) is None:
-            return True  # in view and not pushing (or its namespace is gone)
-        source = await self.access.read(KINDS[kind], source_ns, source_name)
-        return (source is None or source["metadata"].get("uid") != view.rule_uid
-                or not isinstance(logic.push_rule(source), logic.Rule))
 
     async def stop(self) -> None:
         await self.background.stop()

@@ -1,6 +1,4 @@
 """Copyrator: one copy (pure): what a place should hold and the single write that gets it there.
-
-Part of ``copyrator.decisions`` (which re-exports it).
 """
 
 from __future__ import annotations
@@ -16,11 +14,9 @@ from kopf_operators.copyrator.rules import (
     DEFAULT_STRIP_ANNOTATIONS,
     DEFAULT_STRIP_LABELS,
     HASH_ANNOTATION,
-    PREFIX,
     PROJECT_DOMAINS,
     PUSHED_ANNOTATION,
     RULE_ANNOTATION,
-    RULE_UID_LABEL,
     SOURCE_ANNOTATION,
     SOURCE_UID_ANNOTATION,
     Rule,
@@ -28,6 +24,8 @@ from kopf_operators.copyrator.rules import (
     copy_name,
 )
 from kopf_operators.core.conventions import (
+    COPYRATOR_PREFIX,
+    COPYRATOR_RULE_UID_LABEL,
     DATA_STAMP,
     data_hash,
     stable_hash,
@@ -67,11 +65,11 @@ def content(obj: Mapping[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {
         "data": dict(obj.get("data") or {}),
         "binaryData": dict(obj.get("binaryData") or {}),
-        "labels": {k: v for k, v in (meta.get("labels") or {}).items() if not k.startswith(PREFIX)},
+        "labels": {k: v for k, v in (meta.get("labels") or {}).items() if not k.startswith(COPYRATOR_PREFIX)},
         "immutable": bool(obj.get("immutable")),
     }
     if annotations.get(ANNOTATIONS_COPIED) == "true":
-        result["annotations"] = {k: v for k, v in annotations.items() if not k.startswith(PREFIX)}
+        result["annotations"] = {k: v for k, v in annotations.items() if not k.startswith(COPYRATOR_PREFIX)}
     if obj.get("kind") == "Secret" or "type" in obj:
         result["type"] = obj.get("type") or "Opaque"
     return result
@@ -85,7 +83,7 @@ def content_hash(source_uid: str, copy: Mapping[str, Any]) -> str:
 def desired_copy(rule: Rule, source: Mapping[str, Any], target_namespace: str) -> dict[str, Any]:
     meta = source["metadata"]
     labels = copied_labels(rule, meta.get("labels"))
-    labels[RULE_UID_LABEL] = rule.uid
+    labels[COPYRATOR_RULE_UID_LABEL] = rule.uid
     annotations = copied_annotations(rule, meta.get("annotations"))
     if rule.copy_annotations:
         annotations[ANNOTATIONS_COPIED] = "true"
@@ -156,7 +154,7 @@ def copy_view(obj: Mapping[str, Any], kind: str | None = None) -> CopyView:
     return CopyView(
         kind=kind, namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")), resource_version=str(meta.get("resourceVersion", "")),
-        rule_uid=str((meta.get("labels") or {}).get(RULE_UID_LABEL, "")),
+        rule_uid=str((meta.get("labels") or {}).get(COPYRATOR_RULE_UID_LABEL, "")),
         source=str(annotations.get(SOURCE_ANNOTATION, "")),
         recorded_hash=str(annotations.get(HASH_ANNOTATION, "")),
         actual_hash=content_hash(str(annotations.get(SOURCE_UID_ANNOTATION, "")),

@@ -1,8 +1,24 @@
 """Copyrator: rules, namespaces, consent and sources (pure: no API calls).
 
-Part of ``copyrator.decisions`` (which re-exports it): the CopyratorRule and its parsing, the
-renaming of copies, push annotations, the sources' and the targets' consent, and which objects a
-rule selects.
+The CopyratorRule and its parsing, the renaming of copies, push annotations, the sources' and the
+targets' consent, and which objects a rule selects. Beside it, ``copies`` decides one copy (what a
+place should hold and the single write that gets it there) and ``tally`` a rule's ledger, status and
+orphans; ``copyrator.controller`` feeds them from indexes and applies their answers.
+
+A ``CopyratorRule`` names a resource type (ConfigMap or Secret), a label selector and one or more
+source namespaces. Every matching object is copied into each target namespace.
+
+Consent: a rule that reads a namespace other than its own copies a source only when the source
+carries ``copyrator.kopf-operators.dev/allowed-namespaces`` (names and globs), and only into the
+namespaces listed there, unless the operator runs with COPYRATOR_ALLOW_CROSS_NAMESPACE=true.
+
+Target consent: a push (annotations on a source, no rule) writes into a namespace only when that
+namespace accepts copies from the source's namespace (``copyrator.kopf-operators.dev/accept-from`` on
+the Namespace, names and globs) or the operator trusts the source's namespace cluster-wide
+(COPYRATOR_TRUSTED_NAMESPACES); the system namespaces and the operator's own never receive one unless
+COPYRATOR_OPEN_NAMESPACES names them. COPYRATOR_RULES_NEED_TARGET_CONSENT applies the same to rules.
+
+Objects are plain dicts as the API returns them (camelCase keys).
 """
 
 from __future__ import annotations
@@ -14,6 +30,8 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from kopf_operators.core.conventions import (
+    COPYRATOR_PREFIX,
+    COPYRATOR_RULE_UID_LABEL,
     DATA_ELIDED,
     DATA_STAMP,
     DOMAIN,
@@ -32,27 +50,23 @@ PLURAL = "copyrators"
 KIND = "CopyratorRule"
 API_VERSION = f"{GROUP}/{VERSION}"
 
-PREFIX = f"copyrator.{DOMAIN}/"
-# The marker: the uid of the rule that owns a copy. Only objects carrying *this rule's* uid here
-# are ever updated or deleted by that rule.
-RULE_UID_LABEL = PREFIX + "rule-uid"
-RULE_ANNOTATION = PREFIX + "rule"  # "<namespace>/<name>" of the rule
-SOURCE_ANNOTATION = PREFIX + "source"  # "<namespace>/<name>" of the source
-SOURCE_UID_ANNOTATION = PREFIX + "source-uid"
-HASH_ANNOTATION = PREFIX + "content-hash"
+RULE_ANNOTATION = COPYRATOR_PREFIX + "rule"  # "<namespace>/<name>" of the rule
+SOURCE_ANNOTATION = COPYRATOR_PREFIX + "source"  # "<namespace>/<name>" of the source
+SOURCE_UID_ANNOTATION = COPYRATOR_PREFIX + "source-uid"
+HASH_ANNOTATION = COPYRATOR_PREFIX + "content-hash"
 # On a copy whose rule copies the source's annotations: they are then part of the content.
-ANNOTATIONS_COPIED = PREFIX + "annotations-copied"
+ANNOTATIONS_COPIED = COPYRATOR_PREFIX + "annotations-copied"
 # On a source: the consent for rules in other namespaces ("team-a,team-*"): where it may be copied.
-ALLOWED_NAMESPACES_ANNOTATION = PREFIX + "allowed-namespaces"
+ALLOWED_NAMESPACES_ANNOTATION = COPYRATOR_PREFIX + "allowed-namespaces"
 # On a source: push it, with no rule, into these namespaces (names and globs, comma-separated) and/or
 # into the namespaces matching this label selector ("team=payments,tier=web").
-PUSH_TO_ANNOTATION = PREFIX + "push-to"
-PUSH_TO_MATCHING_ANNOTATION = PREFIX + "push-to-matching"
+PUSH_TO_ANNOTATION = COPYRATOR_PREFIX + "push-to"
+PUSH_TO_MATCHING_ANNOTATION = COPYRATOR_PREFIX + "push-to-matching"
 # On a copy made by a push annotation (no rule): its rule-uid label is then the source's uid.
-PUSHED_ANNOTATION = PREFIX + "pushed"
+PUSHED_ANNOTATION = COPYRATOR_PREFIX + "pushed"
 # On a Namespace: the target's consent, the namespaces whose pushes (and, when rules need it too,
 # rules) may write copies into it ("team-a,platform-*"; "*": anyone's).
-ACCEPT_FROM_ANNOTATION = PREFIX + "accept-from"
+ACCEPT_FROM_ANNOTATION = COPYRATOR_PREFIX + "accept-from"
 OUR_ANNOTATIONS = (RULE_ANNOTATION, SOURCE_ANNOTATION, SOURCE_UID_ANNOTATION, HASH_ANNOTATION, DATA_STAMP)
 
 RULE_TYPES = {"configmap": "ConfigMap", "secret": "Secret"}
@@ -539,7 +553,7 @@ def target_namespaces(rule: Rule, namespaces: Iterable[NamespaceInfo],
 
 def is_copy(obj: Mapping[str, Any]) -> bool:
     """Made by some Copyrator rule (never treated as a source: no copy chains)."""
-    return RULE_UID_LABEL in ((obj.get("metadata") or {}).get("labels") or {})
+    return COPYRATOR_RULE_UID_LABEL in ((obj.get("metadata") or {}).get("labels") or {})
 
 
 def selects(rule: Rule, kind: str, obj: Mapping[str, Any]) -> bool:
@@ -587,7 +601,7 @@ def source_entry(obj: Mapping[str, Any], *, keep_data: bool = True, max_bytes: i
         if obj.get(key) is not None:
             entry[key] = obj[key]
     if not keep_data:
-        annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(PREFIX)}
+        annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(COPYRATOR_PREFIX)}
         entry["metadata"]["annotations"] = annotations
         digest = elided["hash"] if isinstance(elided, Mapping) else data_hash(str(obj.get("kind") or ""), obj)
         entry[DIGEST] = {"hash": digest, "bytes": size, "refused": refused}

@@ -1,6 +1,4 @@
 """Copyrator: a rule's places, its ledger and its status (pure); orphans whose rule is gone.
-
-Part of ``copyrator.decisions`` (which re-exports it).
 """
 
 from __future__ import annotations

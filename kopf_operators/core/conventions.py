@@ -20,6 +20,12 @@ OPERATOR_NAMES = ("immortal", "copyrator", "blackadder", "reroller")
 # The one API group under which the project's own labels and annotations live.
 DOMAIN = "kopf-operators.dev"
 
+# Copyrator's mark, which Blackadder reads too (it leaves Copyrator's copies and sources alone): the
+# prefix of Copyrator's labels and annotations, and the label every copy carries (the uid of the rule
+# that owns it: only objects carrying *this rule's* uid are ever updated or deleted by that rule).
+COPYRATOR_PREFIX = f"copyrator.{DOMAIN}/"
+COPYRATOR_RULE_UID_LABEL = COPYRATOR_PREFIX + "rule-uid"
+
 
 def env_bool(env: Mapping[str, str], name: str, default: bool = False) -> bool:
     raw = env.get(name)

@@ -5,7 +5,7 @@ tests/unit/test_catalogue.py fails when the code emits a reason this list lacks.
 from __future__ import annotations
 
 from kopf_operators.core.catalogue import Catalogue, annotation, label, normal, warning
-from kopf_operators.immortal import decisions as logic
+from kopf_operators.immortal import decisions
 
 CATALOGUE = Catalogue("immortal", "the ImmortalContainer", events=(
     normal("PodCreated", "a Pod was created to run the spec's container"),
@@ -21,8 +21,8 @@ CATALOGUE = Catalogue("immortal", "the ImmortalContainer", events=(
     warning("ForeignPod", "a Pod the operator does not own has the name it needs; it is left alone "
                           "(once per episode)"),
 ), keys=(
-    label(logic.OWNER_LABEL, "Pod", "operator", "the name of the ImmortalContainer that owns the Pod"),
-    label(logic.ARTICLE_LABEL, "Pod", "operator", "the same name, under the original article's label key"),
-    annotation(logic.TEMPLATE_HASH_ANNOTATION, "Pod", "operator",
+    label(decisions.OWNER_LABEL, "Pod", "operator", "the name of the ImmortalContainer that owns the Pod"),
+    label(decisions.ARTICLE_LABEL, "Pod", "operator", "the same name, under the original article's label key"),
+    annotation(decisions.TEMPLATE_HASH_ANNOTATION, "Pod", "operator",
                "digest of the Pod the spec asks for: a spec change that changes it replaces the Pod"),
 ))

@@ -47,12 +47,12 @@ from kopf_operators.core.controller import (
     version_of,
 )
 from kopf_operators.core.conventions import stall_event
-from kopf_operators.immortal import decisions as logic
+from kopf_operators.immortal import decisions
 
 OPERATOR = "immortal"
 OBJECTS_INDEX = "immortal-objects"
 PODS_INDEX = "immortal-pods"
-IMMORTAL = k8s.Kind(logic.API_VERSION, logic.PLURAL, logic.KIND)
+IMMORTAL = k8s.Kind(decisions.API_VERSION, decisions.PLURAL, decisions.KIND)
 # Level-triggered sweep over the indexes (no requests unless something must change), with jitter.
 RESYNC_SECONDS = 300.0
 # A failed pass, or a foreign pod in the way that no watch follows: look again after this long (doubling, capped).
@@ -75,8 +75,8 @@ def _where(key: Key) -> str:
 class ImmortalController:
     def __init__(self, access: Access, objects: Index[Key, Snapshot], pods: Index[Key, Snapshot]) -> None:
         self.access = access
-        self.objects = objects  # Kopf's live index: (namespace, name) -> logic.snapshot(body)
-        self.pods = pods        # Kopf's live index: (namespace, ic name) -> logic.pod_summary(pod)
+        self.objects = objects  # Kopf's live index: (namespace, name) -> decisions.snapshot(body)
+        self.pods = pods        # Kopf's live index: (namespace, ic name) -> decisions.pod_summary(pod)
         self.background = Background(OPERATOR)
         # Everything kept per ImmortalContainer, dropped by one ``state.forget(key)``.
         self.state: KeyedState[Key] = KeyedState()
@@ -90,7 +90,7 @@ class ImmortalController:
         # Pods this process created that no status write has counted yet: one deleted before the write
         # that would count it (before it ran) is still a start, counted in the next write.
         self._uncounted: PerKey[Key, set[str]] = self.state.map()
-        self._wanted: PerKey[Key, tuple[tuple[str, int | None], logic.Wanted]] = self.state.map()  # see _want
+        self._wanted: PerKey[Key, tuple[tuple[str, int | None], decisions.Wanted]] = self.state.map()  # see _want
         # A pass outside Kopf's handlers: skipped on a standby, a failure retried with backoff; also
         # the fallback retry for a foreign pod in the way that no watch follows.
         self.passes: GuardedPass[Key] = self.state.track(GuardedPass(
@@ -115,7 +115,7 @@ class ImmortalController:
     def forget(self, key: Key) -> None:
         self.state.forget(key)
 
-    def _pod(self, key: Key, ic: Mapping[str, Any], pod_event: PodEvent | None) -> logic.PodView | None:
+    def _pod(self, key: Key, ic: Mapping[str, Any], pod_event: PodEvent | None) -> decisions.PodView | None:
         """The newest pod with the target name. Kopf handles each pod (uid) on its own, so an event of
         a replaced pod can arrive after its successor's: the newest resourceVersion wins, and a
         deletion is remembered (as "gone at that version") so that no older event brings it back."""
@@ -124,20 +124,20 @@ class ImmortalController:
         if pod_event is not None:
             event_type, event_pod = pod_event
             self.pod_reports.saw(key, None if event_type == "DELETED" else dict(event_pod), _version(event_pod))
-        return logic.observe_pod(self.pod_reports.seen(key), ic["metadata"]["uid"])
+        return decisions.observe_pod(self.pod_reports.seen(key), ic["metadata"]["uid"])
 
     def _saw_pod(self, key: Key, pod: Mapping[str, Any]) -> None:
         """Our own create's answer (or the read after a 409): newer than anything the watch has delivered."""
-        self.pod_reports.saw(key, logic.pod_summary(pod), _version(pod))
+        self.pod_reports.saw(key, decisions.pod_summary(pod), _version(pod))
 
-    def _want(self, key: Key, ic: Mapping[str, Any]) -> logic.Wanted:
+    def _want(self, key: Key, ic: Mapping[str, Any]) -> decisions.Wanted:
         """The pod the spec asks for, built once per spec (uid and generation): every pass compares its
         digest with the pod's, and building the template was a tenth of a pass."""
         meta = ic["metadata"]
         version = (meta["uid"], meta.get("generation"))
         known = self._wanted.get(key)
         if known is None or known[0] != version:
-            known = self._wanted[key] = (version, logic.wanted(ic))
+            known = self._wanted[key] = (version, decisions.wanted(ic))
         return known[1]
 
     # --- triggers ----------------------------------------------------------------------------------
@@ -164,17 +164,17 @@ class ImmortalController:
         decision = await self.converge(key, body, trigger=trigger, pod_event=pod_event)
         if decision is None:
             return None
-        if decision.action is logic.Action.BLOCKED:
+        if decision.action is decisions.Action.BLOCKED:
             return HOLD if self._follow_foreign(key) else RETRY
-        if decision.action is logic.Action.CREATE:
+        if decision.action is decisions.Action.CREATE:
             return RETRY  # a 409, and the pod in the way was gone when read: create again soon
         self._unfollow(key)
-        if decision.action is logic.Action.BACKOFF:
+        if decision.action is decisions.Action.BACKOFF:
             self._wake_later(key, decision.retry_in)
         return None
 
     async def converge(self, key: Key, body: Mapping[str, Any] | None = None, *, trigger: str = "object",
-                       pod_event: PodEvent | None = None) -> logic.Decision | None:
+                       pod_event: PodEvent | None = None) -> decisions.Decision | None:
         """One level-triggered pass for one ImmortalContainer: observe -> decide -> act. ``body``: the
         object as its event delivered it; ``pod_event``: (type, pod) of a pod event. Both are fresher
         than the indexes."""
@@ -190,32 +190,32 @@ class ImmortalController:
             now = time.time()
             with metrics.reaction(OPERATOR, trigger):
                 want = self._want(key, ic)
-                step = logic.decide_pass(ic.get("status") or {}, self._pod(key, ic, pod_event), want, now, trigger)
+                step = decisions.decide_pass(ic.get("status") or {}, self._pod(key, ic, pod_event), want, now, trigger)
                 step = await self._act(key, ic, want, step, now, trigger)
                 if step.settle:
-                    self._settling.start(key, logic.TRANSIENT_SECONDS, lambda: self.guarded(key, "settle"))
+                    self._settling.start(key, decisions.TRANSIENT_SECONDS, lambda: self.guarded(key, "settle"))
                 else:
                     await self._write_status(key, ic, step)
             return step.decision
 
     # --- act ---------------------------------------------------------------------------------------
 
-    async def _act(self, key: Key, ic: Mapping[str, Any], want: logic.Wanted, step: logic.Step, now: float,
-                   trigger: str) -> logic.Step:
+    async def _act(self, key: Key, ic: Mapping[str, Any], want: decisions.Wanted, step: decisions.Step, now: float,
+                   trigger: str) -> decisions.Step:
         """Carry out the step's create or delete. A create's answer (or the pod read after a 409) is a
         new observation: the step for it is decided then."""
         decision, pod = step.decision, step.pod
-        if decision.action is logic.Action.CREATE:
+        if decision.action is decisions.Action.CREATE:
             observed = await self._create(key, ic, want)
-            if isinstance(observed, logic.Decision):
+            if isinstance(observed, decisions.Decision):
                 return step.instead(observed)
-            return logic.decide_pass(ic.get("status") or {}, observed, want, now, trigger)
-        if decision.action is logic.Action.DELETE and pod is not None and not pod.ended:
+            return decisions.decide_pass(ic.get("status") or {}, observed, want, now, trigger)
+        if decision.action is decisions.Action.DELETE and pod is not None and not pod.ended:
             # Never remove a working pod before its replacement is known to be acceptable.
             refusal = await self._refusal(key, want, pod, trigger)
             if refusal is not None:
                 return step.instead(refusal)
-        if decision.action is logic.Action.DELETE and pod is not None:
+        if decision.action is decisions.Action.DELETE and pod is not None:
             # The uid precondition: never delete a pod that replaced ours meanwhile. A pod that has
             # already ended has nothing to shut down gracefully.
             await self.access.delete(k8s.POD, key[0], pod.name, uid=pod.uid, grace_seconds=0 if pod.ended else None)
@@ -224,8 +224,8 @@ class ImmortalController:
             self.access.event(ic, "Normal", decision.reason, decision.message)
         return step
 
-    async def _create(self, key: Key, ic: Mapping[str, Any], want: logic.Wanted
-                      ) -> logic.PodView | logic.Decision | None:
+    async def _create(self, key: Key, ic: Mapping[str, Any], want: decisions.Wanted
+                      ) -> decisions.PodView | decisions.Decision | None:
         """Create the pod: the pod there is now (ours, or the one in the way after a 409), or the
         decision the API server's refusal calls for."""
         namespace, name = key
@@ -236,18 +236,18 @@ class ImmortalController:
             created = None
         except ApiError as exc:
             if exc.namespace_terminating:  # the namespace (and this object with it) is going away
-                return logic.Decision(logic.Action.NONE, "NamespaceTerminating",
-                                      f"namespace {namespace} is being deleted")
-            if logic.refuses_pod(exc.status, exc.message):  # the spec describes a pod the server refuses
-                return logic.Decision(logic.Action.INVALID, "InvalidTemplate",
-                                      f"the API server refuses the pod: {exc.message or exc}")
+                return decisions.Decision(decisions.Action.NONE, "NamespaceTerminating",
+                                          f"namespace {namespace} is being deleted")
+            if decisions.refuses_pod(exc.status, exc.message):  # the spec describes a pod the server refuses
+                return decisions.Decision(decisions.Action.INVALID, "InvalidTemplate",
+                                          f"the API server refuses the pod: {exc.message or exc}")
             metrics.error(OPERATOR, "create-pod")
             raise
         if created is None:
             # 409: a pod with that name exists. Ours not yet seen by the watch, or a foreign one:
             # the only read on this path, and only on a conflict.
-            existing = await self.access.read(k8s.POD, namespace, logic.pod_name(name))
-            pod = logic.observe_pod(existing, uid)
+            existing = await self.access.read(k8s.POD, namespace, decisions.pod_name(name))
+            pod = decisions.observe_pod(existing, uid)
             if existing is not None and pod is not None and pod.owned:
                 self._saw_pod(key, existing)
             elif existing is not None and pod is not None:
@@ -258,13 +258,14 @@ class ImmortalController:
         self.access.keep_answer(created)  # its ADDED event would run a pass that changes nothing
         if created.get("metadata", {}).get("uid"):
             self._uncounted.setdefault(key, set()).add(created["metadata"]["uid"])
-        pod = logic.observe_pod(created, uid)
+        pod = decisions.observe_pod(created, uid)
         metrics.action(OPERATOR, "create-pod")
         logger.info(f"{_where(key)} Created pod {pod.name if pod else ''} running {want.image}")
-        self.access.event(ic, "Normal", "PodCreated", f"created pod {logic.pod_name(name)} running {want.image}")
+        self.access.event(ic, "Normal", "PodCreated", f"created pod {decisions.pod_name(name)} running {want.image}")
         return pod
 
-    async def _refusal(self, key: Key, want: logic.Wanted, pod: logic.PodView, trigger: str) -> logic.Decision | None:
+    async def _refusal(self, key: Key, want: decisions.Wanted, pod: decisions.PodView,
+                       trigger: str) -> decisions.Decision | None:
         """A server-side dry run of the replacement (validation and admission, nothing stored): the
         refusal to report while our pod keeps running, or None when the replacement is acceptable (a
         409 too: validation and admission come before the name check). A spec already refused is not
@@ -272,30 +273,30 @@ class ImmortalController:
         a ServiceAccount created, a namespace's Pod Security level relaxed)."""
         known = self._refused.get(key)
         if known is not None and known[0] == want.hash and trigger != "resync":
-            return logic.refused(pod, known[1])
+            return decisions.refused(pod, known[1])
         try:
             await self.access.create(k8s.POD, want.pod, dry_run=True)
         except k8s.AlreadyExists:
             pass  # acceptable: validation and admission come before the name check
         except ApiError as exc:
-            if logic.refuses_pod(exc.status, exc.message):
+            if decisions.refuses_pod(exc.status, exc.message):
                 message = exc.message or str(exc)
                 self._refused[key] = (want.hash, message)
-                return logic.refused(pod, message)
+                return decisions.refused(pod, message)
             if not exc.namespace_terminating:
                 raise
         self._refused.pop(key, None)
         return None
 
-    async def _write_status(self, key: Key, ic: dict[str, Any], step: logic.Step) -> None:
+    async def _write_status(self, key: Key, ic: dict[str, Any], step: decisions.Step) -> None:
         """Patch status only when it changes, with optimistic concurrency. A 409: the newer version
         is on its way through the watch, and its event recomputes everything from it."""
         meta = ic["metadata"]
         old = ic.get("status") or {}
         decision, backoff = step.decision, step.backoff
         uncounted = self._uncounted.get(key, set())
-        new = logic.next_status(old, meta.get("generation"), step.pod, decision, backoff=backoff, created=uncounted)
-        if not logic.status_changed(old, new):
+        new = decisions.next_status(old, meta.get("generation"), step.pod, decision, backoff=backoff, created=uncounted)
+        if not decisions.status_changed(old, new):
             self._uncounted.pop(key, None)  # nothing missed: each is the counted pod
             return
         try:
@@ -307,7 +308,7 @@ class ImmortalController:
         self._uncounted.pop(key, None)  # every pod we created so far is counted now
         if answer is None:
             return  # deleted meanwhile
-        self.answers.remember(key, logic.snapshot(answer))
+        self.answers.remember(key, decisions.snapshot(answer))
         # This pass has acted on that version: the watch's echo of it would run a pass that does nothing.
         self.access.keep_answer(answer)
         if new["startTimes"] != old.get("startTimes"):
@@ -315,10 +316,10 @@ class ImmortalController:
         stalled = stall_event(old.get("conditions"), new["conditions"])
         if stalled:  # one uniform Event per Stalled transition, for every kind (docs/observability.md)
             self.access.event(ic, *stalled)
-        blocked = decision.action in (logic.Action.BLOCKED, logic.Action.INVALID, logic.Action.REFUSED)
-        if blocked and logic.ready_reason(old) != decision.reason:
-            kind = {logic.Action.BLOCKED: "foreign-pod", logic.Action.INVALID: "invalid-template",
-                    logic.Action.REFUSED: "template-refused"}[decision.action]
+        blocked = decision.action in (decisions.Action.BLOCKED, decisions.Action.INVALID, decisions.Action.REFUSED)
+        if blocked and decisions.ready_reason(old) != decision.reason:
+            kind = {decisions.Action.BLOCKED: "foreign-pod", decisions.Action.INVALID: "invalid-template",
+                    decisions.Action.REFUSED: "template-refused"}[decision.action]
             metrics.error(OPERATOR, kind)
             logger.warning(f"{_where(key)} {decision.message}")  # once per episode, not per retry
             self.access.event(ic, "Warning", decision.reason, decision.message)
@@ -359,7 +360,7 @@ class ImmortalController:
         try:
             while not gone:
                 started = time.monotonic()
-                events = self.access.watch(k8s.POD, key[0], fields=f"metadata.name={logic.pod_name(key[1])}",
+                events = self.access.watch(k8s.POD, key[0], fields=f"metadata.name={decisions.pod_name(key[1])}",
                                            resource_version=version)
                 async with contextlib.aclosing(events):
                     async for event_type, pod in events:

@@ -43,7 +43,7 @@ from kopf_operators.core.controller import (
     PerKey,
     first,
 )
-from kopf_operators.reroller import decisions as logic
+from kopf_operators.reroller import decisions, pacing, patches, plans, settings, views, windows
 from kopf_operators.reroller.alerts import Alert, Alerts, AlertSettings
 from kopf_operators.reroller.views import refused_patterns
 
@@ -71,17 +71,17 @@ DIGEST_KEY_SECRET = "kopf-operators-reroller-digest-key"
 DIGEST_KEY_BYTES = 32
 
 logger = logging.getLogger("kopf_operators.reroller")
-Key = logic.WorkloadKey
+Key = settings.WorkloadKey
 # The indexes' keys and values (Kopf hands them over as kwargs, untyped: their types are stated here).
 SourceKey = tuple[str, str, str]  # (source kind, namespace, name) in a sources index
 # A workload index holds two shapes, told apart by their length: the reverse lookup
 # (source kind, namespace, source name or "*") -> workload key, and ("view", *workload key) -> its view.
 ViewKey = tuple[Literal["view"], str, str, str]
-WorkloadIndex = Index[SourceKey | ViewKey, Key | logic.WorkloadView]
+WorkloadIndex = Index[SourceKey | ViewKey, Key | views.WorkloadView]
 
 
 class RerollerController:
-    def __init__(self, access: Access, options: logic.Options, indexes: Mapping[str, Index[Any, Any]],
+    def __init__(self, access: Access, options: settings.Options, indexes: Mapping[str, Index[Any, Any]],
                  alerts: AlertSettings | None = None, key_namespace: str = "") -> None:
         self.access = access
         self.options = options
@@ -91,7 +91,7 @@ class RerollerController:
         self._digest_key: bytes | None = None
         self._key_lock = asyncio.Lock()
         self.alerts = Alerts(alerts or AlertSettings())
-        self.sources: dict[str, Index[SourceKey, logic.SourceView]] = {
+        self.sources: dict[str, Index[SourceKey, views.SourceView]] = {
             kind: indexes[index_id] for kind, index_id in SOURCE_INDEXES.items()}
         # The Rollout index exists only with REROLLER_ARGO_ROLLOUTS (its handlers are registered then).
         self.workloads: dict[str, WorkloadIndex] = {
@@ -99,15 +99,15 @@ class RerollerController:
         self.namespaces: Index[str, Mapping[str, str]] = indexes[NAMESPACES_INDEX]  # name -> labels
         # Namespaces being deleted: their objects go in any order, so a source gone first is no news.
         self.terminating: Index[str, bool] = indexes.get(TERMINATING_INDEX) or {}
-        self.namespace_selector = logic.parse_selector(options.namespace_selector)
-        self.resource_selector = logic.parse_selector(options.resource_label_selector)
-        self.bucket = logic.TokenBucket(options.cluster_rate, options.cluster_burst, time.monotonic())
+        self.namespace_selector = settings.parse_selector(options.namespace_selector)
+        self.resource_selector = settings.parse_selector(options.resource_label_selector)
+        self.bucket = pacing.TokenBucket(options.cluster_rate, options.cluster_burst, time.monotonic())
         self.background = Background(OPERATOR)
         # Per workload, all of it dropped by one ``forget``:
         self.state: KeyedState[Key] = KeyedState()
         # the answers to our writes, newer than the index until the watch catches up (identity: uid)
-        self.known: Newest[Key, logic.WorkloadView] = self.state.track(Newest(lambda v: v.rv, lambda v: v.uid))
-        self._sightings: PerKey[Key, logic.FirstSighting] = self.state.map()  # first sightings, baseline unwritten
+        self.known: Newest[Key, views.WorkloadView] = self.state.track(Newest(lambda v: v.rv, lambda v: v.uid))
+        self._sightings: PerKey[Key, decisions.FirstSighting] = self.state.map()  # first sightings, baseline unwritten
         self._last_roll: PerKey[Key, float] = self.state.map()  # monotonic time of its last rollout
         self._warned: PerKey[Key, tuple[str, ...]] = self.state.map()  # the missing sources said
         self._refused: PerKey[Key, tuple[str, ...]] = self.state.map()  # the refused name patterns said
@@ -134,15 +134,15 @@ class RerollerController:
 
     # --- state ---------------------------------------------------------------------------------------
 
-    def current(self, key: Key, event_view: logic.WorkloadView | None = None) -> logic.WorkloadView | None:
+    def current(self, key: Key, event_view: views.WorkloadView | None = None) -> views.WorkloadView | None:
         """The newest known view: the index, our own last write's answer, or the event's body."""
         indexed = first(self.workloads.get(key[0]), ("view", *key))
-        view = self.known.current(key, indexed if isinstance(indexed, logic.WorkloadView) else None)
+        view = self.known.current(key, indexed if isinstance(indexed, views.WorkloadView) else None)
         return self.known.newer(view, event_view)
 
-    def lookup(self, view: logic.WorkloadView) -> dict[tuple[str, str], logic.SourceView]:
+    def lookup(self, view: views.WorkloadView) -> dict[tuple[str, str], views.SourceView]:
         """(kind, name) -> SourceView of the existing sources the workload may watch."""
-        result: dict[tuple[str, str], logic.SourceView] = {}
+        result: dict[tuple[str, str], views.SourceView] = {}
         for source in (*view.sources, *view.search):
             found = first(self.sources[source.kind], (source.kind, view.namespace, source.name))
             if found is not None:
@@ -166,7 +166,7 @@ class RerollerController:
     def namespace_selected(self, namespace: str) -> bool:
         if not self.namespace_selector:
             return True
-        return logic.selector_matches(self.namespace_selector, first(self.namespaces, namespace))
+        return settings.selector_matches(self.namespace_selector, first(self.namespaces, namespace))
 
     def _count(self, key: Key, outcome: str) -> None:
         if self.options.metrics_by_namespace:
@@ -201,13 +201,13 @@ class RerollerController:
             self.forget(key)
             self._looked.discard(key)
             return
-        view = logic.workload_view(key[0], body, self.options)
+        view = views.workload_view(key[0], body, self.options)
         if view is None:
             self.forget(key)  # not (or no longer) opted in
             return
         await self.submit(key, "workload event", view)
 
-    async def submit(self, key: Key, trigger: str, event_view: logic.WorkloadView | None = None) -> None:
+    async def submit(self, key: Key, trigger: str, event_view: views.WorkloadView | None = None) -> None:
         """An event's pass: run now while a write slot is free; otherwise handed over to a task that
         waits for its namespace's turn, so that the event gives Kopf's event slot back at once. (Kopf
         processes at most ``CONCURRENT_EVENTS`` events at once: a flood's events each waiting for a
@@ -216,7 +216,7 @@ class RerollerController:
         like a timer: after a restart the first look compares the stored baseline with the data."""
         await self.passes.submit(key, trigger, event_view)
 
-    async def guarded(self, key: Key, trigger: str, event_view: logic.WorkloadView | None = None) -> None:
+    async def guarded(self, key: Key, trigger: str, event_view: views.WorkloadView | None = None) -> None:
         """One pass outside Kopf's retrying handlers (a failure is retried later with backoff, never
         hot; nothing on a standby), holding a write slot of its namespace."""
         await self.passes(key, trigger, event_view)
@@ -240,7 +240,7 @@ class RerollerController:
 
     # --- one level-triggered pass ----------------------------------------------------------------------
 
-    async def reconcile(self, key: Key, trigger: str, event_view: logic.WorkloadView | None = None) -> None:
+    async def reconcile(self, key: Key, trigger: str, event_view: views.WorkloadView | None = None) -> None:
         started = time.perf_counter()
         async with self.access.serialised(key):
             view = self.current(key, event_view)
@@ -257,7 +257,7 @@ class RerollerController:
                     # The workload changed since the version we know: read that one, decide again.
                     metrics.error(OPERATOR, "conflict")
                     fresh = await self.access.read(KINDS[key[0]], key[1], key[2])
-                    view = logic.workload_view(key[0], fresh, self.options) if fresh else None
+                    view = views.workload_view(key[0], fresh, self.options) if fresh else None
                     if view is None or view.deleting:
                         self.forget(key)
                         return
@@ -270,7 +270,7 @@ class RerollerController:
                 return
             raise ApiError(409, "Conflict", "the workload kept changing")
 
-    async def _pass(self, view: logic.WorkloadView, first_look: bool = False) -> bool:
+    async def _pass(self, view: views.WorkloadView, first_look: bool = False) -> bool:
         """Observe, decide (one call: ``decisions.decide_pass``), act; True when something was written.
         ``first_look``: this process has not looked at the workload before (REROLLER_SYNC_AFTER_RESTART)."""
         key = view.key
@@ -278,11 +278,11 @@ class RerollerController:
         drift_since = {(kind, name): since for (kind, namespace, name), since in self._drift_since.items()
                        if namespace == view.namespace}
         digest_key = await self.digest_key()
-        step = logic.decide_pass(view, self.lookup(view), self.options, self._sightings.get(key),
-                                 self._last_roll.get(key), now, wall, drift_since=drift_since, first_look=first_look,
-                                 digest_key=digest_key)
+        step = decisions.decide_pass(view, self.lookup(view), self.options, self._sightings.get(key),
+                                     self._last_roll.get(key), now, wall, drift_since=drift_since,
+                                     first_look=first_look, digest_key=digest_key)
         self._warn_refused(view)
-        if step.do is logic.Do.UNPAUSE:
+        if step.do is decisions.Do.UNPAUSE:
             return await self._unpause(view)
         self._sightings.pop(key, None)
         if step.sighting is not None:
@@ -293,22 +293,22 @@ class RerollerController:
             self._release(key)
         if step.decision is not None and step.decision.plan is not None:
             self._warn_missing(view, step.plan)
-        if step.do is logic.Do.NOTHING:
+        if step.do is decisions.Do.NOTHING:
             return False
-        if step.do is logic.Do.SUSPENDED:
+        if step.do is decisions.Do.SUSPENDED:
             return await self._record_suspended(view, step.plan, step.snap)
-        if step.do is logic.Do.PEND:
+        if step.do is decisions.Do.PEND:
             wrote, answer = await pend(self.access, view, step.held)
             if wrote:
                 self._after_write(view, answer)
             return wrote
-        if step.do is logic.Do.BASELINE:
+        if step.do is decisions.Do.BASELINE:
             # A Job's status changes all the time and only we write these keys (serialised per
             # workload); its rollout is a uid-guarded delete: no resourceVersion, so no 409 and no read.
             rv = None if view.kind == "Job" else view.rv
             answer = await self.access.patch(KINDS[view.kind], view.namespace, view.name,
-                                             logic.metadata_patch(step.plan, step.snap, rv,
-                                                                  pending=view.pending is not None))
+                                             patches.metadata_patch(step.plan, step.snap, rv,
+                                                                    pending=view.pending is not None))
             self._after_write(view, answer)
             self._sightings.pop(key, None)
             metrics.action(OPERATOR, "baseline")
@@ -337,39 +337,39 @@ class RerollerController:
 
     # --- the writes ----------------------------------------------------------------------------------
 
-    def _after_write(self, view: logic.WorkloadView, answer: Mapping[str, Any] | None) -> None:
+    def _after_write(self, view: views.WorkloadView, answer: Mapping[str, Any] | None) -> None:
         if answer is None:  # gone meanwhile
             self.forget(view.key)
             return
-        written = logic.workload_view(view.kind, answer, self.options)
+        written = views.workload_view(view.kind, answer, self.options)
         if written is not None:
             self.known.remember(view.key, written)
 
-    async def _roll(self, view: logic.WorkloadView, plan: logic.Plan, snap: logic.Snapshot, wall: float) -> None:
+    async def _roll(self, view: views.WorkloadView, plan: plans.Plan, snap: plans.Snapshot, wall: float) -> None:
         kind = KINDS[view.kind]
-        if view.kind in logic.TEMPLATED and self.options.env_vars:
+        if view.kind in settings.TEMPLATED and self.options.env_vars:
             answer = await self.access.patch(kind, view.namespace, view.name,
-                                             logic.env_vars_patch(view, plan, snap, wall, view.rv), json_patch=True)
+                                             patches.env_vars_patch(view, plan, snap, wall, view.rv), json_patch=True)
             self._after_write(view, answer)
             if answer is None:
                 return
             how = "STAKATER_ variable set"
-        elif view.kind in logic.TEMPLATED:
+        elif view.kind in settings.TEMPLATED:
             answer = await self.access.patch(kind, view.namespace, view.name,
-                                             logic.roll_patch(view, plan, snap, wall, view.rv))
+                                             patches.roll_patch(view, plan, snap, wall, view.rv))
             self._after_write(view, answer)
             if answer is None:
                 return
             how = "pod template annotated"
         elif view.kind == "CronJob":
-            answer, how = await roll_cronjob(self.access, view, plan, snap, logic.cronjob_mode(view, self.options),
+            answer, how = await roll_cronjob(self.access, view, plan, snap, windows.cronjob_mode(view, self.options),
                                              wall)
             self._after_write(view, answer)
             if answer is None:
                 return
         else:  # Job: recreated with the new baseline
             await self.access.delete(kind, view.namespace, view.name, uid=view.uid, propagation="Background")
-            job = logic.recreated_job(view, logic.baseline_annotations(plan, snap))
+            job = patches.recreated_job(view, patches.baseline_annotations(plan, snap))
             for delay in (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2):
                 try:
                     created = await self.access.create(k8s.JOB, job)
@@ -381,24 +381,24 @@ class RerollerController:
             else:
                 raise ApiError(409, "Conflict", "the old Job is still there")
             how = "recreated"
-        message = logic.rollout_message(view.kind, view.name, plan.changed)
+        message = patches.rollout_message(view.kind, view.name, plan.changed)
         self._done(view, plan, message, ("rollout", "rolled", "Rerolled"), how)
         if view.kind == "Deployment" and view.pause_period:
             self._schedule(view.key, view.pause_period)
 
-    async def _notify_only(self, view: logic.WorkloadView, plan: logic.Plan, snap: logic.Snapshot) -> None:
+    async def _notify_only(self, view: views.WorkloadView, plan: plans.Plan, snap: plans.Snapshot) -> None:
         """REROLLER_NOTIFY_ONLY: the change is recorded as the baseline and alerted, nothing rolls
         (paced like a rollout, so a flapping source alerts at most once per interval)."""
-        patch = logic.metadata_patch(plan, snap, None if view.kind == "Job" else view.rv,
-                                     pending=view.pending is not None)
+        patch = patches.metadata_patch(plan, snap, None if view.kind == "Job" else view.rv,
+                                       pending=view.pending is not None)
         answer = await self.access.patch(KINDS[view.kind], view.namespace, view.name, patch)
         self._after_write(view, answer)
         if answer is None:
             return
-        self._done(view, plan, logic.notify_only_message(view.kind, view.name, plan.changed),
+        self._done(view, plan, patches.notify_only_message(view.kind, view.name, plan.changed),
                    ("notify-only", "notified", "ChangeNotified"))
 
-    def _done(self, view: logic.WorkloadView, plan: logic.Plan, message: str, names: tuple[str, str, str],
+    def _done(self, view: views.WorkloadView, plan: plans.Plan, message: str, names: tuple[str, str, str],
               how: str = "") -> None:
         """A rollout is done: paced, counted, logged, an Event, alerted. ``names``: (action, outcome, reason)."""
         action, outcome, reason = names
@@ -409,31 +409,31 @@ class RerollerController:
         self.access.event(ref_of(view), "Normal", reason, message)
         self.alerts.notify(Alert(view.kind, view.namespace, view.name, plan.changed, outcome, message))
 
-    async def _record_suspended(self, view: logic.WorkloadView, plan: logic.Plan, snap: logic.Snapshot) -> bool:
+    async def _record_suspended(self, view: views.WorkloadView, plan: plans.Plan, snap: plans.Snapshot) -> bool:
         """A suspended CronJob: the change becomes its baseline (with the resourceVersion: a resume
         meanwhile conflicts and is decided again), no Job; said once, as an Event."""
         answer = await self.access.patch(KINDS[view.kind], view.namespace, view.name,
-                                         logic.metadata_patch(plan, snap, view.rv, pending=view.pending is not None))
+                                         patches.metadata_patch(plan, snap, view.rv, pending=view.pending is not None))
         self._after_write(view, answer)
         self._release(view.key)
         self._sightings.pop(view.key, None)
         if answer is not None:
-            message = logic.suspended_message(view.name, plan.changed)
+            message = patches.suspended_message(view.name, plan.changed)
             metrics.action(OPERATOR, "skip-suspended")
             self._count(view.key, "suspended")
             logger.info(f"{view.kind} {view.namespace}/{view.name}: {message}")
             self.access.event(ref_of(view), "Normal", "RerollSkipped", message)
         return True
 
-    async def _unpause(self, view: logic.WorkloadView) -> bool:
-        answer = await self.access.patch(KINDS[view.kind], view.namespace, view.name, logic.unpause_patch(view.rv))
+    async def _unpause(self, view: views.WorkloadView) -> bool:
+        answer = await self.access.patch(KINDS[view.kind], view.namespace, view.name, patches.unpause_patch(view.rv))
         self._after_write(view, answer)
         if answer is not None:
             metrics.action(OPERATOR, "resume")
             logger.info(f"{view.kind} {view.namespace}/{view.name}: pause period over, rollout resumed")
         return True
 
-    def _warn_missing(self, view: logic.WorkloadView, plan: logic.Plan) -> None:
+    def _warn_missing(self, view: views.WorkloadView, plan: plans.Plan) -> None:
         key = view.key
         if not plan.missing:
             self._warned.pop(key, None)
@@ -447,7 +447,7 @@ class RerollerController:
         logger.warning(f"{view.kind} {view.namespace}/{view.name}: {message}"[:1000])
         self.access.event(ref_of(view), "Warning", "SourceMissing", message)
 
-    def _warn_refused(self, view: logic.WorkloadView) -> None:
+    def _warn_refused(self, view: views.WorkloadView) -> None:
         """Name patterns RE2 refuses match nothing: said once per set of them, as a Warning Event."""
         key = view.key
         refused = refused_patterns(view)
@@ -505,12 +505,12 @@ async def load_digest_key(access: Access, namespace: str) -> bytes:
     raise ApiError(409, "Conflict", f"Secret {namespace}/{DIGEST_KEY_SECRET} kept vanishing")
 
 
-def ref_of(view: logic.WorkloadView) -> dict[str, Any]:
+def ref_of(view: views.WorkloadView) -> dict[str, Any]:
     return {"apiVersion": API_VERSIONS[view.kind], "kind": view.kind,
             "metadata": {"name": view.name, "namespace": view.namespace, "uid": view.uid}}
 
 
-async def pend(access: Access, view: logic.WorkloadView, held: logic.Hold | None
+async def pend(access: Access, view: views.WorkloadView, held: windows.Hold | None
                ) -> tuple[bool, Mapping[str, Any] | None]:
     """Say on the workload that its rollout is held (``held``), or that a held one is no longer due
     (None: its change was reverted). Written, counted and announced once per new state: after a
@@ -518,7 +518,7 @@ async def pend(access: Access, view: logic.WorkloadView, held: logic.Hold | None
     value = held.pending if held is not None else None
     if view.pending == value:
         return False, None
-    patch = {"metadata": {"annotations": {logic.PENDING: value}, "resourceVersion": str(view.rv)}}
+    patch = {"metadata": {"annotations": {settings.PENDING: value}, "resourceVersion": str(view.rv)}}
     answer = await access.patch(KINDS[view.kind], view.namespace, view.name, patch)
     if answer is None:
         return True, None
@@ -538,23 +538,23 @@ async def pend(access: Access, view: logic.WorkloadView, held: logic.Hold | None
     return True, answer
 
 
-async def roll_cronjob(access: Access, view: logic.WorkloadView, plan: logic.Plan, snap: logic.Snapshot,
+async def roll_cronjob(access: Access, view: views.WorkloadView, plan: plans.Plan, snap: plans.Snapshot,
                        mode: str, wall: float) -> tuple[dict[str, Any] | None, str]:
     """A CronJob's rollout in its mode; the baseline is written first, with the resourceVersion (a
     conflict decides again). (The answer to that write, how it rolled)."""
     if mode == "next-run":
         answer = await access.patch(k8s.CRONJOB, view.namespace, view.name,
-                                    logic.cronjob_template_patch(view, plan, snap, wall, view.rv))
+                                    patches.cronjob_template_patch(view, plan, snap, wall, view.rv))
         return answer, "jobTemplate annotated: the next scheduled Job runs the new configuration"
     answer = await access.patch(k8s.CRONJOB, view.namespace, view.name,
-                                logic.metadata_patch(plan, snap, view.rv, pending=view.pending is not None))
+                                patches.metadata_patch(plan, snap, view.rv, pending=view.pending is not None))
     if answer is None:
         return None, ""
     if mode == "restart-active":
         # The pods of its unfinished Jobs: each Job starts a new pod in place of its deleted one.
         deleted = []
         for job in await access.list(k8s.JOB, view.namespace):
-            if not logic.active_job(job, view.uid):
+            if not patches.active_job(job, view.uid):
                 continue
             uid = job["metadata"]["uid"]
             for pod in await access.list(k8s.POD, view.namespace, labels=f"batch.kubernetes.io/controller-uid={uid}"):
@@ -564,7 +564,7 @@ async def roll_cronjob(access: Access, view: logic.WorkloadView, plan: logic.Pla
                     deleted.append(meta["name"])
         return answer, (f"pod(s) {', '.join(deleted)} of its active Jobs deleted" if deleted
                         else "no active Job: nothing to restart")
-    job = logic.cronjob_job(view, uuid.uuid4().hex[:5], {})
+    job = patches.cronjob_job(view, uuid.uuid4().hex[:5], {})
     with contextlib.suppress(k8s.AlreadyExists):  # a random suffix: taken only by a Job of ours
         await access.create(k8s.JOB, job)
     return answer, f"Job {job['metadata']['name']} created from its template"

@@ -13,8 +13,7 @@ selectors), ``views`` (index entries: ``WorkloadView``, ``SourceView``; the watc
 rollouts held back) and ``pacing`` (leading edge, per-workload
 interval, cluster token bucket). This module is what a pass asks: ``decide_pass`` (the one call: what
 to write now and when to look again), built on ``decide`` (the plan for a workload, first sightings
-included); every decision is read as ``logic.X`` (the controller, the handlers,
-the tests), so the others are re-exported here. All unit-tested without a cluster.
+included). Each name is imported from the module that defines it. All unit-tested without a cluster.
 """
 
 from __future__ import annotations
@@ -24,114 +23,12 @@ import enum
 import functools
 from collections.abc import Iterable, Mapping
 
-from kopf_operators.reroller.pacing import (  # noqa: F401  (re-exported)
-    MIN_WAIT,
-    TokenBucket,
-    next_rollout_at,
-)
-from kopf_operators.reroller.patches import (  # noqa: F401  (re-exported)
-    MAX_OBSERVED_SOURCES,
-    active_job,
-    baseline_annotations,
-    cronjob_job,
-    cronjob_template_patch,
-    env_target,
-    env_var_name,
-    env_vars_patch,
-    last_reloaded_from,
-    metadata_patch,
-    notify_only_message,
-    recreated_job,
-    roll_patch,
-    rollout_message,
-    suspended_message,
-    template_annotations,
-    unpause_due,
-    unpause_patch,
-)
-from kopf_operators.reroller.plans import (  # noqa: F401  (re-exported)
-    Action,
-    Plan,
-    Snapshot,
-    combined_hash,
-    held_by_suspend,
-    parse_observed,
-    plan,
-    ref_digest,
-    short,
-    snapshot,
-)
-from kopf_operators.reroller.settings import (  # noqa: F401  (re-exported)
-    ABSENT,
-    AUTO,
-    CONFIG_HASH,
-    CONFIGMAPS,
-    CRONJOB_INSTANTIATE,
-    CRONJOB_MODE,
-    CRONJOB_MODES,
-    ENV_PREFIX,
-    LAST_RELOADED_FROM,
-    OBSERVED_HASH,
-    OBSERVED_SOURCES,
-    PAUSE_PERIOD,
-    PAUSED_AT,
-    PENDING,
-    PREFIX,
-    RELOADER,
-    RELOADER_AUTO,
-    RELOADER_CONFIGMAP_AUTO,
-    RELOADER_CONFIGMAPS,
-    RELOADER_CONFIGMAPS_EXCLUDE,
-    RELOADER_IGNORE,
-    RELOADER_MATCH,
-    RELOADER_RESTART_WINDOW,
-    RELOADER_SEARCH,
-    RELOADER_SECRET_AUTO,
-    RELOADER_SECRETS,
-    RELOADER_SECRETS_EXCLUDE,
-    RESTART_WINDOW,
-    ROLLOUT_STRATEGY,
-    SECRETS,
-    STRATEGIES,
-    TEMPLATED,
-    USED_KEYS_ONLY,
-    WORKLOAD_KINDS,
-    WORKLOAD_TYPE_NAMES,
-    Options,
-    Requirement,
-    SourceKind,
-    WorkloadKey,
-    parse_selector,
-    selector_matches,
-)
-from kopf_operators.reroller.views import (  # noqa: F401  (re-exported)
-    KeyScope,
-    Source,
-    SourceView,
-    WorkloadView,
-    effective_sources,
-    key_hashes,
-    parse_duration,
-    pod_template,
-    reference_map,
-    references,
-    resource_version,
-    scoped_hash,
-    source_hash,
-    source_view,
-    used_keys,
-    workload_index_entries,
-    workload_view,
-)
-from kopf_operators.reroller.windows import (  # noqa: F401  (re-exported)
-    Hold,
-    RestartWindow,
-    cronjob_mode,
-    hold,
-    is_open,
-    next_opening,
-    parse_window,
-)
+from kopf_operators.reroller.pacing import next_rollout_at
+from kopf_operators.reroller.patches import baseline_annotations, unpause_due
+from kopf_operators.reroller.plans import Action, Plan, Snapshot, held_by_suspend, parse_observed, plan, snapshot
+from kopf_operators.reroller.settings import OBSERVED_HASH, Options
+from kopf_operators.reroller.views import Source, SourceView, WorkloadView, effective_sources
+from kopf_operators.reroller.windows import Hold, hold
 
 # --- a pass's decision ----------------------------------------------------------------------------
 

@@ -112,7 +112,8 @@ class Plan:
 def ref_digest(ref: str) -> str:
     """A source's short stand-in key in the per-source hashes when the refs themselves take too much
     room (many sources with long names): "#" + 12 hex digits of its sha256."""
-    return "#" + hashlib.sha256(ref.encode()).hexdigest()[:12]
+    # (A lone surrogate, which only a fuzzer writes, must not fail the pass: other strings encode as UTF-8.)
+    return "#" + hashlib.sha256(ref.encode(errors="surrogatepass")).hexdigest()[:12]
 
 
 

@@ -13,12 +13,12 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators.blackadder import decisions as logic
+from kopf_operators.blackadder import settings
 from tests.kube import OperatorProcess, chart_objects, delete_namespaces, operator_namespace, wait_for
 from testsupport.kubectl import kubectl
 
-G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL
-PAUSE = logic.MIN_PAUSE_SECONDS
+G, V, P = settings.GROUP, settings.VERSION, settings.PLURAL
+PAUSE = settings.MIN_PAUSE_SECONDS
 # The TenantChaosAgent tests' own release (the session's operator keeps the default RBAC) and limits;
 # tests/e2e/test_zz_rbac.py checks that release's calls against its rules.
 RELEASE = "kopf-operators-tenants"
@@ -147,7 +147,7 @@ def ledger_location(agent: str) -> tuple[str, str]:
     try:
         where = str(wait_for(lambda: agents.status(agent).get("ledger"), timeout=5, what="status.ledger"))
     except AssertionError:  # no cycle reported yet (e.g. the operator was killed mid-cycle)
-        where = f"{logic.ledger_namespace(operator_namespace())}/{logic.ledger_name(agent)}"
+        where = f"{settings.ledger_namespace(operator_namespace())}/{settings.ledger_name(agent)}"
     namespace, name = where.split("/")
     return namespace, name
 
@@ -155,7 +155,7 @@ def ledger_location(agent: str) -> tuple[str, str]:
 def ledger(core: kubernetes.client.CoreV1Api, agent: str) -> dict[str, Any]:
     namespace, name = ledger_location(agent)
     secret = core.read_namespaced_secret(name, namespace)
-    return dict(json.loads(base64.b64decode(secret.data[logic.LEDGER_KEY])))
+    return dict(json.loads(base64.b64decode(secret.data[settings.LEDGER_KEY])))
 
 
 def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:

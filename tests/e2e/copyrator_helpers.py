@@ -10,10 +10,11 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators.copyrator import decisions as logic
+from kopf_operators.copyrator import rules
+from kopf_operators.core.conventions import COPYRATOR_RULE_UID_LABEL
 from tests.kube import OperatorProcess, own_operators, wait_for
 
-G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL
+G, V, P = rules.GROUP, rules.VERSION, rules.PLURAL
 
 
 def get(core: kubernetes.client.CoreV1Api, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
@@ -41,7 +42,7 @@ def put_cm(core: kubernetes.client.CoreV1Api, namespace: str, name: str, data: d
 
 
 def make_rule(custom: kubernetes.client.CustomObjectsApi, namespace: str, name: str, /, **spec: Any) -> None:
-    body = {"apiVersion": f"{G}/{V}", "kind": logic.KIND,
+    body = {"apiVersion": f"{G}/{V}", "kind": rules.KIND,
             "metadata": {"name": name, "namespace": namespace}, "spec": spec}
     custom.create_namespaced_custom_object(G, V, namespace, P, body)
 
@@ -76,14 +77,15 @@ def delete_rule(custom: kubernetes.client.CustomObjectsApi, namespace: str, name
         return
     wait_for(lambda: rule_gone(custom, namespace, name), timeout=60, what=f"rule {namespace}/{name} to be deleted")
     core = kubernetes.client.CoreV1Api(custom.api_client)
-    wait_for(lambda: not any(copies(core, kind, f"{logic.RULE_UID_LABEL}={uid}") for kind in ("ConfigMap", "Secret")),
+    wait_for(lambda: not any(copies(core, kind, f"{COPYRATOR_RULE_UID_LABEL}={uid}")
+                             for kind in ("ConfigMap", "Secret")),
              timeout=60, what=f"the copies of rule {namespace}/{name} to be pruned")
 
 
 def copies(core: kubernetes.client.CoreV1Api, kind: str = "ConfigMap", selector: str = "") -> dict[str, Any]:
     """Every object carrying a Copyrator marker, keyed ns/name."""
     call = core.list_config_map_for_all_namespaces if kind == "ConfigMap" else core.list_secret_for_all_namespaces
-    items = call(label_selector=selector or logic.RULE_UID_LABEL).items
+    items = call(label_selector=selector or COPYRATOR_RULE_UID_LABEL).items
     return {f"{i.metadata.namespace}/{i.metadata.name}": i for i in items}
 
 

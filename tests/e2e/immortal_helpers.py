@@ -8,14 +8,14 @@ from typing import Any
 
 import kubernetes
 
-from kopf_operators.immortal import decisions as logic
+from kopf_operators.immortal import decisions
 from tests.kube import PodCreations, stays, wait_for
 
-G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL
+G, V, P = decisions.GROUP, decisions.VERSION, decisions.PLURAL
 
 
 def create_ic(custom: Any, namespace: str, name: str, image: str = "nginx:latest") -> dict[str, Any]:
-    body = {"apiVersion": logic.API_VERSION, "kind": logic.KIND, "metadata": {"name": name},
+    body = {"apiVersion": decisions.API_VERSION, "kind": decisions.KIND, "metadata": {"name": name},
             "spec": {"image": image}}
     return dict(custom.create_namespaced_custom_object(G, V, namespace, P, body))
 
@@ -105,7 +105,7 @@ def wait_counted_exactly(custom: Any, namespace: str, name: str, creations: PodC
     the current pod."""
     def counted_exactly() -> bool:
         st = status(custom, namespace, name)
-        created = [uid for uid in creations.uids(logic.pod_name(name)) if uid not in not_ours]
+        created = [uid for uid in creations.uids(decisions.pod_name(name)) if uid not in not_ours]
         return bool(created) and st.get("startTimes") == len(created) and st.get("currentPodUID") == created[-1]
 
     wait_for(counted_exactly, what="every pod created counted once")
@@ -124,7 +124,7 @@ def delete_pod_while_down(core: kubernetes.client.CoreV1Api, namespace: str, nam
 
 
 def create_template_ic(custom: Any, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    body = {"apiVersion": logic.API_VERSION, "kind": logic.KIND, "metadata": {"name": name}, "spec": spec}
+    body = {"apiVersion": decisions.API_VERSION, "kind": decisions.KIND, "metadata": {"name": name}, "spec": spec}
     return dict(custom.create_namespaced_custom_object(G, V, namespace, P, body))
 
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from kopf_operators.reroller import decisions as logic
+from kopf_operators.reroller import settings
 from tests.kube import OperatorProcess, own_operators, stays, wait_for
 
-AUTO = {logic.AUTO: "true"}
+AUTO = {settings.AUTO: "true"}
 NGINX_CONF = "events {}\nhttp { server { listen 80; location / { return 200 'v1'; } } }\n"
 
 # --- builders -----------------------------------------------------------------------------------
@@ -65,18 +65,18 @@ def read(apps: Any, kind: str, ns: str, name: str) -> Any:
             "DaemonSet": apps.read_namespaced_daemon_set}[kind](name, ns)
 
 
-def template_hash(apps: Any, ns: str, name: str, kind: str = "Deployment", key: str = logic.CONFIG_HASH
+def template_hash(apps: Any, ns: str, name: str, kind: str = "Deployment", key: str = settings.CONFIG_HASH
                   ) -> str | None:
     annotations = read(apps, kind, ns, name).spec.template.metadata.annotations or {}
     return annotations.get(key)
 
 
 def reloaded_from(apps: Any, ns: str, name: str, kind: str = "Deployment") -> str | None:
-    return template_hash(apps, ns, name, kind, logic.LAST_RELOADED_FROM)
+    return template_hash(apps, ns, name, kind, settings.LAST_RELOADED_FROM)
 
 
 def observed_hash(apps: Any, ns: str, name: str, kind: str = "Deployment") -> str | None:
-    return (read(apps, kind, ns, name).metadata.annotations or {}).get(logic.OBSERVED_HASH)
+    return (read(apps, kind, ns, name).metadata.annotations or {}).get(settings.OBSERVED_HASH)
 
 
 def replicasets(apps: Any, ns: str, name: str) -> int:
@@ -111,7 +111,7 @@ def assert_not_rolled(apps: Any, ns: str, name: str, seconds: float = 4) -> None
 
 
 def assert_rolled_once(apps: Any, core: Any, ns: str, name: str, source: str, rs: int = 2,
-                       key: str = logic.CONFIG_HASH) -> str:
+                       key: str = settings.CONFIG_HASH) -> str:
     new = wait_for(lambda: template_hash(apps, ns, name, key=key), timeout=30, what=f"{name} re-rolled")
     wait_for(lambda: replicasets(apps, ns, name) == rs, timeout=30, what=f"{rs} ReplicaSets of {name}")
     wait_for(lambda: any(source in (e.message or "") for e in events(core, ns, name, "Rerolled")),

@@ -18,10 +18,11 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators.blackadder import decisions as ba
-from kopf_operators.copyrator import decisions as cr
+from kopf_operators.blackadder import settings
+from kopf_operators.copyrator import rules
+from kopf_operators.core.conventions import COPYRATOR_RULE_UID_LABEL
 from kopf_operators.immortal import decisions as ic
-from kopf_operators.reroller import decisions as rr
+from kopf_operators.reroller.settings import AUTO, CONFIG_HASH, CONFIGMAPS, OBSERVED_HASH, OBSERVED_SOURCES, SECRETS
 from tests.e2e.faultkit import LogWindow
 from tests.kube import OperatorProcess, namespace_exists, stays, wait_for
 
@@ -43,8 +44,8 @@ class Kind:
 
 
 IC = Kind(ic.GROUP, ic.VERSION, ic.PLURAL, ic.KIND)
-RULE = Kind(cr.GROUP, cr.VERSION, cr.PLURAL, cr.KIND)
-AGENT = Kind(ba.GROUP, ba.VERSION, ba.PLURAL, ba.KIND, cluster=True)
+RULE = Kind(rules.GROUP, rules.VERSION, rules.PLURAL, rules.KIND)
+AGENT = Kind(settings.GROUP, settings.VERSION, settings.PLURAL, settings.KIND, cluster=True)
 
 
 def ic_body(spec: Any, **meta: Any) -> Build:
@@ -59,14 +60,14 @@ def ic_body(spec: Any, **meta: Any) -> Build:
 def rule_spec(**fields: Any) -> Build:
     def build(ns: str, name: str) -> Body:
         spec = {"ruleType": "configmap", "selector": {"bad": "input"}, "namespace": ns, **fields}
-        return {"apiVersion": f"{cr.GROUP}/{cr.VERSION}", "kind": cr.KIND, "metadata": {"name": name},
+        return {"apiVersion": f"{rules.GROUP}/{rules.VERSION}", "kind": rules.KIND, "metadata": {"name": name},
                 "spec": {k: v for k, v in spec.items() if v is not DROP}}
     return build
 
 
 def rule_raw(top: Body) -> Build:
     def build(ns: str, name: str) -> Body:
-        return {"apiVersion": f"{cr.GROUP}/{cr.VERSION}", "kind": cr.KIND, "metadata": {"name": name}, **top}
+        return {"apiVersion": f"{rules.GROUP}/{rules.VERSION}", "kind": rules.KIND, "metadata": {"name": name}, **top}
     return build
 
 
@@ -74,7 +75,7 @@ def agent_spec(**fields: Any) -> Build:
     """A ChaosAgent that would be harmless even if wrongly accepted: dry-run, paused, confined."""
     def build(ns: str, name: str) -> Body:
         spec = {"eagerness": 0, "dryRun": True, "paused": True, "targetNamespaces": [ns], **fields}
-        return {"apiVersion": f"{ba.GROUP}/{ba.VERSION}", "kind": ba.KIND, "metadata": {"name": name},
+        return {"apiVersion": f"{settings.GROUP}/{settings.VERSION}", "kind": settings.KIND, "metadata": {"name": name},
                 "spec": {k: v for k, v in spec.items() if v is not DROP}}
     return build
 
@@ -309,11 +310,11 @@ def rolled_out(apps: Any, ns: str, name: str) -> bool:
 
 
 REROLLER_WARNED: list[tuple[str, dict[str, str]]] = [
-    ("reroller-configmap-missing", {rr.CONFIGMAPS: "does-not-exist"}),
-    ("reroller-configmap-names-garbage", {rr.CONFIGMAPS: ",, ;;%%,/x/, "}),
-    ("reroller-secret-names-garbage", {rr.SECRETS: "UPPER_case!,\u2603"}),
-    ("reroller-annotation-oversized", {rr.CONFIGMAPS: ",".join(f"missing-{i:05d}-" + "x" * 80
-                                                                for i in range(1500))}),
+    ("reroller-configmap-missing", {CONFIGMAPS: "does-not-exist"}),
+    ("reroller-configmap-names-garbage", {CONFIGMAPS: ",, ;;%%,/x/, "}),
+    ("reroller-secret-names-garbage", {SECRETS: "UPPER_case!,\u2603"}),
+    ("reroller-annotation-oversized", {CONFIGMAPS: ",".join(f"missing-{i:05d}-" + "x" * 80
+                                                            for i in range(1500))}),
 ]
 
 
@@ -330,7 +331,7 @@ def test_reroller_garbage_names_warn_once(operator: OperatorProcess, core: Any, 
         wait_for(lambda: rolled_out(apps, scene.ns, name), what=f"Deployment {name} rolled out")
         quiet(operator, core, scene.ns, name, f"{scene.ns}/{name}")
         dep = apps.read_namespaced_deployment(name, scene.ns)
-        assert rr.CONFIG_HASH not in (dep.spec.template.metadata.annotations or {}), "rolled on garbage"
+        assert CONFIG_HASH not in (dep.spec.template.metadata.annotations or {}), "rolled on garbage"
         assert log.tracebacks(name) == []
         scene.untouched()
     finally:
@@ -341,11 +342,11 @@ def test_reroller_non_boolean_auto_is_not_an_opt_in(operator: OperatorProcess, c
                                                    scene: Scene) -> None:
     name = f"bad-{uuid.uuid4().hex[:8]}"
     log = LogWindow(operator)
-    apps.create_namespaced_deployment(scene.ns, workload(scene.ns, name, {rr.AUTO: "maybe"}))
+    apps.create_namespaced_deployment(scene.ns, workload(scene.ns, name, {AUTO: "maybe"}))
     try:
         quiet(operator, core, scene.ns, name, f"Deployment {scene.ns}/{name}")
         annotations = apps.read_namespaced_deployment(name, scene.ns).metadata.annotations or {}
-        assert rr.OBSERVED_HASH not in annotations  # "maybe" is not "true": nothing written
+        assert OBSERVED_HASH not in annotations  # "maybe" is not "true": nothing written
         assert log.tracebacks(name) == []
         scene.untouched()
     finally:
@@ -357,11 +358,11 @@ def test_reroller_garbage_baseline_rolls_at_most_once(operator: OperatorProcess,
     """A hand-edited, unparseable baseline: at most one (safe) rollout, then a clean baseline."""
     name = f"bad-{uuid.uuid4().hex[:8]}"
     log = LogWindow(operator)
-    garbage = {rr.AUTO: "true", rr.OBSERVED_HASH: "zzz-not-a-hash", rr.OBSERVED_SOURCES: "{not json"}
+    garbage = {AUTO: "true", OBSERVED_HASH: "zzz-not-a-hash", OBSERVED_SOURCES: "{not json"}
     apps.create_namespaced_deployment(scene.ns, workload(scene.ns, name, garbage))
     try:
         wait_for(lambda: (apps.read_namespaced_deployment(name, scene.ns).metadata.annotations or {})
-                 .get(rr.OBSERVED_HASH) != "zzz-not-a-hash", timeout=20, what="a clean baseline")
+                 .get(OBSERVED_HASH) != "zzz-not-a-hash", timeout=20, what="a clean baseline")
         quiet(operator, core, scene.ns, name, f"Deployment {scene.ns}/{name}")
         uid = apps.read_namespaced_deployment(name, scene.ns).metadata.uid
         sets = [rs for rs in apps.list_namespaced_replica_set(scene.ns).items
@@ -420,8 +421,9 @@ def test_copyrator_rule_deleted_at_once_leaves_no_copies(operator: OperatorProce
         # A copy made from the rule's ADDED event may land after it is gone: count from the deletion's handling.
         wait_for(lambda: deletion_handled(log, scene.ns, name), timeout=30, what="the deletion handled by the operator")
         wait_for(lambda: not core.list_config_map_for_all_namespaces(
-            label_selector=f"{cr.RULE_UID_LABEL}={uid}").items, timeout=30, what="no copies of a deleted rule")
-        stays(lambda: not core.list_config_map_for_all_namespaces(label_selector=f"{cr.RULE_UID_LABEL}={uid}").items,
+            label_selector=f"{COPYRATOR_RULE_UID_LABEL}={uid}").items, timeout=30, what="no copies of a deleted rule")
+        stays(lambda: not core.list_config_map_for_all_namespaces(
+            label_selector=f"{COPYRATOR_RULE_UID_LABEL}={uid}").items,
               seconds=2, what="no copy re-created for a deleted rule")
         assert operator.running
         assert log.tracebacks(name) == []
@@ -436,10 +438,10 @@ def test_reroller_workload_deleted_while_debouncing(operator: OperatorProcess, c
     name = f"gone-{uuid.uuid4().hex[:6]}"
     conf = f"{name}-conf"
     core.create_namespaced_config_map(scene.ns, {"metadata": {"name": conf}, "data": {"v": "0"}})
-    apps.create_namespaced_deployment(scene.ns, workload(scene.ns, name, {rr.AUTO: "true"}, conf=conf))
+    apps.create_namespaced_deployment(scene.ns, workload(scene.ns, name, {AUTO: "true"}, conf=conf))
     try:
-        wait_for(lambda: rr.OBSERVED_HASH in (apps.read_namespaced_deployment(name, scene.ns)
-                                              .metadata.annotations or {}), timeout=20, what="the baseline")
+        wait_for(lambda: OBSERVED_HASH in (apps.read_namespaced_deployment(name, scene.ns)
+                                           .metadata.annotations or {}), timeout=20, what="the baseline")
         core.patch_namespaced_config_map(conf, scene.ns, {"data": {"v": "1"}})
         apps.delete_namespaced_deployment(name, scene.ns)  # inside the debounce window
         stays(lambda: operator.running, seconds=4, what="the operator alive past the debounce window")

@@ -23,7 +23,8 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators.blackadder import decisions as logic
+from kopf_operators.blackadder import settings
+from kopf_operators.core.conventions import COPYRATOR_RULE_UID_LABEL
 from tests.e2e.blackadder_helpers import (  # noqa: F401 (fixtures)
     GREEDY,
     PAUSE,
@@ -345,7 +346,7 @@ def test_active_windows_idle_outside_and_act_inside(
     make_pods(core, namespace, "pod", 2)
     pods = live_pods(core, namespace)
     today = time.gmtime().tm_wday
-    closed_day = logic.WEEKDAYS[(today + 3) % 7]  # a whole day, but not today (in UTC)
+    closed_day = settings.WEEKDAYS[(today + 3) % 7]  # a whole day, but not today (in UTC)
     name = agents.create({**GREEDY, "tantrumMode": True, "targetNamespaces": [namespace], "timeZone": "UTC",
                           "activeWindows": [{"weekdays": [closed_day], "from": "00:00", "to": "00:00"}]})
     def idle() -> dict[str, Any]:
@@ -441,7 +442,7 @@ def test_cluster_wide_replica_cap_and_webhook_notifications(
     capped.start()
     agents = Agents(custom)
     # The URLs live in Secrets in the operator's namespace (key "address"), never in the agent.
-    hooks = logic.ledger_namespace(operator_namespace())
+    hooks = settings.ledger_namespace(operator_namespace())
     kubectl("create", "namespace", hooks, check=False)
     suffix = namespace[-5:]
     for secret, host in ((f"allowed-{suffix}", "127.0.0.1"), (f"refused-{suffix}", "localhost")):
@@ -492,7 +493,7 @@ def test_ipsum_leaves_copyrator_sources_and_copies_alone_unless_included(
     source = core.create_namespaced_config_map(namespace, {"metadata": {"name": "source", "labels": {"copy": "yes"}},
                                                            "data": {"k": "v"}}).metadata.resource_version
     copy = core.create_namespaced_config_map(namespace, {
-        "metadata": {"name": "a-copy", "labels": {logic.COPYRATOR_COPY_LABEL: "some-rule-uid"}},
+        "metadata": {"name": "a-copy", "labels": {COPYRATOR_RULE_UID_LABEL: "some-rule-uid"}},
         "data": {"k": "v"}}).metadata.resource_version
     plain = make_cm(core, namespace, "plain", {"k": "v"})
     name = agents.create({"ipsumMode": True, "eagerness": 100, "pauseDuration": PAUSE,
@@ -581,7 +582,7 @@ def test_same_victims_as_chaoskube_with_the_same_filters(
 
     # A day excluded in chaoskube's words is a day outside our windows: both stay still.
     today = time.strftime("%a", time.gmtime())
-    others = [d for d in logic.WEEKDAYS if d != today]
+    others = [d for d in settings.WEEKDAYS if d != today]
     assert chaoskube_victims(binary, *filters, f"--excluded-weekdays={today}", "--timezone=UTC") == set()
     agents.patch_spec(name, {"activeWindows": [{"weekdays": others, "from": "00:00", "to": "00:00"}],
                              "timeZone": "UTC"})

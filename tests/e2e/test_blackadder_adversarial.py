@@ -12,7 +12,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators.blackadder import decisions as logic
+from kopf_operators.blackadder import settings
 from tests.e2e.blackadder_helpers import (  # noqa: F401 (fixtures)
     PAUSE,
     Agents,
@@ -55,10 +55,10 @@ def test_agent_names_at_the_limits_complete_cycles_revert_and_go(
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "True" and ready["reason"] == "CycleDone", ready
     ledger_ns, ledger_name = ledger_location(name)
-    assert ledger_name == logic.ledger_name(name) and len(ledger_name) <= 253
+    assert ledger_name == settings.ledger_name(name) and len(ledger_name) <= 253
     secret = core.read_namespaced_secret(ledger_name, ledger_ns)
-    assert secret.metadata.annotations[logic.LEDGER_AGENT_ANNOTATION] == name  # the full name
-    assert len(secret.metadata.labels[logic.LEDGER_LABEL]) <= 63
+    assert secret.metadata.annotations[settings.LEDGER_AGENT_ANNOTATION] == name  # the full name
+    assert len(secret.metadata.labels[settings.LEDGER_LABEL]) <= 63
     assert ledger(core, name)["agent"] == name
     wait_for(lambda: events(core, "DeploymentScaled", agent=name), timeout=15, what="DeploymentScaled")  # posted after
     agents.delete(name)
@@ -71,8 +71,8 @@ def test_two_long_names_with_the_same_prefix_keep_separate_ledgers() -> None:
     """Hashing keeps names distinct where the prefix alone would collide (pure, no cluster needed,
     but it guards the e2e above: two agents must never share a ledger)."""
     a, b = "x" * 240 + "a", "x" * 240 + "b"
-    assert logic.ledger_name(a) != logic.ledger_name(b)
-    assert logic.ledger_label(a) != logic.ledger_label(b)
+    assert settings.ledger_name(a) != settings.ledger_name(b)
+    assert settings.ledger_label(a) != settings.ledger_label(b)
 
 
 def ipsum_cycle_under_way(agents: Agents, namespace: str, core: kubernetes.client.CoreV1Api
@@ -135,9 +135,9 @@ def test_a_foreign_secret_with_the_ledger_name_is_never_overwritten_or_deleted(
     """Owned by someone else: a Secret that happens to carry the ledger's name."""
     make_deployment(apps, namespace, "grow", 1)
     agent = f"squatted-{namespace[-5:]}"
-    ledger_ns = logic.ledger_namespace(operator_namespace())
+    ledger_ns = settings.ledger_namespace(operator_namespace())
     kubectl("create", "namespace", ledger_ns, check=False)
-    foreign = core.create_namespaced_secret(ledger_ns, {"metadata": {"name": logic.ledger_name(agent)},
+    foreign = core.create_namespaced_secret(ledger_ns, {"metadata": {"name": settings.ledger_name(agent)},
                                                         "stringData": {"password": "someone else's"}})
     try:
         agents.create({"cancerMode": True, "eagerness": 100, "pauseDuration": PAUSE,
@@ -147,11 +147,11 @@ def test_a_foreign_secret_with_the_ledger_name_is_never_overwritten_or_deleted(
         assert replicas(apps, namespace, "grow") == 1  # no chaos without a ledger to undo it
         agents.delete(agent)
         agents.names.remove(agent)
-        kept = core.read_namespaced_secret(logic.ledger_name(agent), ledger_ns)
+        kept = core.read_namespaced_secret(settings.ledger_name(agent), ledger_ns)
         assert kept.metadata.uid == foreign.metadata.uid
         assert kept.metadata.resource_version == foreign.metadata.resource_version  # untouched
     finally:
-        core.delete_namespaced_secret(logic.ledger_name(agent), ledger_ns)
+        core.delete_namespaced_secret(settings.ledger_name(agent), ledger_ns)
 
 
 def test_the_same_change_applied_twice_acts_once(

@@ -14,7 +14,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators.blackadder import decisions as logic
+from kopf_operators.blackadder import settings
 from tests.e2e.blackadder_helpers import (  # noqa: F401 (fixtures)
     GREEDY,
     PAUSE,
@@ -165,10 +165,10 @@ def test_workload_mtbf_labels_beat_eagerness_and_honour_dry_run(
         apps: kubernetes.client.AppsV1Api) -> None:
     # "hot" fails on every cycle (1 s MTBF over a 5 s cycle: p > 0.99); "plain" follows eagerness 0;
     # "odd" has a label that says nothing readable: left alone and reported.
-    make_workload(apps, namespace, "hot", 2, {logic.MTBF_LABEL: "1s", logic.KILL_MODE_LABEL: "fixed",
-                                              logic.KILL_VALUE_LABEL: "1"})
+    make_workload(apps, namespace, "hot", 2, {settings.MTBF_LABEL: "1s", settings.KILL_MODE_LABEL: "fixed",
+                                              settings.KILL_VALUE_LABEL: "1"})
     make_workload(apps, namespace, "plain", 2)
-    make_workload(apps, namespace, "odd", 2, {logic.MTBF_LABEL: "often"})
+    make_workload(apps, namespace, "odd", 2, {settings.MTBF_LABEL: "often"})
     wait_for(lambda: len(live_pods(core, namespace)) == 6, timeout=60, what="all pods")
     before = live_pods(core, namespace)
     name = agents.create({**GREEDY, "eagerness": 0, "tantrumMode": True, "targetNamespaces": [namespace],
@@ -200,7 +200,7 @@ def test_workload_mtbf_labels_beat_eagerness_and_honour_dry_run(
 def test_kill_all_is_still_capped_by_the_agent(
         agents: Agents, namespace: str, core: kubernetes.client.CoreV1Api,
         apps: kubernetes.client.AppsV1Api) -> None:
-    make_workload(apps, namespace, "all", 4, {logic.MTBF_LABEL: "1s", logic.KILL_MODE_LABEL: "kill-all"})
+    make_workload(apps, namespace, "all", 4, {settings.MTBF_LABEL: "1s", settings.KILL_MODE_LABEL: "kill-all"})
     wait_for(lambda: len(live_pods(core, namespace)) == 4, timeout=60, what="all pods")
     name = agents.create({"eagerness": 0, "pauseDuration": 30, "tantrumMode": True, "maxKillsPerCycle": 2,
                           "targetNamespaces": [namespace], "seed": 1})

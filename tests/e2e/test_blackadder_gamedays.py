@@ -20,7 +20,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators.blackadder import decisions as logic
+from kopf_operators.blackadder import settings
 from tests.e2e.blackadder_helpers import (
     GREEDY,
     PAUSE,
@@ -179,7 +179,7 @@ def test_a_deployment_check_breaking_mid_run_halts_the_agent_and_reverts(
 def test_an_http_check_that_starts_failing_halts_it_and_the_url_from_a_secret_stays_secret(
         agents: Agents, namespace: str, core: kubernetes.client.CoreV1Api, health: int,
         game_operator: OperatorProcess) -> None:
-    secrets = logic.ledger_namespace(operator_namespace())
+    secrets = settings.ledger_namespace(operator_namespace())
     kubectl("create", "namespace", secrets, check=False)
     token = f"token-{namespace[-6:]}"
     secret = f"health-{namespace[-6:]}"

@@ -21,7 +21,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators.blackadder import decisions as logic
+from kopf_operators.blackadder import settings
 from tests.e2e.blackadder_helpers import (  # noqa: F401 (fixtures)
     PAUSE,
     Agents,
@@ -70,7 +70,7 @@ def receiver() -> Iterator[int]:
 def webhook_secret(core: kubernetes.client.CoreV1Api, namespace: str, name: str, address: str) -> None:
     kubectl("create", "namespace", namespace, check=False)
     core.create_namespaced_secret(namespace, {"metadata": {"name": name},
-                                              "stringData": {logic.WEBHOOK_SECRET_KEY: address}})
+                                              "stringData": {settings.WEBHOOK_SECRET_KEY: address}})
 
 
 # --- #18 item 4: nothing secret in a custom resource -------------------------------------------------
@@ -110,7 +110,7 @@ def test_make_run_verbose_never_logs_or_posts_the_webhook_token(
     logs whole bodies at DEBUG there. The token is in the Secret only: never in the output, never in
     an Event, whether the webhook works or fails."""
     token = f"tok{uuid.uuid4().hex}"
-    ledger_ns = logic.DEFAULT_LEDGER_NAMESPACE  # `make run` has no OPERATOR_NAMESPACE: the local default
+    ledger_ns = settings.DEFAULT_LEDGER_NAMESPACE  # `make run` has no OPERATOR_NAMESPACE: the local default
     good, broken = f"hook-{namespace[-5:]}", f"broken-{namespace[-5:]}"
     webhook_secret(core, ledger_ns, good, f"http://127.0.0.1:{receiver}/hook?token={token}")
     closed_port = receiver + 1 if receiver < 65535 else receiver - 1  # nothing listens: the failure path
@@ -150,7 +150,7 @@ def test_make_run_verbose_never_logs_or_posts_the_webhook_token(
     every_event = kubectl("get", "events", "-A", "-o", "json").stdout
     assert f"Secret {ledger_ns}/{broken}" in every_event  # the failure names the Secret, not the URL
     assert token not in every_event
-    assert token not in json.dumps(custom.list_cluster_custom_object(logic.GROUP, logic.VERSION, logic.PLURAL))
+    assert token not in json.dumps(custom.list_cluster_custom_object(settings.GROUP, settings.VERSION, settings.PLURAL))
 
 
 def test_missing_webhook_secret_is_reported_by_name(
@@ -159,7 +159,7 @@ def test_missing_webhook_secret_is_reported_by_name(
     name = agents.create({"cancerMode": True, "eagerness": 100, "pauseDuration": PAUSE,
                           "targetNamespaces": [namespace], "webhook": {"secretRef": {"name": "no-such-hook"}}})
     found = wait_for(lambda: events(core, "WebhookSecretMissing", agent=name), timeout=30, what="the missing Secret")
-    where = logic.ledger_namespace(operator_namespace())
+    where = settings.ledger_namespace(operator_namespace())
     assert f"Secret {where}/no-such-hook does not exist" in found[0].message
     assert replicas(apps, namespace, "a") >= 2  # a missing notification never stops the agent
 
@@ -206,7 +206,7 @@ def test_operator_gone_the_documented_finalizer_removal_keeps_the_ledger(
     agents.names.remove(name)
     grown = replicas(apps, namespace, "grow")
     assert grown >= 2  # not reverted: nobody could
-    kept = json.loads(base64.b64decode(core.read_namespaced_secret(ledger_name, ledger_ns).data[logic.LEDGER_KEY]))
+    kept = json.loads(base64.b64decode(core.read_namespaced_secret(ledger_name, ledger_ns).data[settings.LEDGER_KEY]))
     entry = kept["undo"][f"Deployment/{namespace}/grow"]
     assert entry["before"] == 1 and entry["written"] == grown
     operator.start()
@@ -282,11 +282,11 @@ def test_a_revert_refused_again_and_again_lets_go_and_keeps_the_ledger(
         assert f"Deployment/{namespace}/frozen" in message and "HTTP 403" in message, message
         assert f"ledger Secret {ledger_ns}/{ledger_name}" in message, message
         assert f"ConfigMap/{namespace}/settings" not in message
-        assert len(events(core, "RevertFailed", agent=name)) >= logic.REVERT_ATTEMPTS - 1
+        assert len(events(core, "RevertFailed", agent=name)) >= settings.REVERT_ATTEMPTS - 1
         secret = core.read_namespaced_secret(ledger_name, ledger_ns)
         assert not secret.metadata.owner_references  # the garbage collector keeps it
-        assert logic.LEDGER_ABANDONED_ANNOTATION in secret.metadata.annotations
-        kept = json.loads(base64.b64decode(secret.data[logic.LEDGER_KEY]))
+        assert settings.LEDGER_ABANDONED_ANNOTATION in secret.metadata.annotations
+        kept = json.loads(base64.b64decode(secret.data[settings.LEDGER_KEY]))
         assert list(kept["undo"]) == [f"Deployment/{namespace}/frozen"]
         assert kept["undo"][f"Deployment/{namespace}/frozen"]["before"] == 1
         stays(lambda: not gone(lambda: core.read_namespaced_secret(ledger_name, ledger_ns)), seconds=3,
@@ -298,7 +298,7 @@ def test_a_revert_refused_again_and_again_lets_go_and_keeps_the_ledger(
         taken = wait_for(lambda: events(core, "CycleFailed", agent=name), timeout=30, what="the taken ledger")
         assert "could not revert" in taken[-1].message, taken[-1].message
         assert json.loads(base64.b64decode(core.read_namespaced_secret(ledger_name, ledger_ns)
-                                           .data[logic.LEDGER_KEY]))["undo"] == kept["undo"]
+                                           .data[settings.LEDGER_KEY]))["undo"] == kept["undo"]
         agents.delete(name)
         agents.names.remove(name)
         assert core.read_namespaced_secret(ledger_name, ledger_ns)  # still there, not deleted by the new agent
@@ -332,7 +332,7 @@ def test_global_kill_switch_stops_every_agent_within_seconds(
         agents: Agents, namespace: str, other_namespace: str,
         core: kubernetes.client.CoreV1Api, apps: kubernetes.client.AppsV1Api) -> None:
     """The one documented kubectl command: a label on the operator's namespace."""
-    switch_ns = logic.ledger_namespace(operator_namespace())
+    switch_ns = settings.ledger_namespace(operator_namespace())
     kubectl("create", "namespace", switch_ns, check=False)
     for ns in (namespace, other_namespace):
         for i in range(3):
@@ -344,7 +344,7 @@ def test_global_kill_switch_stops_every_agent_within_seconds(
         wait_for(functools.partial(lambda n: agents.status(n).get("cycle"), name), timeout=30,
                  what=f"{name} acting")
     try:
-        kubectl("label", "namespace", switch_ns, f"{logic.KILL_SWITCH_LABEL}=true", "--overwrite")
+        kubectl("label", "namespace", switch_ns, f"{settings.KILL_SWITCH_LABEL}=true", "--overwrite")
         for name in (first, second):
             wait_for(functools.partial(lambda n: agents.status(n).get("state") == "Paused", name),
                      timeout=STOP_SECONDS, what=f"{name} stopped by the kill switch")
@@ -361,7 +361,7 @@ def test_global_kill_switch_stops_every_agent_within_seconds(
 
         stays(still, seconds=2 * PAUSE + 1, what="no agent acting while the switch is on")
     finally:
-        kubectl("label", "namespace", switch_ns, f"{logic.KILL_SWITCH_LABEL}-")
+        kubectl("label", "namespace", switch_ns, f"{settings.KILL_SWITCH_LABEL}-")
     wait_for(lambda: agents.status(first).get("state") == "Active", timeout=PAUSE + 10, what="acting again")
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators.blackadder import decisions as logic
+from kopf_operators.blackadder import decisions, settings
 from tests.e2e.blackadder_helpers import (
     Agents,
     agents,  # a fixture
@@ -113,14 +113,14 @@ def test_a_tenants_slow_checks_delay_neither_an_administrators_check_nor_an_aler
     tenant_ns = other_namespace
     try:
         core.patch_namespace(tenant_ns, {"metadata": {"labels": {
-            logic.TENANT_NAMESPACE_LABEL: logic.TENANT_NAMESPACE_VALUE}}})
+            settings.TENANT_NAMESPACE_LABEL: settings.TENANT_NAMESPACE_VALUE}}})
         # Two workloads: one rollout each (a workload's second rollout would wait out its minimum interval).
         for name in ("quiet", "loaded"):
             configmap(core, namespace, f"{name}-conf", {"nginx.conf": "v1"})
             deployment(apps, namespace, name, nginx_pod_spec(f"{name}-conf"), AUTO)
             baseline(apps, namespace, name)
         health = {"name": "health", "http": {"url": f"http://127.0.0.1:{hosts.fast}/health", "timeoutSeconds": 2}}
-        admin = agents.create({"eagerness": 0, "pauseDuration": logic.MIN_PAUSE_SECONDS,
+        admin = agents.create({"eagerness": 0, "pauseDuration": settings.MIN_PAUSE_SECONDS,
                                "targetNamespaces": [namespace],
                                "steadyState": {"intervalSeconds": 1, "failureThreshold": 100, "checks": [health]}})
         wait_for(lambda: len(hosts.checks) >= 4, timeout=30, what="the administrator's check running")
@@ -134,8 +134,8 @@ def test_a_tenants_slow_checks_delay_neither_an_administrators_check_nor_an_aler
 
         checks = [{"name": f"c{i}", "http": {"url": f"http://localhost:{hosts.slow}/c{i}",
                                              "timeoutSeconds": SLOW_TIMEOUT}} for i in range(TENANT_CHECKS)]
-        custom.create_namespaced_custom_object(logic.GROUP, logic.VERSION, tenant_ns, logic.TENANT_PLURAL, {
-            "apiVersion": f"{logic.GROUP}/{logic.VERSION}", "kind": logic.TENANT_KIND,
+        custom.create_namespaced_custom_object(settings.GROUP, settings.VERSION, tenant_ns, settings.TENANT_PLURAL, {
+            "apiVersion": f"{settings.GROUP}/{settings.VERSION}", "kind": settings.TENANT_KIND,
             "metadata": {"name": "slow"}, "spec": {"eagerness": 0, "pauseDuration": 5, "steadyState": {
                 "intervalSeconds": 1, "failureThreshold": 100, "checks": checks}}})
         wait_for(lambda: hosts.trickling.open >= 4, timeout=30, what="the tenant's checks holding the slow host")
@@ -157,9 +157,9 @@ def test_a_tenants_slow_checks_delay_neither_an_administrators_check_nor_an_aler
               f"alert after the change: {quiet_alert:.2f} s alone, {loaded_alert:.2f} s with the tenant")
         assert agents.status(admin).get("state") != "Halted"
     finally:
-        for item in custom.list_namespaced_custom_object(logic.GROUP, logic.VERSION, tenant_ns,
-                                                         logic.TENANT_PLURAL)["items"]:
-            custom.delete_namespaced_custom_object(logic.GROUP, logic.VERSION, tenant_ns, logic.TENANT_PLURAL,
+        for item in custom.list_namespaced_custom_object(settings.GROUP, settings.VERSION, tenant_ns,
+                                                         settings.TENANT_PLURAL)["items"]:
+            custom.delete_namespaced_custom_object(settings.GROUP, settings.VERSION, tenant_ns, settings.TENANT_PLURAL,
                                                    item["metadata"]["name"])
         for name in list(agents.names):
             agents.delete(name)
@@ -172,21 +172,21 @@ def test_a_webhook_url_with_credentials_gets_a_clear_warning_and_its_token_shows
         operator: OperatorProcess, agents: Agents, namespace: str, core: kubernetes.client.CoreV1Api,
         apps: kubernetes.client.AppsV1Api, custom: kubernetes.client.CustomObjectsApi) -> None:
     token = f"tok{uuid.uuid4().hex}"
-    where = logic.ledger_namespace(operator_namespace())
+    where = settings.ledger_namespace(operator_namespace())
     secret = f"userinfo-{namespace[-5:]}"
     kubectl("create", "namespace", where, check=False)
     core.create_namespaced_secret(where, {"metadata": {"name": secret}, "stringData": {
-        logic.WEBHOOK_SECRET_KEY: f"http://user:{token}@127.0.0.1/x"}})  # no port: urllib raised InvalidURL here
+        settings.WEBHOOK_SECRET_KEY: f"http://user:{token}@127.0.0.1/x"}})  # no port: urllib raised InvalidURL here
     make_deployment(apps, namespace, "a", 1)
     try:
-        name = agents.create({"cancerMode": True, "eagerness": 100, "pauseDuration": logic.MIN_PAUSE_SECONDS,
+        name = agents.create({"cancerMode": True, "eagerness": 100, "pauseDuration": settings.MIN_PAUSE_SECONDS,
                               "targetNamespaces": [namespace], "webhook": {"secretRef": {"name": secret}}})
         refused = wait_for(lambda: events(core, "WebhookRefused", agent=name), timeout=30, what="the Warning")
         assert "carries credentials" in refused[0].message and f"Secret {where}/{secret}" in refused[0].message
         assert replicas(apps, namespace, "a") >= 2  # the agent acted; its notification was refused, loudly
         # A check URL with credentials is refused when the agent is written.
         inline = kubectl("apply", "--dry-run=server", "-f", "-", check=False, input=json.dumps({
-            "apiVersion": f"{logic.GROUP}/{logic.VERSION}", "kind": logic.KIND, "metadata": {"name": "inline"},
+            "apiVersion": f"{settings.GROUP}/{settings.VERSION}", "kind": settings.KIND, "metadata": {"name": "inline"},
             "spec": {"eagerness": 0, "paused": True, "targetNamespaces": [namespace], "steadyState": {"checks": [
                 {"name": "h", "http": {"url": f"http://user:{token}@127.0.0.1/x"}}]}}}))
         assert inline.returncode != 0 and "may not carry credentials" in inline.stderr, inline.stderr
@@ -195,20 +195,20 @@ def test_a_webhook_url_with_credentials_gets_a_clear_warning_and_its_token_shows
         core.delete_namespaced_secret(secret, where)
     assert token not in operator.output()
     assert token not in kubectl("get", "events", "-A", "-o", "json").stdout
-    assert token not in json.dumps(custom.list_cluster_custom_object(logic.GROUP, logic.VERSION, logic.PLURAL))
+    assert token not in json.dumps(custom.list_cluster_custom_object(settings.GROUP, settings.VERSION, settings.PLURAL))
 
 
 def forged_ledger(where: str, agent: str, agent_uid: str, victim: Any, labels: dict[str, str]) -> dict[str, Any]:
     """What a Copyrator copy of a tenant's Secret (or anyone else's write) would put under the agent's
     ledger name: an undo entry that "restores" a Deployment in another namespace to 5 replicas."""
-    key = logic.target_key("Deployment", victim.metadata.namespace, victim.metadata.name)
-    ledger = {**logic.empty_ledger(agent, agent_uid), "undo": {key: {
+    key = decisions.target_key("Deployment", victim.metadata.namespace, victim.metadata.name)
+    ledger = {**decisions.empty_ledger(agent, agent_uid), "undo": {key: {
         "kind": "Deployment", "namespace": victim.metadata.namespace, "name": victim.metadata.name,
         "uid": victim.metadata.uid, "before": 5, "written": victim.spec.replicas,
         "generation": victim.metadata.generation}}}
-    return {"metadata": {"name": logic.ledger_name(agent), "namespace": where,
-                         "labels": {logic.LEDGER_LABEL: logic.ledger_label(agent), **labels}},
-            "data": {logic.LEDGER_KEY: base64.b64encode(json.dumps(ledger).encode()).decode()}}
+    return {"metadata": {"name": settings.ledger_name(agent), "namespace": where,
+                         "labels": {settings.LEDGER_LABEL: settings.ledger_label(agent), **labels}},
+            "data": {settings.LEDGER_KEY: base64.b64encode(json.dumps(ledger).encode()).decode()}}
 
 
 def test_a_forged_ledger_makes_no_write(
@@ -220,7 +220,7 @@ def test_a_forged_ledger_makes_no_write(
     revert: true, neither is trusted: the agents report it, and the Deployment keeps its replicas."""
     make_deployment(apps, other_namespace, "victim", 1)
     victim = apps.read_namespaced_deployment("victim", other_namespace)
-    where = logic.ledger_namespace(operator_namespace())
+    where = settings.ledger_namespace(operator_namespace())
     copied = agents.create({"eagerness": 0, "paused": True, "targetNamespaces": [namespace]})
     unowned = agents.create({"eagerness": 0, "paused": True, "targetNamespaces": [namespace]})
     operator.stop()

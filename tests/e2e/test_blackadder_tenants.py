@@ -19,7 +19,7 @@ import kubernetes
 import pytest
 import yaml
 
-from kopf_operators.blackadder import decisions as logic
+from kopf_operators.blackadder import settings
 from tests.e2e.blackadder_helpers import (
     LIMITS,
     RELEASE,
@@ -37,7 +37,7 @@ from testsupport.kubectl import kubectl
 from testsupport.paths import CLUSTER_DIR, KUBECONFIG, REPO, helm_binary, kube_version
 from testsupport.tokens import token_kubeconfig
 
-G, V, P = logic.GROUP, logic.VERSION, logic.TENANT_PLURAL
+G, V, P = settings.GROUP, settings.VERSION, settings.TENANT_PLURAL
 ENV = {"CHAOS_TENANTS": "true", "CHAOS_TENANTS_MAX_KILLS_PER_CYCLE": LIMITS["maxKillsPerCycle"],
        "CHAOS_TENANTS_MIN_PAUSE_SECONDS": LIMITS["minPauseSeconds"], "CHAOS_DRY_RUN": "false",
        "OPERATOR_NAMESPACE": RELEASE, "CHAOS_TENANT_HTTP_HOSTS": "127.0.0.1",
@@ -81,7 +81,7 @@ class Team:
                        input=text, check=False)
 
 
-def agent_yaml(name: str, spec: dict[str, Any], kind: str = logic.TENANT_KIND) -> str:
+def agent_yaml(name: str, spec: dict[str, Any], kind: str = settings.TENANT_KIND) -> str:
     return yaml.safe_dump({"apiVersion": f"{G}/{V}", "kind": kind, "metadata": {"name": name}, "spec": spec})
 
 
@@ -100,14 +100,14 @@ def neighbour(namespace: str, core: kubernetes.client.CoreV1Api) -> Iterator[str
     """Another team's namespace, allowed for tenant chaos too (the most tempting target)."""
     name = f"{namespace}-n"
     core.create_namespace({"metadata": {"name": name, "labels": {
-        "kopf-operators.dev/test": "true", logic.TENANT_NAMESPACE_LABEL: logic.TENANT_NAMESPACE_VALUE}}})
+        "kopf-operators.dev/test": "true", settings.TENANT_NAMESPACE_LABEL: settings.TENANT_NAMESPACE_VALUE}}})
     yield name
     delete_namespaces(core, [name])
 
 
 def allow(core: kubernetes.client.CoreV1Api, namespace: str) -> None:
     core.patch_namespace(namespace, {"metadata": {"labels": {
-        logic.TENANT_NAMESPACE_LABEL: logic.TENANT_NAMESPACE_VALUE}}})
+        settings.TENANT_NAMESPACE_LABEL: settings.TENANT_NAMESPACE_VALUE}}})
 
 
 def status(custom: kubernetes.client.CustomObjectsApi, namespace: str, name: str) -> dict[str, Any]:
@@ -115,19 +115,19 @@ def status(custom: kubernetes.client.CustomObjectsApi, namespace: str, name: str
 
 
 def ledger(core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> dict[str, Any] | None:
-    secret_name = logic.tenant_ledger_name(logic.tenant_agent_id(namespace, name))
+    secret_name = settings.tenant_ledger_name(settings.tenant_agent_id(namespace, name))
     try:
         secret = core.read_namespaced_secret(secret_name, RELEASE)
     except kubernetes.client.ApiException as exc:
         if exc.status == 404:
             return None
         raise
-    return dict(json.loads(base64.b64decode(secret.data[logic.LEDGER_KEY])))
+    return dict(json.loads(base64.b64decode(secret.data[settings.LEDGER_KEY])))
 
 
 # Every field a ChaosAgent has that could reach further: the schema prunes them.
 REACHING = {"targetNamespaces": ["NEIGHBOUR"], "namespaceSelector": {"matchLabels": {
-    logic.TENANT_NAMESPACE_LABEL: logic.TENANT_NAMESPACE_VALUE}}, "excludedNamespaces": ["NAMESPACE"],
+    settings.TENANT_NAMESPACE_LABEL: settings.TENANT_NAMESPACE_VALUE}}, "excludedNamespaces": ["NAMESPACE"],
     "cancerMode": True, "ipsumMode": True, "webhook": {"secretRef": {"name": "hook"}}, "tantrumMode": True}
 
 
@@ -138,7 +138,7 @@ def test_a_team_can_create_agents_only_in_its_own_namespace(team: Team, neighbou
     assert team.apply(agent_yaml("mine", {"eagerness": 0, "paused": True})).returncode == 0
     elsewhere = team.apply(agent_yaml("theirs", {"eagerness": 0, "paused": True}), namespace=neighbour)
     assert elsewhere.returncode != 0 and "forbidden" in elsewhere.stderr.lower(), elsewhere.stderr
-    cluster_wide = team.apply(agent_yaml("everywhere", {"eagerness": 0, "paused": True}, kind=logic.KIND))
+    cluster_wide = team.apply(agent_yaml("everywhere", {"eagerness": 0, "paused": True}, kind=settings.KIND))
     assert cluster_wide.returncode != 0 and "forbidden" in cluster_wide.stderr.lower(), cluster_wide.stderr
     # Nor do they get the pods through the role: only the operator deletes them.
     cannot = kubectl("auth", "can-i", "delete", "pods", "--as", team.user, "-n", team.namespace, check=False)
@@ -208,7 +208,7 @@ def test_an_agent_in_a_namespace_not_allowed_by_the_administrator_does_nothing(
         wait_for(lambda: condition(status(custom, ns, "eager"), "Stalled").get("status") == "True", timeout=20,
                  what="Stalled")
         ready = condition(status(custom, ns, "eager"), "Ready")
-        assert ready["reason"] == "InvalidSpec" and logic.TENANT_NAMESPACE_LABEL in ready["message"]
+        assert ready["reason"] == "InvalidSpec" and settings.TENANT_NAMESPACE_LABEL in ready["message"]
         stays(lambda: live_pods(core, ns) == pods and Counted.gets == 0, seconds=6, what="the pod alive, no check")
         allow(core, ns)  # the same agent, allowed: its check runs (so the silence above was the scope)
         wait_for(lambda: Counted.gets > 0, timeout=20, what="the check once the namespace is allowed")
@@ -224,7 +224,7 @@ def test_the_kill_switch_and_the_operators_dry_run_stop_tenants(
     make_pods(core, ns, "p", 3)
     wait_for(lambda: len(live_pods(core, ns)) == 3, timeout=30, what="the pods")
     pods = live_pods(core, ns)
-    core.patch_namespace(RELEASE, {"metadata": {"labels": {logic.KILL_SWITCH_LABEL: "true"}}})
+    core.patch_namespace(RELEASE, {"metadata": {"labels": {settings.KILL_SWITCH_LABEL: "true"}}})
     try:
         assert team.apply(agent_yaml("held", {"eagerness": 100, "pauseDuration": 5,
                                               "allowSingleReplica": True})).returncode == 0
@@ -232,7 +232,7 @@ def test_the_kill_switch_and_the_operators_dry_run_stop_tenants(
                  what="the kill switch in status")
         stays(lambda: live_pods(core, ns) == pods, seconds=6, what="the pods alive")
     finally:
-        core.patch_namespace(RELEASE, {"metadata": {"labels": {logic.KILL_SWITCH_LABEL: None}}})
+        core.patch_namespace(RELEASE, {"metadata": {"labels": {settings.KILL_SWITCH_LABEL: None}}})
     tenant_operator.stop()
     tenant_operator.extra_env["CHAOS_DRY_RUN"] = "true"
     try:
@@ -307,10 +307,10 @@ def test_a_restart_sweeps_the_ledgers_whose_agent_is_gone(
     allow(core, ns)
     assert team.apply(agent_yaml("kept", {"eagerness": 0, "pauseDuration": 5})).returncode == 0
     wait_for(lambda: ledger(core, ns, "kept"), timeout=30, what="the live agent's ledger")
-    orphan = logic.tenant_ledger_name(logic.tenant_agent_id(ns, "forgotten"))
+    orphan = settings.tenant_ledger_name(settings.tenant_agent_id(ns, "forgotten"))
     core.create_namespaced_secret(RELEASE, {"metadata": {"name": orphan, "labels": {
-        logic.LEDGER_LABEL: "forgotten", logic.TENANT_LEDGER_UID_LABEL: "0000-no-such-agent"}},
-        "data": {logic.LEDGER_KEY: base64.b64encode(b"{}").decode()}})
+        settings.LEDGER_LABEL: "forgotten", settings.TENANT_LEDGER_UID_LABEL: "0000-no-such-agent"}},
+        "data": {settings.LEDGER_KEY: base64.b64encode(b"{}").decode()}})
     tenant_operator.restart()
 
     def orphan_gone() -> bool:

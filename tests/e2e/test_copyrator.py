@@ -17,7 +17,9 @@ from typing import Any
 import kubernetes
 import yaml
 
-from kopf_operators.copyrator import decisions as logic
+from kopf_operators.copyrator import rules
+from kopf_operators.core import conventions
+from kopf_operators.core.conventions import COPYRATOR_RULE_UID_LABEL
 from tests.e2e.copyrator_helpers import (
     G,
     P,
@@ -58,9 +60,9 @@ def test_article_rule_copies_into_every_namespace_and_propagates(
                  timeout=30, what="the copy in an existing namespace")
         copy = get(core, "ConfigMap", namespace, source) or {}
         rule = custom.get_namespaced_custom_object(G, V, "default", P, "main-rule")
-        assert copy["metadata"]["labels"] == {"copyrator": "true", logic.RULE_UID_LABEL: rule["metadata"]["uid"]}
-        assert copy["metadata"]["annotations"][logic.SOURCE_ANNOTATION] == f"default/{source}"
-        assert copy["metadata"]["annotations"][logic.RULE_ANNOTATION] == "default/main-rule"
+        assert copy["metadata"]["labels"] == {"copyrator": "true", COPYRATOR_RULE_UID_LABEL: rule["metadata"]["uid"]}
+        assert copy["metadata"]["annotations"][rules.SOURCE_ANNOTATION] == f"default/{source}"
+        assert copy["metadata"]["annotations"][rules.RULE_ANNOTATION] == "default/main-rule"
         assert get(core, "ConfigMap", "kube-system", source) is None  # system namespaces excluded
         wait_for(lambda: condition(custom, "default", "main-rule", "Ready").get("status") == "True",
                  what="Ready=True")
@@ -220,7 +222,7 @@ def test_every_prune_path(operator: OperatorProcess, core: kubernetes.client.Cor
 
 def test_schema_rejects_bad_rules_readably(crds: None, namespace: str) -> None:
     def apply(doc: dict[str, Any]) -> str:
-        body = {"apiVersion": f"{G}/{V}", "kind": logic.KIND, "metadata": {"name": "bad"}, **doc}
+        body = {"apiVersion": f"{G}/{V}", "kind": rules.KIND, "metadata": {"name": "bad"}, **doc}
         proc = kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body), check=False)
         assert proc.returncode != 0, proc.stdout
         return proc.stderr
@@ -241,7 +243,7 @@ def test_schema_rejects_bad_rules_readably(crds: None, namespace: str) -> None:
 def test_invalid_namespace_value_is_reported_in_status(
         operator: OperatorProcess, core: kubernetes.client.CoreV1Api,
         custom: kubernetes.client.CustomObjectsApi, namespace: str) -> None:
-    body = {"apiVersion": f"{G}/{V}", "kind": logic.KIND, "metadata": {"name": "bad", "namespace": namespace},
+    body = {"apiVersion": f"{G}/{V}", "kind": rules.KIND, "metadata": {"name": "bad", "namespace": namespace},
             "ruleType": "configmap", "selector": {"a": "b"}, "namespace": 5}  # passes the schema
     custom.create_namespaced_custom_object(G, V, namespace, P, body)
     try:
@@ -319,7 +321,7 @@ def test_converges_after_downtime_and_idle_means_no_writes(
         uid = custom.get_namespaced_custom_object(G, V, namespace, P, "r")["metadata"]["uid"]
 
         def versions() -> dict[str, str]:
-            objs = copies(core, selector=f"{logic.RULE_UID_LABEL}={uid}")
+            objs = copies(core, selector=f"{COPYRATOR_RULE_UID_LABEL}={uid}")
             rule = custom.get_namespaced_custom_object(G, V, namespace, P, "r")
             return {**{k: o.metadata.resource_version for k, o in objs.items()},
                     "rule": rule["metadata"]["resourceVersion"]}
@@ -339,7 +341,7 @@ def test_converges_after_downtime_and_idle_means_no_writes(
 
 # --- Consent on the source, pull rules, no adoption, Secret types (issue #15) ----------------------
 
-CONSENT = logic.ALLOWED_NAMESPACES_ANNOTATION
+CONSENT = rules.ALLOWED_NAMESPACES_ANNOTATION
 
 
 def annotate(core: kubernetes.client.CoreV1Api, namespace: str, name: str, consent: str | None) -> None:
@@ -432,9 +434,9 @@ def test_copies_are_not_adopted_by_other_controllers(
         copy = wait_for(lambda: get(core, "ConfigMap", target, "chart-settings"), what="the copy") or {}
         uid = custom.get_namespaced_custom_object(G, V, namespace, P, "plain")["metadata"]["uid"]
         assert copy["metadata"]["labels"] == {"copyrator": "true", "app": "web", "team": "a",
-                                              logic.RULE_UID_LABEL: uid}
+                                              COPYRATOR_RULE_UID_LABEL: uid}
         assert not copy["metadata"].get("ownerReferences")
-        assert {k for k in copy["metadata"]["annotations"] if not k.startswith(logic.PREFIX)} == set()
+        assert {k for k in copy["metadata"]["annotations"] if not k.startswith(conventions.COPYRATOR_PREFIX)} == set()
         delete_rule(custom, namespace, "plain")
 
         # Options: strip more labels, copy annotations (Helm's still not).
@@ -518,7 +520,7 @@ def test_replicator_scenarios_for_secrets(
         for ns in (named, selected, later):
             wait_for(data_is(ns, "wildcard-tls", renewed), what=f"the renewed copy in {ns}")
         # Never onto the source namespace, nothing written there.
-        secrets_there = core.list_namespaced_secret(source_ns, label_selector=logic.RULE_UID_LABEL).items
+        secrets_there = core.list_namespaced_secret(source_ns, label_selector=COPYRATOR_RULE_UID_LABEL).items
         assert not secrets_there
         # Deleting a source deletes its copies.
         core.delete_namespaced_secret("registry", source_ns)

@@ -16,7 +16,9 @@ from collections.abc import Callable
 import kubernetes
 import pytest
 
-from kopf_operators.copyrator import decisions as logic
+from kopf_operators.copyrator import rules
+from kopf_operators.core import conventions
+from kopf_operators.core.conventions import COPYRATOR_RULE_UID_LABEL
 from tests.e2e.copyrator_helpers import (
     G,
     P,
@@ -52,7 +54,7 @@ def long_name(prefix: str) -> str:
 
 def versions(core: kubernetes.client.CoreV1Api, rule_uid: str) -> dict[str, str]:
     return {k: o.metadata.resource_version
-            for k, o in copies(core, selector=f"{logic.RULE_UID_LABEL}={rule_uid}").items()}
+            for k, o in copies(core, selector=f"{COPYRATOR_RULE_UID_LABEL}={rule_uid}").items()}
 
 
 def rule_uid(custom: kubernetes.client.CustomObjectsApi, namespace: str, name: str) -> str:
@@ -77,8 +79,8 @@ def test_253_character_rule_and_source_names_work(
         wait_data(core, target, source, {"k": "v"})
         copy = get(core, "ConfigMap", target, source) or {}
         annotations = copy["metadata"]["annotations"]
-        assert annotations[logic.RULE_ANNOTATION] == f"{namespace}/{rule}"
-        assert annotations[logic.SOURCE_ANNOTATION] == f"{namespace}/{source}"
+        assert annotations[rules.RULE_ANNOTATION] == f"{namespace}/{rule}"
+        assert annotations[rules.SOURCE_ANNOTATION] == f"{namespace}/{source}"
         wait_condition(custom, namespace, rule, "Ready", status="True")
         wait_for(lambda: [e for e in events(core, namespace, rule) if e.reason == "Synced"], what="a Synced event")
         put_cm(core, namespace, source, {"k": "v2"})
@@ -191,7 +193,7 @@ def test_objects_in_the_way_are_never_touched_whatever_they_carry(
     put_cm(core, namespace, "marked", {"k": "v"})
     put_cm(core, target, "plain", {"owner": "someone"}, labels={})
     put_cm(core, target, "marked", {"owner": "another rule"},
-           labels={logic.RULE_UID_LABEL: str(uuid.uuid4())})
+           labels={COPYRATOR_RULE_UID_LABEL: str(uuid.uuid4())})
     before = {name: get(core, "ConfigMap", target, name) for name in ("plain", "marked")}
     make_rule(custom, namespace, "r", ruleType="configmap", selector={"copyrator": "true"},
               namespace=namespace, targetNamespaces=[target])
@@ -238,7 +240,7 @@ def test_a_burst_of_edits_ends_with_the_last_content(
         new_uid = (get(core, "ConfigMap", namespace, "hot") or {})["metadata"]["uid"]
         for ns in targets[:2]:
             annotations = (get(core, "ConfigMap", ns, "hot") or {})["metadata"]["annotations"]
-            assert annotations[logic.SOURCE_UID_ANNOTATION] == new_uid
+            assert annotations[rules.SOURCE_UID_ANNOTATION] == new_uid
         wait_condition(custom, namespace, "r", "Ready", status="True")
     finally:
         delete_rule(custom, namespace, "r")
@@ -299,7 +301,7 @@ def test_the_same_change_applied_twice_writes_nothing_more(
         make_namespace: Callable[..., str]) -> None:
     targets = [make_namespace(), make_namespace()]
     put_cm(core, namespace, "s", {"k": "v"})
-    body = {"apiVersion": f"{G}/{V}", "kind": logic.KIND, "metadata": {"name": "r", "namespace": namespace},
+    body = {"apiVersion": f"{G}/{V}", "kind": rules.KIND, "metadata": {"name": "r", "namespace": namespace},
             "spec": {"ruleType": "configmap", "selector": {"copyrator": "true"}, "namespace": namespace,
                      "targetNamespaces": targets}}
     custom.create_namespaced_custom_object(G, V, namespace, P, body)

@@ -17,7 +17,8 @@ import pytest
 import urllib3
 import yaml
 
-from kopf_operators.copyrator import decisions as logic
+from kopf_operators.copyrator import rules
+from kopf_operators.core.conventions import COPYRATOR_RULE_UID_LABEL
 from tests.e2e.copyrator_helpers import (
     G,
     P,
@@ -92,7 +93,7 @@ def test_a_copy_under_another_name_and_renaming_it(
         wait_data(core, target, "shared-settings", {"k": "v"})
         assert get(core, "ConfigMap", target, "settings") is None
         copy = get(core, "ConfigMap", target, "shared-settings") or {}
-        assert copy["metadata"]["annotations"][logic.SOURCE_ANNOTATION] == f"{namespace}/settings"
+        assert copy["metadata"]["annotations"][rules.SOURCE_ANNOTATION] == f"{namespace}/settings"
         wait_condition(custom, namespace, "r", "Ready", status="True")
 
         # The rule is edited to another name: the new copy exists, in sync, before the old one goes.
@@ -120,7 +121,7 @@ def test_a_copy_under_another_name_and_renaming_it(
         # The way is cleared: the copy takes the new name, and only then the old one goes.
         core.delete_namespaced_config_map("settings-v3", target)
         wait_for(lambda: (get(core, "ConfigMap", target, "settings-v3") or {}).get("metadata", {})
-                 .get("labels", {}).get(logic.RULE_UID_LABEL), timeout=30, what="the copy under the new name")
+                 .get("labels", {}).get(COPYRATOR_RULE_UID_LABEL), timeout=30, what="the copy under the new name")
         wait_for(lambda: get(core, "ConfigMap", target, "settings-copy") is None, timeout=30,
                  what="the replaced copy to go")
         wait_condition(custom, namespace, "r", "Ready", status="True")
@@ -135,7 +136,7 @@ def test_target_name_for_one_source_and_the_schema_refuses_impossible_names(
         custom: kubernetes.client.CustomObjectsApi, namespace: str,
         make_namespace: Callable[..., str]) -> None:
     def refused(spec: dict[str, Any]) -> str:
-        body = {"apiVersion": f"{G}/{V}", "kind": logic.KIND, "metadata": {"name": "bad"},
+        body = {"apiVersion": f"{G}/{V}", "kind": rules.KIND, "metadata": {"name": "bad"},
                 "spec": {"ruleType": "configmap", "selector": {"a": "b"}, "namespace": namespace, **spec}}
         proc = kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body), check=False)
         assert proc.returncode != 0, proc.stdout
@@ -220,7 +221,7 @@ def test_a_source_pushes_itself_into_the_namespaces_it_names(
     put_cm(core, other, "pushed", {"owner": "someone"}, labels={})
     before = get(core, "ConfigMap", other, "pushed") or {}
     body = {"metadata": {"name": "pushed", "namespace": namespace, "annotations": {
-        logic.PUSH_TO_ANNOTATION: f"{one},{two},{other}", logic.PUSH_TO_MATCHING_ANNOTATION: f"push={token}"}},
+        rules.PUSH_TO_ANNOTATION: f"{one},{two},{other}", rules.PUSH_TO_MATCHING_ANNOTATION: f"push={token}"}},
         "data": {"k": "v"}}
     # Both annotations: the namespaces named AND labelled; here none is both, so nothing yet.
     core.create_namespaced_config_map(namespace, body)
@@ -228,13 +229,13 @@ def test_a_source_pushes_itself_into_the_namespaces_it_names(
           what="no copies where the two annotations do not agree")
     # Only push-to: the named namespaces; somebody else's object is left alone and reported on the source.
     core.patch_namespaced_config_map("pushed", namespace, {"metadata": {"annotations": {
-        logic.PUSH_TO_MATCHING_ANNOTATION: None}}})
+        rules.PUSH_TO_MATCHING_ANNOTATION: None}}})
     for ns in (one, two):
         wait_data(core, ns, "pushed", {"k": "v"})
     copy = get(core, "ConfigMap", one, "pushed") or {}
-    assert copy["metadata"]["annotations"][logic.PUSHED_ANNOTATION] == "true"
-    assert copy["metadata"]["labels"][logic.RULE_UID_LABEL] == (get(core, "ConfigMap", namespace, "pushed")
-                                                                or {})["metadata"]["uid"]
+    assert copy["metadata"]["annotations"][rules.PUSHED_ANNOTATION] == "true"
+    assert copy["metadata"]["labels"][COPYRATOR_RULE_UID_LABEL] == (get(core, "ConfigMap", namespace, "pushed")
+                                                                    or {})["metadata"]["uid"]
     wait_for(lambda: [e for e in events(core, namespace, "pushed") if e.type == "Warning"
                       and e.reason == "ForeignObject" and f"{other}/pushed" in e.message],
              timeout=30, what="a Warning event on the source naming the object in the way")
@@ -245,7 +246,7 @@ def test_a_source_pushes_itself_into_the_namespaces_it_names(
         wait_data(core, ns, "pushed", {"k": "v2"})
     # By label only (replicator's replicate-to-matching): a namespace labelled later gets it too.
     core.patch_namespaced_config_map("pushed", namespace, {"metadata": {"annotations": {
-        logic.PUSH_TO_ANNOTATION: None, logic.PUSH_TO_MATCHING_ANNOTATION: f"push={token}"}}})
+        rules.PUSH_TO_ANNOTATION: None, rules.PUSH_TO_MATCHING_ANNOTATION: f"push={token}"}}})
     wait_data(core, labelled, "pushed", {"k": "v2"})
     wait_for(lambda: get(core, "ConfigMap", one, "pushed") is None and get(core, "ConfigMap", two, "pushed") is None,
              timeout=30, what="the copies no longer named pruned")
@@ -253,14 +254,14 @@ def test_a_source_pushes_itself_into_the_namespaces_it_names(
     wait_data(core, two, "pushed", {"k": "v2"})
     # The annotation removed: every copy goes; the source stays.
     core.patch_namespaced_config_map("pushed", namespace, {"metadata": {"annotations": {
-        logic.PUSH_TO_MATCHING_ANNOTATION: None}}})
+        rules.PUSH_TO_MATCHING_ANNOTATION: None}}})
     wait_for(lambda: all(get(core, "ConfigMap", ns, "pushed") is None for ns in (two, labelled)), timeout=30,
              what="the copies pruned")
     assert data_of(core, namespace, "pushed") == {"k": "v2"}
     assert (get(core, "ConfigMap", other, "pushed") or {}) == before
     # Pushed again, then the source deleted: its copies go.
     core.patch_namespaced_config_map("pushed", namespace, {"metadata": {"annotations": {
-        logic.PUSH_TO_ANNOTATION: one}}})
+        rules.PUSH_TO_ANNOTATION: one}}})
     wait_data(core, one, "pushed", {"k": "v2"})
     core.delete_namespaced_config_map("pushed", namespace)
     wait_for(lambda: get(core, "ConfigMap", one, "pushed") is None, timeout=30, what="the prune of a deleted source")
@@ -270,7 +271,7 @@ def test_a_source_pushes_itself_into_the_namespaces_it_names(
 def test_a_malformed_push_annotation_is_reported_on_the_source(
         operator: OperatorProcess, core: kubernetes.client.CoreV1Api, namespace: str) -> None:
     core.create_namespaced_config_map(namespace, {"metadata": {"name": "bad", "annotations": {
-        logic.PUSH_TO_MATCHING_ANNOTATION: "team"}}, "data": {"k": "v"}})
+        rules.PUSH_TO_MATCHING_ANNOTATION: "team"}}, "data": {"k": "v"}})
     wait_for(lambda: [e for e in events(core, namespace, "bad") if e.type == "Warning" and "key=value" in e.message],
              timeout=30, what="a Warning event on the source")
 
@@ -279,7 +280,7 @@ def test_a_pushed_secret_keeps_its_type_and_tokens_are_never_pushed(
         operator: OperatorProcess, core: kubernetes.client.CoreV1Api, namespace: str,
         make_namespace: Callable[..., str]) -> None:
     target = make_namespace(accept_from=namespace)
-    push = {logic.PUSH_TO_ANNOTATION: target}
+    push = {rules.PUSH_TO_ANNOTATION: target}
     core.create_namespaced_secret(namespace, {"metadata": {"name": "tls", "annotations": push},
                                               "type": "kubernetes.io/tls",
                                               "stringData": {"tls.crt": "C", "tls.key": "K"}})
@@ -299,13 +300,13 @@ def test_the_push_example_works(operator: OperatorProcess, core: kubernetes.clie
     """manifests/examples/copyrator-push-source.yaml, applied as it is, into the namespaces it names."""
     example = (EXAMPLES / "copyrator-push-source.yaml").read_text()
     doc = yaml.safe_load(example)
-    names = doc["metadata"]["annotations"][logic.PUSH_TO_ANNOTATION].split(",")
+    names = doc["metadata"]["annotations"][rules.PUSH_TO_ANNOTATION].split(",")
     made = [ns for ns in names if not namespace_exists(core, ns)]
     for ns in made:
         core.create_namespace({"metadata": {"name": ns, "labels": {"kopf-operators.dev/test": "true"}}})
     # Each target consents, as the example's comment says (its own annotation).
-    accept = {logic.ACCEPT_FROM_ANNOTATION: doc["metadata"]["namespace"]}
-    before = {ns: ((core.read_namespace(ns).metadata.annotations or {}).get(logic.ACCEPT_FROM_ANNOTATION))
+    accept = {rules.ACCEPT_FROM_ANNOTATION: doc["metadata"]["namespace"]}
+    before = {ns: ((core.read_namespace(ns).metadata.annotations or {}).get(rules.ACCEPT_FROM_ANNOTATION))
               for ns in names}
     for ns in names:
         core.patch_namespace(ns, {"metadata": {"annotations": accept}})
@@ -321,7 +322,7 @@ def test_the_push_example_works(operator: OperatorProcess, core: kubernetes.clie
             wait_for(lambda: all(get(core, "ConfigMap", ns, name) is None for ns in names), timeout=30,
                      what="the pushed copies pruned")
         for ns in set(names) - set(made):
-            core.patch_namespace(ns, {"metadata": {"annotations": {logic.ACCEPT_FROM_ANNOTATION: before[ns]}}})
+            core.patch_namespace(ns, {"metadata": {"annotations": {rules.ACCEPT_FROM_ANNOTATION: before[ns]}}})
         for ns in made:
             core.delete_namespace(ns)
 

@@ -18,7 +18,9 @@ import pytest
 import yaml
 
 from kopf_operators.blackadder.settings import LEDGER_LABEL, OPT_LABEL
-from kopf_operators.copyrator import decisions as logic
+from kopf_operators.copyrator import copies, rules
+from kopf_operators.core import conventions
+from kopf_operators.core.conventions import COPYRATOR_RULE_UID_LABEL
 from tests.e2e.copyrator_helpers import (
     G,
     V,
@@ -70,8 +72,8 @@ def written_outside(core: kubernetes.client.CoreV1Api, namespace: str) -> list[s
     """Every copy anywhere in the cluster whose source is in ``namespace`` ("ns/name")."""
     found = []
     for listing in (core.list_config_map_for_all_namespaces, core.list_secret_for_all_namespaces):
-        for obj in listing(label_selector=logic.RULE_UID_LABEL).items:
-            source = (obj.metadata.annotations or {}).get(logic.SOURCE_ANNOTATION, "")
+        for obj in listing(label_selector=COPYRATOR_RULE_UID_LABEL).items:
+            source = (obj.metadata.annotations or {}).get(rules.SOURCE_ANNOTATION, "")
             if source.startswith(f"{namespace}/"):
                 found.append(f"{obj.metadata.namespace}/{obj.metadata.name}")
     return sorted(found)
@@ -97,20 +99,20 @@ def test_a_tenant_pushes_nowhere_without_consent_and_with_consent_the_same_push_
     assert not tenant.may("create", "copyrators.flant.com", namespace)  # rules are an administrator's tool
 
     by_name = ",".join([other, *closed])
-    for obj in (configmap("by-name", {logic.PUSH_TO_ANNOTATION: by_name}),
-                configmap("by-glob", {logic.PUSH_TO_ANNOTATION: "tenant-*"}),
-                configmap("everywhere", {logic.PUSH_TO_ANNOTATION: "*"}),
-                configmap("by-label", {logic.PUSH_TO_MATCHING_ANNOTATION: f"team={token}"}),
+    for obj in (configmap("by-name", {rules.PUSH_TO_ANNOTATION: by_name}),
+                configmap("by-glob", {rules.PUSH_TO_ANNOTATION: "tenant-*"}),
+                configmap("everywhere", {rules.PUSH_TO_ANNOTATION: "*"}),
+                configmap("by-label", {rules.PUSH_TO_MATCHING_ANNOTATION: f"team={token}"}),
                 {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "squat", "annotations": {
-                    logic.PUSH_TO_ANNOTATION: by_name}}, "stringData": {"url": "http://127.0.0.1:9/"}}):
+                    rules.PUSH_TO_ANNOTATION: by_name}}, "stringData": {"url": "http://127.0.0.1:9/"}}):
         done = tenant.apply(obj)
         assert done.returncode == 0, done.stderr
     # A Warning on each source, counting the namespaces it did not reach by the consent they lack.
-    no_consent = f"no {logic.ACCEPT_FROM_ANNOTATION} annotation listing {namespace}"
-    warning(core, namespace, "by-name", "PushRefused", f"{len(closed)} ({logic.CLOSED})", f"1 ({no_consent})")
+    no_consent = f"no {rules.ACCEPT_FROM_ANNOTATION} annotation listing {namespace}"
+    warning(core, namespace, "by-name", "PushRefused", f"{len(closed)} ({rules.CLOSED})", f"1 ({no_consent})")
     warning(core, namespace, "by-glob", "PushRefused", no_consent)
     warning(core, namespace, "by-label", "PushRefused", f"1 ({no_consent})")
-    warning(core, namespace, "squat", "PushRefused", f"{len(closed)} ({logic.CLOSED})", f"1 ({no_consent})")
+    warning(core, namespace, "squat", "PushRefused", f"{len(closed)} ({rules.CLOSED})", f"1 ({no_consent})")
     warning(core, namespace, "everywhere", "PushRefused", "without their consent")
     # ... and naming none of them: a push to globs must not list the cluster's namespaces to its owner.
     for name in ("by-name", "by-glob", "by-label", "squat", "everywhere"):
@@ -124,8 +126,8 @@ def test_a_tenant_pushes_nowhere_without_consent_and_with_consent_the_same_push_
 
     # The administrator lets tenant B's and C's namespaces consent: the same pushes copy there, and
     # still nowhere else (kube-system and the operator's namespace stay closed).
-    core.patch_namespace(other, {"metadata": {"annotations": {logic.ACCEPT_FROM_ANNOTATION: namespace}}})
-    core.patch_namespace(labelled, {"metadata": {"annotations": {logic.ACCEPT_FROM_ANNOTATION: "*"}}})
+    core.patch_namespace(other, {"metadata": {"annotations": {rules.ACCEPT_FROM_ANNOTATION: namespace}}})
+    core.patch_namespace(labelled, {"metadata": {"annotations": {rules.ACCEPT_FROM_ANNOTATION: "*"}}})
     for ns, name in ((other, "by-name"), (other, "by-glob"), (labelled, "by-glob"), (labelled, "by-label"),
                      (other, "everywhere"), (labelled, "everywhere")):
         wait_data(core, ns, name, {"HTTP_PROXY": "tenant-a's"})
@@ -148,21 +150,21 @@ def test_copies_pushed_before_consent_existed_are_kept_unsynced_and_reported(
         done = tenant.apply(configmap(name, {}, data="v1"))
         assert done.returncode == 0, done.stderr
         source = get(core, "ConfigMap", namespace, name) or {}
-        source["metadata"]["annotations"] = {logic.PUSH_TO_ANNOTATION: other}
-        rule = logic.push_rule(source)
-        assert isinstance(rule, logic.Rule)
-        core.create_namespaced_config_map(other, logic.desired_copy(rule, source, other))
-        tenant.apply(configmap(name, {logic.PUSH_TO_ANNOTATION: other}, data="v1"))
+        source["metadata"]["annotations"] = {rules.PUSH_TO_ANNOTATION: other}
+        rule = rules.push_rule(source)
+        assert isinstance(rule, rules.Rule)
+        core.create_namespaced_config_map(other, copies.desired_copy(rule, source, other))
+        tenant.apply(configmap(name, {rules.PUSH_TO_ANNOTATION: other}, data="v1"))
     warning(core, namespace, "kept", "PushRefused", f"{other}/kept", "no longer synced")
     for name in ("kept", "adopted", "removed"):
-        tenant.apply(configmap(name, {logic.PUSH_TO_ANNOTATION: other}, data="v2"))
+        tenant.apply(configmap(name, {rules.PUSH_TO_ANNOTATION: other}, data="v2"))
     stays(lambda: all(data_of(core, other, n) == {"HTTP_PROXY": "v1"} for n in ("kept", "adopted", "removed")), 3,
           what="the old copies kept as they were")
     # Keep one as the namespace's own object; delete another: neither is touched or put back.
-    kubectl("-n", other, "label", "configmap", "adopted", f"{logic.RULE_UID_LABEL}-")
+    kubectl("-n", other, "label", "configmap", "adopted", f"{COPYRATOR_RULE_UID_LABEL}-")
     kubectl("-n", other, "delete", "configmap", "removed")
     # Consent resumes syncing the one still marked.
-    core.patch_namespace(other, {"metadata": {"annotations": {logic.ACCEPT_FROM_ANNOTATION: namespace}}})
+    core.patch_namespace(other, {"metadata": {"annotations": {rules.ACCEPT_FROM_ANNOTATION: namespace}}})
     wait_data(core, other, "kept", {"HTTP_PROXY": "v2"})
     wait_for(lambda: get(core, "ConfigMap", other, "removed"), timeout=30, what="the removed copy, consented now")
     stays(lambda: data_of(core, other, "adopted") == {"HTTP_PROXY": "v1"}, 2, what="the adopted object untouched")
@@ -187,7 +189,7 @@ def rule_writer(tenant: Tenant, namespace: str) -> Iterator[Tenant]:
 
 
 def rule(name: str, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": f"{G}/{V}", "kind": logic.KIND, "metadata": {"name": name}, "spec": spec}
+    return {"apiVersion": f"{G}/{V}", "kind": rules.KIND, "metadata": {"name": name}, "spec": spec}
 
 
 def test_a_tenants_rules_need_the_sources_and_with_the_chart_value_the_targets_consent(
@@ -209,14 +211,14 @@ def test_a_tenants_rules_need_the_sources_and_with_the_chart_value_the_targets_c
     assert done.returncode == 0, done.stderr
     try:
         wait_condition(custom, namespace, "pull", "Refused", status="True")
-        warning(core, namespace, "push", "TargetRefused", f"{len(closed)} ({logic.CLOSED})",
-                f"1 (no {logic.ACCEPT_FROM_ANNOTATION} annotation listing {namespace})")
+        warning(core, namespace, "push", "TargetRefused", f"{len(closed)} ({rules.CLOSED})",
+                f"1 (no {rules.ACCEPT_FROM_ANNOTATION} annotation listing {namespace})")
         stays(lambda: get(core, "Secret", namespace, "creds") is None and written_outside(core, namespace) == [], 2,
               what="nothing copied without consent")
         # It copies nothing anywhere: not Ready, and it says which targets refuse and why.
         refused = wait_condition(custom, namespace, "push", "Ready", status="False", reason="NoTargetConsents")
         assert f"{len(closed) + 1} namespace(s)" in refused["message"] and other not in refused["message"], refused
-        core.patch_namespace(other, {"metadata": {"annotations": {logic.ACCEPT_FROM_ANNOTATION: namespace}}})
+        core.patch_namespace(other, {"metadata": {"annotations": {rules.ACCEPT_FROM_ANNOTATION: namespace}}})
         wait_data(core, other, "settings", {"HTTP_PROXY": "tenant-a's"})
         wait_condition(custom, namespace, "push", "Ready", status="True")  # it does its job where accepted
         assert written_outside(core, namespace) == [f"{other}/settings"]
@@ -243,7 +245,7 @@ def test_no_rule_outside_the_operators_namespace_reaches_it_or_kube_system_and_c
         "name": "settings", "labels": {"share": "x", "team": "a", **project},
         "annotations": {**project, "note": "kept"}}, "data": {"HTTP_PROXY": "tenant-a's"}})
     assert done.returncode == 0, done.stderr
-    custom.create_namespaced_custom_object(G, V, namespace, logic.PLURAL, rule(
+    custom.create_namespaced_custom_object(G, V, namespace, rules.PLURAL, rule(
         "everywhere", ruleType="configmap", selector={"share": "x"}, namespace=namespace, copyAnnotations=True,
         targetNamespaces=[other, *closed]))
     try:
@@ -252,7 +254,7 @@ def test_no_rule_outside_the_operators_namespace_reaches_it_or_kube_system_and_c
         labels, annotations = copy["metadata"].get("labels") or {}, copy["metadata"].get("annotations") or {}
         assert labels.get("team") == "a" and annotations.get("note") == "kept"
         assert not [key for key in project if key in labels or key in annotations], copy["metadata"]
-        said = warning(core, namespace, "everywhere", "TargetRefused", f"{len(closed)} ({logic.CLOSED})")
+        said = warning(core, namespace, "everywhere", "TargetRefused", f"{len(closed)} ({rules.CLOSED})")
         assert not [ns for ns in closed if f" {ns}" in said.message], said.message
         stays(lambda: all(get(core, "ConfigMap", ns, "settings") is None for ns in closed), 2,
               what="nothing in the closed namespaces")
@@ -270,13 +272,13 @@ def test_a_source_over_the_size_cap_is_refused_on_it_and_never_copied(
     big = "x" * (256 * 1024)
     # create/replace, not apply: apply would copy it into an annotation, which the API server caps at 256 KiB
     done = tenant.kubectl("create", "-n", namespace, "-f", "-",
-                          input=yaml.safe_dump(configmap("big", {logic.PUSH_TO_ANNOTATION: other}, data=big)))
+                          input=yaml.safe_dump(configmap("big", {rules.PUSH_TO_ANNOTATION: other}, data=big)))
     assert done.returncode == 0, done.stderr
     said = warning(core, namespace, "big", "SourceTooLarge", f"hold {len(big) + len('HTTP_PROXY')} bytes",
                    "more than the 262144", "COPYRATOR_MAX_SOURCE_BYTES")
     assert other not in said.message
     stays(lambda: get(core, "ConfigMap", other, "big") is None, 3, what="no copy of the oversized source")
     done = tenant.kubectl("replace", "-n", namespace, "-f", "-", input=yaml.safe_dump(
-        configmap("big", {logic.PUSH_TO_ANNOTATION: other}, data="small now")))
+        configmap("big", {rules.PUSH_TO_ANNOTATION: other}, data="small now")))
     assert done.returncode == 0, done.stderr
     wait_data(core, other, "big", {"HTTP_PROXY": "small now"})

@@ -18,9 +18,10 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators.copyrator import decisions as cr
+from kopf_operators.copyrator import rules
+from kopf_operators.core.conventions import COPYRATOR_RULE_UID_LABEL
 from kopf_operators.immortal import decisions as ic
-from kopf_operators.reroller import decisions as rr
+from kopf_operators.reroller import settings
 from tests.e2e.faultkit import ApiProxy, proxied_kubeconfig, upstream_of
 from tests.kube import (
     E2E_LEASE,
@@ -50,10 +51,10 @@ def make_ics(custom: Any, namespace: str, names: list[str], image: str = "busybo
 
 
 def make_rule(custom: Any, namespace: str, name: str, selector: dict[str, str], targets: list[str]) -> str:
-    body = {"apiVersion": f"{cr.GROUP}/{cr.VERSION}", "kind": cr.KIND, "metadata": {"name": name},
+    body = {"apiVersion": f"{rules.GROUP}/{rules.VERSION}", "kind": rules.KIND, "metadata": {"name": name},
             "spec": {"ruleType": "configmap", "selector": selector, "namespace": namespace,
                      "targetNamespaces": targets}}
-    return str(custom.create_namespaced_custom_object(cr.GROUP, cr.VERSION, namespace, cr.PLURAL, body)
+    return str(custom.create_namespaced_custom_object(rules.GROUP, rules.VERSION, namespace, rules.PLURAL, body)
                ["metadata"]["uid"])
 
 
@@ -61,7 +62,7 @@ def make_workload(core: Any, apps: Any, namespace: str, name: str) -> None:
     """A re-roller-annotated Deployment reading ConfigMap ``<name>-conf``."""
     core.create_namespaced_config_map(namespace, {"metadata": {"name": f"{name}-conf"}, "data": {"v": "0"}})
     apps.create_namespaced_deployment(namespace, {
-        "metadata": {"name": name, "annotations": {rr.AUTO: "true"}},
+        "metadata": {"name": name, "annotations": {settings.AUTO: "true"}},
         "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
                  "template": {"metadata": {"labels": {"app": name}},
                               "spec": {"containers": [{"name": "c", "image": "busybox:1.36",
@@ -163,7 +164,7 @@ def copy_problems(core: Any, namespace: str, rule_uid: str, selector: str, targe
     problems: list[str] = []
     sources = {cm.metadata.name: cm.data or {} for cm in core.list_namespaced_config_map(
         namespace, label_selector=selector).items}
-    copies = core.list_config_map_for_all_namespaces(label_selector=f"{cr.RULE_UID_LABEL}={rule_uid}").items
+    copies = core.list_config_map_for_all_namespaces(label_selector=f"{COPYRATOR_RULE_UID_LABEL}={rule_uid}").items
     seen: dict[tuple[str, str], int] = {}
     for copy in copies:
         key = (copy.metadata.namespace, copy.metadata.name)
@@ -193,7 +194,7 @@ def rollout_problems(apps: Any, namespace: str, changed: set[str], all_names: li
             problems.append(f"deployment {name} missing")
             continue
         want = 2 if name in changed else 1
-        hashed = rr.CONFIG_HASH in (dep.spec.template.metadata.annotations or {})
+        hashed = settings.CONFIG_HASH in (dep.spec.template.metadata.annotations or {})
         if owners.get(dep.metadata.uid, 0) != want:
             problems.append(f"{name}: {owners.get(dep.metadata.uid, 0)} ReplicaSets, want {want}")
         if hashed != (name in changed):
@@ -235,7 +236,7 @@ def test_sigkill_at_random_moments_converges_exactly(
     workloads = [f"web-{i}" for i in range(WORKLOADS)]
     for name in workloads:
         make_workload(core, apps, namespace, name)
-    wait_for(lambda: all(rr.OBSERVED_HASH in (d.metadata.annotations or {})
+    wait_for(lambda: all(settings.OBSERVED_HASH in (d.metadata.annotations or {})
                          for d in apps.list_namespaced_deployment(namespace).items),
              timeout=60, interval=0.5, what="the re-roller's baselines")
     to_change = workloads[:]
@@ -297,7 +298,7 @@ def test_sigkill_at_random_moments_converges_exactly(
                                              {"data": {"v": str(edits)}})
         if rng.random() < 0.5:  # a user deletes a copy: it must come back
             copies = core.list_namespaced_config_map(rng.choice(targets),
-                                                     label_selector=f"{cr.RULE_UID_LABEL}={rule_uid}").items
+                                                     label_selector=f"{COPYRATOR_RULE_UID_LABEL}={rule_uid}").items
             if copies:
                 victim = rng.choice(copies).metadata
                 core.delete_namespaced_config_map(victim.name, victim.namespace)
@@ -367,8 +368,8 @@ def test_api_server_outage_reconnects_and_loses_nothing(
                                                       "data": {"v": "0"}})
         rule_uid = make_rule(custom, namespace, "outage-rule", {"fault-src": "yes"}, targets)
         make_workload(core, apps, namespace, "web")
-        wait_for(lambda: rr.OBSERVED_HASH in (apps.read_namespaced_deployment("web", namespace)
-                                              .metadata.annotations or {}), timeout=30, what="the baseline")
+        wait_for(lambda: settings.OBSERVED_HASH in (apps.read_namespaced_deployment("web", namespace)
+                                                    .metadata.annotations or {}), timeout=30, what="the baseline")
 
         def problems(changed: set[str]) -> list[str]:
             return (ic_problems(custom, core, namespace, expected())

@@ -10,7 +10,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators.immortal import decisions as logic
+from kopf_operators.immortal import decisions
 from tests.e2e.immortal_helpers import (
     G,
     P,
@@ -274,7 +274,7 @@ def test_crash_between_create_and_status_counts_once(core: Any, custom: Any, nam
     operator.kill()
     delete_pod_while_down(core, namespace, "crashy-immortalpod")
     ic = get_ic(custom, namespace, "crashy")
-    created = core.create_namespaced_pod(namespace, logic.build_pod(ic))  # exactly what the operator sends
+    created = core.create_namespaced_pod(namespace, decisions.build_pod(ic))  # exactly what the operator sends
     operator.start()
     st = wait_counted(custom, namespace, "crashy", 2, created.metadata.uid)
     assert st["currentPod"] == "crashy-immortalpod"
@@ -348,7 +348,7 @@ def test_bad_input_is_rejected_with_a_readable_message(namespace: str, crds: Non
 
 def assert_rejected(namespace: str, spec: str, needle: str) -> None:
     """An ImmortalContainer with this ``spec`` (YAML lines) is refused by the API server, saying ``needle``."""
-    text = f"apiVersion: {logic.API_VERSION}\nkind: {logic.KIND}\nmetadata:\n  name: bad\nspec:\n{spec}\n"
+    text = f"apiVersion: {decisions.API_VERSION}\nkind: {decisions.KIND}\nmetadata:\n  name: bad\nspec:\n{spec}\n"
     result = apply_yaml(text, namespace, check=False)
     assert result.returncode != 0
     assert needle in result.stderr, result.stderr
@@ -356,7 +356,8 @@ def assert_rejected(namespace: str, spec: str, needle: str) -> None:
 
 def test_overlong_name_is_rejected(namespace: str, crds: None) -> None:
     name = "x" * 64
-    text = f"apiVersion: {logic.API_VERSION}\nkind: {logic.KIND}\nmetadata:\n  name: {name}\nspec:\n  image: nginx\n"
+    text = (f"apiVersion: {decisions.API_VERSION}\nkind: {decisions.KIND}\n"
+            f"metadata:\n  name: {name}\nspec:\n  image: nginx\n")
     result = apply_yaml(text, namespace, check=False)
     assert result.returncode != 0 and "at most 63 characters" in result.stderr, result.stderr
 

@@ -14,7 +14,8 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators.immortal import decisions as logic
+from kopf_operators.core import conventions
+from kopf_operators.immortal import decisions
 from tests.e2e.immortal_helpers import (
     G,
     P,
@@ -259,7 +260,7 @@ def test_recreated_under_the_same_name_never_adopts_the_old_pod(
 
 def test_a_foreign_pod_wearing_our_labels_is_never_touched(
         core: Any, custom: Any, namespace: str, operator: OperatorProcess) -> None:
-    labels = {"controller": "mimic", logic.OWNER_LABEL: "mimic"}
+    labels = {"controller": "mimic", decisions.OWNER_LABEL: "mimic"}
     foreign = core.create_namespaced_pod(namespace, {
         "metadata": {"name": "mimic-immortalpod", "labels": labels},
         "spec": {"containers": [{"name": "c", "image": "busybox:1.36"}]}})
@@ -330,11 +331,11 @@ def test_operator_restarted_during_a_backoff_keeps_its_schedule(
 @pytest.mark.parametrize("name", ["n" * 63, "dotted.name.v1", "0-starts-with-a-digit"])
 def test_every_name_the_crd_accepts_works(core: Any, custom: Any, namespace: str, operator: OperatorProcess,
                                            name: str) -> None:
-    pod_name = logic.pod_name(name)
+    pod_name = decisions.pod_name(name)
     creations = PodCreations(core, namespace, field_selector=f"metadata.name={pod_name}")
     create_ic(custom, namespace, name)
     pod = running_pod(core, namespace, pod_name)
-    assert pod.metadata.labels["controller"] == name and pod.metadata.labels[logic.OWNER_LABEL] == name
+    assert pod.metadata.labels["controller"] == name and pod.metadata.labels[decisions.OWNER_LABEL] == name
     wait_counted(custom, namespace, name, 1, pod.metadata.uid)
     wait_for(lambda: has_event(core, namespace, name, "PodCreated", "Normal"), what="a PodCreated event")
     delete_pod(core, namespace, pod_name)
@@ -346,7 +347,7 @@ def test_every_name_the_crd_accepts_works(core: Any, custom: Any, namespace: str
 
 
 def test_a_name_that_cannot_work_is_refused_up_front(namespace: str, crds: None) -> None:
-    body = {"apiVersion": logic.API_VERSION, "kind": logic.KIND, "metadata": {"name": "n" * 64},
+    body = {"apiVersion": decisions.API_VERSION, "kind": decisions.KIND, "metadata": {"name": "n" * 64},
             "spec": {"image": "nginx"}}
     result = apply_json(body, namespace)
     assert result.returncode != 0 and "at most 63 characters: it is used as a label value" in result.stderr
@@ -391,7 +392,7 @@ def test_an_oversized_pod_is_refused_and_reported(core: Any, custom: Any, namesp
 
 def test_the_same_change_applied_twice_changes_nothing(core: Any, custom: Any, namespace: str,
                                                         operator: OperatorProcess) -> None:
-    manifest = {"apiVersion": logic.API_VERSION, "kind": logic.KIND, "metadata": {"name": "twice"},
+    manifest = {"apiVersion": decisions.API_VERSION, "kind": decisions.KIND, "metadata": {"name": "twice"},
                 "spec": {"template": {"metadata": {"labels": {"a": "1", "b": "2"}}, **GOOD}}}
     creations = PodCreations(core, namespace, field_selector="metadata.name=twice-immortalpod")
     try:
@@ -424,7 +425,7 @@ def test_the_same_change_applied_twice_changes_nothing(core: Any, custom: Any, n
 
 
 def iso_epoch(value: str) -> float:
-    epoch = logic.iso_to_epoch(value)
+    epoch = conventions.iso_to_epoch(value)
     assert epoch is not None, value
     return epoch
 

@@ -19,13 +19,13 @@ from typing import Any
 import kubernetes
 import pytest
 
-from kopf_operators.immortal import decisions as logic
+from kopf_operators.immortal import decisions
 from tests.e2e.immortal_helpers import events_for, ready, status
 from tests.e2e.realnode import NODE, script
 from tests.kube import OperatorProcess, PodCreations, PodLife, wait_for
 from testsupport.kubectl import kubectl
 
-G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL
+G, V, P = decisions.GROUP, decisions.VERSION, decisions.PLURAL
 REAL_NODE_TAINT = "kopf-operators.dev/real-node"
 
 
@@ -47,7 +47,7 @@ def pod_spec(image: str, command: list[str], **extra: Any) -> dict[str, Any]:
 
 def create_ic(custom: Any, namespace: str, name: str, spec: dict[str, Any]) -> None:
     custom.create_namespaced_custom_object(G, V, namespace, P, {
-        "apiVersion": logic.API_VERSION, "kind": logic.KIND, "metadata": {"name": name},
+        "apiVersion": decisions.API_VERSION, "kind": decisions.KIND, "metadata": {"name": name},
         "spec": {"template": {"spec": spec}}})
 
 
@@ -84,14 +84,14 @@ def test_pods_taken_away_are_replaced_at_once_and_counted_once(
     ChaosAgent's kill (tantrum, allowSingleReplica): each pod is reported Failed by the kubelet on its
     way out, and each is replaced at once (well under the 10 s a second end in a row would wait), with
     no BackOff and no end counted in status.backoff; startTimes is exactly the pods started."""
-    name, pod_name = "taken", logic.pod_name("taken")
+    name, pod_name = "taken", decisions.pod_name("taken")
     creations = PodCreations(core, namespace, field_selector=f"metadata.name={pod_name}")
     create_ic(custom, namespace, name, pod_spec(image, ["sleep", "3600"]))
     pod = running_pod(core, namespace, pod_name)
 
     def drain() -> None:
         try:
-            kubectl("drain", NODE, f"--pod-selector={logic.OWNER_LABEL}={name}", "--timeout=60s", timeout=70)
+            kubectl("drain", NODE, f"--pod-selector={decisions.OWNER_LABEL}={name}", "--timeout=60s", timeout=70)
         finally:
             kubectl("uncordon", NODE, check=False)
 
@@ -145,7 +145,7 @@ def test_a_pod_that_keeps_failing_backs_off_10_20_40_seconds(
     """restartPolicy Never and a container that exits 1: each pod ends by itself. The first end is
     replaced at once, the next ones 10, 20 and 40 s after the end was seen (with a second of tolerance
     below: nextAttempt has second precision), each with a BackOff Event."""
-    name, pod_name = "crashing", logic.pod_name("crashing")
+    name, pod_name = "crashing", decisions.pod_name("crashing")
     creations = PodCreations(core, namespace, field_selector=f"metadata.name={pod_name}")
     create_ic(custom, namespace, name, pod_spec(image, ["sh", "-c", "exit 1"], restartPolicy="Never"))
 
@@ -184,7 +184,7 @@ def test_our_pod_starts_within_2_s_of_a_foreign_pod_leaving_the_name(
     290 s timeout: a unit test). The hold here is 20 s rather than 2 minutes: long enough that the
     doubling retry of before (1, 2, 4, 8, 16 s, ±20 %: looks at ~15 s and ~31 s) would have been at
     least 5 s late, short enough for CI."""
-    name, pod_name = "blocked", logic.pod_name("blocked")
+    name, pod_name = "blocked", decisions.pod_name("blocked")
     creations = PodCreations(core, namespace, field_selector=f"metadata.name={pod_name}")
     foreign = core.create_namespaced_pod(namespace, {"metadata": {"name": pod_name, "labels": {"app": "not-ours"}},
                                                      "spec": pod_spec(image, ["sleep", "3600"])})

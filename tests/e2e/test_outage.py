@@ -18,12 +18,13 @@ from typing import Any
 
 import kubernetes
 
-from kopf_operators.copyrator import decisions as logic
+from kopf_operators.copyrator import rules
+from kopf_operators.core.conventions import COPYRATOR_RULE_UID_LABEL
 from tests.kube import OperatorProcess, namespace_exists, stays, wait_for
 from testsupport.kubectl import kubectl
 from testsupport.paths import CLUSTER_DIR, KUBECONFIG, REPO
 
-G, V, P = logic.GROUP, logic.VERSION, logic.PLURAL
+G, V, P = rules.GROUP, rules.VERSION, rules.PLURAL
 OLD_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"  # what the previous version put on every rule
 
 
@@ -33,7 +34,7 @@ def source_and_rule(core: kubernetes.client.CoreV1Api, custom: kubernetes.client
     core.create_namespaced_config_map(namespace, {"metadata": {"name": name, "labels": {"outage": name}},
                                                   "data": {"from": namespace}})
     rule = custom.create_namespaced_custom_object(G, V, namespace, P, {
-        "apiVersion": f"{G}/{V}", "kind": logic.KIND, "metadata": {"name": name},
+        "apiVersion": f"{G}/{V}", "kind": rules.KIND, "metadata": {"name": name},
         "spec": {"ruleType": "configmap", "selector": {"outage": name}, "namespace": [namespace],
                  "targetNamespaces": [target]}})
     return str(rule["metadata"]["uid"])
@@ -91,7 +92,7 @@ def test_namespaces_holding_rules_are_deleted_while_the_operator_is_down_and_cop
     # The operator pruned them (this process started after they went; nothing else deletes in ``target``).
     assert operator.metric("kopf_operators_actions_total", operator="copyrator", action="deleted") >= 2
     for ns in (current, upgraded):
-        assert uids[ns] not in [c.metadata.labels.get(logic.RULE_UID_LABEL)
+        assert uids[ns] not in [c.metadata.labels.get(COPYRATOR_RULE_UID_LABEL)
                                 for c in core.list_namespaced_config_map(target).items if c.metadata.labels]
     # The shared operator's log holds the whole suite's run: only this test's namespaces count (Kopf
     # logs a retried request at ERROR, such as a watch answered 429 while a new CRD's cache starts).

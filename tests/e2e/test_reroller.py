@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kopf_operators.reroller import decisions as logic
+from kopf_operators.reroller import settings
 from tests.e2e.reroller_helpers import (
     AUTO,
     NGINX_CONF,
@@ -232,7 +232,7 @@ def test_a_flooding_namespace_does_not_hold_back_another_namespaces_rollout(
 
     def flood_not_rolled() -> int:
         return sum(1 for d in apps.list_namespaced_deployment(namespace).items
-                   if logic.CONFIG_HASH not in (d.spec.template.metadata.annotations or {}))
+                   if settings.CONFIG_HASH not in (d.spec.template.metadata.annotations or {}))
 
     set_cm(core, namespace, "cfg", {"k": "1"})
     wait_for(lambda: flood_not_rolled() < len(flood), timeout=30, what="the flood's first rollout")
@@ -259,7 +259,7 @@ def test_reloader_annotations(operator: OperatorProcess, namespace: str, core: A
 
     # Not named: only the auto workload rolls, with Reloader's annotation (not ours).
     set_cm(core, namespace, "unlisted", {"k": "2"})
-    assert_rolled_once(apps, core, namespace, "auto", "configmap/unlisted", key=logic.LAST_RELOADED_FROM)
+    assert_rolled_once(apps, core, namespace, "auto", "configmap/unlisted", key=settings.LAST_RELOADED_FROM)
     assert reloaded_from(apps, namespace, "named") is None
     assert template_hash(apps, namespace, "auto") is None
     source = json.loads(str(reloaded_from(apps, namespace, "auto")))
@@ -267,7 +267,7 @@ def test_reloader_annotations(operator: OperatorProcess, namespace: str, core: A
         "type": "CONFIGMAP", "name": "unlisted", "namespace": namespace, "containerRefs": ["c"]}
     # Named secret: the named workload rolls.
     core.patch_namespaced_secret("tls", namespace, {"stringData": {"k": "2"}})
-    assert_rolled_once(apps, core, namespace, "named", "secret/tls", key=logic.LAST_RELOADED_FROM)
+    assert_rolled_once(apps, core, namespace, "named", "secret/tls", key=settings.LAST_RELOADED_FROM)
 
 
 def test_missing_source_warns_and_operator_stays_healthy(operator: OperatorProcess, namespace: str,
@@ -354,24 +354,25 @@ def test_cronjob_gets_a_job_and_job_is_recreated(operator: OperatorProcess, name
                                                  batch: Any) -> None:
     configmap(core, namespace, "conf", {"k": "1"})
     spec = {"containers": [{"name": "c", "image": "busybox:1.36", "envFrom": [{"configMapRef": {"name": "conf"}}]}]}
-    cronjob(batch, namespace, "nightly", spec, {logic.RELOADER_CONFIGMAPS: "conf"})
+    cronjob(batch, namespace, "nightly", spec, {settings.RELOADER_CONFIGMAPS: "conf"})
     batch.create_namespaced_job(namespace, {
-        "metadata": {"name": "once", "annotations": {logic.RELOADER_AUTO: "true"}, "labels": {"team": "a"}},
+        "metadata": {"name": "once", "annotations": {settings.RELOADER_AUTO: "true"}, "labels": {"team": "a"}},
         "spec": {"template": {"spec": {**spec, "restartPolicy": "Never"}}}})
     uid = batch.read_namespaced_job("once", namespace).metadata.uid
-    wait_for(lambda: logic.OBSERVED_HASH in (batch.read_namespaced_cron_job("nightly", namespace).metadata.annotations
-                                              or {}), timeout=30, what="the CronJob's baseline")
+    wait_for(lambda: settings.OBSERVED_HASH in (
+        batch.read_namespaced_cron_job("nightly", namespace).metadata.annotations or {}),
+             timeout=30, what="the CronJob's baseline")
 
     set_cm(core, namespace, "conf", {"k": "2"})
 
     def triggered() -> list[Any]:
         return [j for j in jobs_of(batch, namespace, "nightly")
-                if (j.metadata.annotations or {}).get(logic.CRONJOB_INSTANTIATE) == "manual"]
+                if (j.metadata.annotations or {}).get(settings.CRONJOB_INSTANTIATE) == "manual"]
     wait_for(triggered, timeout=30, what="a Job created from the CronJob")
     again = wait_for(lambda: (j := batch.read_namespaced_job("once", namespace)).metadata.uid != uid and j,
                      timeout=30, what="the Job recreated")
     assert again.metadata.labels.get("team") == "a"
-    assert again.metadata.annotations.get(logic.RELOADER_AUTO) == "true"
+    assert again.metadata.annotations.get(settings.RELOADER_AUTO) == "true"
     stays(lambda: len(triggered()) == 1, 4, what="one Job per change")
     assert batch.read_namespaced_job("once", namespace).metadata.uid == again.metadata.uid, "recreated once"
     wait_for(lambda: events(core, namespace, "nightly", "Rerolled") and events(core, namespace, "once", "Rerolled"),
@@ -390,14 +391,14 @@ def test_suspended_cronjob_gets_no_job(operator: OperatorProcess, namespace: str
     cronjob(batch, namespace, "held", spec, AUTO, suspend=True)
     cronjob(batch, namespace, "active", spec, AUTO)
     for name in ("held", "active"):
-        wait_for(lambda n=name: logic.OBSERVED_HASH in (  # type: ignore[misc]
+        wait_for(lambda n=name: settings.OBSERVED_HASH in (  # type: ignore[misc]
             batch.read_namespaced_cron_job(n, namespace).metadata.annotations or {}),
             timeout=30, what=f"{name}'s baseline")
-    first = batch.read_namespaced_cron_job("held", namespace).metadata.annotations[logic.OBSERVED_HASH]
+    first = batch.read_namespaced_cron_job("held", namespace).metadata.annotations[settings.OBSERVED_HASH]
 
     set_cm(core, namespace, "conf", {"k": "2"})
     wait_for(lambda: jobs_of(batch, namespace, "active"), timeout=30, what="the active CronJob's Job")
-    wait_for(lambda: batch.read_namespaced_cron_job("held", namespace).metadata.annotations[logic.OBSERVED_HASH]
+    wait_for(lambda: batch.read_namespaced_cron_job("held", namespace).metadata.annotations[settings.OBSERVED_HASH]
              != first, timeout=30, what="the suspended CronJob's new baseline")
     wait_for(lambda: events(core, namespace, "held", "RerollSkipped"), timeout=15,
              what="an Event saying why no Job was created")
@@ -415,20 +416,20 @@ def test_suspended_cronjob_gets_no_job(operator: OperatorProcess, namespace: str
 def test_reloader_search_match_ignore_regex_and_exclude(operator: OperatorProcess, namespace: str, core: Any,
                                                         apps: Any) -> None:
     core.create_namespaced_config_map(namespace, {"metadata": {"name": "matched", "annotations": {
-        logic.RELOADER_MATCH: "true"}}, "data": {"k": "1"}})
+        settings.RELOADER_MATCH: "true"}}, "data": {"k": "1"}})
     configmap(core, namespace, "plain", {"k": "1"})
     core.create_namespaced_config_map(namespace, {"metadata": {"name": "ignored", "annotations": {
-        logic.RELOADER_IGNORE: "true"}}, "data": {"k": "1"}})
+        settings.RELOADER_IGNORE: "true"}}, "data": {"k": "1"}})
     configmap(core, namespace, "app-config-1", {"k": "1"})
     configmap(core, namespace, "excluded", {"k": "1"})
 
     def uses(*names: str) -> dict[str, Any]:
         refs = [{"configMapRef": {"name": n}} for n in names]
         return {"containers": [{"name": "c", "image": "app", "envFrom": refs}]}
-    deployment(apps, namespace, "search", uses("matched", "plain"), {logic.RELOADER_SEARCH: "true"})
+    deployment(apps, namespace, "search", uses("matched", "plain"), {settings.RELOADER_SEARCH: "true"})
     deployment(apps, namespace, "auto", uses("ignored", "excluded", "plain"),
-               {logic.RELOADER_AUTO: "true", logic.RELOADER_CONFIGMAPS_EXCLUDE: "excluded"})
-    deployment(apps, namespace, "regex", uses("app-config-1"), {logic.RELOADER_CONFIGMAPS: "app-config-.*"})
+               {settings.RELOADER_AUTO: "true", settings.RELOADER_CONFIGMAPS_EXCLUDE: "excluded"})
+    deployment(apps, namespace, "regex", uses("app-config-1"), {settings.RELOADER_CONFIGMAPS: "app-config-.*"})
     for name in ("search", "auto", "regex"):
         baseline(apps, namespace, name)
         wait_for(lambda n=name: replicasets(apps, namespace, n) == 1, timeout=30, what="first ReplicaSet")  # type: ignore[misc]
@@ -437,28 +438,28 @@ def test_reloader_search_match_ignore_regex_and_exclude(operator: OperatorProces
     set_cm(core, namespace, "excluded", {"k": "2"})   # excluded by the workload: nothing rolls
     stays(lambda: reloaded_from(apps, namespace, "auto") is None, 4, what="ignored and excluded sources roll nothing")
     set_cm(core, namespace, "matched", {"k": "2"})    # search + match: rolls
-    assert_rolled_once(apps, core, namespace, "search", "configmap/matched", key=logic.LAST_RELOADED_FROM)
+    assert_rolled_once(apps, core, namespace, "search", "configmap/matched", key=settings.LAST_RELOADED_FROM)
     set_cm(core, namespace, "app-config-1", {"k": "2"})  # regex name: rolls
-    assert_rolled_once(apps, core, namespace, "regex", "configmap/app-config-1", key=logic.LAST_RELOADED_FROM)
+    assert_rolled_once(apps, core, namespace, "regex", "configmap/app-config-1", key=settings.LAST_RELOADED_FROM)
     # "plain" has no match annotation: it rolls the auto workload, not the search one.
     search_before = reloaded_from(apps, namespace, "search")
     set_cm(core, namespace, "plain", {"k": "2"})
-    assert_rolled_once(apps, core, namespace, "auto", "configmap/plain", key=logic.LAST_RELOADED_FROM)
+    assert_rolled_once(apps, core, namespace, "auto", "configmap/plain", key=settings.LAST_RELOADED_FROM)
     assert reloaded_from(apps, namespace, "search") == search_before
 
 
 def test_pause_period(operator: OperatorProcess, namespace: str, core: Any, apps: Any) -> None:
     configmap(core, namespace, "conf", {"k": "1"})
     deployment(apps, namespace, "paused", nginx_pod_spec("conf"),
-               {logic.RELOADER_CONFIGMAPS: "conf", logic.PAUSE_PERIOD: "5s"})
+               {settings.RELOADER_CONFIGMAPS: "conf", settings.PAUSE_PERIOD: "5s"})
     baseline(apps, namespace, "paused")
     set_cm(core, namespace, "conf", {"k": "2"})
     wait_for(lambda: reloaded_from(apps, namespace, "paused"), timeout=30, what="the rollout")
     dep = apps.read_namespaced_deployment("paused", namespace)
-    assert dep.spec.paused and logic.PAUSED_AT in dep.metadata.annotations
+    assert dep.spec.paused and settings.PAUSED_AT in dep.metadata.annotations
     wait_for(lambda: not apps.read_namespaced_deployment("paused", namespace).spec.paused, timeout=30,
              what="the pause period over")
-    assert logic.PAUSED_AT not in (apps.read_namespaced_deployment("paused", namespace).metadata.annotations or {})
+    assert settings.PAUSED_AT not in (apps.read_namespaced_deployment("paused", namespace).metadata.annotations or {})
     wait_for(lambda: replicasets(apps, namespace, "paused") == 2, timeout=30, what="the rollout after the pause")
 
 
@@ -499,7 +500,7 @@ def test_concurrent_writers_still_roll_exactly_once(operator: OperatorProcess, n
     def observed() -> str | None:
         obj = (batch.read_namespaced_cron_job("busy", namespace) if kind == "CronJob"
                else read(apps, kind, namespace, "busy"))
-        return (obj.metadata.annotations or {}).get(logic.OBSERVED_HASH)
+        return (obj.metadata.annotations or {}).get(settings.OBSERVED_HASH)
 
     def rollouts() -> int:
         return len(events(core, namespace, "busy", "Rerolled"))
@@ -583,7 +584,7 @@ def test_env_vars_strategy(reroller_with: Callable[..., OperatorProcess], namesp
         "volumes": [{"name": "creds", "secret": {"secretName": "creds"}}]}
     labels = {"app": "w"}
     spec: dict[str, Any] = {"selector": {"matchLabels": labels}, "template": pod_template(pod, labels)}
-    meta = {"name": "w", "annotations": {logic.RELOADER_AUTO: "true"}}
+    meta = {"name": "w", "annotations": {settings.RELOADER_AUTO: "true"}}
     if kind == "Deployment":
         apps.create_namespaced_deployment(namespace, {"metadata": meta, "spec": {**spec, "replicas": 1}})
         count = replicasets
@@ -603,7 +604,7 @@ def test_env_vars_strategy(reroller_with: Callable[..., OperatorProcess], namesp
     wait_for(lambda: count(apps, namespace, "w") == 2, timeout=30, what="a second revision")
     assert container_env(apps, namespace, "w", "sidecar", kind) == {"KEEP": "me"}, "other containers untouched"
     annotations = read(apps, kind, namespace, "w").spec.template.metadata.annotations or {}
-    assert logic.LAST_RELOADED_FROM not in annotations and logic.CONFIG_HASH not in annotations
+    assert settings.LAST_RELOADED_FROM not in annotations and settings.CONFIG_HASH not in annotations
 
     # The Secret mounted by the same container: a second variable; the first one keeps its value.
     time.sleep(10.5)  # past the minimum interval, so that this change rolls at once
@@ -625,7 +626,7 @@ def test_env_vars_strategy(reroller_with: Callable[..., OperatorProcess], namesp
 def deployment_manifest(name: str, cm: str) -> dict[str, Any]:
     labels = {"app": name}
     return {"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": name, "annotations": {logic.RELOADER_AUTO: "true"}},
+            "metadata": {"name": name, "annotations": {settings.RELOADER_AUTO: "true"}},
             "spec": {"replicas": 1, "selector": {"matchLabels": labels},
                      "template": {"metadata": {"labels": labels}, "spec": {"containers": [
                          {"name": "app", "image": "app:1", "envFrom": [{"configMapRef": {"name": cm}}]}]}}}}
@@ -682,7 +683,7 @@ def test_used_keys_only(operator: OperatorProcess, namespace: str, core: Any, ap
     ``items`` (also projected), and the whole source (envFrom)."""
     configmap(core, namespace, "shared", {"a": "1", "b": "1", "c": "1"})
     secret(core, namespace, "creds", {"user": "u1", "password": "p1"})
-    scoped = {logic.AUTO: "true", logic.USED_KEYS_ONLY: "true"}
+    scoped = {settings.AUTO: "true", settings.USED_KEYS_ONLY: "true"}
     keyref = {"containers": [{"name": "c", "image": "app", "env": [
         {"name": "A", "valueFrom": {"configMapKeyRef": {"name": "shared", "key": "a"}}},
         {"name": "P", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "password"}}}]}]}
@@ -986,18 +987,19 @@ def test_argo_rollouts(rollouts_installed: None, reroller_with: Callable[..., Op
     controller restarts the pods; the template is untouched)."""
     proc = reroller_with(REROLLER_ARGO_ROLLOUTS="true")
     configmap(core, namespace, "conf", {"k": "1"})
-    rollout(custom, namespace, "canary", {logic.RELOADER_AUTO: "true"}, "conf")
-    rollout(custom, namespace, "restarted", {logic.RELOADER_AUTO: "true", logic.ROLLOUT_STRATEGY: "restart"}, "conf")
+    rollout(custom, namespace, "canary", {settings.RELOADER_AUTO: "true"}, "conf")
+    rollout(custom, namespace, "restarted", {settings.RELOADER_AUTO: "true", settings.ROLLOUT_STRATEGY: "restart"},
+            "conf")
 
     def get(name: str) -> dict[str, Any]:
         return dict(custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", namespace, "rollouts", name))
 
     for name in ("canary", "restarted"):
-        wait_for(lambda n=name: logic.OBSERVED_HASH in (get(n)["metadata"].get("annotations") or {}),  # type: ignore[misc]
+        wait_for(lambda n=name: settings.OBSERVED_HASH in (get(n)["metadata"].get("annotations") or {}),  # type: ignore[misc]
                  timeout=30, what=f"{name}'s baseline")
     set_cm(core, namespace, "conf", {"k": "2"})
-    wait_for(lambda: logic.LAST_RELOADED_FROM in (get("canary")["spec"]["template"]["metadata"].get("annotations")
-                                                  or {}), timeout=30, what="the canary Rollout's template annotated")
+    wait_for(lambda: settings.LAST_RELOADED_FROM in (get("canary")["spec"]["template"]["metadata"].get("annotations")
+                                                     or {}), timeout=30, what="the canary Rollout's template annotated")
     restart_at = wait_for(lambda: get("restarted")["spec"].get("restartAt"), timeout=30, what="restartAt set")
     assert not (get("restarted")["spec"]["template"]["metadata"].get("annotations") or {})
     assert "restartAt" not in get("canary")["spec"]

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from kopf_operators.reroller import decisions as logic
+from kopf_operators.reroller import patches, settings
 from tests.e2e.reroller_helpers import (
     AUTO,
     NGINX_CONF,
@@ -105,7 +105,7 @@ def test_opt_out_while_the_source_changes(operator: OperatorProcess, namespace: 
     configmap(core, namespace, "conf", {"k": "1"})
     deployment(apps, namespace, "app", env_from(("ConfigMap", "conf")), AUTO)
     ready(apps, namespace, "app")
-    apps.patch_namespaced_deployment("app", namespace, {"metadata": {"annotations": {logic.AUTO: None}}})
+    apps.patch_namespaced_deployment("app", namespace, {"metadata": {"annotations": {settings.AUTO: None}}})
     set_cm(core, namespace, "conf", {"k": "2"})
     after_race = settled(apps, namespace, "app")
     assert after_race in (1, 2)
@@ -208,7 +208,7 @@ def test_253_character_dotted_name_under_the_env_vars_strategy(
     deployment(apps, namespace, "app", env_from(("ConfigMap", name)), AUTO)
     ready(apps, namespace, "app")
     set_cm(core, namespace, name, {"k": "2"})
-    variable = logic.env_var_name("ConfigMap", name)
+    variable = patches.env_var_name("ConfigMap", name)
     wait_for(lambda: stakater(apps, namespace, "app", "app").get(variable), timeout=30, what=f"{variable} set")
     wait_for(lambda: replicasets(apps, namespace, "app") == 2, timeout=30, what="a second ReplicaSet")
     stays(lambda: replicasets(apps, namespace, "app") == 2, 4, what="rolled once")
@@ -254,10 +254,10 @@ def test_template_annotations_set_by_a_person_are_kept(operator: OperatorProcess
     kubectl("rollout", "restart", "deployment/app", "-n", namespace)
     wait_for(lambda: replicasets(apps, namespace, "app") == 2, timeout=30, what="the person's restart")
     apps.patch_namespaced_deployment("app", namespace, {"spec": {"template": {"metadata": {"annotations": {
-        logic.CONFIG_HASH: "set-by-hand", "team.example.com/owner": "web"}}}}})
+        settings.CONFIG_HASH: "set-by-hand", "team.example.com/owner": "web"}}}}})
     wait_for(lambda: replicasets(apps, namespace, "app") == 3, timeout=30, what="the person's edit rolled")
     stays(lambda: replicasets(apps, namespace, "app") == 3
-          and template_annotations(apps, namespace, "app").get(logic.CONFIG_HASH) == "set-by-hand",
+          and template_annotations(apps, namespace, "app").get(settings.CONFIG_HASH) == "set-by-hand",
           5, what="the operator leaves a hand edit alone")
     set_cm(core, namespace, "conf", {"k": "2"})
     wait_for(lambda: replicasets(apps, namespace, "app") == 4, timeout=30, what="the change rolled")
@@ -265,7 +265,7 @@ def test_template_annotations_set_by_a_person_are_kept(operator: OperatorProcess
     kept = template_annotations(apps, namespace, "app")
     assert kept["team.example.com/owner"] == "web"
     assert "kubectl.kubernetes.io/restartedAt" in kept
-    assert kept[logic.CONFIG_HASH] != "set-by-hand"
+    assert kept[settings.CONFIG_HASH] != "set-by-hand"
 
 
 def test_gitops_manifest_with_the_annotation_reapplied(operator: OperatorProcess, namespace: str, core: Any,
@@ -278,7 +278,7 @@ def test_gitops_manifest_with_the_annotation_reapplied(operator: OperatorProcess
     manifest = json.dumps({
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "app", "annotations": AUTO},
         "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
-            "metadata": {"labels": labels, "annotations": {logic.CONFIG_HASH: "from-git"}},
+            "metadata": {"labels": labels, "annotations": {settings.CONFIG_HASH: "from-git"}},
             "spec": env_from(("ConfigMap", "conf"))}}})
 
     def apply() -> None:
@@ -290,7 +290,7 @@ def test_gitops_manifest_with_the_annotation_reapplied(operator: OperatorProcess
     stays(lambda: replicasets(apps, namespace, "app") == 1, 4, what="a re-apply alone rolls nothing")
     set_cm(core, namespace, "conf", {"k": "2"})
     wait_for(lambda: replicasets(apps, namespace, "app") == 2, timeout=30, what="the change rolled")
-    rolled = template_annotations(apps, namespace, "app")[logic.CONFIG_HASH]
+    rolled = template_annotations(apps, namespace, "app")[settings.CONFIG_HASH]
     assert rolled != "from-git"
     stays(lambda: replicasets(apps, namespace, "app") == 2, 4, what="rolled once")
     assert not own_errors(operator, namespace)
@@ -302,7 +302,7 @@ def test_workload_not_opted_in_is_never_touched(operator: OperatorProcess, names
     secret(core, namespace, "creds", {"k": "1"})
     spec = env_from(("ConfigMap", "conf"), ("Secret", "creds"))
     deployment(apps, namespace, "plain", spec, {})
-    deployment(apps, namespace, "off", spec, {logic.AUTO: "false", logic.RELOADER_AUTO: "false"})
+    deployment(apps, namespace, "off", spec, {settings.AUTO: "false", settings.RELOADER_AUTO: "false"})
     deployment(apps, namespace, "on", spec, AUTO)  # the control: proves the change was seen
     ready(apps, namespace, "on")
     before = {n: apps.read_namespaced_deployment(n, namespace) for n in ("plain", "off")}
@@ -377,8 +377,8 @@ def test_a_tenants_pattern_neither_stalls_the_process_nor_is_run_unbounded(
     (PatternRefused); meanwhile a ConfigMap change in another namespace still rolls its Deployment."""
     configmap(core, namespace, "a" * 40, {"k": "1"})
     spec = env_from(("ConfigMap", "a" * 40))
-    deployment(apps, namespace, "greedy", spec, {logic.RELOADER_CONFIGMAPS: "(a|a)*b"})
-    deployment(apps, namespace, "backref", spec, {logic.RELOADER_CONFIGMAPS: r"(a)\1"})
+    deployment(apps, namespace, "greedy", spec, {settings.RELOADER_CONFIGMAPS: "(a|a)*b"})
+    deployment(apps, namespace, "backref", spec, {settings.RELOADER_CONFIGMAPS: r"(a)\1"})
     warning = wait_for(lambda: events(core, namespace, "backref", "PatternRefused"), timeout=30,
                        what="a PatternRefused Warning on the workload")[0]
     assert warning.type == "Warning" and "RE2 refuses it" in warning.message and "invalid escape" in warning.message

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from kopf_operators.reroller import decisions as logic
+from kopf_operators.reroller import settings
 from tests.e2e.reroller_helpers import (
     AUTO,
     assert_not_rolled,
@@ -52,7 +52,7 @@ def minute_window(lead: float) -> tuple[str, float]:
 
 
 def pending(apps: Any, ns: str, name: str) -> str | None:
-    return (apps.read_namespaced_deployment(name, ns).metadata.annotations or {}).get(logic.PENDING)
+    return (apps.read_namespaced_deployment(name, ns).metadata.annotations or {}).get(settings.PENDING)
 
 
 def skipped(proc: OperatorProcess, reason: str) -> float:
@@ -64,7 +64,7 @@ def test_changes_outside_the_window_roll_once_when_it_opens_even_across_a_restar
         operator: OperatorProcess, namespace: str, core: Any, apps: Any) -> None:
     window, opens = minute_window(lead=35)
     configmap(core, namespace, "conf", {"k": "1"})
-    deployment(apps, namespace, "web", ENV_FROM, {**AUTO, logic.RELOADER_RESTART_WINDOW: window})
+    deployment(apps, namespace, "web", ENV_FROM, {**AUTO, settings.RELOADER_RESTART_WINDOW: window})
     baseline(apps, namespace, "web")
     wait_for(lambda: replicasets(apps, namespace, "web") == 1, timeout=30, what="the first ReplicaSet")
     before = skipped(operator, "restart_window")
@@ -92,9 +92,9 @@ def test_changes_outside_the_window_roll_once_when_it_opens_even_across_a_restar
 def test_a_reverted_change_rolls_nothing_and_a_malformed_window_blocks_with_a_warning(
         operator: OperatorProcess, namespace: str, core: Any, apps: Any) -> None:
     configmap(core, namespace, "conf", {"k": "1"})
-    deployment(apps, namespace, "later", ENV_FROM, {**AUTO, logic.RESTART_WINDOW: NEVER})
+    deployment(apps, namespace, "later", ENV_FROM, {**AUTO, settings.RESTART_WINDOW: NEVER})
     broken = '{"timezone": "UTC", "windows": [{"cron": "0 2 * *", "duration": "1h"}]}'
-    deployment(apps, namespace, "broken", ENV_FROM, {**AUTO, logic.RELOADER_RESTART_WINDOW: broken})
+    deployment(apps, namespace, "broken", ENV_FROM, {**AUTO, settings.RELOADER_RESTART_WINDOW: broken})
     for name in ("later", "broken"):
         baseline(apps, namespace, name)
 
@@ -143,8 +143,8 @@ def test_each_cronjob_mode(operator: OperatorProcess, reroller_with: Callable[..
                            namespace: str, core: Any, batch: Any) -> None:
     configmap(core, namespace, "conf", {"k": "1"})
     uids = {"now": cronjob(batch, namespace, "now", {}),
-            "next": cronjob(batch, namespace, "next", {logic.CRONJOB_MODE: "next-run"}),
-            "active": cronjob(batch, namespace, "active", {logic.CRONJOB_MODE: "restart-active"})}
+            "next": cronjob(batch, namespace, "next", {settings.CRONJOB_MODE: "next-run"}),
+            "active": cronjob(batch, namespace, "active", {settings.CRONJOB_MODE: "restart-active"})}
     # restart-active: an unfinished Job of the CronJob (as its schedule would have started it); its pod
     # waits for a node that does not exist (KWOK completes a Job's running pod at once).
     job = batch.create_namespaced_job(namespace, {
@@ -155,7 +155,7 @@ def test_each_cronjob_mode(operator: OperatorProcess, reroller_with: Callable[..
                                        "nodeSelector": {"kopf-operators.dev/no-such-node": "true"}}}}})
     [first] = wait_for(lambda: pods_of(core, namespace, job.metadata.uid), timeout=60, what="the unfinished Job's pod")
     for name in uids:
-        wait_for(lambda n=name: logic.OBSERVED_HASH in (  # type: ignore[misc]
+        wait_for(lambda n=name: settings.OBSERVED_HASH in (  # type: ignore[misc]
             batch.read_namespaced_cron_job(n, namespace).metadata.annotations or {}),
             timeout=30, what=f"{name}'s baseline")
 
@@ -163,8 +163,8 @@ def test_each_cronjob_mode(operator: OperatorProcess, reroller_with: Callable[..
     # run-now: a Job at once.
     wait_for(lambda: jobs_of(batch, namespace, uids["now"]), timeout=30, what="run-now's Job")
     # next-run: only the jobTemplate says the new configuration; no Job.
-    wait_for(lambda: logic.CONFIG_HASH in (batch.read_namespaced_cron_job("next", namespace).spec.job_template
-                                            .spec.template.metadata.annotations or {}),
+    wait_for(lambda: settings.CONFIG_HASH in (batch.read_namespaced_cron_job("next", namespace).spec.job_template
+                                              .spec.template.metadata.annotations or {}),
              timeout=30, what="next-run's jobTemplate annotated")
     # restart-active deletes pods: off by default, the CronJob's rollout is held with a Warning.
     wait_for(lambda: events(core, namespace, "active", "RerollBlocked"), timeout=30, what="restart-active refused")

@@ -24,8 +24,8 @@ import kubernetes
 import pytest
 from lupa import lua51
 
-from kopf_operators.blackadder import decisions as blackadder
-from kopf_operators.copyrator import decisions as copyrator
+from kopf_operators.blackadder import settings
+from kopf_operators.copyrator import rules
 from kopf_operators.immortal import decisions as immortal
 from tests.e2e.realnode import NODE, script
 from tests.kube import OperatorProcess, wait_for
@@ -196,7 +196,7 @@ def test_immortal_container_states(operator: OperatorProcess, namespace: str, ks
 
 
 def rule(namespace: str, name: str, spec: dict[str, Any]) -> None:
-    apply({"apiVersion": copyrator.API_VERSION, "kind": copyrator.KIND, "metadata": {"name": name}, "spec": spec},
+    apply({"apiVersion": rules.API_VERSION, "kind": rules.KIND, "metadata": {"name": name}, "spec": spec},
           namespace)
 
 
@@ -258,7 +258,7 @@ def agent_names(operator: OperatorProcess) -> Iterator[list[str]]:
 def chaos_agent(names: list[str], spec: dict[str, Any]) -> str:
     name = f"status-{uuid.uuid4().hex[:6]}"
     names.append(name)
-    apply({"apiVersion": f"{blackadder.GROUP}/{blackadder.VERSION}", "kind": blackadder.KIND,
+    apply({"apiVersion": f"{settings.GROUP}/{settings.VERSION}", "kind": settings.KIND,
            "metadata": {"name": name}, "spec": spec})
     return name
 
@@ -309,11 +309,11 @@ def test_an_object_the_operator_has_not_observed_yet_is_in_progress(namespace: s
     new_objects = [
         ({"apiVersion": immortal.API_VERSION, "kind": immortal.KIND, "metadata": {"name": "unseen"},
           "spec": {"image": "busybox:1.36"}}, namespace),
-        ({"apiVersion": copyrator.API_VERSION, "kind": copyrator.KIND, "metadata": {"name": "unseen"},
+        ({"apiVersion": rules.API_VERSION, "kind": rules.KIND, "metadata": {"name": "unseen"},
           "spec": {"ruleType": "configmap", "selector": {"copy": "unseen"}, "namespace": namespace}}, namespace),
-        ({"apiVersion": f"{blackadder.GROUP}/{blackadder.VERSION}", "kind": blackadder.KIND,
+        ({"apiVersion": f"{settings.GROUP}/{settings.VERSION}", "kind": settings.KIND,
           "metadata": {"name": f"unseen-{uuid.uuid4().hex[:6]}"}, "spec": {"eagerness": 1, "dryRun": True}}, None),
-        ({"apiVersion": f"{blackadder.GROUP}/{blackadder.VERSION}", "kind": blackadder.TENANT_KIND,
+        ({"apiVersion": f"{settings.GROUP}/{settings.VERSION}", "kind": settings.TENANT_KIND,
           "metadata": {"name": "unseen"}, "spec": {"eagerness": 1, "dryRun": True}}, namespace),
     ]
     for obj, where in new_objects:

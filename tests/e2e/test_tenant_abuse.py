@@ -43,7 +43,8 @@ from kopf_operators.blackadder.settings import (
 from kopf_operators.blackadder.settings import (
     VERSION as CHAOS_VERSION,
 )
-from kopf_operators.copyrator.rules import RULE_UID_LABEL, SOURCE_ANNOTATION
+from kopf_operators.copyrator.rules import SOURCE_ANNOTATION
+from kopf_operators.core.conventions import COPYRATOR_RULE_UID_LABEL
 from kopf_operators.reroller.settings import AUTO
 from tests.e2e.immortal_helpers import create_ic, delete_pod, wait_pod
 from tests.e2e.reroller_helpers import baseline, configmap, deployment, nginx_pod_spec, set_cm, template_hash
@@ -160,7 +161,7 @@ def written_outside(core: kubernetes.client.CoreV1Api, tenant: str) -> list[str]
     """Every Copyrator copy anywhere whose source is in the tenant's namespace ("ns/name")."""
     found = []
     for listing in (core.list_config_map_for_all_namespaces, core.list_secret_for_all_namespaces):
-        for obj in listing(label_selector=RULE_UID_LABEL).items:
+        for obj in listing(label_selector=COPYRATOR_RULE_UID_LABEL).items:
             if (obj.metadata.annotations or {}).get(SOURCE_ANNOTATION, "").startswith(f"{tenant}/"):
                 found.append(f"{obj.metadata.namespace}/{obj.metadata.name}")
     return found
@@ -217,7 +218,7 @@ def test_a_tenant_abusing_every_path_stalls_starves_and_steers_nothing(
     # Nothing was written outside the tenant's namespace; the token is nowhere.
     assert written_outside(core, platform.tenant) == []
     assert [s.metadata.name for s in core.list_namespaced_secret(RELEASE).items
-            if s.metadata.name == ledger_name("hog") and (s.metadata.labels or {}).get(RULE_UID_LABEL)] == []
+            if s.metadata.name == ledger_name("hog") and (s.metadata.labels or {}).get(COPYRATOR_RULE_UID_LABEL)] == []
     assert TOKEN not in platform.logs()
     assert TOKEN not in kubectl("get", "events", "-A", "-o", "json").stdout
     assert TOKEN not in json.dumps(custom.list_cluster_custom_object(CHAOS_GROUP, CHAOS_VERSION, TENANT_PLURAL))

@@ -12,8 +12,8 @@ import pykube
 import pytest
 import requests
 
-from kopf_operators.blackadder import decisions as logic
 from kopf_operators.blackadder.controller import BlackadderController
+from kopf_operators.blackadder.settings import Options, settings_from_spec
 from kopf_operators.core import access as k8s
 from kopf_operators.core import metrics
 from kopf_operators.core.conventions import Config
@@ -29,7 +29,7 @@ def configmap(namespace: str, name: str, labels: dict[str, str] | None = None) -
 
 def controller(access: FakeAccess, namespaces: dict[str, Any],
                sources: dict[Any, Any] | None = None) -> BlackadderController:
-    return BlackadderController(access, Config(operator_namespace="ops"), logic.Options(),  # type: ignore[arg-type]
+    return BlackadderController(access, Config(operator_namespace="ops"), Options(),  # type: ignore[arg-type]
                                 namespaces, sources or {})
 
 
@@ -49,7 +49,7 @@ def test_the_inventory_skips_terminating_namespaces_and_copyrators_sources(monke
     ctl = controller(access, namespaces, sources)
     listed = [configmap("a", "mine"), configmap("a", "shared", {"app": "shared"}), configmap("b", "going")]
     monkeypatch.setattr(ctl.chaos, "_list_sync", lambda *args: listed)
-    settings = logic.settings_from_spec({"ipsumMode": True, "eagerness": 1, "targetNamespaces": ["a", "b"]})
+    settings = settings_from_spec({"ipsumMode": True, "eagerness": 1, "targetNamespaces": ["a", "b"]})
     inventory = asyncio.run(ctl.chaos.inventory(settings, NOW))
     assert [(cm.namespace, cm.name) for cm in inventory.configmaps] == [("a", "mine")]
     assert access.made("call")  # the listing went through the access layer

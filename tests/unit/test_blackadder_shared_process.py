@@ -13,19 +13,31 @@ from typing import Any
 
 import pytest
 
-from kopf_operators.blackadder import decisions as logic
-from kopf_operators.blackadder import steady
+from kopf_operators.blackadder import decisions, steady
 from kopf_operators.blackadder.controller import BlackadderController, TenantChaosController
 from kopf_operators.blackadder.probes import Probes
+from kopf_operators.blackadder.settings import (
+    LEDGER_KEY,
+    LEDGER_LABEL,
+    TENANT_KIND,
+    TENANT_LEDGER_UID_LABEL,
+    TENANT_NAMESPACE_LABEL,
+    TENANT_NAMESPACE_VALUE,
+    WEBHOOK_SECRET_KEY,
+    Options,
+    settings_from_spec,
+    tenant_agents_problem,
+    tenant_settings,
+)
 from kopf_operators.core.conventions import Config
 from kopf_operators.core.http import Answer, HttpClient
 from kopf_operators.reroller.alerts import AlertSettings
 from tests.unit.fake_access import FakeAccess
 
 TOKEN = "s3cr3t-T0KEN"
-ON = logic.Options(tenants=True, tenant_http_hosts=("tenant-host",), check_hosts=("admin-host",),
-                   tenant_max_checks=2, tenant_max_check_timeout=5, tenant_min_check_interval=10, tenant_max_agents=2)
-ALLOWED = {"team-a": [{"labels": {logic.TENANT_NAMESPACE_LABEL: logic.TENANT_NAMESPACE_VALUE}}], "team-b": [{}],
+ON = Options(tenants=True, tenant_http_hosts=("tenant-host",), check_hosts=("admin-host",),
+             tenant_max_checks=2, tenant_max_check_timeout=5, tenant_min_check_interval=10, tenant_max_agents=2)
+ALLOWED = {"team-a": [{"labels": {TENANT_NAMESPACE_LABEL: TENANT_NAMESPACE_VALUE}}], "team-b": [{}],
            "shop": [{}], "ops": [{}]}
 LOG = logging.getLogger("test-shared-process")
 
@@ -51,12 +63,12 @@ def http_check(url: str, name: str = "h", timeout: int = 2) -> dict[str, Any]:
 
 def tenant_body(namespace: str, spec: dict[str, Any], name: str = "gremlin", uid: str = "uid-t",
                 created: str = "2026-01-01T00:00:00Z") -> dict[str, Any]:
-    return {"kind": logic.TENANT_KIND, "metadata": {"name": name, "namespace": namespace, "uid": uid,
-                                                     "generation": 1, "creationTimestamp": created},
+    return {"kind": TENANT_KIND, "metadata": {"name": name, "namespace": namespace, "uid": uid,
+                                              "generation": 1, "creationTimestamp": created},
             "spec": spec}
 
 
-def tenants(access: FakeAccess, options: logic.Options = ON) -> tuple[TenantChaosController, Recording]:
+def tenants(access: FakeAccess, options: Options = ON) -> tuple[TenantChaosController, Recording]:
     ctl = TenantChaosController(access, Config(operator_namespace="ops"), options, ALLOWED)  # type: ignore[arg-type]
     recording = Recording()
     ctl.games.probes.http = recording
@@ -76,7 +88,7 @@ def test_a_tenant_agent_outside_an_allowed_namespace_sends_no_check() -> None:
     assert sent.sent == []
     status = access.made("patch_status")[-1][4]
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
-    assert ready["reason"] == "InvalidSpec" and logic.TENANT_NAMESPACE_LABEL in ready["message"]
+    assert ready["reason"] == "InvalidSpec" and TENANT_NAMESPACE_LABEL in ready["message"]
     assert not ctl.games.may_act(body)  # and the watch between cycles asks the same
     allowed = tenant_body("team-a", spec)
     asyncio.run(ctl.cycle(allowed, lambda: False, LOG))
@@ -99,17 +111,17 @@ def test_a_tenant_check_may_ask_only_the_tenants_hosts() -> None:
 ])
 def test_a_tenant_agent_over_the_administrators_limits_does_not_act(steady_state: dict[str, Any],
                                                                      problem: str) -> None:
-    settings = logic.tenant_settings({"steadyState": {"intervalSeconds": 10, **steady_state}}, "team-a", ON, "ops",
-                                     {logic.TENANT_NAMESPACE_LABEL: logic.TENANT_NAMESPACE_VALUE})
-    assert problem in settings.scope_problem and logic.cycle_step(settings) == logic.INVALID_STEP
+    settings = tenant_settings({"steadyState": {"intervalSeconds": 10, **steady_state}}, "team-a", ON, "ops",
+                               {TENANT_NAMESPACE_LABEL: TENANT_NAMESPACE_VALUE})
+    assert problem in settings.scope_problem and decisions.cycle_step(settings) == decisions.INVALID_STEP
 
 
 def test_only_the_oldest_tenant_agents_of_a_namespace_act() -> None:
     live = {"u3": ("2026-01-03T00:00:00Z", "c"), "u1": ("2026-01-01T00:00:00Z", "a"),
             "u2": ("2026-01-02T00:00:00Z", "b")}
-    assert logic.tenant_agents_problem(live, "u1", "team-a", 2) == ""
-    assert logic.tenant_agents_problem(live, "u2", "team-a", 2) == ""
-    assert "has 3 TenantChaosAgents; at most 2 act" in logic.tenant_agents_problem(live, "u3", "team-a", 2)
+    assert tenant_agents_problem(live, "u1", "team-a", 2) == ""
+    assert tenant_agents_problem(live, "u2", "team-a", 2) == ""
+    assert "has 3 TenantChaosAgents; at most 2 act" in tenant_agents_problem(live, "u3", "team-a", 2)
     ctl, _ = tenants(FakeAccess())
     ctl.live["team-a"] = live
     assert ctl.agent_settings(tenant_body("team-a", {}, uid="u3")).scope_problem
@@ -121,14 +133,14 @@ def test_only_the_oldest_tenant_agents_of_a_namespace_act() -> None:
 
 def test_a_check_url_with_credentials_is_an_invalid_spec_that_never_shows_them() -> None:
     spec = {"steadyState": {"checks": [http_check(f"http://user:{TOKEN}@admin-host/x")]}}
-    problem = logic.spec_problem(logic.settings_from_spec(spec))
+    problem = decisions.spec_problem(settings_from_spec(spec))
     assert problem and "credentials" in problem and TOKEN not in problem
     refusal = steady.url_refusal(f"https://{TOKEN}@admin-host/x", ("admin-host",))
     assert refusal and TOKEN not in refusal and "admin-host" not in refusal
 
 
 def test_a_webhook_or_alert_url_with_credentials_is_refused_unseen() -> None:
-    refusal = logic.webhook_refusal(f"http://user:{TOKEN}@hooks.example/x", ())
+    refusal = decisions.webhook_refusal(f"http://user:{TOKEN}@hooks.example/x", ())
     assert refusal and "credentials" in refusal and TOKEN not in refusal
     with pytest.raises(ValueError, match="credentials") as caught:
         AlertSettings.from_env({"REROLLER_ALERT_SINK": "webhook",
@@ -148,10 +160,10 @@ def test_any_exception_of_a_check_fails_it_by_its_type_only() -> None:
 
 def test_any_exception_of_a_webhook_is_a_warning_with_its_type_only(caplog: pytest.LogCaptureFixture) -> None:
     access = FakeAccess()
-    ctl = BlackadderController(access, Config(operator_namespace="ops"), logic.Options(), {})  # type: ignore[arg-type]
+    ctl = BlackadderController(access, Config(operator_namespace="ops"), Options(), {})  # type: ignore[arg-type]
     ctl.notes.http = Recording(RuntimeError(f"cannot reach http://user:{TOKEN}@hooks.example/x"))
     address = base64.b64encode(b"http://hooks.example/x?token=" + TOKEN.encode()).decode()
-    access.answer("read", {"data": {logic.WEBHOOK_SECRET_KEY: address}})
+    access.answer("read", {"data": {WEBHOOK_SECRET_KEY: address}})
     body = {"kind": "ChaosAgent", "metadata": {"name": "a", "uid": "uid-a"}}
 
     async def send() -> None:
@@ -174,29 +186,29 @@ def test_any_exception_of_a_webhook_is_a_warning_with_its_type_only(caplog: pyte
 def ledger_secret(agent_uid: str, claimed_uid: str, **meta: Any) -> dict[str, Any]:
     data = {"agent": "a", "agentUid": claimed_uid, "undo": {}}
     return {"metadata": {"namespace": "ops", "name": "blackadder-ledger-a",
-                         "labels": {logic.LEDGER_LABEL: "a", **meta.pop("labels", {})}, **meta},
-            "data": {logic.LEDGER_KEY: base64.b64encode(json.dumps(data).encode()).decode()}}
+                         "labels": {LEDGER_LABEL: "a", **meta.pop("labels", {})}, **meta},
+            "data": {LEDGER_KEY: base64.b64encode(json.dumps(data).encode()).decode()}}
 
 
 def test_a_ledger_is_trusted_only_when_the_operator_wrote_it_for_this_agent() -> None:
     owner = {"ownerReferences": [{"uid": "uid-a", "kind": "ChaosAgent", "name": "a"}]}
-    assert logic.ledger_trust_problem(ledger_secret("uid-a", "uid-a", **owner), "uid-a", False, "ops") is None
+    assert decisions.ledger_trust_problem(ledger_secret("uid-a", "uid-a", **owner), "uid-a", False, "ops") is None
     # A previous same-named agent's ledger (the garbage collector is about to take it): read, starts afresh.
-    assert logic.ledger_trust_problem(ledger_secret("uid-old", "uid-old"), "uid-a", False, "ops") is None
+    assert decisions.ledger_trust_problem(ledger_secret("uid-old", "uid-old"), "uid-a", False, "ops") is None
     forged = ledger_secret("uid-a", "uid-a")  # claims this agent, without the ownerReference only we set
-    assert "not written by the operator" in str(logic.ledger_trust_problem(forged, "uid-a", False, "ops"))
+    assert "not written by the operator" in str(decisions.ledger_trust_problem(forged, "uid-a", False, "ops"))
     copy = ledger_secret("uid-a", "uid-a", labels={"copyrator.kopf-operators.dev/rule-uid": "r"}, **owner)
-    assert "Copyrator copy" in str(logic.ledger_trust_problem(copy, "uid-a", False, "ops"))
-    tenant = ledger_secret("uid-t", "uid-t", labels={logic.TENANT_LEDGER_UID_LABEL: "uid-t"})
-    assert logic.ledger_trust_problem(tenant, "uid-t", True, "ops") is None
-    assert logic.ledger_trust_problem(ledger_secret("uid-t", "uid-t"), "uid-t", True, "ops") is not None
+    assert "Copyrator copy" in str(decisions.ledger_trust_problem(copy, "uid-a", False, "ops"))
+    tenant = ledger_secret("uid-t", "uid-t", labels={TENANT_LEDGER_UID_LABEL: "uid-t"})
+    assert decisions.ledger_trust_problem(tenant, "uid-t", True, "ops") is None
+    assert decisions.ledger_trust_problem(ledger_secret("uid-t", "uid-t"), "uid-t", True, "ops") is not None
     elsewhere = {**forged, "metadata": {**forged["metadata"], "namespace": "team-a"}}
-    assert "not in the operator's namespace" in str(logic.ledger_trust_problem(elsewhere, "uid-a", False, "ops"))
+    assert "not in the operator's namespace" in str(decisions.ledger_trust_problem(elsewhere, "uid-a", False, "ops"))
 
 
 def test_a_forged_ledger_is_never_read_and_nothing_is_written() -> None:
     access = FakeAccess()
-    ctl = BlackadderController(access, Config(operator_namespace="ops"), logic.Options(), ALLOWED)  # type: ignore[arg-type]
+    ctl = BlackadderController(access, Config(operator_namespace="ops"), Options(), ALLOWED)  # type: ignore[arg-type]
     forged = ledger_secret("uid-a", "uid-a", labels={"copyrator.kopf-operators.dev/rule-uid": "r"})
     access.answer("read", forged)
     body = {"kind": "ChaosAgent", "metadata": {"name": "a", "uid": "uid-a", "generation": 1},
@@ -215,14 +227,14 @@ def test_a_forged_ledger_is_never_read_and_nothing_is_written() -> None:
     ({"kind": "Secret", "namespace": "shop", "name": "s"}, "nothing a revert restores"),
 ])
 def test_a_revert_writes_only_where_the_agent_may_act_now(entry: dict[str, Any], refused: str | None) -> None:
-    settings = logic.settings_from_spec({"targetNamespaces": ["shop"], "excludedNamespaces": []})
-    problem = logic.revert_refusal(entry, settings, "ops")
+    settings = settings_from_spec({"targetNamespaces": ["shop"], "excludedNamespaces": []})
+    problem = decisions.revert_refusal(entry, settings, "ops")
     assert problem is None if refused is None else refused in str(problem)
 
 
 def test_a_revert_skips_and_reports_an_entry_outside_the_agents_targets() -> None:
     access = FakeAccess()
-    ctl = BlackadderController(access, Config(operator_namespace="ops"), logic.Options(), ALLOWED)  # type: ignore[arg-type]
+    ctl = BlackadderController(access, Config(operator_namespace="ops"), Options(), ALLOWED)  # type: ignore[arg-type]
     body = {"kind": "ChaosAgent", "metadata": {"name": "a", "uid": "uid-a", "generation": 1},
             "spec": {"revert": True, "targetNamespaces": ["shop"]}}
 

@@ -9,8 +9,12 @@ import contextlib
 from collections.abc import AsyncIterator, Hashable
 from typing import Any
 
-from kopf_operators.copyrator import decisions as logic
-from kopf_operators.copyrator.controller import CopyratorController, copy_index_keys
+from kopf_operators.copyrator import copies
+from kopf_operators.copyrator.controller import CopyratorController
+from kopf_operators.copyrator.places import copy_index_keys
+from kopf_operators.copyrator.rules import NamespaceInfo, Options, parse_rule, source_entry
+from kopf_operators.copyrator.tally import rule_snapshot
+from kopf_operators.core.conventions import COPYRATOR_RULE_UID_LABEL
 
 
 class FakeAccess:
@@ -21,7 +25,7 @@ class FakeAccess:
 
     async def create(self, kind: Any, body: dict[str, Any]) -> dict[str, Any]:
         meta = body["metadata"]
-        self.calls.append(("create", meta["namespace"], meta["name"], meta["labels"][logic.RULE_UID_LABEL]))
+        self.calls.append(("create", meta["namespace"], meta["name"], meta["labels"][COPYRATOR_RULE_UID_LABEL]))
         return {**body, "metadata": {**meta, "uid": f"copy-{meta['name']}", "resourceVersion": "9"}}
 
     async def delete(self, kind: Any, namespace: str | None, name: str, *, uid: str | None = None) -> bool:
@@ -64,30 +68,30 @@ def source(name: str, colour: str) -> dict[str, Any]:
             "data": {"colour": colour}}
 
 
-def controller(access: FakeAccess, rules: list[dict[str, Any]], views: list[logic.CopyView]) -> CopyratorController:
-    index: dict[Any, list[logic.CopyView]] = {}
+def controller(access: FakeAccess, rules: list[dict[str, Any]], views: list[copies.CopyView]) -> CopyratorController:
+    index: dict[Any, list[copies.CopyView]] = {}
     for view in views:
         for key, value in copy_index_keys(view).items():
             index.setdefault(key, []).append(value)
-    namespaces = {name: [logic.NamespaceInfo(name, {}, True)] for name in ("src", "t")}
-    snapshots = {(r["metadata"]["namespace"], r["metadata"]["name"]): [logic.rule_snapshot(r)] for r in rules}
-    ctl = CopyratorController(access, logic.Options(), snapshots, namespaces,  # type: ignore[arg-type]
+    namespaces = {name: [NamespaceInfo(name, {}, True)] for name in ("src", "t")}
+    snapshots = {(r["metadata"]["namespace"], r["metadata"]["name"]): [rule_snapshot(r)] for r in rules}
+    ctl = CopyratorController(access, Options(), snapshots, namespaces,  # type: ignore[arg-type]
                               {"ConfigMap": index, "Secret": {}})
     for body in (source("blue", "blue"), source("green", "green")):
-        ctl.sources.put("ConfigMap", logic.source_entry(body))
+        ctl.sources.put("ConfigMap", source_entry(body))
     return ctl
 
 
-def made(body: dict[str, Any], colour: str, uid: str) -> logic.CopyView:
+def made(body: dict[str, Any], colour: str, uid: str) -> copies.CopyView:
     """The copy ``body``'s rule made of the ``colour`` source in namespace t, as the index shows it."""
-    copy = logic.desired_copy(logic.parse_rule(body), source(colour, colour), "t")
+    copy = copies.desired_copy(parse_rule(body), source(colour, colour), "t")
     copy["metadata"].update(uid=uid, resourceVersion="3")
-    return logic.copy_view(copy)
+    return copies.copy_view(copy)
 
 
 def sweep(ctl: CopyratorController, body: dict[str, Any]) -> None:
-    parsed = logic.parse_rule(body)
-    asyncio.run(ctl.writer.sweep(parsed, "test"))
+    parsed = parse_rule(body)
+    asyncio.run(ctl.sweep(parsed, "test"))
 
 
 OLDER = rule("z-older", "u-old", "2026-11-01T00:00:00Z", "blue", target={"name": "app"})
@@ -101,7 +105,7 @@ def test_a_free_name_goes_to_the_older_rule_whichever_syncs_first() -> None:
         for body in order:
             sweep(ctl, body)
         assert access.calls == [("create", "t", "app", "u-old")]
-        tally = ctl.status.tally(logic.parse_rule(NEWER))
+        tally = ctl.status.tally(parse_rule(NEWER))
         assert tally.contested == ["t/app (held by src/z-older)"], tally
 
 
@@ -125,7 +129,7 @@ def test_the_holder_keeps_the_name_and_the_older_rule_is_refused() -> None:
     sweep(ctl, OLDER)
     sweep(ctl, NEWER)
     assert access.calls == []
-    assert ctl.status.tally(logic.parse_rule(OLDER)).contested == ["t/app (held by src/a-newer)"]
+    assert ctl.status.tally(parse_rule(OLDER)).contested == ["t/app (held by src/a-newer)"]
 
 
 def test_a_renamed_copy_is_deleted_only_after_its_replacement_is_written() -> None:

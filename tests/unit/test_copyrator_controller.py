@@ -12,9 +12,12 @@ from typing import Any, TypeVar
 import pytest
 
 from kopf_operators.copyrator import controller as copyrator
-from kopf_operators.copyrator import decisions as logic
-from kopf_operators.copyrator.controller import CopyratorController, copy_index_keys
+from kopf_operators.copyrator import rules, tally
+from kopf_operators.copyrator.controller import CopyratorController
+from kopf_operators.copyrator.copies import CopyView, copy_view, desired_copy
+from kopf_operators.copyrator.places import Result, copy_index_keys
 from kopf_operators.core import controller as toolkit
+from kopf_operators.core.access import ApiError
 from tests.unit.fake_access import FakeAccess, conflict_on_create, server_error
 
 T = TypeVar("T")
@@ -31,22 +34,22 @@ SOURCE: dict[str, Any] = {
     "data": {"colour": "blue"}}
 
 
-def copy_in_index(data: dict[str, str]) -> logic.CopyView:
-    copy = logic.desired_copy(logic.parse_rule(RULE), {**SOURCE, "data": data}, "t")
+def copy_in_index(data: dict[str, str]) -> CopyView:
+    copy = desired_copy(rules.parse_rule(RULE), {**SOURCE, "data": data}, "t")
     copy["metadata"].update(uid="copy-uid", resourceVersion="3")
-    return logic.copy_view(copy)
+    return copy_view(copy)
 
 
-def controller(access: FakeAccess, copies: tuple[logic.CopyView, ...] = (),
-               options: logic.Options | None = None) -> CopyratorController:
-    index: dict[Any, list[logic.CopyView]] = {}
+def controller(access: FakeAccess, copies: tuple[CopyView, ...] = (),
+               options: rules.Options | None = None) -> CopyratorController:
+    index: dict[Any, list[CopyView]] = {}
     for view in copies:
         for key, value in copy_index_keys(view).items():
             index.setdefault(key, []).append(value)
-    namespaces = {name: [logic.NamespaceInfo(name, {}, True)] for name in ("src", "t")}
-    ctl = CopyratorController(access, options or logic.Options(), {RULE_KEY: [logic.rule_snapshot(RULE)]},  # type: ignore[arg-type]
+    namespaces = {name: [rules.NamespaceInfo(name, {}, True)] for name in ("src", "t")}
+    ctl = CopyratorController(access, options or rules.Options(), {RULE_KEY: [tally.rule_snapshot(RULE)]},  # type: ignore[arg-type]
                               namespaces, {"ConfigMap": index, "Secret": {}})
-    ctl.sources.put("ConfigMap", logic.source_entry(SOURCE))
+    ctl.sources.put("ConfigMap", rules.source_entry(SOURCE))
     return ctl
 
 
@@ -114,7 +117,7 @@ def test_a_foreign_object_in_the_way_is_read_once_and_left_untouched() -> None:
     run(ctl.passes(RULE_KEY, "resync"))
     assert writes(access) == [("create", "ConfigMap", "t", "conf")]  # no patch, no delete of theirs
     assert access.made("read") == [("read", "ConfigMap", "t", "conf")]
-    assert ctl.status.tally(logic.parse_rule(RULE)).conflicts == ["t/conf"]
+    assert ctl.status.tally(rules.parse_rule(RULE)).conflicts == ["t/conf"]
 
 
 def test_a_failed_sweep_is_retried_with_doubling_backoff_and_a_success_resets_it() -> None:
@@ -144,7 +147,7 @@ def test_a_refused_copy_is_retried_with_backoff_and_does_not_fail_the_handler() 
 
     async def scenario() -> tuple[float | None, list[tuple[Any, ...]]]:
         access = FakeAccess()
-        quota = copyrator.ApiError(403, "Forbidden", 'configmaps "conf" is forbidden: exceeded quota: no-more')
+        quota = ApiError(403, "Forbidden", 'configmaps "conf" is forbidden: exceeded quota: no-more')
         access.answer("list", [SOURCE])
         access.answer("create", quota)
         ctl = controller(access)
@@ -168,8 +171,8 @@ def test_a_standby_sweeps_nothing() -> None:
 def test_stop_cancels_the_status_flush_and_retries() -> None:
     async def scenario() -> tuple[bool, bool, list[tuple[Any, ...]]]:
         access = FakeAccess()
-        ctl = controller(access, options=logic.Options(status_delay_seconds=0.01))
-        ctl.status.schedule_status(logic.rule_snapshot(RULE))
+        ctl = controller(access, options=rules.Options(status_delay_seconds=0.01))
+        ctl.status.schedule_status(tally.rule_snapshot(RULE))
         ctl.passes.retry_later(RULE_KEY)
         await ctl.stop()
         await asyncio.sleep(0.05)  # past the flush it would have made
@@ -199,3 +202,43 @@ def test_a_standbys_rule_handler_waits_to_act_and_then_converges() -> None:
 
     while_standby, creates = run(scenario())
     assert while_standby == [] and len(creates) == 1
+
+
+def test_the_writer_returns_what_it_did_at_a_place_and_changes_no_one_s_state() -> None:
+    """A pass at a place answers with its ``Outcome``; ``Places`` and the status reporter change only when
+    the controller hands it to them."""
+    async def scenario() -> None:
+        access = FakeAccess()
+        ctl = controller(access)
+        rule = rules.parse_rule(RULE)
+        key = ("ConfigMap", "t", "conf")
+        created = await ctl.writer.sync_copy(rule, "t", "conf")
+        assert (created.key, created.result, created.writes, created.counted) == (key, Result.DONE, 1, ("created",))
+        [seen] = created.seen
+        assert seen.view is not None and seen.view.rule_uid == "rule-uid"
+        assert ctl.places.copy(*key) is None and not ctl.status.done  # nothing recorded by the writer
+        ctl.places.record(created)
+        ctl.status.record(created)
+        assert ctl.places.copy(*key) == seen.view and ctl.status.done["rule-uid"] == {"created": 1}
+
+        # A refusal: reported once (one Event), kept only once recorded; the same refusal again changes nothing.
+        refused = ApiError(422, "Invalid", "metadata.annotations: Too long")
+        access.answer("create", refused, refused)
+        ctl.places.written.forget(key)
+        first = await ctl.writer.sync_copy(rule, "t", "conf")
+        assert first.result is Result.REFUSED and "HTTP 422 Invalid" in first.refusal
+        assert ctl.places.refusal("rule-uid", key) is None
+        ctl.places.record(first)
+        assert ctl.places.refusal("rule-uid", key) == first.refusal
+        again = await ctl.writer.sync_copy(rule, "t", "conf")
+        assert again.result is Result.UNCHANGED
+        assert access.events == [("Warning", "CopyRefused")]
+
+        # A failure: the error is in the outcome (the sweep retries the rule), not raised.
+        access.answer("create", server_error())
+        failed = await ctl.writer.sync_copy(rule, "t", "conf")
+        assert failed.result is Result.FAILED and failed.error is not None and failed.error.transient
+        assert "rule-uid" not in ctl.places.failed
+        await ctl.stop()
+
+    run(scenario())

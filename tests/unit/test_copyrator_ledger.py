@@ -18,9 +18,13 @@ from typing import Any
 
 import pytest
 
-from kopf_operators.copyrator import decisions as logic
-from kopf_operators.copyrator.controller import CopyratorController, copy_index_keys
+from kopf_operators.copyrator import rules
+from kopf_operators.copyrator.controller import CopyratorController
+from kopf_operators.copyrator.copies import CopyView, copy_view
+from kopf_operators.copyrator.places import copy_index_keys
+from kopf_operators.copyrator.tally import Judgement, Tally, rule_snapshot, standing
 from kopf_operators.core.access import AlreadyExists, ApiError, Conflict, Kind
+from kopf_operators.core.conventions import COPYRATOR_RULE_UID_LABEL
 
 ObjKey = tuple[str, str, str]  # (kind, namespace, name)
 NAMESPACES = [f"n{i}" for i in range(6)]
@@ -39,10 +43,10 @@ class Cluster:
         self.paused = False
         self.objects: dict[ObjKey, dict[str, Any]] = {}
         self.pending: list[tuple[str, str, dict[str, Any]]] = []  # (kind, type, body)
-        self.namespaces: dict[str, list[logic.NamespaceInfo]] = {}  # the index (as delivered)
-        self.truth: dict[str, logic.NamespaceInfo] = {}  # the namespaces as the API server has them
+        self.namespaces: dict[str, list[rules.NamespaceInfo]] = {}  # the index (as delivered)
+        self.truth: dict[str, rules.NamespaceInfo] = {}  # the namespaces as the API server has them
         self.rules: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        self.copies: dict[str, dict[Any, list[logic.CopyView]]] = {"ConfigMap": {}, "Secret": {}}
+        self.copies: dict[str, dict[Any, list[CopyView]]] = {"ConfigMap": {}, "Secret": {}}
         self.rv = 100
         self.status_writes = 0
         self.writes = 0  # creates, patches, deletes asked for
@@ -73,8 +77,8 @@ class Cluster:
                 index[key].remove(view)
                 if not index[key]:
                     del index[key]
-        if event != "DELETED" and logic.is_copy(body):
-            for key, view in copy_index_keys(logic.copy_view(body, kind)).items():
+        if event != "DELETED" and rules.is_copy(body):
+            for key, view in copy_index_keys(copy_view(body, kind)).items():
                 index.setdefault(key, []).append(view)
 
     # --- the access layer ----------------------------------------------------------------------------
@@ -165,11 +169,11 @@ RULES = [
 ]
 
 
-def namespace_info(name: str, labels: Mapping[str, str], active: bool = True) -> logic.NamespaceInfo:
-    return logic.NamespaceInfo(name, labels, active)
+def namespace_info(name: str, labels: Mapping[str, str], active: bool = True) -> rules.NamespaceInfo:
+    return rules.NamespaceInfo(name, labels, active)
 
 
-def namespace_body(info: logic.NamespaceInfo) -> dict[str, Any]:
+def namespace_body(info: rules.NamespaceInfo) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": info.name, "labels": dict(info.labels)}
     if not info.active:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
@@ -177,13 +181,13 @@ def namespace_body(info: logic.NamespaceInfo) -> dict[str, Any]:
 
 
 def source_body(name: str, data: str, consent: str | None) -> dict[str, Any]:
-    annotations = {logic.ALLOWED_NAMESPACES_ANNOTATION: consent} if consent is not None else {}
+    annotations = {rules.ALLOWED_NAMESPACES_ANNOTATION: consent} if consent is not None else {}
     return {"kind": "ConfigMap", "metadata": {"namespace": "src", "name": name, "uid": f"uid-src-{name}",
                                               "labels": {"app": "web"}, "annotations": annotations},
             "data": {"k": data}}
 
 
-def normal(tally: logic.Tally) -> dict[str, Any]:
+def normal(tally: Tally) -> dict[str, Any]:
     return {key: sorted(value) if isinstance(value, list) else value
             for key, value in dataclasses.asdict(tally).items()}
 
@@ -197,7 +201,7 @@ class World:
 
     def controller(self) -> CopyratorController:
         c = self.cluster
-        return CopyratorController(c, logic.Options(status_delay_seconds=3600), c.rules,  # type: ignore[arg-type]
+        return CopyratorController(c, rules.Options(status_delay_seconds=3600), c.rules,  # type: ignore[arg-type]
                                    c.namespaces, c.copies)
 
     async def deliver(self, ctl: CopyratorController | None = None, limit: int | None = None) -> None:
@@ -210,14 +214,14 @@ class World:
                 if event == "DELETED":
                     self.cluster.namespaces.pop(body["metadata"]["name"], None)
                 else:
-                    self.cluster.namespaces[body["metadata"]["name"]] = [logic.namespace_info(body)]
+                    self.cluster.namespaces[body["metadata"]["name"]] = [rules.namespace_info(body)]
                 await ctl.namespace_event(event, body)
             else:
                 self.cluster.index(kind, event, body)
                 await ctl.object_event(kind, event, body)
             count += 1
 
-    def set_namespace(self, info: logic.NamespaceInfo | None, name: str, event: str) -> None:
+    def set_namespace(self, info: rules.NamespaceInfo | None, name: str, event: str) -> None:
         if info is None:
             self.cluster.truth.pop(name, None)
         else:
@@ -237,14 +241,14 @@ class World:
             c.put("ConfigMap", source_body(name, "v1", "n1,n2"), "ADDED")
         await self.deliver()
         for body in RULES:
-            c.rules[(body["metadata"]["namespace"], body["metadata"]["name"])] = [logic.rule_snapshot(body)]
+            c.rules[(body["metadata"]["namespace"], body["metadata"]["name"])] = [rule_snapshot(body)]
         for body in RULES:
             await self.ctl.rule_changed(body, "rule resumed")
         await self.deliver()
 
     async def step(self) -> str:
         c, rng = self.cluster, self.rng
-        copies = [key for key, body in c.objects.items() if logic.is_copy(body)]
+        copies = [key for key, body in c.objects.items() if rules.is_copy(body)]
         action = rng.choice(["ns-add", "ns-relabel", "ns-terminate", "ns-delete", "copy-deleted", "copy-edited",
                              "copy-unlabelled", "in-the-way", "source-edited", "source-added", "source-deleted",
                              "rule-changed", "rule-deleted", "retry", "deliver-some"])
@@ -277,7 +281,7 @@ class World:
         elif action == "copy-unlabelled" and copies:  # taken over by hand: no copy any more, nothing to write
             key = rng.choice(copies)
             body = copy.deepcopy(c.objects[key])
-            del body["metadata"]["labels"][logic.RULE_UID_LABEL]
+            del body["metadata"]["labels"][COPYRATOR_RULE_UID_LABEL]
             c.put(key[0], body, "MODIFIED")
         elif action == "in-the-way":
             present = [n for n in NAMESPACES if n in c.truth]
@@ -300,7 +304,7 @@ class World:
             body = self.live[uid]
             body["metadata"]["generation"] += 1
             body["spec"]["excludedNamespaces"] = rng.sample(NAMESPACES, rng.randint(0, 2))
-            c.rules[(body["metadata"]["namespace"], body["metadata"]["name"])] = [logic.rule_snapshot(body)]
+            c.rules[(body["metadata"]["namespace"], body["metadata"]["name"])] = [rule_snapshot(body)]
             with contextlib.suppress(ApiError):  # a failed copy: Kopf retries the handler
                 await self.ctl.rule_changed(copy.deepcopy(body), "rule updated")
         elif action == "retry":  # a rule's sweep with its kept counts (places in sync are skipped)
@@ -391,13 +395,12 @@ def test_a_namespace_event_judges_only_that_namespace_s_places(monkeypatch: pyte
         for _s, rule in world.ctl.sources.active_rules():
             world.ctl.status.tally(rule)  # ledgers built
         judged: list[str] = []
-        standing = logic.standing
 
-        def counted(rule: logic.Rule, namespace: str, *args: Any, **kwargs: Any) -> logic.Judgement:
+        def counted(rule: rules.Rule, namespace: str, *args: Any, **kwargs: Any) -> Judgement:
             judged.append(namespace)
             return standing(rule, namespace, *args, **kwargs)
 
-        monkeypatch.setattr(logic, "standing", counted)
+        monkeypatch.setattr("kopf_operators.copyrator.status.standing", counted)
         world.set_namespace(namespace_info("n5", {"team": "a"}), "n5", "ADDED")
         await world.deliver()
         for _s, rule in world.ctl.sources.active_rules():
@@ -415,7 +418,7 @@ def test_a_copy_that_failed_in_a_namespace_since_deleted_stops_counting() -> Non
         # The index still has n5 when the API server has already deleted it: the create fails (404).
         world.cluster.pending.append(("Namespace", "ADDED", namespace_body(namespace_info("n5", {"team": "a"}))))
         await world.deliver()
-        rule = logic.parse_rule(RULES[0])
+        rule = rules.parse_rule(RULES[0])
         failed_before = world.ctl.status.tally(rule).failed
         world.set_namespace(None, "n5", "DELETED")
         await world.deliver()

@@ -8,9 +8,12 @@ import contextlib
 from collections.abc import AsyncIterator, Hashable
 from typing import Any
 
-from kopf_operators.copyrator import decisions as logic
-from kopf_operators.copyrator.controller import CopyratorController, copy_index_keys
+from kopf_operators.copyrator import copies
+from kopf_operators.copyrator.controller import CopyratorController
+from kopf_operators.copyrator.places import copy_index_keys
+from kopf_operators.copyrator.rules import RULE_ANNOTATION, Options
 from kopf_operators.core.access import ApiError
+from kopf_operators.core.conventions import COPYRATOR_RULE_UID_LABEL
 
 
 class FakeAccess:
@@ -40,20 +43,20 @@ class FakeAccess:
         yield
 
 
-def copy_view(namespace: str, name: str, rule_uid: str, rule: str) -> logic.CopyView:
-    return logic.copy_view({"kind": "ConfigMap", "metadata": {
+def copy_view(namespace: str, name: str, rule_uid: str, rule: str) -> copies.CopyView:
+    return copies.copy_view({"kind": "ConfigMap", "metadata": {
         "namespace": namespace, "name": name, "uid": f"uid-{namespace}-{name}", "resourceVersion": "5",
-        "labels": {logic.RULE_UID_LABEL: rule_uid}, "annotations": {logic.RULE_ANNOTATION: rule}}})
+        "labels": {COPYRATOR_RULE_UID_LABEL: rule_uid}, "annotations": {RULE_ANNOTATION: rule}}})
 
 
 def controller(access: FakeAccess, live: dict[tuple[str, str], str],
-               views: list[logic.CopyView]) -> CopyratorController:
+               views: list[copies.CopyView]) -> CopyratorController:
     rules = {key: [{"metadata": {"namespace": key[0], "name": key[1], "uid": uid}}] for key, uid in live.items()}
-    index: dict[Any, list[logic.CopyView]] = {}
+    index: dict[Any, list[copies.CopyView]] = {}
     for view in views:
         for key, value in copy_index_keys(view).items():
             index.setdefault(key, []).append(value)
-    return CopyratorController(access, logic.Options(), rules, {}, {"ConfigMap": index, "Secret": {}})  # type: ignore[arg-type]
+    return CopyratorController(access, Options(), rules, {}, {"ConfigMap": index, "Secret": {}})  # type: ignore[arg-type]
 
 
 def test_only_copies_of_rules_confirmed_gone_are_pruned() -> None:

@@ -9,8 +9,9 @@ import contextlib
 from collections.abc import AsyncIterator, Hashable
 from typing import Any
 
-from kopf_operators.copyrator import decisions as logic
-from kopf_operators.copyrator.controller import CopyratorController, copy_index_keys
+from kopf_operators.copyrator import copies, rules
+from kopf_operators.copyrator.controller import CopyratorController
+from kopf_operators.copyrator.places import copy_index_keys
 
 
 class FakeAccess:
@@ -39,34 +40,34 @@ class FakeAccess:
 
 
 def source(name: str, uid: str, push: str | None) -> dict[str, Any]:
-    annotations = {logic.PUSH_TO_ANNOTATION: push} if push else {}
+    annotations = {rules.PUSH_TO_ANNOTATION: push} if push else {}
     return {"kind": "ConfigMap", "metadata": {"namespace": "src", "name": name, "uid": uid,
                                               "resourceVersion": "3", "annotations": annotations},
             "data": {"k": "v"}}
 
 
-def pushed_copy(name: str, source_uid: str, namespace: str = "t") -> logic.CopyView:
-    rule = logic.push_rule(source(name, source_uid, namespace))
-    assert isinstance(rule, logic.Rule)
-    body = logic.desired_copy(rule, source(name, source_uid, namespace), namespace)
+def pushed_copy(name: str, source_uid: str, namespace: str = "t") -> copies.CopyView:
+    rule = rules.push_rule(source(name, source_uid, namespace))
+    assert isinstance(rule, rules.Rule)
+    body = copies.desired_copy(rule, source(name, source_uid, namespace), namespace)
     body["metadata"].update(uid=f"copy-{name}", resourceVersion="5")
-    return logic.copy_view(body)
+    return copies.copy_view(body)
 
 
-def controller(access: FakeAccess, views: list[logic.CopyView],
+def controller(access: FakeAccess, views: list[copies.CopyView],
                in_view: list[dict[str, Any]]) -> CopyratorController:
-    index: dict[Any, list[logic.CopyView]] = {}
+    index: dict[Any, list[copies.CopyView]] = {}
     for view in views:
         for copy_key, value in copy_index_keys(view).items():
             index.setdefault(copy_key, []).append(value)
-    namespaces = {name: [logic.NamespaceInfo(name, {}, True, accept_from=("src",))] for name in ("src", "t")}
-    ctl = CopyratorController(access, logic.Options(), {}, namespaces,  # type: ignore[arg-type]
+    namespaces = {name: [rules.NamespaceInfo(name, {}, True, accept_from=("src",))] for name in ("src", "t")}
+    ctl = CopyratorController(access, rules.Options(), {}, namespaces,  # type: ignore[arg-type]
                               {"ConfigMap": index, "Secret": {}})
     for body in in_view:
-        rule = logic.push_rule(body)
+        rule = rules.push_rule(body)
         key = ("src", body["metadata"]["name"])
-        ctl.sources.put("ConfigMap", logic.source_entry(body))
-        if isinstance(rule, logic.Rule):
+        ctl.sources.put("ConfigMap", rules.source_entry(body))
+        if isinstance(rule, rules.Rule):
             ctl.sources.pushes["ConfigMap"][key] = rule
     return ctl
 

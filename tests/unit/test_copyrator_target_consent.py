@@ -11,34 +11,47 @@ from typing import Any
 
 import pytest
 
-from kopf_operators.copyrator import decisions as logic
-from kopf_operators.copyrator.controller import CopyratorController, copy_index_keys
+from kopf_operators.copyrator import rules
+from kopf_operators.copyrator.controller import CopyratorController
+from kopf_operators.copyrator.copies import CopyView, copy_view, desired_copy
+from kopf_operators.copyrator.places import copy_index_keys
+from kopf_operators.copyrator.tally import (
+    Ledger,
+    Standing,
+    Tally,
+    build_status,
+    decide_push,
+    ledger_tally,
+    readiness,
+    standing,
+    target_refusals,
+)
 from kopf_operators.core import metrics
 from tests.unit.fake_access import FakeAccess
 
 
-def ns(name: str, accept: str | None = None) -> logic.NamespaceInfo:
+def ns(name: str, accept: str | None = None) -> rules.NamespaceInfo:
     body: dict[str, Any] = {"metadata": {"name": name}, "status": {"phase": "Active"}}
     if accept is not None:
-        body["metadata"]["annotations"] = {logic.ACCEPT_FROM_ANNOTATION: accept}
-    return logic.namespace_info(body)
+        body["metadata"]["annotations"] = {rules.ACCEPT_FROM_ANNOTATION: accept}
+    return rules.namespace_info(body)
 
 
 def pushing(namespace: str = "tenant-a", to: str = "*", name: str = "cfg", uid: str = "src-uid",
             data: str = "v") -> dict[str, Any]:
     return {"kind": "ConfigMap", "metadata": {"namespace": namespace, "name": name, "uid": uid,
                                               "resourceVersion": "2",
-                                              "annotations": {logic.PUSH_TO_ANNOTATION: to}},
+                                              "annotations": {rules.PUSH_TO_ANNOTATION: to}},
             "data": {"k": data}}
 
 
-def push(source: dict[str, Any] | None = None) -> logic.Rule:
-    rule = logic.push_rule(source or pushing())
-    assert isinstance(rule, logic.Rule)
+def push(source: dict[str, Any] | None = None) -> rules.Rule:
+    rule = rules.push_rule(source or pushing())
+    assert isinstance(rule, rules.Rule)
     return rule
 
 
-RULE = logic.parse_rule({"metadata": {"namespace": "default", "name": "main-rule", "uid": "r"},
+RULE = rules.parse_rule({"metadata": {"namespace": "default", "name": "main-rule", "uid": "r"},
                          "ruleType": "configmap", "selector": {"copyrator": "true"}, "namespace": "default"})
 
 
@@ -51,41 +64,41 @@ def test_the_namespace_annotation_is_read_as_names_and_globs() -> None:
 
 
 def test_a_push_needs_the_targets_consent_by_name_or_glob() -> None:
-    options = logic.Options()
-    refusal = logic.target_refusal(push(), ns("tenant-b"), options)
-    assert refusal == f"no {logic.ACCEPT_FROM_ANNOTATION} annotation listing tenant-a"
-    assert logic.target_refusal(push(), ns("tenant-b", "tenant-x"), options) is not None
-    assert logic.target_refusal(push(), ns("tenant-b", ""), options) is not None
-    assert logic.target_refusal(push(), ns("tenant-b", "tenant-a"), options) is None
-    assert logic.target_refusal(push(), ns("tenant-b", "tenant-*"), options) is None
-    assert logic.target_refusal(push(), ns("tenant-b", "*"), options) is None
+    options = rules.Options()
+    refusal = rules.target_refusal(push(), ns("tenant-b"), options)
+    assert refusal == f"no {rules.ACCEPT_FROM_ANNOTATION} annotation listing tenant-a"
+    assert rules.target_refusal(push(), ns("tenant-b", "tenant-x"), options) is not None
+    assert rules.target_refusal(push(), ns("tenant-b", ""), options) is not None
+    assert rules.target_refusal(push(), ns("tenant-b", "tenant-a"), options) is None
+    assert rules.target_refusal(push(), ns("tenant-b", "tenant-*"), options) is None
+    assert rules.target_refusal(push(), ns("tenant-b", "*"), options) is None
 
 
 def test_a_trusted_source_namespace_needs_no_consent_from_ordinary_namespaces() -> None:
-    options = logic.Options(trusted_namespaces=("platform-*",))
-    assert logic.target_refusal(push(pushing("platform-certs")), ns("tenant-b"), options) is None
-    assert logic.target_refusal(push(pushing("tenant-a")), ns("tenant-b"), options) is not None
+    options = rules.Options(trusted_namespaces=("platform-*",))
+    assert rules.target_refusal(push(pushing("platform-certs")), ns("tenant-b"), options) is None
+    assert rules.target_refusal(push(pushing("tenant-a")), ns("tenant-b"), options) is not None
 
 
 @pytest.mark.parametrize("closed", ["kube-system", "kube-public", "kube-node-lease", "kopf-operators"])
 def test_system_namespaces_and_the_operators_own_are_closed_unless_opened(closed: str) -> None:
-    shut = logic.Options(trusted_namespaces=("*",), operator_namespace="kopf-operators")
-    refusal = logic.target_refusal(push(), ns(closed, "*"), shut)  # their own annotation does not open them
-    assert refusal == logic.CLOSED and "COPYRATOR_OPEN_NAMESPACES" in refusal
-    opened = logic.Options(open_namespaces=(closed,), operator_namespace="kopf-operators")
-    assert logic.target_refusal(push(), ns(closed), opened) is not None  # opened: consent still counts
-    assert logic.target_refusal(push(), ns(closed, "tenant-a"), opened) is None
+    shut = rules.Options(trusted_namespaces=("*",), operator_namespace="kopf-operators")
+    refusal = rules.target_refusal(push(), ns(closed, "*"), shut)  # their own annotation does not open them
+    assert refusal == rules.CLOSED and "COPYRATOR_OPEN_NAMESPACES" in refusal
+    opened = rules.Options(open_namespaces=(closed,), operator_namespace="kopf-operators")
+    assert rules.target_refusal(push(), ns(closed), opened) is not None  # opened: consent still counts
+    assert rules.target_refusal(push(), ns(closed, "tenant-a"), opened) is None
 
 
 def test_rules_need_no_target_consent_unless_the_chart_says_so() -> None:
-    assert logic.target_refusal(RULE, ns("tenant-b"), logic.Options(operator_namespace="kopf-operators")) is None
-    strict = logic.Options(rules_need_target_consent=True, operator_namespace="kopf-operators")
-    assert logic.target_refusal(RULE, ns("tenant-b"), strict) is not None
-    assert logic.target_refusal(RULE, ns("tenant-b", "default"), strict) is None
-    assert logic.target_refusal(RULE, ns("kopf-operators", "default"), strict) is not None
-    pull = logic.parse_rule({"metadata": {"namespace": "tenant-b", "name": "pull", "uid": "p"},
+    assert rules.target_refusal(RULE, ns("tenant-b"), rules.Options(operator_namespace="kopf-operators")) is None
+    strict = rules.Options(rules_need_target_consent=True, operator_namespace="kopf-operators")
+    assert rules.target_refusal(RULE, ns("tenant-b"), strict) is not None
+    assert rules.target_refusal(RULE, ns("tenant-b", "default"), strict) is None
+    assert rules.target_refusal(RULE, ns("kopf-operators", "default"), strict) is not None
+    pull = rules.parse_rule({"metadata": {"namespace": "tenant-b", "name": "pull", "uid": "p"},
                              "spec": {"ruleType": "configmap", "selector": {"a": "b"}, "namespace": "platform"}})
-    assert logic.target_refusal(pull, ns("tenant-b"), strict) is None  # its own namespace asks
+    assert rules.target_refusal(pull, ns("tenant-b"), strict) is None  # its own namespace asks
 
 
 @pytest.mark.parametrize("strict", [False, True])
@@ -96,64 +109,64 @@ def test_the_closed_namespaces_refuse_other_namespaces_rules_in_every_configurat
     rule in another namespace than the operator's writes nothing into the system namespaces or the
     operator's own; the administrator's rule in the operator's namespace still may; opening the
     namespace lets rules in (with consent, when rules need it)."""
-    options = logic.Options(rules_need_target_consent=strict, trusted_namespaces=("*",),
+    options = rules.Options(rules_need_target_consent=strict, trusted_namespaces=("*",),
                             operator_namespace="kopf-operators")
-    assert logic.target_refusal(RULE, ns(closed, "*"), options) == logic.CLOSED
-    admins = logic.parse_rule({"metadata": {"namespace": "kopf-operators", "name": "r", "uid": "a"},
+    assert rules.target_refusal(RULE, ns(closed, "*"), options) == rules.CLOSED
+    admins = rules.parse_rule({"metadata": {"namespace": "kopf-operators", "name": "r", "uid": "a"},
                                "ruleType": "configmap", "selector": {"a": "b"}, "namespace": "kopf-operators",
                                "targetNamespaces": [closed]})
-    assert logic.target_refusal(admins, ns(closed, "*"), options) is None
-    assert logic.target_refusal(push(pushing("kopf-operators")), ns(closed, "*"), options) == (
-        None if closed == "kopf-operators" else logic.CLOSED)  # a push is never the administrator's rule
-    opened = logic.Options(rules_need_target_consent=strict, open_namespaces=(closed,),
+    assert rules.target_refusal(admins, ns(closed, "*"), options) is None
+    assert rules.target_refusal(push(pushing("kopf-operators")), ns(closed, "*"), options) == (
+        None if closed == "kopf-operators" else rules.CLOSED)  # a push is never the administrator's rule
+    opened = rules.Options(rules_need_target_consent=strict, open_namespaces=(closed,),
                            operator_namespace="kopf-operators")
-    assert logic.target_refusal(RULE, ns(closed, "default"), opened) is None
+    assert rules.target_refusal(RULE, ns(closed, "default"), opened) is None
 
 
 def test_every_namespace_and_a_push_glob_leave_out_the_closed_namespaces() -> None:
-    options = logic.Options(operator_namespace="kopf-operators")
+    options = rules.Options(operator_namespace="kopf-operators")
     assert options.by_name_only == {"kube-system", "kube-public", "kube-node-lease", "kopf-operators"}
-    assert logic.Options().by_name_only == logic.SYSTEM_NAMESPACES  # no operator namespace: none added
+    assert rules.Options().by_name_only == rules.SYSTEM_NAMESPACES  # no operator namespace: none added
     cluster = [ns(name) for name in ("default", "tenant-b", "kube-system", "kopf-operators")]
-    assert logic.target_namespaces(RULE, cluster, options.by_name_only) == ["tenant-b"]
-    listed = logic.parse_rule({"metadata": {"namespace": "default", "name": "r", "uid": "l"},
+    assert rules.target_namespaces(RULE, cluster, options.by_name_only) == ["tenant-b"]
+    listed = rules.parse_rule({"metadata": {"namespace": "default", "name": "r", "uid": "l"},
                                "ruleType": "configmap", "selector": {"a": "b"}, "namespace": "default",
                                "targetNamespaces": ["kube-system", "kopf-operators"]})
     # Listed by name: a target (and then refused by ``target_refusal`` unless opened).
-    assert logic.target_namespaces(listed, cluster, options.by_name_only) == ["kopf-operators", "kube-system"]
-    assert logic.target_namespaces(push(pushing(to="*")), cluster, options.by_name_only) == ["default", "tenant-b"]
+    assert rules.target_namespaces(listed, cluster, options.by_name_only) == ["kopf-operators", "kube-system"]
+    assert rules.target_namespaces(push(pushing(to="*")), cluster, options.by_name_only) == ["default", "tenant-b"]
 
 
 def test_options_from_the_environment() -> None:
-    options = logic.Options.from_env({"COPYRATOR_PUSH": "false", "COPYRATOR_TRUSTED_NAMESPACES": "platform, ops-*",
+    options = rules.Options.from_env({"COPYRATOR_PUSH": "false", "COPYRATOR_TRUSTED_NAMESPACES": "platform, ops-*",
                                       "COPYRATOR_OPEN_NAMESPACES": "kube-system",
                                       "COPYRATOR_RULES_NEED_TARGET_CONSENT": "true"}, operator_namespace="ops")
-    assert options == logic.Options(push=False, trusted_namespaces=("platform", "ops-*"),
+    assert options == rules.Options(push=False, trusted_namespaces=("platform", "ops-*"),
                                     open_namespaces=("kube-system",), rules_need_target_consent=True,
                                     operator_namespace="ops")
-    assert logic.Options.from_env({}).push is True
+    assert rules.Options.from_env({}).push is True
     with pytest.raises(ValueError, match="COPYRATOR_PUSH"):
-        logic.Options.from_env({"COPYRATOR_PUSH": "maybe"})
+        rules.Options.from_env({"COPYRATOR_PUSH": "maybe"})
 
 
 def test_a_refused_place_is_counted_apart_and_a_copy_from_before_is_kept() -> None:
     rule, source = push(), pushing()
-    view = logic.copy_view({**logic.desired_copy(rule, source, "tenant-b"),
-                            "metadata": {**logic.desired_copy(rule, source, "tenant-b")["metadata"],
-                                         "uid": "c", "resourceVersion": "3"}})
-    wanted = logic.desired_copy(rule, source, "")
-    assert logic.standing(rule, "tenant-b", "cfg", allowed=True, view=None, wanted=wanted,
-                          refusal="no") == (logic.Standing.UNACCEPTED, "no")
-    assert logic.standing(rule, "tenant-b", "cfg", allowed=True, view=view, wanted=wanted,
-                          refusal="no") == (logic.Standing.KEPT, "tenant-b/cfg")
-    ledger = logic.Ledger(kind="ConfigMap", targets={"tenant-b", "tenant-c", "tenant-d"})
-    ledger.judge("cfg", "tenant-b", (logic.Standing.KEPT, "tenant-b/cfg"))
-    ledger.judge("cfg", "tenant-c", (logic.Standing.UNACCEPTED, "no consent"))
-    ledger.judge("cfg", "tenant-d", (logic.Standing.COPIED, ""))
-    tally = logic.ledger_tally(rule, ledger, {"cfg": (source, None)}, logic.Options())
+    view = copy_view({**desired_copy(rule, source, "tenant-b"),
+                      "metadata": {**desired_copy(rule, source, "tenant-b")["metadata"],
+                                   "uid": "c", "resourceVersion": "3"}})
+    wanted = desired_copy(rule, source, "")
+    assert standing(rule, "tenant-b", "cfg", allowed=True, view=None, wanted=wanted,
+                    refusal="no") == (Standing.UNACCEPTED, "no")
+    assert standing(rule, "tenant-b", "cfg", allowed=True, view=view, wanted=wanted,
+                    refusal="no") == (Standing.KEPT, "tenant-b/cfg")
+    ledger = Ledger(kind="ConfigMap", targets={"tenant-b", "tenant-c", "tenant-d"})
+    ledger.judge("cfg", "tenant-b", (Standing.KEPT, "tenant-b/cfg"))
+    ledger.judge("cfg", "tenant-c", (Standing.UNACCEPTED, "no consent"))
+    ledger.judge("cfg", "tenant-d", (Standing.COPIED, ""))
+    tally = ledger_tally(rule, ledger, {"cfg": (source, None)}, rules.Options())
     assert (tally.desired, tally.copied) == (1, 1)
     assert tally.unaccepted == [("tenant-c", "no consent")] and tally.kept == ["tenant-b/cfg"]
-    message = logic.target_refusals(tally)
+    message = target_refusals(tally)
     assert "1 (no consent)" in message and "tenant-c" not in message
     assert "tenant-b/cfg" in message and "no longer synced" in message  # its own copy, made before
 
@@ -161,53 +174,53 @@ def test_a_refused_place_is_counted_apart_and_a_copy_from_before_is_kept() -> No
 def test_the_refusal_message_counts_namespaces_by_reason_and_names_none() -> None:
     """A push to ``a*,b*,...`` must not list the cluster's namespaces to its source's owner: the
     message says how many refuse and the consent each group lacks, never which namespaces."""
-    refused = [("kube-system", logic.CLOSED), ("ops", logic.CLOSED), ("team-b", "no consent"),
+    refused = [("kube-system", rules.CLOSED), ("ops", rules.CLOSED), ("team-b", "no consent"),
                *((f"team-{i:02d}", "no consent") for i in range(20))]
-    message = logic.target_refusals(logic.Tally(unaccepted=refused))
-    assert message == (f"not copied into 23 namespace(s) without their consent: 2 ({logic.CLOSED}); "
+    message = target_refusals(Tally(unaccepted=refused))
+    assert message == (f"not copied into 23 namespace(s) without their consent: 2 ({rules.CLOSED}); "
                        f"21 (no consent)")
     assert not [namespace for namespace, _why in refused if namespace in message]
     assert len(message) < 1000  # an Event's message (core/access.py MAX_EVENT_MESSAGE)
-    tally = logic.Tally(unaccepted=refused)
-    accepted = logic.Tally(desired=1, copied=1, targets=24, unaccepted=tally.unaccepted)
-    assert logic.readiness(accepted, {})[0]  # it does its job where it is accepted
+    tally = Tally(unaccepted=refused)
+    accepted = Tally(desired=1, copied=1, targets=24, unaccepted=tally.unaccepted)
+    assert readiness(accepted, {})[0]  # it does its job where it is accepted
 
 
 def test_a_rule_no_target_accepts_is_not_ready_and_says_why() -> None:
-    refused = logic.Tally(sources=1, targets=2, unaccepted=[("team-b", "no consent"), ("ops", logic.CLOSED)])
-    status = logic.build_status(RULE, {}, refused, now="T")
+    refused = Tally(sources=1, targets=2, unaccepted=[("team-b", "no consent"), ("ops", rules.CLOSED)])
+    status = build_status(RULE, {}, refused, now="T")
     conds = {c["type"]: c for c in status["conditions"]}
     # kstatus: it copies nothing anywhere, and only the targets' owners (or an edit) can change that.
     assert (conds["Ready"]["status"], conds["Stalled"]["status"]) == ("False", "True")
     assert conds["Ready"]["reason"] == conds["Stalled"]["reason"] == "NoTargetConsents"
-    assert "1 (no consent)" in conds["Ready"]["message"] and f"1 ({logic.CLOSED})" in conds["Ready"]["message"]
+    assert "1 (no consent)" in conds["Ready"]["message"] and f"1 ({rules.CLOSED})" in conds["Ready"]["message"]
     assert "team-b" not in conds["Ready"]["message"]
     # A copy from before, kept unsynced, is no job done either; one accepting target is.
-    kept = logic.Tally(sources=1, targets=1, kept=["team-b/cfg"])
-    assert logic.readiness(kept, {})[2] == "NoTargetConsents"
-    some = logic.Tally(sources=1, targets=2, desired=1, copied=1, unaccepted=[("team-b", "no consent")])
-    assert logic.readiness(some, {})[:3] == (True, False, "Synced")
+    kept = Tally(sources=1, targets=1, kept=["team-b/cfg"])
+    assert readiness(kept, {})[2] == "NoTargetConsents"
+    some = Tally(sources=1, targets=2, desired=1, copied=1, unaccepted=[("team-b", "no consent")])
+    assert readiness(some, {})[:3] == (True, False, "Synced")
 
 
 def test_a_push_decides_its_problem_from_its_tally_and_source() -> None:
     """A push has no status: ``decide_push`` is what its source's Warning says (nothing when all is well)."""
     source = pushing()
-    synced = logic.Tally(sources=1, targets=1, desired=1, copied=1)
-    assert logic.decide_push(push(source), synced, source)[1] == ""
+    synced = Tally(sources=1, targets=1, desired=1, copied=1)
+    assert decide_push(push(source), synced, source)[1] == ""
     # Refusing targets are named, whether some or every target refuses (NoTargetConsents is a rule's).
     for desired in (1, 0):
-        tally = logic.Tally(sources=1, targets=2, desired=desired, copied=desired,
-                            unaccepted=[("team-b", "no consent")])
-        reason, message = logic.decide_push(push(source), tally, source)
+        tally = Tally(sources=1, targets=2, desired=desired, copied=desired,
+                      unaccepted=[("team-b", "no consent")])
+        reason, message = decide_push(push(source), tally, source)
         assert reason == "PushRefused" and message.startswith("not copied into 1 namespace(s)")
         assert "1 (no consent)" in message and "team-b" not in message
     # Stalled for another reason: that reason, and the refusals after it.
-    stalled = logic.Tally(sources=1, targets=2, conflicts=["team-c/cfg"], unaccepted=[("team-b", "no consent")])
-    reason, message = logic.decide_push(push(source), stalled, source)
-    assert reason == "ForeignObject" and "team-c/cfg" in message and message.endswith(logic.target_refusals(stalled))
+    stalled = Tally(sources=1, targets=2, conflicts=["team-c/cfg"], unaccepted=[("team-b", "no consent")])
+    reason, message = decide_push(push(source), stalled, source)
+    assert reason == "ForeignObject" and "team-c/cfg" in message and message.endswith(target_refusals(stalled))
     # A source never copied (a Helm release): its owner is told why.
     release = {**pushing(), "kind": "Secret", "type": "helm.sh/release.v1"}
-    reason, message = logic.decide_push(push(release), logic.Tally(skipped=1), release)
+    reason, message = decide_push(push(release), Tally(skipped=1), release)
     assert (reason, message) == ("Skipped", "Secrets of type helm.sh/release.v1 are never copied")
 
 
@@ -223,16 +236,16 @@ class Recorder(FakeAccess):
         self.messages: list[str] = []
 
 
-def controller(access: FakeAccess, namespaces: list[logic.NamespaceInfo], source: dict[str, Any],
-               copies: tuple[logic.CopyView, ...] = (), options: logic.Options | None = None) -> CopyratorController:
-    index: dict[Any, list[logic.CopyView]] = {}
+def controller(access: FakeAccess, namespaces: list[rules.NamespaceInfo], source: dict[str, Any],
+               copies: tuple[CopyView, ...] = (), options: rules.Options | None = None) -> CopyratorController:
+    index: dict[Any, list[CopyView]] = {}
     for view in copies:
         for key, value in copy_index_keys(view).items():
             index.setdefault(key, []).append(value)
-    ctl = CopyratorController(access, options or logic.Options(operator_namespace="kopf-operators"), {},  # type: ignore[arg-type]
+    ctl = CopyratorController(access, options or rules.Options(operator_namespace="kopf-operators"), {},  # type: ignore[arg-type]
                               {n.name: [n] for n in namespaces}, {"ConfigMap": index, "Secret": {}})
     ctl.sources.push_changed("ConfigMap", "ADDED", source)
-    ctl.sources.put("ConfigMap", logic.source_entry(source))
+    ctl.sources.put("ConfigMap", rules.source_entry(source))
     return ctl
 
 
@@ -250,8 +263,8 @@ def test_a_push_writes_only_where_it_is_accepted_and_warns_once_counting_the_res
     asyncio.run(ctl._resync_pushes())
     assert writes(access) == [("create", "ConfigMap", "tenant-c", "cfg")]
     assert access.events == [("Warning", "PushRefused")]
-    assert f"2 ({logic.CLOSED})" in access.messages[0]
-    assert f"1 (no {logic.ACCEPT_FROM_ANNOTATION} annotation listing tenant-a)" in access.messages[0]
+    assert f"2 ({rules.CLOSED})" in access.messages[0]
+    assert f"1 (no {rules.ACCEPT_FROM_ANNOTATION} annotation listing tenant-a)" in access.messages[0]
     assert "kube-system" not in access.messages[0] and "tenant-b" not in access.messages[0]
     asyncio.run(ctl._resync_pushes())  # nothing changed: no second event, no write
     assert access.events == [("Warning", "PushRefused")]
@@ -265,7 +278,7 @@ def test_consent_given_later_lets_the_same_push_copy() -> None:
     assert writes(access) == []
     ctl.sources.namespaces["tenant-b"] = [ns("tenant-b", "tenant-*")]  # type: ignore[index]
     asyncio.run(ctl.namespace_event("MODIFIED", {"metadata": {"name": "tenant-b", "annotations": {
-        logic.ACCEPT_FROM_ANNOTATION: "tenant-*"}}, "status": {"phase": "Active"}}))
+        rules.ACCEPT_FROM_ANNOTATION: "tenant-*"}}, "status": {"phase": "Active"}}))
     assert writes(access) == [("create", "ConfigMap", "tenant-b", "cfg")]
 
 
@@ -274,10 +287,10 @@ def test_a_copy_pushed_before_consent_existed_is_kept_unsynced_and_reported() ->
     nor updated; the source's owner is told which (and the administrator finds them by the Event)."""
     old = pushing(data="old")
     rule = push(old)
-    body = logic.desired_copy(rule, old, "tenant-b")
+    body = desired_copy(rule, old, "tenant-b")
     body["metadata"].update(uid="copy-uid", resourceVersion="3")
     access = Recorder()
-    ctl = controller(access, [ns("tenant-a"), ns("tenant-b")], pushing(data="new"), (logic.copy_view(body),))
+    ctl = controller(access, [ns("tenant-a"), ns("tenant-b")], pushing(data="new"), (copy_view(body),))
     asyncio.run(ctl._resync_pushes())
     assert writes(access) == []  # not patched to "new", not deleted
     assert access.events == [("Warning", "PushRefused")]
@@ -290,21 +303,21 @@ def test_a_copy_pushed_before_consent_existed_is_kept_unsynced_and_reported() ->
 
 def test_the_source_deleted_still_prunes_its_kept_copies() -> None:
     old = pushing()
-    body = logic.desired_copy(push(old), old, "tenant-b")
+    body = desired_copy(push(old), old, "tenant-b")
     body["metadata"].update(uid="copy-uid", resourceVersion="3")
     access = Recorder()
-    ctl = controller(access, [ns("tenant-a"), ns("tenant-b")], old, (logic.copy_view(body),))
+    ctl = controller(access, [ns("tenant-a"), ns("tenant-b")], old, (copy_view(body),))
     asyncio.run(ctl.object_event("ConfigMap", "DELETED", old))
     assert writes(access) == [("delete", "ConfigMap", "tenant-b", "cfg")]
 
 
 def test_push_turned_off_writes_and_deletes_nothing_and_tells_the_source() -> None:
     old = pushing()
-    body = logic.desired_copy(push(old), old, "tenant-b")
+    body = desired_copy(push(old), old, "tenant-b")
     body["metadata"].update(uid="copy-uid", resourceVersion="3")
     access = Recorder()
     ctl = controller(access, [ns("tenant-a"), ns("tenant-b", "*"), ns("tenant-c", "*")], old,
-                     (logic.copy_view(body),), options=logic.Options(push=False))
+                     (copy_view(body),), options=rules.Options(push=False))
     asyncio.run(ctl._resync_pushes())
     asyncio.run(ctl.object_event("ConfigMap", "MODIFIED", pushing(data="new")))
     assert writes(access) == []
@@ -329,9 +342,9 @@ def test_a_standby_makes_no_pass_for_a_namespace_event() -> None:
     access.paused = True
     ctl = controller(access, [ns("tenant-a"), ns("tenant-b", "tenant-*")], pushing())
     asyncio.run(ctl.namespace_event("ADDED", {"metadata": {"name": "tenant-b", "annotations": {
-        logic.ACCEPT_FROM_ANNOTATION: "tenant-*"}}, "status": {"phase": "Active"}}))
+        rules.ACCEPT_FROM_ANNOTATION: "tenant-*"}}, "status": {"phase": "Active"}}))
     assert writes(access) == [] and not ctl.passes.timers.pending(("tenant-a", "cfg"))
     access.paused = False
     asyncio.run(ctl.namespace_event("ADDED", {"metadata": {"name": "tenant-b", "annotations": {
-        logic.ACCEPT_FROM_ANNOTATION: "tenant-*"}}, "status": {"phase": "Active"}}))
+        rules.ACCEPT_FROM_ANNOTATION: "tenant-*"}}, "status": {"phase": "Active"}}))
     assert writes(access) == [("create", "ConfigMap", "tenant-b", "cfg")]

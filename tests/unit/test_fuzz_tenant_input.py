@@ -13,11 +13,36 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kopf_operators.blackadder import decisions as chaos
-from kopf_operators.blackadder import steady
+from kopf_operators.blackadder import decisions, steady, targets
+from kopf_operators.blackadder.settings import settings_from_spec
 from kopf_operators.copyrator import rules as copyrator
-from kopf_operators.reroller import decisions as logic
-from kopf_operators.reroller import plans, windows
+from kopf_operators.reroller import plans, views, windows
+from kopf_operators.reroller.decisions import Do, decide_pass
+from kopf_operators.reroller.settings import (
+    AUTO,
+    CONFIGMAPS,
+    CRONJOB_MODE,
+    OBSERVED_HASH,
+    OBSERVED_SOURCES,
+    PAUSE_PERIOD,
+    PAUSED_AT,
+    PENDING,
+    RELOADER_AUTO,
+    RELOADER_CONFIGMAP_AUTO,
+    RELOADER_CONFIGMAPS,
+    RELOADER_CONFIGMAPS_EXCLUDE,
+    RELOADER_RESTART_WINDOW,
+    RELOADER_SEARCH,
+    RELOADER_SECRET_AUTO,
+    RELOADER_SECRETS,
+    RELOADER_SECRETS_EXCLUDE,
+    RESTART_WINDOW,
+    ROLLOUT_STRATEGY,
+    SECRETS,
+    USED_KEYS_ONLY,
+    Options,
+    parse_selector,
+)
 from kopf_operators.reroller.views import refused_patterns
 
 # Per example: a parser that backtracks or loops fails the deadline, not the whole run.
@@ -50,24 +75,24 @@ def bounded(started: float, seconds: float = 1.0) -> None:
 def test_the_pathological_pattern_is_refused_or_linear_in_every_parser() -> None:
     """The explicit wall clock on the case that stalled the process: (a|a)*b against forty a's."""
     started = time.perf_counter()
-    body = {"metadata": {"name": "w", "namespace": "ns", "annotations": {logic.RELOADER_CONFIGMAPS: "(a|a)*b"}},
+    body = {"metadata": {"name": "w", "namespace": "ns", "annotations": {RELOADER_CONFIGMAPS: "(a|a)*b"}},
             "spec": {"template": {"spec": {}}}}
-    view = logic.workload_view("Deployment", body)
+    view = views.workload_view("Deployment", body)
     assert view is not None
-    assert logic.effective_sources(view, {("ConfigMap", "a" * 40): logic.SourceView("0" * 16, 1)}) == set()
-    agent = chaos.settings_from_spec({"eagerness": 1, "podNames": {"include": "(a|a)*b"}})
-    assert chaos.spec_problem(agent) is None and not chaos.pod_name_allowed("a" * 40, agent)
+    assert views.effective_sources(view, {("ConfigMap", "a" * 40): views.SourceView("0" * 16, 1)}) == set()
+    agent = settings_from_spec({"eagerness": 1, "podNames": {"include": "(a|a)*b"}})
+    assert decisions.spec_problem(agent) is None and not targets.pod_name_allowed("a" * 40, agent)
     bounded(started, 0.5)
 
 
 # --- re-roller ---------------------------------------------------------------------------------------
 
-REROLLER_KEYS = [logic.AUTO, logic.CONFIGMAPS, logic.SECRETS, logic.USED_KEYS_ONLY, logic.RELOADER_AUTO,
-                 logic.RELOADER_CONFIGMAP_AUTO, logic.RELOADER_SECRET_AUTO, logic.RELOADER_CONFIGMAPS,
-                 logic.RELOADER_SECRETS, logic.RELOADER_SEARCH, logic.RELOADER_CONFIGMAPS_EXCLUDE,
-                 logic.RELOADER_SECRETS_EXCLUDE, logic.ROLLOUT_STRATEGY, logic.PAUSE_PERIOD, logic.PAUSED_AT,
-                 logic.OBSERVED_HASH, logic.OBSERVED_SOURCES, logic.PENDING, logic.RESTART_WINDOW,
-                 logic.RELOADER_RESTART_WINDOW, logic.CRONJOB_MODE]
+REROLLER_KEYS = [AUTO, CONFIGMAPS, SECRETS, USED_KEYS_ONLY, RELOADER_AUTO,
+                 RELOADER_CONFIGMAP_AUTO, RELOADER_SECRET_AUTO, RELOADER_CONFIGMAPS,
+                 RELOADER_SECRETS, RELOADER_SEARCH, RELOADER_CONFIGMAPS_EXCLUDE,
+                 RELOADER_SECRETS_EXCLUDE, ROLLOUT_STRATEGY, PAUSE_PERIOD, PAUSED_AT,
+                 OBSERVED_HASH, OBSERVED_SOURCES, PENDING, RESTART_WINDOW,
+                 RELOADER_RESTART_WINDOW, CRONJOB_MODE]
 SOURCE_NAMES = ["conf", "a" * 40, "app-config-1", "x.y", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaab"]
 
 
@@ -84,13 +109,13 @@ def test_reroller_workload_annotations(kind: str, annotations: dict[str, str], t
     spec = {"jobTemplate": {"spec": {"template": template}}} if kind == "CronJob" else {"template": template}
     body = {"metadata": {"name": "w", "namespace": "ns", "uid": "u", "resourceVersion": "7",
                          "annotations": annotations}, "spec": spec}
-    view = logic.workload_view(kind, body, logic.Options())
+    view = views.workload_view(kind, body, Options())
     if view is not None:
-        lookup = {(source_kind, name): logic.SourceView("0123456789abcdef", 3)
+        lookup = {(source_kind, name): views.SourceView("0123456789abcdef", 3)
                   for source_kind in ("ConfigMap", "Secret") for name in SOURCE_NAMES}
         assert all(isinstance(problem, str) for problem in refused_patterns(view))
-        step = logic.decide_pass(view, lookup, logic.Options(), None, None, 100.0, wall, first_look=True)
-        assert isinstance(step.do, logic.Do)
+        step = decide_pass(view, lookup, Options(), None, None, 100.0, wall, first_look=True)
+        assert isinstance(step.do, Do)
         assert view.pause_period is None or (math.isfinite(view.pause_period) and view.pause_period >= 0)
     bounded(started)
 
@@ -98,7 +123,7 @@ def test_reroller_workload_annotations(kind: str, annotations: dict[str, str], t
 @FUZZ
 @given(text=nasty_text)
 def test_reroller_durations(text: str) -> None:
-    seconds = logic.parse_duration(text)
+    seconds = views.parse_duration(text)
     assert seconds is None or (math.isfinite(seconds) and seconds >= 0)
 
 
@@ -127,7 +152,7 @@ def test_reroller_restart_windows(text: str) -> None:
 @FUZZ
 @given(text=nasty_text)
 def test_reroller_observed_sources(text: str) -> None:
-    _, per_source = plans.parse_observed({logic.OBSERVED_HASH: text, logic.OBSERVED_SOURCES: text})
+    _, per_source = plans.parse_observed({OBSERVED_HASH: text, OBSERVED_SOURCES: text})
     assert isinstance(per_source, dict)
 
 
@@ -135,7 +160,7 @@ def test_reroller_observed_sources(text: str) -> None:
 @given(text=nasty_text)
 def test_reroller_label_selectors(text: str) -> None:
     try:
-        logic.parse_selector(text)
+        parse_selector(text)
     except ValueError as refused:
         assert str(refused)
 
@@ -203,13 +228,13 @@ def test_blackadder_tenant_spec(eagerness: int, include: str, exclude: str, time
     spec = {"eagerness": eagerness, "podNames": {"include": include, "exclude": exclude}, "timeZone": time_zone,
             "activeWindows": active, "pauseDuration": pause, "minPodAgeSeconds": age, "duration": duration,
             "maxActions": max_actions}
-    agent = chaos.settings_from_spec(spec)
-    problem = chaos.spec_problem(agent)
+    agent = settings_from_spec(spec)
+    problem = decisions.spec_problem(agent)
     if problem is None:
-        chaos.pod_name_allowed("a" * 40, agent)
+        targets.pod_name_allowed("a" * 40, agent)
         if active:
-            chaos.in_windows(agent.windows, agent.time_zone, NOW)
-            chaos.next_window_start(agent.windows, agent.time_zone, NOW)
+            decisions.in_windows(agent.windows, agent.time_zone, NOW)
+            decisions.next_window_start(agent.windows, agent.time_zone, NOW)
     game = steady.game_day_from_spec(spec)
     assert game.duration is None or game.duration >= 0
     bounded(started)
@@ -218,5 +243,5 @@ def test_blackadder_tenant_spec(eagerness: int, include: str, exclude: str, time
 @FUZZ
 @given(mtbf=label_text, mode=label_text, value=label_text)
 def test_blackadder_frequency_labels(mtbf: str, mode: str, value: str) -> None:
-    frequency, problem = chaos.parse_frequency(mtbf, mode, value)
+    frequency, problem = targets.parse_frequency(mtbf, mode, value)
     assert (frequency is None) != (problem is None)

@@ -9,8 +9,35 @@ from typing import Any
 
 import pytest
 
-from kopf_operators.core import catalogue
-from kopf_operators.immortal import decisions as logic
+from kopf_operators.core import catalogue, conventions
+from kopf_operators.immortal.decisions import (
+    OWNER_LABEL,
+    TEMPLATE_HASH_ANNOTATION,
+    Action,
+    Decision,
+    PodView,
+    backoff_delay,
+    build_pod,
+    count_start,
+    decide,
+    decide_pass,
+    ic_name_for_pod,
+    main_image,
+    next_status,
+    observe_end,
+    observe_pod,
+    pod_disruption,
+    pod_fingerprint,
+    pod_name,
+    pod_summary,
+    ready_reason,
+    refused,
+    refuses_pod,
+    snapshot,
+    status_changed,
+    template_hash,
+    wanted,
+)
 
 IC: dict[str, Any] = {
     "apiVersion": "immortalcontainer.flugel.it/v1alpha1",
@@ -20,15 +47,15 @@ IC: dict[str, Any] = {
 }
 
 
-def view(**kw: Any) -> logic.PodView:
+def view(**kw: Any) -> PodView:
     base: dict[str, Any] = dict(name="example-immortalcontainer-immortalpod", uid="pod-1", owned=True,
                                 image="nginx:latest", phase="Running", terminating=False, ready=True)
     base.update(kw)
-    return logic.PodView(**base)
+    return PodView(**base)
 
 
 def test_pod_manifest_matches_the_article_plus_project_label() -> None:
-    pod = logic.build_pod(IC)
+    pod = build_pod(IC)
     meta = pod["metadata"]
     assert meta["name"] == "example-immortalcontainer-immortalpod"
     assert meta["namespace"] == "ns1"
@@ -40,84 +67,84 @@ def test_pod_manifest_matches_the_article_plus_project_label() -> None:
     }]
     assert pod["spec"]["containers"] == [{"name": "acontainer", "image": "nginx:latest"}]
     # No Kopf state: the only annotation is the operator's digest of the pod the spec asks for.
-    assert meta["annotations"] == {logic.TEMPLATE_HASH_ANNOTATION: logic.template_hash(IC["spec"])}
+    assert meta["annotations"] == {TEMPLATE_HASH_ANNOTATION: template_hash(IC["spec"])}
     assert "finalizers" not in meta
 
 
 def test_pod_name_round_trip() -> None:
-    assert logic.ic_name_for_pod(logic.pod_name("a")) == "a"
-    assert logic.ic_name_for_pod("-immortalpod") is None
-    assert logic.ic_name_for_pod("web-1") is None
+    assert ic_name_for_pod(pod_name("a")) == "a"
+    assert ic_name_for_pod("-immortalpod") is None
+    assert ic_name_for_pod("web-1") is None
 
 
 def test_observe_pod_ownership_by_controller_uid() -> None:
     pod: dict[str, Any] = {"metadata": {"name": "x-immortalpod", "uid": "u", "ownerReferences": [
         {"uid": "ic-uid", "controller": True}]},
         "spec": {"containers": [{"name": "acontainer", "image": "img"}]}, "status": {"phase": "Pending"}}
-    v = logic.observe_pod(pod, "ic-uid")
+    v = observe_pod(pod, "ic-uid")
     assert v is not None and v.owned and v.image == "img" and v.phase == "Pending" and not v.terminating
-    other = logic.observe_pod(pod, "another-uid")
+    other = observe_pod(pod, "another-uid")
     assert other is not None and not other.owned
     not_controller = {**pod, "metadata": {**pod["metadata"], "ownerReferences": [{"uid": "ic-uid"}]}}
-    nc = logic.observe_pod(not_controller, "ic-uid")
+    nc = observe_pod(not_controller, "ic-uid")
     assert nc is not None and not nc.owned
-    assert logic.observe_pod(None, "ic-uid") is None
+    assert observe_pod(None, "ic-uid") is None
 
 
 @pytest.mark.parametrize(("pod", "action", "reason"), [
-    (None, logic.Action.CREATE, "PodCreating"),
-    (view(owned=False), logic.Action.BLOCKED, "ForeignPod"),
-    (view(owned=False, phase="Failed"), logic.Action.BLOCKED, "ForeignPod"),  # never touch it
-    (view(terminating=True), logic.Action.WAIT, "PodTerminating"),
-    (view(phase="Failed"), logic.Action.DELETE, "PodEnded"),
-    (view(phase="Succeeded"), logic.Action.DELETE, "PodEnded"),
-    (view(phase="Failed", reason="Evicted"), logic.Action.DELETE, "PodDisrupted"),
-    (view(phase="Failed", reason="Error"), logic.Action.DELETE, "PodEnded"),
-    (view(image="nginx:1.0"), logic.Action.DELETE, "ImageChanged"),
-    (view(phase="Pending"), logic.Action.NONE, "PodStarting"),
-    (view(phase="Running", ready=False), logic.Action.NONE, "PodNotReady"),  # Running is not enough
-    (view(), logic.Action.NONE, "PodReady"),
+    (None, Action.CREATE, "PodCreating"),
+    (view(owned=False), Action.BLOCKED, "ForeignPod"),
+    (view(owned=False, phase="Failed"), Action.BLOCKED, "ForeignPod"),  # never touch it
+    (view(terminating=True), Action.WAIT, "PodTerminating"),
+    (view(phase="Failed"), Action.DELETE, "PodEnded"),
+    (view(phase="Succeeded"), Action.DELETE, "PodEnded"),
+    (view(phase="Failed", reason="Evicted"), Action.DELETE, "PodDisrupted"),
+    (view(phase="Failed", reason="Error"), Action.DELETE, "PodEnded"),
+    (view(image="nginx:1.0"), Action.DELETE, "ImageChanged"),
+    (view(phase="Pending"), Action.NONE, "PodStarting"),
+    (view(phase="Running", ready=False), Action.NONE, "PodNotReady"),  # Running is not enough
+    (view(), Action.NONE, "PodReady"),
 ])
-def test_decide(pod: logic.PodView | None, action: logic.Action, reason: str) -> None:
-    d = logic.decide("nginx:latest", pod)
+def test_decide(pod: PodView | None, action: Action, reason: str) -> None:
+    d = decide("nginx:latest", pod)
     assert (d.action, d.reason) == (action, reason)
 
 
 def test_count_start_is_idempotent_per_pod_uid() -> None:
-    assert logic.count_start({}, None) == (0, None)
-    assert logic.count_start({}, view(uid="a")) == (1, "a")
+    assert count_start({}, None) == (0, None)
+    assert count_start({}, view(uid="a")) == (1, "a")
     # Same pod seen again (retry, second event, restart): not counted again.
-    assert logic.count_start({"startTimes": 1, "currentPodUID": "a"}, view(uid="a")) == (1, "a")
+    assert count_start({"startTimes": 1, "currentPodUID": "a"}, view(uid="a")) == (1, "a")
     # A new pod (another uid): one more start, whatever its phase.
     ended = view(uid="b", phase="Failed")
-    assert logic.count_start({"startTimes": 1, "currentPodUID": "a"}, ended) == (2, "b")
+    assert count_start({"startTimes": 1, "currentPodUID": "a"}, ended) == (2, "b")
     # No pod, or a foreign pod: the count stays.
-    assert logic.count_start({"startTimes": 4, "currentPodUID": "a"}, None) == (4, "a")
-    assert logic.count_start({"startTimes": 4, "currentPodUID": "a"}, view(uid="z", owned=False)) == (4, "a")
+    assert count_start({"startTimes": 4, "currentPodUID": "a"}, None) == (4, "a")
+    assert count_start({"startTimes": 4, "currentPodUID": "a"}, view(uid="z", owned=False)) == (4, "a")
 
 
 def test_pods_we_created_that_vanished_before_a_write_are_counted_once() -> None:
     counted = {"startTimes": 1, "currentPodUID": "a"}
     # "b" was created and deleted before any write saw it; "c" (its replacement) is the pod now.
-    assert logic.count_start(counted, view(uid="c"), created={"b", "c"}) == (3, "c")
+    assert count_start(counted, view(uid="c"), created={"b", "c"}) == (3, "c")
     # No pod now (the replacement waits): "b" still counts, the counted uid stays.
-    assert logic.count_start(counted, None, created={"b"}) == (2, "a")
+    assert count_start(counted, None, created={"b"}) == (2, "a")
     # The pod already counted, or the one counted now, is never counted again through ``created``.
-    assert logic.count_start(counted, view(uid="a"), created={"a"}) == (1, "a")
-    assert logic.count_start(counted, view(uid="c"), created={"a", "c"}) == (2, "c")
+    assert count_start(counted, view(uid="a"), created={"a"}) == (1, "a")
+    assert count_start(counted, view(uid="c"), created={"a", "c"}) == (2, "c")
 
 
 def test_replaying_observations_never_double_counts() -> None:
     status: dict[str, Any] = {}
     for uid in ["a", "a", "b", "b", "b", "c", "a"]:  # "a" again = an old observation replayed late
-        status = logic.next_status(status, 1, view(uid=uid), logic.decide("nginx:latest", view(uid=uid)))
+        status = next_status(status, 1, view(uid=uid), decide("nginx:latest", view(uid=uid)))
     # a, b, c, and the stale "a" differs from "c": counted; stale events cannot come after a newer
     # pod in practice because every pass reads the pod fresh from the API.
     assert status["startTimes"] == 4
 
 
 def test_next_status_ready_and_generation() -> None:
-    st = logic.next_status({}, 3, view(), logic.decide("nginx:latest", view()), now="T1")
+    st = next_status({}, 3, view(), decide("nginx:latest", view()), now="T1")
     assert st["currentPod"] == "example-immortalcontainer-immortalpod"
     assert st["startTimes"] == 1 and st["currentPodUID"] == "pod-1"
     assert st["observedGeneration"] == 3
@@ -127,25 +154,25 @@ def test_next_status_ready_and_generation() -> None:
     assert ready["lastTransitionTime"] == "T1" and ready["observedGeneration"] == 3
     assert conds["Reconciling"]["status"] == conds["Stalled"]["status"] == "False"
     # Converged: a second pass changes nothing, so nothing is written.
-    again = logic.next_status(st, 3, view(), logic.decide("nginx:latest", view()), now="T2")
-    assert not logic.status_changed(st, again)
+    again = next_status(st, 3, view(), decide("nginx:latest", view()), now="T2")
+    assert not status_changed(st, again)
     # Foreign pod: not ready, count and currentPod kept.
     foreign = view(uid="f", owned=False)
-    blocked = logic.next_status(st, 3, foreign, logic.decide("nginx:latest", foreign), now="T3")
+    blocked = next_status(st, 3, foreign, decide("nginx:latest", foreign), now="T3")
     assert blocked["startTimes"] == 1 and blocked["currentPod"] == st["currentPod"]
     conds = {c["type"]: c for c in blocked["conditions"]}
     assert conds["Ready"]["status"] == "False" and conds["Ready"]["reason"] == "ForeignPod"
     # A foreign pod is never touched: only a person can clear the way (kstatus: Failed).
     assert conds["Stalled"]["status"] == "True" and conds["Reconciling"]["status"] == "False"
-    assert logic.status_changed(st, blocked)
-    assert logic.ready_reason(blocked) == "ForeignPod"
+    assert status_changed(st, blocked)
+    assert ready_reason(blocked) == "ForeignPod"
 
 
 def test_status_changed_ignores_transition_times_only() -> None:
-    a = logic.next_status({}, 1, None, logic.decide("x", None), now="T1")
-    b = logic.next_status({}, 1, None, logic.decide("x", None), now="T2")
-    assert not logic.status_changed(a, b)
-    assert logic.status_changed(a, {**b, "observedGeneration": 2})
+    a = next_status({}, 1, None, decide("x", None), now="T1")
+    b = next_status({}, 1, None, decide("x", None), now="T2")
+    assert not status_changed(a, b)
+    assert status_changed(a, {**b, "observedGeneration": 2})
 
 
 # --- pod template --------------------------------------------------------------------------------
@@ -165,10 +192,10 @@ TEMPLATE_SPEC: dict[str, Any] = {"template": {
 
 def test_pod_from_a_template_keeps_everything_and_our_labels_win() -> None:
     ic = {**IC, "spec": {**TEMPLATE_SPEC, "image": "busybox:1.36"}}
-    pod = logic.build_pod(ic)
+    pod = build_pod(ic)
     template = TEMPLATE_SPEC["template"]
     assert pod["metadata"]["labels"] == {"app": "web", "controller": "example-immortalcontainer",
-                                         logic.OWNER_LABEL: "example-immortalcontainer"}
+                                         OWNER_LABEL: "example-immortalcontainer"}
     assert pod["metadata"]["annotations"]["team"] == "a"
     spec = pod["spec"]
     for field in ("serviceAccountName", "nodeSelector", "tolerations", "securityContext", "volumes"):
@@ -176,73 +203,73 @@ def test_pod_from_a_template_keeps_everything_and_our_labels_win() -> None:
     assert spec["containers"][0] == template["spec"]["containers"][0]
     assert spec["containers"][1] == {"name": "side", "command": ["sleep"], "image": "busybox:1.36"}  # filled in
     assert "image" not in template["spec"]["containers"][1]  # the spec itself is not mutated
-    assert logic.main_image(ic["spec"]) == "nginx:1.27"
+    assert main_image(ic["spec"]) == "nginx:1.27"
 
 
 def test_a_template_change_replaces_the_pod_like_an_image_change() -> None:
     ic = {**IC, "spec": TEMPLATE_SPEC}
-    built = logic.observe_pod(logic.build_pod(ic), "ic-uid")
+    built = observe_pod(build_pod(ic), "ic-uid")
     assert built is not None
-    wanted = logic.template_hash(TEMPLATE_SPEC)
+    wanted = template_hash(TEMPLATE_SPEC)
     running = dataclasses.replace(built, phase="Running")
-    assert logic.decide("nginx:1.27", running, wanted).action is logic.Action.NONE
+    assert decide("nginx:1.27", running, wanted).action is Action.NONE
     changed = json.loads(json.dumps(TEMPLATE_SPEC))
     changed["template"]["spec"]["containers"][0]["env"] = [{"name": "A", "value": "2"}]
-    decision = logic.decide("nginx:1.27", running, logic.template_hash(changed))
-    assert (decision.action, decision.reason) == (logic.Action.DELETE, "TemplateChanged")
+    decision = decide("nginx:1.27", running, template_hash(changed))
+    assert (decision.action, decision.reason) == (Action.DELETE, "TemplateChanged")
     # A pod from before templates (no digest) is compared by image only: no needless replacement.
     legacy = dataclasses.replace(running, template_hash=None)
-    assert logic.decide("nginx:1.27", legacy, logic.template_hash(changed)).action is logic.Action.NONE
+    assert decide("nginx:1.27", legacy, template_hash(changed)).action is Action.NONE
 
 
 # --- crash backoff --------------------------------------------------------------------------------
 
 
 def test_backoff_arithmetic_like_the_kubelet() -> None:
-    assert [logic.backoff_delay(n) for n in range(8)] == [0, 10, 20, 40, 80, 160, 300, 300]
-    assert logic.backoff_delay(1000) == 300
+    assert [backoff_delay(n) for n in range(8)] == [0, 10, 20, 40, 80, 160, 300, 300]
+    assert backoff_delay(1000) == 300
 
 
 NOW = 1_700_000_000.0
 
 
-def ended(uid: str, started: float | None = None, **kw: Any) -> logic.PodView:
-    return view(uid=uid, phase="Failed", started_at=logic.epoch_to_iso(started) if started else None, **kw)
+def ended(uid: str, started: float | None = None, **kw: Any) -> PodView:
+    return view(uid=uid, phase="Failed", started_at=conventions.epoch_to_iso(started) if started else None, **kw)
 
 
 def test_backoff_counts_each_end_once_and_waits_longer_each_time() -> None:
     state: dict[str, Any] = {}
     delays = []
     for i in range(5):
-        state = logic.observe_end(state, ended(f"p{i}", NOW - 5), NOW)
-        again = logic.observe_end(state, ended(f"p{i}", NOW - 5), NOW + 3)  # a retry or second event
+        state = observe_end(state, ended(f"p{i}", NOW - 5), NOW)
+        again = observe_end(state, ended(f"p{i}", NOW - 5), NOW + 3)  # a retry or second event
         assert again == state
         delays.append(state["delaySeconds"])
     assert delays == [0, 10, 20, 40, 80] and state["failures"] == 5
-    assert state["nextAttempt"] == logic.epoch_to_iso(NOW + 80)
+    assert state["nextAttempt"] == conventions.epoch_to_iso(NOW + 80)
 
 
 def test_backoff_resets_after_a_pod_ran_ten_minutes() -> None:
     state = {"podUID": "old", "failures": 6, "nextAttempt": None}
-    state = logic.observe_end(state, ended("long", NOW - 601), NOW)
+    state = observe_end(state, ended("long", NOW - 601), NOW)
     assert (state["failures"], state["delaySeconds"]) == (1, 0)
-    state = logic.observe_end(state, ended("short", NOW - 599), NOW)
+    state = observe_end(state, ended("short", NOW - 599), NOW)
     assert (state["failures"], state["delaySeconds"]) == (2, 10)
 
 
 def test_decide_first_end_at_once_then_backoff_until_due() -> None:
-    first = logic.observe_end({}, ended("a"), NOW)
-    assert logic.decide("nginx:latest", ended("a"), None, first, NOW).action is logic.Action.DELETE
-    second = logic.observe_end(first, ended("b"), NOW)
-    decision = logic.decide("nginx:latest", ended("b"), None, second, NOW)
-    assert (decision.action, decision.reason, decision.retry_in) == (logic.Action.BACKOFF, "BackOff", 10)
-    assert logic.decide("nginx:latest", ended("b"), None, second, NOW + 10).action is logic.Action.DELETE
+    first = observe_end({}, ended("a"), NOW)
+    assert decide("nginx:latest", ended("a"), None, first, NOW).action is Action.DELETE
+    second = observe_end(first, ended("b"), NOW)
+    decision = decide("nginx:latest", ended("b"), None, second, NOW)
+    assert (decision.action, decision.reason, decision.retry_in) == (Action.BACKOFF, "BackOff", 10)
+    assert decide("nginx:latest", ended("b"), None, second, NOW + 10).action is Action.DELETE
     # Status shows the next attempt only while waiting; the count of ends in a row stays.
-    waiting = logic.next_status({}, 1, ended("b"), decision, backoff=second)
-    assert waiting["backoff"]["nextAttempt"] == logic.epoch_to_iso(NOW + 10)
-    assert logic.ready_reason(waiting) == "BackOff"
-    created = logic.next_status(waiting, 1, view(uid="c"), logic.decide("nginx:latest", view(uid="c")),
-                                backoff=second)
+    waiting = next_status({}, 1, ended("b"), decision, backoff=second)
+    assert waiting["backoff"]["nextAttempt"] == conventions.epoch_to_iso(NOW + 10)
+    assert ready_reason(waiting) == "BackOff"
+    created = next_status(waiting, 1, view(uid="c"), decide("nginx:latest", view(uid="c")),
+                          backoff=second)
     assert created["backoff"]["nextAttempt"] is None and created["backoff"]["failures"] == 2
 
 
@@ -250,20 +277,20 @@ def test_a_spec_change_ends_the_backoff_and_starts_the_count_again() -> None:
     """Issue #20: a fix must not wait out the backoff of the spec that crashed."""
     state: dict[str, Any] = {}
     for uid in ("a", "b", "c"):
-        state = logic.observe_end(state, ended(uid, template_hash="h1"), NOW)
+        state = observe_end(state, ended(uid, template_hash="h1"), NOW)
     assert (state["failures"], state["delaySeconds"], state["templateHash"]) == (3, 20, "h1")
     crashed = ended("c", template_hash="h1")
-    assert logic.decide("nginx:latest", crashed, "h1", state, NOW).action is logic.Action.BACKOFF
-    fixed = logic.decide("nginx:latest", crashed, "h2", state, NOW)  # the template was fixed
-    assert (fixed.action, fixed.reason) == (logic.Action.DELETE, "TemplateChanged")
+    assert decide("nginx:latest", crashed, "h1", state, NOW).action is Action.BACKOFF
+    fixed = decide("nginx:latest", crashed, "h2", state, NOW)  # the template was fixed
+    assert (fixed.action, fixed.reason) == (Action.DELETE, "TemplateChanged")
     assert "at once" in fixed.message
-    image_fix = logic.decide("busybox:1.36", crashed, None, state, NOW)  # the image was fixed
-    assert (image_fix.action, image_fix.reason) == (logic.Action.DELETE, "ImageChanged")
+    image_fix = decide("busybox:1.36", crashed, None, state, NOW)  # the image was fixed
+    assert (image_fix.action, image_fix.reason) == (Action.DELETE, "ImageChanged")
     # The pod of the new spec ending is the first end of that spec: replaced at once.
-    state = logic.observe_end(state, ended("d", template_hash="h2"), NOW)
+    state = observe_end(state, ended("d", template_hash="h2"), NOW)
     assert (state["failures"], state["delaySeconds"], state["templateHash"]) == (1, 0, "h2")
     # Pods without a digest (from before templates) keep counting.
-    legacy = logic.observe_end(state, ended("e"), NOW)
+    legacy = observe_end(state, ended("e"), NOW)
     assert legacy["failures"] == 2
 
 
@@ -311,67 +338,68 @@ TAKEN_AWAY = {
 @pytest.mark.parametrize("case", TAKEN_AWAY)
 def test_a_pod_taken_away_is_not_an_end_and_is_replaced_at_once(case: str) -> None:
     body = TAKEN_AWAY[case]
-    for pod in (logic.observe_pod(body, "ic-uid"), logic.observe_pod(logic.pod_summary(body), "ic-uid")):
+    for pod in (observe_pod(body, "ic-uid"), observe_pod(pod_summary(body), "ic-uid")):
         assert pod is not None and pod.departure is not None and not pod.ended_by_itself
         # Two ends of its own in a row before: the next one would wait 20 s; this one neither waits nor counts.
-        state = {"podUID": "earlier", "failures": 2, "delaySeconds": 10, "nextAttempt": logic.epoch_to_iso(NOW + 5)}
-        assert logic.observe_end(state, pod, NOW) == state
-        decision = logic.decide("nginx:latest", pod, None, logic.observe_end(state, pod, NOW), NOW)
+        state = {"podUID": "earlier", "failures": 2, "delaySeconds": 10,
+                 "nextAttempt": conventions.epoch_to_iso(NOW + 5)}
+        assert observe_end(state, pod, NOW) == state
+        decision = decide("nginx:latest", pod, None, observe_end(state, pod, NOW), NOW)
         if pod.terminating:
-            assert decision.action is logic.Action.WAIT  # its DELETED event replaces it at once
+            assert decision.action is Action.WAIT  # its DELETED event replaces it at once
         elif pod.ended:
-            assert (decision.action, decision.reason) == (logic.Action.DELETE, "PodDisrupted")
+            assert (decision.action, decision.reason) == (Action.DELETE, "PodDisrupted")
             assert "no crash backoff" in decision.message
         else:
-            assert decision.action is logic.Action.NONE  # still running: the deletion follows
+            assert decision.action is Action.NONE  # still running: the deletion follows
         # The disappearance itself (DELETED): replaced at once.
-        assert logic.decide("nginx:latest", None, None, state, NOW).action is logic.Action.CREATE
+        assert decide("nginx:latest", None, None, state, NOW).action is Action.CREATE
 
 
 @pytest.mark.parametrize("body", [kubelet_pod("Failed"), kubelet_pod("Succeeded"),
                                   kubelet_pod("Failed", reason="Error"),
                                   kubelet_pod("Failed", reason="UnexpectedAdmissionError")])
 def test_an_end_the_pod_reached_by_itself_counts(body: dict[str, Any]) -> None:
-    pod = logic.observe_pod(logic.pod_summary(body), "ic-uid")
+    pod = observe_pod(pod_summary(body), "ic-uid")
     assert pod is not None and pod.departure is None and pod.ended_by_itself
-    state = logic.observe_end({"podUID": "earlier", "failures": 1}, pod, NOW)
+    state = observe_end({"podUID": "earlier", "failures": 1}, pod, NOW)
     assert (state["failures"], state["delaySeconds"]) == (2, 10)
-    assert logic.decide("nginx:latest", pod, None, state, NOW).action is logic.Action.BACKOFF
+    assert decide("nginx:latest", pod, None, state, NOW).action is Action.BACKOFF
 
 
 def test_a_deletion_counts_nothing_whichever_event_comes_first() -> None:
     """A kubelet reports a deleted pod Failed before it is removed; the operator may see that MODIFIED
     first, or only the DELETED (a watch reconnect, a busy process). Same state and decisions either way."""
-    failed = logic.observe_pod(kubelet_pod("Failed", deleted=True), "ic-uid")
-    crash = logic.observe_pod(kubelet_pod("Failed", uid="crash"), "ic-uid")
+    failed = observe_pod(kubelet_pod("Failed", deleted=True), "ic-uid")
+    crash = observe_pod(kubelet_pod("Failed", uid="crash"), "ic-uid")
     assert failed is not None and crash is not None
     for seen in ([failed, None], [None], [failed]):
         state: dict[str, Any] = {}
         for pod in seen:
-            state = logic.observe_end(state, pod, NOW)
+            state = observe_end(state, pod, NOW)
         assert state == {}
         # A real crash afterwards is the first end in a row: replaced at once.
-        after = logic.observe_end(state, crash, NOW)
+        after = observe_end(state, crash, NOW)
         assert (after["failures"], after["delaySeconds"]) == (1, 0)
-        assert logic.decide("nginx:latest", crash, None, after, NOW).action is logic.Action.DELETE
+        assert decide("nginx:latest", crash, None, after, NOW).action is Action.DELETE
     # Between two crashes, deletions neither count nor reset the count.
-    state = logic.observe_end({}, crash, NOW)
+    state = observe_end({}, crash, NOW)
     for i in range(3):
-        state = logic.observe_end(state, logic.observe_pod(kubelet_pod("Failed", deleted=True, uid=f"d{i}"),
-                                                           "ic-uid"), NOW)
-    again = logic.observe_pod(kubelet_pod("Failed", uid="crash-2"), "ic-uid")
-    assert logic.observe_end(state, again, NOW)["failures"] == 2
+        state = observe_end(state, observe_pod(kubelet_pod("Failed", deleted=True, uid=f"d{i}"),
+                                               "ic-uid"), NOW)
+    again = observe_pod(kubelet_pod("Failed", uid="crash-2"), "ic-uid")
+    assert observe_end(state, again, NOW)["failures"] == 2
 
 
 def test_the_pods_index_keeps_the_disruption() -> None:
-    summary = logic.pod_summary(kubelet_pod("Running", disruption="EvictionByEvictionAPI"))
+    summary = pod_summary(kubelet_pod("Running", disruption="EvictionByEvictionAPI"))
     assert summary["status"]["disruption"] == "EvictionByEvictionAPI"
-    assert "disruption" not in logic.pod_summary(kubelet_pod("Running"))["status"]
+    assert "disruption" not in pod_summary(kubelet_pod("Running"))["status"]
     # A condition that is not True (the disruption was called off) is no disruption.
     body = kubelet_pod("Running")
     body["status"]["conditions"].append({"type": "DisruptionTarget", "status": "False", "reason": "x"})
-    assert logic.pod_disruption(body) is None
-    assert logic.pod_fingerprint(body) != logic.pod_fingerprint(kubelet_pod("Running", disruption="x"))
+    assert pod_disruption(body) is None
+    assert pod_fingerprint(body) != pod_fingerprint(kubelet_pod("Running", disruption="x"))
 
 
 @pytest.mark.parametrize(("status", "message", "refuses"), [
@@ -389,26 +417,26 @@ def test_the_pods_index_keeps_the_disruption() -> None:
     (None, "", False),
 ])
 def test_which_answers_refuse_the_pod_itself(status: int | None, message: str, refuses: bool) -> None:
-    assert logic.refuses_pod(status, message) is refuses
+    assert refuses_pod(status, message) is refuses
 
 
 def test_a_refused_replacement_is_reported_while_the_pod_keeps_running() -> None:
-    decision = logic.refused(view(), 'Pod "x" is invalid: Bad_Name')
-    assert (decision.action, decision.reason) == (logic.Action.REFUSED, "TemplateRefused")
+    decision = refused(view(), 'Pod "x" is invalid: Bad_Name')
+    assert (decision.action, decision.reason) == (Action.REFUSED, "TemplateRefused")
     assert "keeps running" in decision.message and "Bad_Name" in decision.message
-    st = logic.next_status({}, 4, view(), decision)
+    st = next_status({}, 4, view(), decision)
     cond = st["conditions"][0]
     assert (cond["status"], cond["reason"], cond["observedGeneration"]) == ("False", "TemplateRefused", 4)
     assert st["currentPod"] == view().name  # the pod that keeps running is still ours, counted
 
 
 def test_status_shows_the_containers_restart_count() -> None:
-    summary = logic.pod_summary({"metadata": {"name": "x", "uid": "u"}, "spec": {"containers": []},
-                                 "status": {"phase": "Running", "containerStatuses": [{"restartCount": 2},
-                                                                                     {"restartCount": 1}]}})
-    view = logic.observe_pod(summary, "ic-uid")
+    summary = pod_summary({"metadata": {"name": "x", "uid": "u"}, "spec": {"containers": []},
+                           "status": {"phase": "Running", "containerStatuses": [{"restartCount": 2},
+                                                                               {"restartCount": 1}]}})
+    view = observe_pod(summary, "ic-uid")
     assert view is not None and view.restarts == 3
-    status = logic.next_status({}, 1, dataclasses.replace(view, owned=True), logic.decide("x", None))
+    status = next_status({}, 1, dataclasses.replace(view, owned=True), decide("x", None))
     assert status["restartCount"] == 3
 
 
@@ -418,8 +446,8 @@ def test_a_late_event_of_a_replaced_pod_never_counts_as_a_new_start() -> None:
     from kopf_operators.immortal.controller import ImmortalController
 
     def pod(uid: str, rv: int, **meta: Any) -> dict[str, Any]:
-        return logic.pod_summary({"metadata": {"name": "x-immortalpod", "uid": uid, "resourceVersion": str(rv),
-                                               "ownerReferences": [{"controller": True, "uid": "ic-uid"}], **meta},
+        return pod_summary({"metadata": {"name": "x-immortalpod", "uid": uid, "resourceVersion": str(rv),
+                                         "ownerReferences": [{"controller": True, "uid": "ic-uid"}], **meta},
                                   "spec": {"containers": [{"name": "acontainer", "image": "nginx"}]},
                                   "status": {"phase": "Running"}})
 
@@ -448,15 +476,15 @@ def kstatus(conditions: list[dict[str, Any]]) -> tuple[str, str, str]:
     (view(terminating=True), ("False", "True", "False")),
     (view(owned=False), ("False", "False", "True")),  # someone else's pod in the way
 ])
-def test_conditions_follow_kstatus(pod: logic.PodView | None, expected: tuple[str, str, str]) -> None:
-    status = logic.next_status({}, 2, pod, logic.decide("nginx:latest", pod))
+def test_conditions_follow_kstatus(pod: PodView | None, expected: tuple[str, str, str]) -> None:
+    status = next_status({}, 2, pod, decide("nginx:latest", pod))
     assert kstatus(status["conditions"]) == expected
     assert all(c["observedGeneration"] == 2 for c in status["conditions"])
 
 
 def test_refused_template_stalls_with_the_api_servers_words() -> None:
-    refused = logic.Decision(logic.Action.INVALID, "InvalidTemplate", "the API server refuses the pod: bad name")
-    status = logic.next_status({}, 1, None, refused)
+    refused = Decision(Action.INVALID, "InvalidTemplate", "the API server refuses the pod: bad name")
+    status = next_status({}, 1, None, refused)
     assert kstatus(status["conditions"]) == ("False", "False", "True")
     stalled = next(c for c in status["conditions"] if c["type"] == "Stalled")
     assert (stalled["reason"], stalled["message"]) == ("InvalidTemplate", "the API server refuses the pod: bad name")
@@ -467,12 +495,12 @@ def test_pod_readiness_survives_the_index_summary() -> None:
         "metadata": {"name": "x-immortalpod", "uid": "u", "ownerReferences": [{"uid": "ic-uid", "controller": True}]},
         "spec": {"containers": [{"name": "acontainer", "image": "img"}]},
         "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]}}
-    for body in (pod, logic.pod_summary(pod)):
-        observed = logic.observe_pod(body, "ic-uid")
+    for body in (pod, pod_summary(pod)):
+        observed = observe_pod(body, "ic-uid")
         assert observed is not None and not observed.ready
     ready = {**pod, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
-    for body in (ready, logic.pod_summary(ready)):
-        observed = logic.observe_pod(body, "ic-uid")
+    for body in (ready, pod_summary(ready)):
+        observed = observe_pod(body, "ic-uid")
         assert observed is not None and observed.ready
 
 
@@ -488,19 +516,19 @@ def test_kept_entries_share_their_strings_across_decoded_versions() -> None:
     """Each watch event is decoded with strings of its own; what the index and the controller keep of
     an object for its lifetime holds each distinct string once per process, however many versions
     (the index entry, the controller's newer answer) and objects keep it."""
-    status = logic.next_status({}, 1, view(), logic.decide("nginx:latest", view()))
+    status = next_status({}, 1, view(), decide("nginx:latest", view()))
     ic = json.dumps({**IC, "status": status})
     owner = {"uid": "ic-uid", "controller": True, "kind": "ImmortalContainer"}
     pod = json.dumps({"metadata": {"name": "example-immortalcontainer-immortalpod", "uid": "pod-1",
                                    "ownerReferences": [owner]},
                       "spec": {"containers": [{"name": "acontainer", "image": "nginx:latest"}]},
                       "status": {"phase": "Running", "startTime": "2026-11-26T12:00:00Z"}})
-    for keep in ((lambda: logic.snapshot(json.loads(ic))), (lambda: logic.pod_summary(json.loads(pod)))):
+    for keep in ((lambda: snapshot(json.loads(ic))), (lambda: pod_summary(json.loads(pod)))):
         first, second = _strings(keep()), _strings(keep())
         assert first
         assert all(a is b for a, b in zip(first, second, strict=True))
     # Within one entry, the conditions' repeated reasons, messages and timestamps are one string each.
-    kept = _strings(logic.snapshot(json.loads(ic)))
+    kept = _strings(snapshot(json.loads(ic)))
     assert len({id(s) for s in kept}) == len(set(kept))
 
 
@@ -557,15 +585,15 @@ def test_a_running_pod_is_deleted_only_after_the_dry_run_accepts_its_replacement
 
     key = ("ns1", "example-immortalcontainer")
     ic = {**IC, "metadata": {**IC["metadata"], "resourceVersion": "5"}, "spec": {"image": "nginx:2"}}
-    running = logic.pod_summary({"metadata": {"name": "example-immortalcontainer-immortalpod", "uid": "pod-1",
-                                              "resourceVersion": "4",
-                                              "ownerReferences": [{"controller": True, "uid": "ic-uid"}]},
+    running = pod_summary({"metadata": {"name": "example-immortalcontainer-immortalpod", "uid": "pod-1",
+                                        "resourceVersion": "4",
+                                        "ownerReferences": [{"controller": True, "uid": "ic-uid"}]},
                                  "spec": {"containers": [{"name": "acontainer", "image": "nginx:1"}]},
                                  "status": {"phase": "Running"}})
     access = FakeAccess(refuse, ic)
-    controller = ImmortalController(access, objects={key: [logic.snapshot(ic)]}, pods={key: [running]})  # type: ignore[arg-type]
+    controller = ImmortalController(access, objects={key: [snapshot(ic)]}, pods={key: [running]})  # type: ignore[arg-type]
 
-    async def passes() -> list[logic.Decision | None]:
+    async def passes() -> list[Decision | None]:
         return [await controller.converge(key, trigger=trigger) for trigger in ("object", "pod modified", "resync")]
 
     decisions = asyncio.run(passes())
@@ -583,7 +611,7 @@ def test_a_pods_fingerprint_changes_only_with_what_the_operator_reads() -> None:
     """A pod's binding to a node and a kubelet status that changes no phase, readiness or count run no
     pass (process.skip_unchanged); whatever the controller reads changes the fingerprint."""
     created: dict[str, dict[str, Any]] = {"metadata": {"name": "x-immortalpod", "uid": "pod-1", "resourceVersion": "10",
-                                           "labels": {logic.OWNER_LABEL: "x"},
+                                           "labels": {OWNER_LABEL: "x"},
                                            "ownerReferences": [{"controller": True, "uid": "ic-1"}]},
                                       "spec": {"containers": [{"name": "acontainer", "image": "nginx"}]},
                                       "status": {"phase": "Pending"}}
@@ -594,18 +622,18 @@ def test_a_pods_fingerprint_changes_only_with_what_the_operator_reads() -> None:
             pod[part].update(fields)
         return pod
 
-    fingerprint = logic.pod_fingerprint(created)
+    fingerprint = pod_fingerprint(created)
     bound = changed(metadata={"resourceVersion": "11"}, spec={"nodeName": "node-1"},
                     status={"conditions": [{"type": "PodScheduled", "status": "True"}]})
-    assert logic.pod_fingerprint(bound) == fingerprint
+    assert pod_fingerprint(bound) == fingerprint
     running = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
     for other in (changed(status={"phase": "Running"}), changed(status=running),
                   changed(status={"startTime": "2026-11-26T06:00:00Z"}),
                   changed(status={"containerStatuses": [{"restartCount": 1}]}),
                   changed(metadata={"deletionTimestamp": "2026-11-26T06:00:00Z"}),
-                  changed(metadata={"labels": {logic.OWNER_LABEL: "y"}}),
+                  changed(metadata={"labels": {OWNER_LABEL: "y"}}),
                   changed(spec={"containers": [{"name": "acontainer", "image": "nginx:2"}]})):
-        assert logic.pod_fingerprint(other) != fingerprint
+        assert pod_fingerprint(other) != fingerprint
 
 
 # --- one pass's decision (decide_pass): what to do, and whether to report it now --------------------
@@ -617,10 +645,10 @@ def ready_status(reason: str = "PodReady", uid: str = "pod-1") -> dict[str, Any]
 
 
 def test_the_wanted_pod_is_built_once_with_its_digest_and_main_image() -> None:
-    want = logic.wanted({**IC, "spec": TEMPLATE_SPEC})
-    assert want.hash == logic.template_hash(TEMPLATE_SPEC)
-    assert want.image == logic.main_image(TEMPLATE_SPEC)
-    assert want.pod == logic.build_pod({**IC, "spec": TEMPLATE_SPEC})
+    want = wanted({**IC, "spec": TEMPLATE_SPEC})
+    assert want.hash == template_hash(TEMPLATE_SPEC)
+    assert want.image == main_image(TEMPLATE_SPEC)
+    assert want.pod == build_pod({**IC, "spec": TEMPLATE_SPEC})
 
 
 @pytest.mark.parametrize(("status", "pod", "trigger", "settle"), [
@@ -639,20 +667,20 @@ def test_the_wanted_pod_is_built_once_with_its_digest_and_main_image() -> None:
     ({}, None, "object", False),
     (ready_status(), view(uid="other", owned=False, phase="Pending"), "object", False),
 ])
-def test_a_pass_waits_to_report_only_what_usually_ends_at_once(status: dict[str, Any], pod: logic.PodView | None,
-                                                             trigger: str, settle: bool) -> None:
-    step = logic.decide_pass(status, pod, logic.wanted(IC), 0.0, trigger)
+def test_a_pass_waits_to_report_only_what_usually_ends_at_once(status: dict[str, Any], pod: PodView | None,
+                                                               trigger: str, settle: bool) -> None:
+    step = decide_pass(status, pod, wanted(IC), 0.0, trigger)
     assert step.settle is settle
-    assert step.decision == logic.decide("nginx:latest", pod, logic.template_hash(IC["spec"]), step.backoff, 0.0)
+    assert step.decision == decide("nginx:latest", pod, template_hash(IC["spec"]), step.backoff, 0.0)
 
 
 def test_a_pass_counts_an_end_in_its_backoff_once_and_acting_otherwise_reports_at_once() -> None:
     ended = view(phase="Failed", ready=False, started_at="2026-11-26T12:00:00Z", finished_at="2026-11-26T12:00:05Z")
-    first = logic.decide_pass(ready_status(), ended, logic.wanted(IC), 1_000.0, "pod modified")
-    assert (first.backoff["failures"], first.decision.action) == (1, logic.Action.DELETE)
-    again = logic.decide_pass({**ready_status(), "backoff": first.backoff}, ended, logic.wanted(IC), 1_001.0, "retry")
+    first = decide_pass(ready_status(), ended, wanted(IC), 1_000.0, "pod modified")
+    assert (first.backoff["failures"], first.decision.action) == (1, Action.DELETE)
+    again = decide_pass({**ready_status(), "backoff": first.backoff}, ended, wanted(IC), 1_001.0, "retry")
     assert again.backoff == first.backoff  # the same end, seen twice, counts once
-    starting = logic.decide_pass(ready_status(), view(uid="pod-2", phase="Pending", ready=False), logic.wanted(IC),
-                                 0.0, "object")
-    refused = starting.instead(logic.refused(view(), "bad"))
-    assert (refused.settle, refused.decision.action, refused.pod) == (False, logic.Action.REFUSED, starting.pod)
+    starting = decide_pass(ready_status(), view(uid="pod-2", phase="Pending", ready=False), wanted(IC),
+                           0.0, "object")
+    instead = starting.instead(refused(view(), "bad"))
+    assert (instead.settle, instead.decision.action, instead.pod) == (False, Action.REFUSED, starting.pod)

@@ -13,7 +13,7 @@ from kopf_operators.core import access as k8s
 from kopf_operators.core import controller as toolkit
 from kopf_operators.core.access import ApiError
 from kopf_operators.immortal import controller as immortal
-from kopf_operators.immortal import decisions as logic
+from kopf_operators.immortal import decisions
 from kopf_operators.immortal.controller import ImmortalController
 from tests.unit.fake_access import FakeAccess, conflict_on_create, in_flight, server_error
 
@@ -28,8 +28,8 @@ IC: dict[str, Any] = {
 
 def pod(image: str = "nginx:1", owner: str = "ic-uid", uid: str = "pod-1", phase: str = "Running",
         version: str = "7", ready: bool = False) -> dict[str, Any]:
-    summary = logic.pod_summary({
-        "metadata": {"name": logic.pod_name("app"), "namespace": "ns1", "uid": uid, "resourceVersion": version,
+    summary = decisions.pod_summary({
+        "metadata": {"name": decisions.pod_name("app"), "namespace": "ns1", "uid": uid, "resourceVersion": version,
                      "ownerReferences": [{"controller": True, "uid": owner}]},
         "spec": {"containers": [{"name": "acontainer", "image": image}]},
         "status": {"phase": phase}})
@@ -37,7 +37,7 @@ def pod(image: str = "nginx:1", owner: str = "ic-uid", uid: str = "pod-1", phase
 
 
 def controller(access: FakeAccess, pods: list[dict[str, Any]] | None = None) -> ImmortalController:
-    objects = {KEY: [logic.snapshot(IC)]}
+    objects = {KEY: [decisions.snapshot(IC)]}
     return ImmortalController(access, objects, {KEY: pods or []})  # type: ignore[arg-type]
 
 
@@ -53,12 +53,12 @@ def no_jitter(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_no_pod_in_the_index_creates_one_and_one_status_write_reports_it_running() -> None:
     """The create and the pod's Running event cost one status write between them (not two)."""
     access = FakeAccess()
-    created_uid = f"uid-{logic.pod_name('app')}"  # the fake create's answer
+    created_uid = f"uid-{decisions.pod_name('app')}"  # the fake create's answer
 
     async def scenario() -> None:
         ctl = controller(access)
         await ctl.converge(KEY)
-        assert access.made("create") == [("create", "Pod", "ns1", logic.pod_name("app"), False)]
+        assert access.made("create") == [("create", "Pod", "ns1", decisions.pod_name("app"), False)]
         assert ("Normal", "PodCreated") in access.events
         assert access.made("patch_status") == []  # not yet: its Running event follows
         await ctl.converge(KEY, pod_event=("MODIFIED", pod(uid=created_uid, version="150", ready=True)))
@@ -67,7 +67,7 @@ def test_no_pod_in_the_index_creates_one_and_one_status_write_reports_it_running
     run(scenario())
     [status_patch] = access.made("patch_status")
     assert status_patch[4]["currentPodUID"] == created_uid and status_patch[4]["startTimes"] == 1
-    assert logic.ready_reason(status_patch[4]) == "PodReady"
+    assert decisions.ready_reason(status_patch[4]) == "PodReady"
 
 
 def test_a_pod_we_created_that_is_deleted_before_it_ran_is_still_counted() -> None:
@@ -95,7 +95,7 @@ def test_a_pod_we_created_that_is_deleted_before_it_ran_is_still_counted() -> No
 
 def test_a_pod_that_does_not_start_soon_is_reported_starting(monkeypatch: pytest.MonkeyPatch) -> None:
     """A created pod that is not Running within TRANSIENT_SECONDS is counted and reported as starting."""
-    monkeypatch.setattr(logic, "TRANSIENT_SECONDS", 0.05)
+    monkeypatch.setattr(decisions, "TRANSIENT_SECONDS", 0.05)
     access = FakeAccess()
 
     async def scenario() -> None:
@@ -109,9 +109,9 @@ def test_a_pod_that_does_not_start_soon_is_reported_starting(monkeypatch: pytest
 
     run(scenario())
     [status_patch] = access.made("patch_status")
-    assert status_patch[4]["currentPodUID"] == f"uid-{logic.pod_name('app')}"  # the create's answer
+    assert status_patch[4]["currentPodUID"] == f"uid-{decisions.pod_name('app')}"  # the create's answer
     assert status_patch[4]["startTimes"] == 1
-    assert logic.ready_reason(status_patch[4]) == "PodStarting"
+    assert decisions.ready_reason(status_patch[4]) == "PodStarting"
 
 
 def test_our_running_pod_in_the_index_costs_no_request() -> None:
@@ -138,19 +138,20 @@ def test_a_spec_change_replaces_a_pod_that_matched_the_spec_before() -> None:
     """The template's hash is kept per spec generation: a new generation is hashed anew."""
     access = FakeAccess()
     running = pod(image="nginx:1")
-    running["metadata"]["annotations"] = {logic.TEMPLATE_HASH_ANNOTATION: logic.template_hash(IC["spec"])}
+    running["metadata"]["annotations"] = {decisions.TEMPLATE_HASH_ANNOTATION: decisions.template_hash(IC["spec"])}
     ctl = controller(access, [running])
     run(ctl.converge(KEY))
     assert not access.made("delete")
     template = {"metadata": {"labels": {"tier": "web"}}, "spec": {"containers": [{"name": "acontainer"}]}}
     changed = {**IC, "metadata": {**IC["metadata"], "generation": 2, "resourceVersion": "9"},
                "spec": {"image": "nginx:1", "template": template}}  # the same image, a new label
-    run(ctl.converge(KEY, body=logic.snapshot(changed)))
+    run(ctl.converge(KEY, body=decisions.snapshot(changed)))
     assert access.made("delete")
 
 
-FOREIGN: dict[str, Any] = {"metadata": {"name": logic.pod_name("app"), "uid": "someone-else", "resourceVersion": "3"},
-           "spec": {"containers": [{"name": "c", "image": "busybox"}]}, "status": {"phase": "Running"}}
+FOREIGN: dict[str, Any] = {"metadata": {"name": decisions.pod_name("app"), "uid": "someone-else",
+                                        "resourceVersion": "3"},
+                           "spec": {"containers": [{"name": "c", "image": "busybox"}]}, "status": {"phase": "Running"}}
 
 
 def at_version(version: str) -> dict[str, Any]:
@@ -176,7 +177,7 @@ def test_a_foreign_pod_in_the_way_is_followed_by_a_watch_of_its_name_and_its_del
         ctl = controller(access)
         await ctl.guarded(KEY, "object")
         await until(lambda: bool(access.made("watch")))
-        assert access.made("watch") == [("watch", "Pod", "ns1", f"metadata.name={logic.pod_name('app')}", "3")]
+        assert access.made("watch") == [("watch", "Pod", "ns1", f"metadata.name={decisions.pod_name('app')}", "3")]
         assert not ctl.passes.timers.pending(KEY)
         assert access.watch_events is not None
         # The server ends the watch after its timeout: resumed from the newest version (a bookmark's).
@@ -190,7 +191,7 @@ def test_a_foreign_pod_in_the_way_is_followed_by_a_watch_of_its_name_and_its_del
         return access
 
     access = run(scenario())
-    assert [c[1:4] for c in access.made("create")] == [("Pod", "ns1", logic.pod_name("app"))] * 2
+    assert [c[1:4] for c in access.made("create")] == [("Pod", "ns1", decisions.pod_name("app"))] * 2
     assert ("Normal", "PodCreated") in access.events
     assert not access.made("delete")  # never touches a pod it does not own
 
@@ -244,12 +245,13 @@ def test_more_foreign_pods_than_watch_connections_fall_back_to_the_retry() -> No
     async def scenario() -> tuple[int, int]:
         access = FakeAccess()
         keys = [("ns1", f"app{i}") for i in range(k8s.WATCH_CONNECTIONS + 2)]
-        objects = {key: [logic.snapshot({**IC, "metadata": {**IC["metadata"], "name": key[1], "uid": f"u{key[1]}"}})]
+        objects = {key: [decisions.snapshot({**IC, "metadata": {**IC["metadata"], "name": key[1],
+                                                                 "uid": f"u{key[1]}"}})]
                    for key in keys}
         ctl = ImmortalController(access, objects, {})  # type: ignore[arg-type]
         for key in keys:
             access.answer("create", conflict_on_create())
-            access.answer("read", {**FOREIGN, "metadata": {**FOREIGN["metadata"], "name": logic.pod_name(key[1])}})
+            access.answer("read", {**FOREIGN, "metadata": {**FOREIGN["metadata"], "name": decisions.pod_name(key[1])}})
             await ctl.guarded(key, "object")
         followed, retried = len(ctl._followers), sum(ctl.passes.timers.pending(key) for key in keys)
         await ctl.stop()

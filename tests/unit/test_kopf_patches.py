@@ -26,8 +26,8 @@ from kopf._cogs.aiokits import aiotoggles
 from kopf._cogs.clients import api, watching
 from kopf._core.reactor import processing, running
 
-from kopf_operators.blackadder import decisions as blackadder
-from kopf_operators.copyrator import decisions as copyrator
+from kopf_operators.blackadder import settings as blackadder
+from kopf_operators.copyrator import rules as copyrator
 from kopf_operators.core import kopf_patches
 from kopf_operators.core.access import CONFIGMAP, ECHO_DEFER_SECONDS, KEPT_ANSWERS_MAX, Access, Echo
 from kopf_operators.core.conventions import DATA_ELIDED, data_hash

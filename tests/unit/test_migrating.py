@@ -14,8 +14,9 @@ import kopf.cli
 import pytest
 import yaml
 
-from kopf_operators.blackadder import decisions as blackadder
-from kopf_operators.copyrator import decisions as copyrator
+from kopf_operators.blackadder import settings
+from kopf_operators.copyrator import rules
+from kopf_operators.core import conventions
 from kopf_operators.reroller.catalogue import CATALOGUE as reroller_catalogue
 from testsupport.paths import REPO
 from testsupport.reference import environment_variables
@@ -59,8 +60,9 @@ def spec_schema(kind: str) -> dict[str, Any]:
 
 
 def our_keys() -> set[str]:
-    """Every annotation and label key the two operators' decisions define (module constants)."""
-    return {value for module in (copyrator, blackadder) for value in vars(module).values()
+    """Every annotation and label key the two operators define (module constants; the ones Copyrator
+    shares with Blackadder live in core)."""
+    return {value for module in (rules, settings, conventions) for value in vars(module).values()
             if isinstance(value, str) and OUR_KEY.fullmatch(value)}
 
 
@@ -162,9 +164,9 @@ def test_every_key_under_our_prefixes_exists_in_the_code(guide: str) -> None:
 def test_the_guides_name_the_keys_a_peers_user_needs() -> None:
     """The scan above finds something: the keys each translation hinges on are named."""
     named = {k for g in ALL_GUIDES for k in OUR_KEY.findall(text(g))}
-    assert {copyrator.ALLOWED_NAMESPACES_ANNOTATION, copyrator.PUSH_TO_ANNOTATION,
-            copyrator.PUSH_TO_MATCHING_ANNOTATION, blackadder.MTBF_LABEL, blackadder.KILL_MODE_LABEL,
-            blackadder.KILL_VALUE_LABEL, blackadder.OPT_LABEL} <= named
+    assert {rules.ALLOWED_NAMESPACES_ANNOTATION, rules.PUSH_TO_ANNOTATION,
+            rules.PUSH_TO_MATCHING_ANNOTATION, settings.MTBF_LABEL, settings.KILL_MODE_LABEL,
+            settings.KILL_VALUE_LABEL, settings.OPT_LABEL} <= named
 
 
 @pytest.mark.parametrize("guide,kind", [*((g, "CopyratorRule") for g in COPYRATOR_GUIDES),

@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 
-from kopf_operators.blackadder import decisions as chaos
+from kopf_operators.blackadder import decisions, targets
+from kopf_operators.blackadder.settings import settings_from_spec
 from kopf_operators.core.patterns import MAX_PATTERN_LENGTH, tenant_pattern
 from kopf_operators.reroller import controller as reroller
-from kopf_operators.reroller import decisions as logic
+from kopf_operators.reroller import views
+from kopf_operators.reroller.settings import RELOADER_CONFIGMAPS, Options
 from kopf_operators.reroller.views import refused_patterns
 from tests.unit.fake_access import FakeAccess
 
@@ -70,29 +72,29 @@ def test_compiled_patterns_are_cached_and_the_cache_is_bounded() -> None:
 def workload(reload: str) -> dict[str, Any]:
     return {"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "web", "namespace": "ns", "uid": "web-uid", "resourceVersion": "5",
-                         "annotations": {logic.RELOADER_CONFIGMAPS: reload}},
+                         "annotations": {RELOADER_CONFIGMAPS: reload}},
             "spec": {"template": {"metadata": {}, "spec": {"containers": [{"name": "c"}]}}}}
 
 
 def test_a_refused_reload_pattern_matches_nothing_and_says_why() -> None:
-    view = logic.workload_view("Deployment", workload(r"conf,(a)\1,(a|a)*b"))
+    view = views.workload_view("Deployment", workload(r"conf,(a)\1,(a|a)*b"))
     assert view is not None
-    lookup = {("ConfigMap", n): logic.SourceView("1" * 16, 1) for n in ("conf", "aa", "a" * 40)}
+    lookup = {("ConfigMap", n): views.SourceView("1" * 16, 1) for n in ("conf", "aa", "a" * 40)}
     started = time.perf_counter()
-    assert logic.effective_sources(view, lookup) == {logic.Source("ConfigMap", "conf")}
+    assert views.effective_sources(view, lookup) == {views.Source("ConfigMap", "conf")}
     assert time.perf_counter() - started < 0.5
     [problem] = refused_patterns(view)
-    assert problem.startswith(f"{logic.RELOADER_CONFIGMAPS} '(a)\\\\1': RE2 refuses it")
+    assert problem.startswith(f"{RELOADER_CONFIGMAPS} '(a)\\\\1': RE2 refuses it")
 
 
 def test_the_controller_warns_once_per_set_of_refused_patterns() -> None:
     async def scenario(access: FakeAccess) -> None:
         body = workload(r"(a)\1")
-        view = logic.workload_view("Deployment", body)
+        view = views.workload_view("Deployment", body)
         indexes: dict[str, Any] = {index_id: {} for index_id in reroller.INDEXES}
         indexes[reroller.WORKLOAD_INDEXES["Deployment"]] = {
-            key: [value] for key, value in logic.workload_index_entries(view).items()}
-        ctl = reroller.RerollerController(access, logic.Options(), indexes)  # type: ignore[arg-type]
+            key: [value] for key, value in views.workload_index_entries(view).items()}
+        ctl = reroller.RerollerController(access, Options(), indexes)  # type: ignore[arg-type]
         key = ("Deployment", "ns", "web")
         await ctl.guarded(key, "workload event")
         await ctl.guarded(key, "workload event")
@@ -106,15 +108,15 @@ def test_the_controller_warns_once_per_set_of_refused_patterns() -> None:
 # --- Blackadder ------------------------------------------------------------------------------------
 
 def test_a_refused_pod_name_pattern_is_reported_as_an_invalid_regex() -> None:
-    settings = chaos.settings_from_spec({"eagerness": 1, "podNames": {"include": r"(web)-\1"}})
-    problem = chaos.spec_problem(settings)
+    settings = settings_from_spec({"eagerness": 1, "podNames": {"include": r"(web)-\1"}})
+    problem = decisions.spec_problem(settings)
     assert problem and problem.startswith(r"podNames.include '(web)-\\1' is not a valid regular expression")
     assert "RE2 refuses it" in problem
 
 
 def test_a_catastrophic_pod_name_pattern_is_searched_in_linear_time() -> None:
-    settings = chaos.settings_from_spec({"eagerness": 1, "podNames": {"exclude": "(a|a)*b"}})
-    assert chaos.spec_problem(settings) is None
+    settings = settings_from_spec({"eagerness": 1, "podNames": {"exclude": "(a|a)*b"}})
+    assert decisions.spec_problem(settings) is None
     started = time.perf_counter()
-    assert chaos.pod_name_allowed("a" * 60, settings)
+    assert targets.pod_name_allowed("a" * 60, settings)
     assert time.perf_counter() - started < 0.5

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from testsupport import reference
+from testsupport import paths, reference
 
 
 @pytest.mark.parametrize("page", sorted(reference.PAGES))
@@ -22,6 +22,6 @@ def test_every_environment_variable_the_code_reads_is_listed() -> None:
 
 
 def test_the_configuration_guide_names_every_environment_variable() -> None:
-    guide = (reference.REPO / "docs" / "configuration.md").read_text()
+    guide = (paths.REPO / "docs" / "configuration.md").read_text()
     missing = [name for name in reference.environment_variables() if name not in guide]
     assert not missing, f"docs/configuration.md does not explain: {', '.join(missing)}"

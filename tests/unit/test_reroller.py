@@ -10,8 +10,35 @@ from typing import Any, Final
 import pytest
 
 from kopf_operators.core.conventions import epoch_to_iso
-from kopf_operators.reroller import decisions as logic
-from kopf_operators.reroller.decisions import Action, Source
+from kopf_operators.reroller import pacing, patches, plans, views
+from kopf_operators.reroller.plans import Action
+from kopf_operators.reroller.settings import (
+    ABSENT,
+    AUTO,
+    CONFIG_HASH,
+    CONFIGMAPS,
+    CRONJOB_INSTANTIATE,
+    LAST_RELOADED_FROM,
+    OBSERVED_HASH,
+    OBSERVED_SOURCES,
+    PAUSE_PERIOD,
+    PAUSED_AT,
+    RELOADER_AUTO,
+    RELOADER_CONFIGMAP_AUTO,
+    RELOADER_CONFIGMAPS,
+    RELOADER_CONFIGMAPS_EXCLUDE,
+    RELOADER_SEARCH,
+    RELOADER_SECRET_AUTO,
+    RELOADER_SECRETS,
+    RELOADER_SECRETS_EXCLUDE,
+    ROLLOUT_STRATEGY,
+    SECRETS,
+    USED_KEYS_ONLY,
+    Options,
+    parse_selector,
+    selector_matches,
+)
+from kopf_operators.reroller.views import Source
 
 CM: Final = "ConfigMap"
 SEC: Final = "Secret"
@@ -57,7 +84,7 @@ REFERENCE_TABLE: list[tuple[str, dict[str, Any], set[Source]]] = [
 @pytest.mark.parametrize(("pod_spec", "expected"), [(s, e) for _, s, e in REFERENCE_TABLE],
                          ids=[n for n, _, _ in REFERENCE_TABLE])
 def test_references(pod_spec: dict[str, Any], expected: set[Source]) -> None:
-    assert logic.references(pod_spec) == expected
+    assert views.references(pod_spec) == expected
 
 
 def workload(annotations: dict[str, str] | None = None, template_annotations: dict[str, str] | None = None,
@@ -71,35 +98,35 @@ POD = {"volumes": [{"name": "v", "configMap": {"name": "nginx-conf"}}],
        "containers": [{"name": "c", "envFrom": [{"secretRef": {"name": "creds"}}]}]}
 
 
-def watched(body: dict[str, Any], lookup: dict[tuple[str, str], logic.SourceView] | None = None,
-            settings: logic.Options | None = None) -> set[Source]:
-    view = logic.workload_view("Deployment", body, settings)
-    return set() if view is None else logic.effective_sources(view, lookup or {}, settings)
+def watched(body: dict[str, Any], lookup: dict[tuple[str, str], views.SourceView] | None = None,
+            settings: Options | None = None) -> set[Source]:
+    view = views.workload_view("Deployment", body, settings)
+    return set() if view is None else views.effective_sources(view, lookup or {}, settings)
 
 
 @pytest.mark.parametrize(("annotations", "template_annotations", "expected"), [
     ({}, {}, set()),
-    ({logic.AUTO: "true"}, {}, {Source(CM, "nginx-conf"), Source(SEC, "creds")}),
-    ({logic.AUTO: "false"}, {}, set()),
-    ({}, {logic.AUTO: "True"}, {Source(CM, "nginx-conf"), Source(SEC, "creds")}),
-    ({logic.RELOADER_AUTO: "true"}, {}, {Source(CM, "nginx-conf"), Source(SEC, "creds")}),
-    ({logic.CONFIGMAPS: "nginx-conf, other"}, {}, {Source(CM, "nginx-conf"), Source(CM, "other")}),
-    ({logic.SECRETS: "creds"}, {}, {Source(SEC, "creds")}),
-    ({logic.RELOADER_CONFIGMAPS: "nginx-conf"}, {}, {Source(CM, "nginx-conf")}),
-    ({logic.RELOADER_SECRETS: "x,y"}, {}, {Source(SEC, "x"), Source(SEC, "y")}),
-    ({logic.CONFIGMAPS: " , "}, {}, set()),
+    ({AUTO: "true"}, {}, {Source(CM, "nginx-conf"), Source(SEC, "creds")}),
+    ({AUTO: "false"}, {}, set()),
+    ({}, {AUTO: "True"}, {Source(CM, "nginx-conf"), Source(SEC, "creds")}),
+    ({RELOADER_AUTO: "true"}, {}, {Source(CM, "nginx-conf"), Source(SEC, "creds")}),
+    ({CONFIGMAPS: "nginx-conf, other"}, {}, {Source(CM, "nginx-conf"), Source(CM, "other")}),
+    ({SECRETS: "creds"}, {}, {Source(SEC, "creds")}),
+    ({RELOADER_CONFIGMAPS: "nginx-conf"}, {}, {Source(CM, "nginx-conf")}),
+    ({RELOADER_SECRETS: "x,y"}, {}, {Source(SEC, "x"), Source(SEC, "y")}),
+    ({CONFIGMAPS: " , "}, {}, set()),
     # Reloader's typed auto keys: one kind only.
-    ({logic.RELOADER_CONFIGMAP_AUTO: "true"}, {}, {Source(CM, "nginx-conf")}),
-    ({logic.RELOADER_SECRET_AUTO: "true"}, {}, {Source(SEC, "creds")}),
+    ({RELOADER_CONFIGMAP_AUTO: "true"}, {}, {Source(CM, "nginx-conf")}),
+    ({RELOADER_SECRET_AUTO: "true"}, {}, {Source(SEC, "creds")}),
     # Reloader reads the pod template's keys only when the workload has none for that kind.
-    ({}, {logic.RELOADER_CONFIGMAPS: "nginx-conf"}, {Source(CM, "nginx-conf")}),
-    ({logic.RELOADER_SECRETS: "creds"}, {logic.RELOADER_CONFIGMAPS: "nginx-conf"},
+    ({}, {RELOADER_CONFIGMAPS: "nginx-conf"}, {Source(CM, "nginx-conf")}),
+    ({RELOADER_SECRETS: "creds"}, {RELOADER_CONFIGMAPS: "nginx-conf"},
      {Source(CM, "nginx-conf"), Source(SEC, "creds")}),
     # Exclusions (auto mode).
-    ({logic.RELOADER_AUTO: "true", logic.RELOADER_CONFIGMAPS_EXCLUDE: "nginx-conf"}, {}, {Source(SEC, "creds")}),
-    ({logic.RELOADER_AUTO: "true", logic.RELOADER_SECRETS_EXCLUDE: "creds"}, {}, {Source(CM, "nginx-conf")}),
+    ({RELOADER_AUTO: "true", RELOADER_CONFIGMAPS_EXCLUDE: "nginx-conf"}, {}, {Source(SEC, "creds")}),
+    ({RELOADER_AUTO: "true", RELOADER_SECRETS_EXCLUDE: "creds"}, {}, {Source(CM, "nginx-conf")}),
     # Search mode without a matching source watches nothing.
-    ({logic.RELOADER_SEARCH: "true"}, {}, set()),
+    ({RELOADER_SEARCH: "true"}, {}, set()),
 ])
 def test_watched_sources(annotations: dict[str, str], template_annotations: dict[str, str],
                          expected: set[Source]) -> None:
@@ -108,47 +135,47 @@ def test_watched_sources(annotations: dict[str, str], template_annotations: dict
 
 
 def test_reloader_keys_write_reloaders_annotation_ours_write_ours() -> None:
-    ours = logic.workload_view("Deployment", workload({logic.AUTO: "true"}, pod_spec=POD))
-    theirs = logic.workload_view("Deployment", workload({logic.RELOADER_AUTO: "true"}, pod_spec=POD))
+    ours = views.workload_view("Deployment", workload({AUTO: "true"}, pod_spec=POD))
+    theirs = views.workload_view("Deployment", workload({RELOADER_AUTO: "true"}, pod_spec=POD))
     assert ours is not None and ours.ours and not ours.reloader
     assert theirs is not None and theirs.reloader and not theirs.ours
-    assert logic.workload_view("Deployment", workload({logic.AUTO: "maybe"}, pod_spec=POD)) is None
+    assert views.workload_view("Deployment", workload({AUTO: "maybe"}, pod_spec=POD)) is None
 
 
 def test_search_match_and_ignore_on_sources() -> None:
-    body = workload({logic.RELOADER_SEARCH: "true"}, pod_spec=POD)
-    matched = {(CM, "nginx-conf"): logic.SourceView("1" * 16, 1, match=True)}
+    body = workload({RELOADER_SEARCH: "true"}, pod_spec=POD)
+    matched = {(CM, "nginx-conf"): views.SourceView("1" * 16, 1, match=True)}
     assert watched(body, matched) == {Source(CM, "nginx-conf")}
-    ignored = {(CM, "nginx-conf"): logic.SourceView("1" * 16, 1, ignore=True)}
-    assert watched(workload({logic.AUTO: "true"}, pod_spec=POD), ignored) == {Source(SEC, "creds")}
-    unselected = {(SEC, "creds"): logic.SourceView("1" * 16, 1, selected=False)}
-    assert watched(workload({logic.AUTO: "true"}, pod_spec=POD), unselected) == {Source(CM, "nginx-conf")}
+    ignored = {(CM, "nginx-conf"): views.SourceView("1" * 16, 1, ignore=True)}
+    assert watched(workload({AUTO: "true"}, pod_spec=POD), ignored) == {Source(SEC, "creds")}
+    unselected = {(SEC, "creds"): views.SourceView("1" * 16, 1, selected=False)}
+    assert watched(workload({AUTO: "true"}, pod_spec=POD), unselected) == {Source(CM, "nginx-conf")}
 
 
 def test_regex_names_are_anchored() -> None:
-    body = workload({logic.RELOADER_CONFIGMAPS: "app-config-.*"}, pod_spec=POD)
-    view = logic.workload_view("Deployment", body)
+    body = workload({RELOADER_CONFIGMAPS: "app-config-.*"}, pod_spec=POD)
+    view = views.workload_view("Deployment", body)
     assert view is not None and view.patterns == (("ConfigMap", "app-config-.*"),)
-    lookup = {(CM, n): logic.SourceView("1" * 16, 1) for n in ("app-config-a", "other-app-config-b", "app-config")}
-    assert logic.effective_sources(view, lookup) == {Source(CM, "app-config-a")}
-    entries = logic.workload_index_entries(view)
+    lookup = {(CM, n): views.SourceView("1" * 16, 1) for n in ("app-config-a", "other-app-config-b", "app-config")}
+    assert views.effective_sources(view, lookup) == {Source(CM, "app-config-a")}
+    entries = views.workload_index_entries(view)
     assert entries[(CM, "ns", "*")] == ("Deployment", "ns", "w")
 
 
 def test_operator_wide_options() -> None:
-    settings = logic.Options(auto_reload_all=True)
+    settings = Options(auto_reload_all=True)
     assert watched(workload(pod_spec=POD), settings=settings) == {Source(CM, "nginx-conf"), Source(SEC, "creds")}
-    assert watched(workload({logic.RELOADER_AUTO: "false"}, pod_spec=POD), settings=settings) == set()
-    assert logic.workload_view("Job", workload({logic.AUTO: "true"}, pod_spec=POD),
-                               logic.Options(ignored_workload_types=("jobs",))) is None
-    assert logic.workload_view("Deployment", workload({logic.AUTO: "true"}, pod_spec=POD),
-                               logic.Options(namespaces_to_ignore=("ns",))) is None
-    assert watched(workload({logic.AUTO: "true"}, pod_spec=POD),
-                   settings=logic.Options(resources_to_ignore=("secrets",))) == {Source(CM, "nginx-conf")}
+    assert watched(workload({RELOADER_AUTO: "false"}, pod_spec=POD), settings=settings) == set()
+    assert views.workload_view("Job", workload({AUTO: "true"}, pod_spec=POD),
+                               Options(ignored_workload_types=("jobs",))) is None
+    assert views.workload_view("Deployment", workload({AUTO: "true"}, pod_spec=POD),
+                               Options(namespaces_to_ignore=("ns",))) is None
+    assert watched(workload({AUTO: "true"}, pod_spec=POD),
+                   settings=Options(resources_to_ignore=("secrets",))) == {Source(CM, "nginx-conf")}
 
 
 def test_settings_from_env() -> None:
-    settings = logic.Options.from_env({
+    settings = Options.from_env({
         "REROLLER_DEBOUNCE_SECONDS": "0", "REROLLER_AUTO_RELOAD_ALL": "true",
         "REROLLER_NAMESPACES_TO_IGNORE": "a, b", "REROLLER_IGNORED_WORKLOAD_TYPES": "jobs,cronjobs",
         "REROLLER_NAMESPACE_SELECTOR": "team=web,env in (prod, stage),!legacy"})
@@ -157,7 +184,7 @@ def test_settings_from_env() -> None:
     for bad in ({"REROLLER_RESOURCES_TO_IGNORE": "configmaps,secrets"}, {"REROLLER_IGNORED_WORKLOAD_TYPES": "pods"},
                 {"REROLLER_NAMESPACE_SELECTOR": "a=(b"}, {"REROLLER_MIN_INTERVAL_SECONDS": "soon"}):
         with pytest.raises(ValueError):
-            logic.Options.from_env(bad)
+            Options.from_env(bad)
 
 
 @pytest.mark.parametrize(("selector", "labels", "expected"), [
@@ -166,141 +193,141 @@ def test_settings_from_env() -> None:
     ("a in (x, y)", {"a": "y"}, True), ("a notin (x,y),b=c", {"b": "c"}, True), ("a in (x)", {}, False),
 ])
 def test_label_selectors(selector: str, labels: dict[str, str], expected: bool) -> None:
-    assert logic.selector_matches(logic.parse_selector(selector), labels) is expected
+    assert selector_matches(parse_selector(selector), labels) is expected
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("10s", 10), ("5m", 300), ("1h30m", 5400), ("1.5h", 5400),
                                                 ("", None), ("soon", None), ("5 m", None)])
 def test_parse_duration(text: str, seconds: float | None) -> None:
-    assert logic.parse_duration(text) == seconds
+    assert views.parse_duration(text) == seconds
 
 
 def test_source_hash_is_stable_and_order_independent() -> None:
     a = {"data": {"x": "1", "y": "2"}, "metadata": {"uid": "u1", "resourceVersion": "1"}}
     b = {"data": {"y": "2", "x": "1"}, "metadata": {"uid": "u2", "resourceVersion": "99",
                                                    "labels": {"new": "label"}}}
-    assert logic.source_hash(CM, a) == logic.source_hash(CM, b)
-    assert logic.source_hash(CM, a) == logic.source_hash(CM, json.loads(json.dumps(a)))
+    assert views.source_hash(CM, a) == views.source_hash(CM, b)
+    assert views.source_hash(CM, a) == views.source_hash(CM, json.loads(json.dumps(a)))
 
 
 def test_source_hash_differs_on_data_change() -> None:
     base = {"data": {"nginx.conf": "worker_processes 1;"}}
-    h = logic.source_hash(CM, base)
-    assert h != logic.source_hash(CM, {"data": {"nginx.conf": "worker_processes 2;"}})
-    assert h != logic.source_hash(CM, {"data": {"other.conf": "worker_processes 1;"}})
-    assert h != logic.source_hash(CM, {**base, "binaryData": {"b": "AAE="}})
-    assert logic.source_hash(CM, {}) == logic.source_hash(CM, {"data": None})
+    h = views.source_hash(CM, base)
+    assert h != views.source_hash(CM, {"data": {"nginx.conf": "worker_processes 2;"}})
+    assert h != views.source_hash(CM, {"data": {"other.conf": "worker_processes 1;"}})
+    assert h != views.source_hash(CM, {**base, "binaryData": {"b": "AAE="}})
+    assert views.source_hash(CM, {}) == views.source_hash(CM, {"data": None})
 
 
 def test_secret_hash_never_contains_the_value() -> None:
-    h = logic.source_hash(SEC, {"data": {"password": "c2VjcmV0"}})
+    h = views.source_hash(SEC, {"data": {"password": "c2VjcmV0"}})
     assert "c2VjcmV0" not in h and "secret" not in h and len(h) == 16
 
 
 def test_combined_hash_is_order_independent() -> None:
-    assert logic.combined_hash({"a": "1", "b": "2"}) == logic.combined_hash({"b": "2", "a": "1"})
-    assert logic.combined_hash({"a": "1"}) != logic.combined_hash({"a": "2"})
+    assert plans.combined_hash({"a": "1", "b": "2"}) == plans.combined_hash({"b": "2", "a": "1"})
+    assert plans.combined_hash({"a": "1"}) != plans.combined_hash({"a": "2"})
 
 
 SOURCES = {Source(CM, "nginx-conf"), Source(SEC, "creds")}
 LOOKUP = {(CM, "nginx-conf"): "1111111111111111", (SEC, "creds"): "2222222222222222"}
 
 
-def observed(snap: logic.Snapshot) -> dict[str, str]:
-    return logic.metadata_patch(logic.Plan(Action.BASELINE, new_hash=snap.hash), snap)["metadata"]["annotations"]
+def observed(snap: plans.Snapshot) -> dict[str, str]:
+    return patches.metadata_patch(plans.Plan(Action.BASELINE, new_hash=snap.hash), snap)["metadata"]["annotations"]
 
 
 def test_first_sighting_records_the_baseline_without_rolling() -> None:
-    snap = logic.snapshot(SOURCES, LOOKUP)
-    plan = logic.plan({}, snap)
+    snap = plans.snapshot(SOURCES, LOOKUP)
+    plan = plans.plan({}, snap)
     assert plan.action is Action.BASELINE
-    patch = logic.metadata_patch(plan, snap)
+    patch = patches.metadata_patch(plan, snap)
     assert "spec" not in patch  # the pod template is not touched: no rollout
-    assert patch["metadata"]["annotations"][logic.OBSERVED_HASH] == snap.hash
+    assert patch["metadata"]["annotations"][OBSERVED_HASH] == snap.hash
 
 
 def test_unchanged_data_is_a_noop() -> None:
-    snap = logic.snapshot(SOURCES, LOOKUP)
-    assert logic.plan(observed(snap), snap).action is Action.NONE
+    snap = plans.snapshot(SOURCES, LOOKUP)
+    assert plans.plan(observed(snap), snap).action is Action.NONE
 
 
 def test_changed_data_rolls_and_names_the_source() -> None:
-    before = observed(logic.snapshot(SOURCES, LOOKUP))
-    snap = logic.snapshot(SOURCES, {**LOOKUP, (CM, "nginx-conf"): "3333333333333333"})
-    plan = logic.plan(before, snap)
+    before = observed(plans.snapshot(SOURCES, LOOKUP))
+    snap = plans.snapshot(SOURCES, {**LOOKUP, (CM, "nginx-conf"): "3333333333333333"})
+    plan = plans.plan(before, snap)
     assert plan.action is Action.ROLL and plan.changed == ("configmap/nginx-conf",)
-    view = logic.workload_view("Deployment", workload({logic.AUTO: "true"}, pod_spec=POD))
+    view = views.workload_view("Deployment", workload({AUTO: "true"}, pod_spec=POD))
     assert view is not None
-    patch = logic.roll_patch(view, plan, snap, 0.0)
-    assert patch["spec"]["template"]["metadata"]["annotations"] == {logic.CONFIG_HASH: snap.hash}
-    assert patch["metadata"]["annotations"][logic.OBSERVED_HASH] == snap.hash
+    patch = patches.roll_patch(view, plan, snap, 0.0)
+    assert patch["spec"]["template"]["metadata"]["annotations"] == {CONFIG_HASH: snap.hash}
+    assert patch["metadata"]["annotations"][OBSERVED_HASH] == snap.hash
 
 
 def test_missing_required_source_waits_and_keeps_the_baseline() -> None:
-    before = observed(logic.snapshot(SOURCES, LOOKUP))
-    snap = logic.snapshot(SOURCES, {(SEC, "creds"): LOOKUP[(SEC, "creds")]})
-    plan = logic.plan(before, snap)
+    before = observed(plans.snapshot(SOURCES, LOOKUP))
+    snap = plans.snapshot(SOURCES, {(SEC, "creds"): LOOKUP[(SEC, "creds")]})
+    plan = plans.plan(before, snap)
     assert plan.action is Action.WAIT_MISSING and plan.missing == ("configmap/nginx-conf",)
     # Recreated with the same data: nothing to do.
-    assert logic.plan(before, logic.snapshot(SOURCES, LOOKUP)).action is Action.NONE
+    assert plans.plan(before, plans.snapshot(SOURCES, LOOKUP)).action is Action.NONE
 
 
 def test_missing_optional_source_is_hashed_as_absent() -> None:
     sources = {Source(CM, "opt", optional=True)}
-    snap = logic.snapshot(sources, {})
-    assert snap.per_source == {"configmap/opt": logic.ABSENT} and not snap.missing
-    later = logic.snapshot(sources, {(CM, "opt"): "4444444444444444"})
-    assert logic.plan(observed(snap), later).action is Action.ROLL
+    snap = plans.snapshot(sources, {})
+    assert snap.per_source == {"configmap/opt": ABSENT} and not snap.missing
+    later = plans.snapshot(sources, {(CM, "opt"): "4444444444444444"})
+    assert plans.plan(observed(snap), later).action is Action.ROLL
 
 
 def test_changed_set_of_sources_rebaselines_without_a_second_rollout() -> None:
-    before = observed(logic.snapshot({Source(CM, "nginx-conf")}, LOOKUP))
-    plan = logic.plan(before, logic.snapshot(SOURCES, LOOKUP))
+    before = observed(plans.snapshot({Source(CM, "nginx-conf")}, LOOKUP))
+    plan = plans.plan(before, plans.snapshot(SOURCES, LOOKUP))
     assert plan.action is Action.BASELINE
 
 
 def test_foreign_baseline_without_per_source_hashes_rolls() -> None:
-    snap = logic.snapshot(SOURCES, LOOKUP)
-    plan = logic.plan({logic.OBSERVED_HASH: "something-else"}, snap)
+    snap = plans.snapshot(SOURCES, LOOKUP)
+    plan = plans.plan({OBSERVED_HASH: "something-else"}, snap)
     assert plan.action is Action.ROLL and set(plan.changed) == {"configmap/nginx-conf", "secret/creds"}
 
 
 def test_first_sighting_rolls_a_change_made_after_the_workload() -> None:
     """A source whose resourceVersion is newer than the workload's first-seen one changed after the
     workload existed: never absorbed into the baseline."""
-    snap = logic.snapshot(SOURCES, LOOKUP)
-    plan = logic.plan({}, snap, newer=["configmap/nginx-conf"])
+    snap = plans.snapshot(SOURCES, LOOKUP)
+    plan = plans.plan({}, snap, newer=["configmap/nginx-conf"])
     assert plan.action is Action.ROLL and plan.changed == ("configmap/nginx-conf",)
 
 
 def test_first_sighting_with_a_missing_source_records_it_absent() -> None:
-    snap = logic.snapshot(SOURCES, {(SEC, "creds"): LOOKUP[(SEC, "creds")]})
-    plan = logic.plan({}, snap)
+    snap = plans.snapshot(SOURCES, {(SEC, "creds"): LOOKUP[(SEC, "creds")]})
+    plan = plans.plan({}, snap)
     assert plan.action is Action.BASELINE and plan.missing == ("configmap/nginx-conf",)
     # It appears: re-baseline, no rollout (pods could not have run without it) ...
-    assert logic.plan(observed(snap), logic.snapshot(SOURCES, LOOKUP)).action is Action.BASELINE
+    assert plans.plan(observed(snap), plans.snapshot(SOURCES, LOOKUP)).action is Action.BASELINE
     # ... unless reload-on-create.
-    assert logic.plan(observed(snap), logic.snapshot(SOURCES, LOOKUP), reload_on_create=True).action is Action.ROLL
+    assert plans.plan(observed(snap), plans.snapshot(SOURCES, LOOKUP), reload_on_create=True).action is Action.ROLL
 
 
 def test_reload_on_delete_rolls_instead_of_holding() -> None:
-    before = observed(logic.snapshot(SOURCES, LOOKUP))
-    gone = logic.snapshot(SOURCES, {(SEC, "creds"): LOOKUP[(SEC, "creds")]})
-    assert logic.plan(before, gone).action is Action.WAIT_MISSING
-    plan = logic.plan(before, gone, reload_on_delete=True)
+    before = observed(plans.snapshot(SOURCES, LOOKUP))
+    gone = plans.snapshot(SOURCES, {(SEC, "creds"): LOOKUP[(SEC, "creds")]})
+    assert plans.plan(before, gone).action is Action.WAIT_MISSING
+    plan = plans.plan(before, gone, reload_on_delete=True)
     assert plan.action is Action.ROLL and plan.changed == ("configmap/nginx-conf",)
 
 
 def test_last_reloaded_from_is_reloaders_format() -> None:
-    view = logic.workload_view("Deployment", workload({logic.RELOADER_AUTO: "true"}, pod_spec=POD))
+    view = views.workload_view("Deployment", workload({RELOADER_AUTO: "true"}, pod_spec=POD))
     assert view is not None
-    before = observed(logic.snapshot(SOURCES, LOOKUP))
-    snap = logic.snapshot(SOURCES, {**LOOKUP, (SEC, "creds"): "3333333333333333"})
-    plan = logic.plan(before, snap)
-    patch = logic.roll_patch(view, plan, snap, 1700000000.0, rv=42)
+    before = observed(plans.snapshot(SOURCES, LOOKUP))
+    snap = plans.snapshot(SOURCES, {**LOOKUP, (SEC, "creds"): "3333333333333333"})
+    plan = plans.plan(before, snap)
+    patch = patches.roll_patch(view, plan, snap, 1700000000.0, rv=42)
     annotations = patch["spec"]["template"]["metadata"]["annotations"]
-    assert logic.CONFIG_HASH not in annotations
-    value = annotations[logic.LAST_RELOADED_FROM]
+    assert CONFIG_HASH not in annotations
+    value = annotations[LAST_RELOADED_FROM]
     assert list(json.loads(value)) == ["type", "name", "namespace", "hash", "containerRefs", "observedAt"]
     assert json.loads(value) == {"type": "SECRET", "name": "creds", "namespace": "ns", "hash": "33333333",
                                  "containerRefs": ["c"], "observedAt": 1700000000}
@@ -308,77 +335,78 @@ def test_last_reloaded_from_is_reloaders_format() -> None:
 
 
 def test_pause_period_pauses_and_resumes() -> None:
-    body = workload({logic.RELOADER_AUTO: "true", logic.PAUSE_PERIOD: "10s"}, pod_spec=POD)
-    view = logic.workload_view("Deployment", body)
+    body = workload({RELOADER_AUTO: "true", PAUSE_PERIOD: "10s"}, pod_spec=POD)
+    view = views.workload_view("Deployment", body)
     assert view is not None and view.pause_period == 10
-    snap = logic.snapshot(SOURCES, LOOKUP)
-    patch = logic.roll_patch(view, logic.Plan(Action.ROLL, new_hash=snap.hash, changed=("secret/creds",)), snap, 1000.0)
-    assert patch["spec"]["paused"] is True and patch["metadata"]["annotations"][logic.PAUSED_AT]
-    body["metadata"]["annotations"][logic.PAUSED_AT] = epoch_to_iso(1000.0)
+    snap = plans.snapshot(SOURCES, LOOKUP)
+    rolled = plans.Plan(Action.ROLL, new_hash=snap.hash, changed=("secret/creds",))
+    patch = patches.roll_patch(view, rolled, snap, 1000.0)
+    assert patch["spec"]["paused"] is True and patch["metadata"]["annotations"][PAUSED_AT]
+    body["metadata"]["annotations"][PAUSED_AT] = epoch_to_iso(1000.0)
     body["spec"]["paused"] = True
-    paused = logic.workload_view("Deployment", body)
-    assert paused is not None and logic.unpause_due(paused, 1004.0) == 6.0
-    assert logic.unpause_patch()["spec"] == {"paused": False}
+    paused = views.workload_view("Deployment", body)
+    assert paused is not None and patches.unpause_due(paused, 1004.0) == 6.0
+    assert patches.unpause_patch()["spec"] == {"paused": False}
 
 
 def test_cronjob_job_and_recreated_job() -> None:
     cron = {"metadata": {"name": "nightly", "namespace": "ns", "uid": "u1",
-                         "annotations": {logic.RELOADER_AUTO: "true"}},
+                         "annotations": {RELOADER_AUTO: "true"}},
             "spec": {"jobTemplate": {"metadata": {"labels": {"a": "b"}},
                                      "spec": {"template": {"spec": POD}}}}}
-    view = logic.workload_view("CronJob", cron)
+    view = views.workload_view("CronJob", cron)
     assert view is not None and view.sources == SOURCES
-    job = logic.cronjob_job(view, "abcde", {})
+    job = patches.cronjob_job(view, "abcde", {})
     assert job["metadata"]["name"] == "nightly-abcde"
-    assert job["metadata"]["annotations"][logic.CRONJOB_INSTANTIATE] == "manual"
+    assert job["metadata"]["annotations"][CRONJOB_INSTANTIATE] == "manual"
     assert job["metadata"]["ownerReferences"][0]["uid"] == "u1" and job["spec"]["template"]["spec"] == POD
     labels = {"controller-uid": "x", "batch.kubernetes.io/job-name": "j", "app": "a"}
     body = {"metadata": {"name": "j", "namespace": "ns", "uid": "u2", "labels": dict(labels),
-                         "annotations": {logic.RELOADER_AUTO: "true"}},
+                         "annotations": {RELOADER_AUTO: "true"}},
             "spec": {"selector": {"matchLabels": {"controller-uid": "x"}},
                      "template": {"metadata": {"labels": dict(labels)}, "spec": POD}}}
-    job_view = logic.workload_view("Job", body)
+    job_view = views.workload_view("Job", body)
     assert job_view is not None
-    again = logic.recreated_job(job_view, {logic.OBSERVED_HASH: "h"})
+    again = patches.recreated_job(job_view, {OBSERVED_HASH: "h"})
     assert "selector" not in again["spec"] and again["spec"]["template"]["metadata"]["labels"] == {"app": "a"}
-    assert again["metadata"]["annotations"] == {logic.RELOADER_AUTO: "true", logic.OBSERVED_HASH: "h"}
+    assert again["metadata"]["annotations"] == {RELOADER_AUTO: "true", OBSERVED_HASH: "h"}
 
 
 def test_suspended_cronjob_holds_the_rollout() -> None:
     """Issue #20: a suspended CronJob gets no Job; the change is only recorded."""
     cron: dict[str, Any] = {
-        "metadata": {"name": "nightly", "namespace": "ns", "uid": "u1", "annotations": {logic.AUTO: "true"}},
+        "metadata": {"name": "nightly", "namespace": "ns", "uid": "u1", "annotations": {AUTO: "true"}},
             "spec": {"suspend": True, "jobTemplate": {"spec": {"template": {"spec": POD}}}}}
-    roll = logic.Plan(Action.ROLL, new_hash="h", changed=("configmap/nginx-conf",))
-    suspended = logic.workload_view("CronJob", cron)
-    assert suspended is not None and logic.held_by_suspend(suspended, roll)
-    assert not logic.held_by_suspend(suspended, logic.Plan(Action.BASELINE, new_hash="h"))
+    roll = plans.Plan(Action.ROLL, new_hash="h", changed=("configmap/nginx-conf",))
+    suspended = views.workload_view("CronJob", cron)
+    assert suspended is not None and plans.held_by_suspend(suspended, roll)
+    assert not plans.held_by_suspend(suspended, plans.Plan(Action.BASELINE, new_hash="h"))
     cron["spec"]["suspend"] = False
-    active = logic.workload_view("CronJob", cron)
-    assert active is not None and not logic.held_by_suspend(active, roll)
+    active = views.workload_view("CronJob", cron)
+    assert active is not None and not plans.held_by_suspend(active, roll)
     # A Deployment's spec.suspend means nothing (there is no such field): never held.
-    body = workload({logic.AUTO: "true"}, pod_spec=POD)
+    body = workload({AUTO: "true"}, pod_spec=POD)
     body["spec"]["suspend"] = True
-    deployment = logic.workload_view("Deployment", body)
-    assert deployment is not None and not logic.held_by_suspend(deployment, roll)
+    deployment = views.workload_view("Deployment", body)
+    assert deployment is not None and not plans.held_by_suspend(deployment, roll)
 
 
 def test_pacing_leading_edge_then_one_trailing_rollout() -> None:
-    settings = logic.Options(debounce_seconds=2, min_interval_seconds=10)
-    assert logic.next_rollout_at(None, 100.0, settings) == 100.0          # first change: at once
-    assert logic.next_rollout_at(100.0, 100.5, settings) == 110.0         # within the window: later
-    assert logic.next_rollout_at(100.0, 200.0, settings) == 200.0         # quiet again: at once
+    settings = Options(debounce_seconds=2, min_interval_seconds=10)
+    assert pacing.next_rollout_at(None, 100.0, settings) == 100.0          # first change: at once
+    assert pacing.next_rollout_at(100.0, 100.5, settings) == 110.0         # within the window: later
+    assert pacing.next_rollout_at(100.0, 200.0, settings) == 200.0         # quiet again: at once
     # A source flapping 10 times a second for a minute: at most 60 / 10 + 1 rollouts.
     rolls: list[float] = []
     t = 0.0
     while t < 60:
-        if logic.next_rollout_at(rolls[-1] if rolls else None, t, settings) <= t:
+        if pacing.next_rollout_at(rolls[-1] if rolls else None, t, settings) <= t:
             rolls.append(t)
         t += 0.1
     assert len(rolls) <= 7 and rolls[0] == 0.0
 
 
-def simulate(bucket: logic.TokenBucket, arrivals: list[tuple[float, str, str]]) -> dict[str, float]:
+def simulate(bucket: pacing.TokenBucket, arrivals: list[tuple[float, str, str]]) -> dict[str, float]:
     """Each rollout asks at its arrival and again whenever the bucket says (as the controller's timers
     do); the time each one is granted."""
     queue = [(at, ns, key) for at, ns, key in arrivals]
@@ -395,21 +423,21 @@ def simulate(bucket: logic.TokenBucket, arrivals: list[tuple[float, str, str]]) 
 
 
 def test_token_bucket_spreads_mass_rollouts() -> None:
-    bucket = logic.TokenBucket(rate=20, burst=40, now=0.0)
+    bucket = pacing.TokenBucket(rate=20, burst=40, now=0.0)
     granted = simulate(bucket, [(0.0, "ns", f"w{i}") for i in range(500)])
     times = sorted(granted.values())
     assert times[:40] == [0.0] * 40 and times[40] > 0
     assert times[-1] == pytest.approx((500 - 40) / 20, abs=0.01)
     # Never faster than the rate: any window of one second holds at most rate (+ burst at the start).
     assert all(times[i + 20] - times[i] >= 1 - 0.01 for i in range(40, len(times) - 20))
-    assert logic.TokenBucket(rate=0, burst=1, now=0).ask("ns", "k", 0) == 0.0
+    assert pacing.TokenBucket(rate=0, burst=1, now=0).ask("ns", "k", 0) == 0.0
     assert not bucket.waiting
 
 
 def test_a_flapping_namespace_delays_another_namespaces_first_rollout_by_at_most_one_token_interval() -> None:
     rate = 20
     for arrival in (0.0, 0.01, 2.0, 5.333, 11.9):
-        bucket = logic.TokenBucket(rate=rate, burst=40, now=0.0)
+        bucket = pacing.TokenBucket(rate=rate, burst=40, now=0.0)
         flapping = [(i * 0.001, "flapping", f"f{i}") for i in range(300)]  # 300 rollouts at once: ~13 s of tokens
         granted = simulate(bucket, [*flapping, (arrival, "quiet", "q0"), (arrival + 0.5, "other", "o0")])
         assert granted["q0"] - arrival <= 1 / rate + 1e-9, arrival
@@ -419,7 +447,7 @@ def test_a_flapping_namespace_delays_another_namespaces_first_rollout_by_at_most
 
 
 def test_namespaces_waiting_together_take_turns() -> None:
-    bucket = logic.TokenBucket(rate=10, burst=1, now=0.0)
+    bucket = pacing.TokenBucket(rate=10, burst=1, now=0.0)
     arrivals = [(0.0, ns, f"{ns}{i}") for ns in ("a", "b", "c") for i in range(4)]
     granted = simulate(bucket, arrivals)
     order = [key for key, _at in sorted(granted.items(), key=lambda item: item[1])]
@@ -430,7 +458,7 @@ def test_namespaces_waiting_together_take_turns() -> None:
 
 
 def test_a_cancelled_waiter_frees_its_place() -> None:
-    bucket = logic.TokenBucket(rate=1, burst=1, now=0.0)
+    bucket = pacing.TokenBucket(rate=1, burst=1, now=0.0)
     assert bucket.ask("a", "a0", 0.0) == 0.0
     assert bucket.ask("a", "a1", 0.0) == pytest.approx(1.0)
     assert bucket.ask("a", "a2", 0.0) == pytest.approx(2.0)
@@ -441,38 +469,38 @@ def test_a_cancelled_waiter_frees_its_place() -> None:
 
 
 def test_workload_index_entries() -> None:
-    body = workload({logic.AUTO: "true"}, pod_spec=POD)
-    entries = logic.workload_index_entries(logic.workload_view("Deployment", body))
+    body = workload({AUTO: "true"}, pod_spec=POD)
+    entries = views.workload_index_entries(views.workload_view("Deployment", body))
     assert entries[(CM, "ns", "nginx-conf")] == ("Deployment", "ns", "w")
     assert entries[(SEC, "ns", "creds")] == ("Deployment", "ns", "w")
-    assert isinstance(entries[("view", "Deployment", "ns", "w")], logic.WorkloadView)
-    assert logic.workload_index_entries(logic.workload_view("Deployment", workload(pod_spec=POD))) == {}
+    assert isinstance(entries[("view", "Deployment", "ns", "w")], views.WorkloadView)
+    assert views.workload_index_entries(views.workload_view("Deployment", workload(pod_spec=POD))) == {}
 
 
 def test_huge_baselines_keep_the_combined_hash_only() -> None:
     sources = {Source(CM, f"missing-{i:05d}-" + "x" * 80) for i in range(1500)}
-    snap = logic.snapshot(sources, {})
-    annotations = logic.baseline_annotations(logic.plan({}, snap), snap)
-    assert annotations[logic.OBSERVED_SOURCES] == "{}" and annotations[logic.OBSERVED_HASH] == snap.hash
+    snap = plans.snapshot(sources, {})
+    annotations = patches.baseline_annotations(plans.plan({}, snap), snap)
+    assert annotations[OBSERVED_SOURCES] == "{}" and annotations[OBSERVED_HASH] == snap.hash
 
 
 def test_many_long_named_sources_keep_per_source_hashes_by_digest() -> None:
     """130 sources with 253-character names: the refs do not fit, their digests do. Adding a source
     (a template edit, which rolls by itself) re-baselines; a data change rolls and names the source."""
     names = [f"p{i:03d}-" + "x" * 248 for i in range(130)]
-    lookup = {(CM, n): logic.source_view(CM, {"metadata": {"name": n, "resourceVersion": "1"}, "data": {"k": "1"}})
+    lookup = {(CM, n): views.source_view(CM, {"metadata": {"name": n, "resourceVersion": "1"}, "data": {"k": "1"}})
               for n in [*names, "extra"]}
-    snap = logic.snapshot({Source(CM, n) for n in names}, lookup)
-    stored = logic.baseline_annotations(logic.plan({}, snap), snap)
-    assert stored[logic.OBSERVED_SOURCES] != "{}" and len(stored[logic.OBSERVED_SOURCES]) <= logic.MAX_OBSERVED_SOURCES
-    assert logic.ref_digest(f"configmap/{names[0]}") in stored[logic.OBSERVED_SOURCES]
+    snap = plans.snapshot({Source(CM, n) for n in names}, lookup)
+    stored = patches.baseline_annotations(plans.plan({}, snap), snap)
+    assert stored[OBSERVED_SOURCES] != "{}" and len(stored[OBSERVED_SOURCES]) <= patches.MAX_OBSERVED_SOURCES
+    assert plans.ref_digest(f"configmap/{names[0]}") in stored[OBSERVED_SOURCES]
 
-    more = logic.snapshot({Source(CM, n) for n in [*names, "extra"]}, lookup)
-    assert logic.plan(stored, more).action is Action.BASELINE
+    more = plans.snapshot({Source(CM, n) for n in [*names, "extra"]}, lookup)
+    assert plans.plan(stored, more).action is Action.BASELINE
 
-    lookup[(CM, names[99])] = logic.source_view(CM, {"metadata": {"name": names[99], "resourceVersion": "2"},
+    lookup[(CM, names[99])] = views.source_view(CM, {"metadata": {"name": names[99], "resourceVersion": "2"},
                                                      "data": {"k": "2"}})
-    changed = logic.plan(stored, logic.snapshot({Source(CM, n) for n in names}, lookup))
+    changed = plans.plan(stored, plans.snapshot({Source(CM, n) for n in names}, lookup))
     assert changed.action is Action.ROLL and changed.changed == (f"configmap/{names[99]}",)
 
 
@@ -487,21 +515,21 @@ def test_many_long_named_sources_keep_per_source_hashes_by_digest() -> None:
     (CM, "0cfg", "STAKATER_0CFG_CONFIGMAP"),
 ])
 def test_env_var_name_is_reloaders(kind: str, name: str, expected: str) -> None:
-    assert logic.env_var_name(kind, name) == expected
+    assert patches.env_var_name(kind, name) == expected
 
 
 def test_reload_strategy_setting() -> None:
-    assert logic.Options.from_env({}).reload_strategy == "annotations"
-    assert logic.Options.from_env({"REROLLER_RELOAD_STRATEGY": "env-vars"}).env_vars
+    assert Options.from_env({}).reload_strategy == "annotations"
+    assert Options.from_env({"REROLLER_RELOAD_STRATEGY": "env-vars"}).env_vars
     with pytest.raises(ValueError, match="REROLLER_RELOAD_STRATEGY"):
-        logic.Options.from_env({"REROLLER_RELOAD_STRATEGY": "envvars"})
+        Options.from_env({"REROLLER_RELOAD_STRATEGY": "envvars"})
 
 
-ENV_SETTINGS = logic.Options(reload_strategy="env-vars")
+ENV_SETTINGS = Options(reload_strategy="env-vars")
 
 
-def env_view(pod_spec: dict[str, Any], annotations: dict[str, str] | None = None) -> logic.WorkloadView:
-    view = logic.workload_view("Deployment", workload(annotations or {logic.AUTO: "true"}, pod_spec=pod_spec),
+def env_view(pod_spec: dict[str, Any], annotations: dict[str, str] | None = None) -> views.WorkloadView:
+    view = views.workload_view("Deployment", workload(annotations or {AUTO: "true"}, pod_spec=pod_spec),
                                ENV_SETTINGS)
     assert view is not None
     return view
@@ -512,9 +540,9 @@ def test_env_vars_patch_adds_then_replaces_the_variable() -> None:
                            "containers": [{"name": "side"},
                                           {"name": "app", "volumeMounts": [{"name": "v", "mountPath": "/c"}]}]}
     view = env_view(pod)
-    snap = logic.Snapshot(per_source={"configmap/conf": "1a2b3c4d"}, missing=[])
-    plan = logic.Plan(Action.ROLL, new_hash="h2", changed=("configmap/conf",))
-    ops = logic.env_vars_patch(view, plan, snap, 0.0, rv=7)
+    snap = plans.Snapshot(per_source={"configmap/conf": "1a2b3c4d"}, missing=[])
+    plan = plans.Plan(Action.ROLL, new_hash="h2", changed=("configmap/conf",))
+    ops = patches.env_vars_patch(view, plan, snap, 0.0, rv=7)
     assert ops[0] == {"op": "replace", "path": "/metadata/resourceVersion", "value": "7"}
     # The container mounting the volume (index 1), which had no env: the list is created.
     assert ops[-1] == {"op": "add", "path": "/spec/template/spec/containers/1/env",
@@ -524,17 +552,17 @@ def test_env_vars_patch_adds_then_replaces_the_variable() -> None:
     assert not any("template/metadata" in op["path"] for op in ops), "no pod-template annotation"
     # The variable already there: its value is replaced in place; other variables are kept.
     pod["containers"][1]["env"] = [{"name": "X", "value": "1"}, {"name": "STAKATER_CONF_CONFIGMAP", "value": "old"}]
-    ops = logic.env_vars_patch(env_view(pod), plan, snap, 0.0)
+    ops = patches.env_vars_patch(env_view(pod), plan, snap, 0.0)
     assert ops[-1] == {"op": "replace", "path": "/spec/template/spec/containers/1/env/1/value", "value": "1a2b3c4d"}
 
 
 def test_env_vars_patch_picks_containers_as_reloader_does() -> None:
     pod = {"initContainers": [{"name": "init", "envFrom": [{"secretRef": {"name": "s"}}]}],
            "containers": [{"name": "a", "env": []}, {"name": "b", "envFrom": [{"configMapRef": {"name": "c"}}]}]}
-    view = env_view(pod, {logic.AUTO: "true", logic.CONFIGMAPS: "named"})
-    snap = logic.Snapshot(per_source={"configmap/c": "11", "secret/s": "22", "configmap/named": "33"}, missing=[])
-    plan = logic.Plan(Action.ROLL, new_hash="h", changed=("configmap/c", "configmap/named", "secret/s"))
-    env_ops = [op for op in logic.env_vars_patch(view, plan, snap, 0.0) if "/env" in op["path"]]
+    view = env_view(pod, {AUTO: "true", CONFIGMAPS: "named"})
+    snap = plans.Snapshot(per_source={"configmap/c": "11", "secret/s": "22", "configmap/named": "33"}, missing=[])
+    plan = plans.Plan(Action.ROLL, new_hash="h", changed=("configmap/c", "configmap/named", "secret/s"))
+    env_ops = [op for op in patches.env_vars_patch(view, plan, snap, 0.0) if "/env" in op["path"]]
     assert env_ops == [
         {"op": "add", "path": "/spec/template/spec/containers/1/env", "value": [{"name": "STAKATER_C_CONFIGMAP",
                                                                                   "value": "11"}]},
@@ -547,18 +575,18 @@ def test_env_vars_patch_picks_containers_as_reloader_does() -> None:
 
 
 def test_env_vars_patch_without_annotations_and_with_a_pause_period() -> None:
-    view = env_view(POD, {logic.AUTO: "true"})
+    view = env_view(POD, {AUTO: "true"})
     bare = dataclasses.replace(view, has_annotations=False, pause_period=60.0)
-    snap = logic.Snapshot(per_source={"configmap/nginx-conf": "aa"}, missing=[])
-    roll = logic.Plan(Action.ROLL, new_hash="h", changed=("configmap/nginx-conf",))
-    ops = logic.env_vars_patch(bare, roll, snap, 0.0)
+    snap = plans.Snapshot(per_source={"configmap/nginx-conf": "aa"}, missing=[])
+    roll = plans.Plan(Action.ROLL, new_hash="h", changed=("configmap/nginx-conf",))
+    ops = patches.env_vars_patch(bare, roll, snap, 0.0)
     added = next(op for op in ops if op["path"] == "/metadata/annotations")
-    assert added["value"][logic.OBSERVED_HASH] == "h" and logic.PAUSED_AT in added["value"]
+    assert added["value"][OBSERVED_HASH] == "h" and PAUSED_AT in added["value"]
     assert {"op": "add", "path": "/spec/paused", "value": True} in ops
 
 
 def test_annotations_strategy_keeps_no_container_state() -> None:
-    view = logic.workload_view("Deployment", workload({logic.AUTO: "true"}, pod_spec=POD))
+    view = views.workload_view("Deployment", workload({AUTO: "true"}, pod_spec=POD))
     assert view is not None and view.env_containers == ()
 
 
@@ -601,7 +629,7 @@ USED_KEYS_TABLE: list[tuple[str, dict[str, Any], dict[tuple[str, str], frozenset
 @pytest.mark.parametrize(("pod_spec", "expected"), [(s, e) for _, s, e in USED_KEYS_TABLE],
                          ids=[n for n, _, _ in USED_KEYS_TABLE])
 def test_used_keys(pod_spec: dict[str, Any], expected: dict[tuple[str, str], frozenset[str] | None]) -> None:
-    assert logic.used_keys(pod_spec) == expected
+    assert views.used_keys(pod_spec) == expected
 
 
 KEYED_POD = {"containers": [{"name": "c", "env": [
@@ -609,15 +637,15 @@ KEYED_POD = {"containers": [{"name": "c", "env": [
 
 
 def keyed_snapshot(data: dict[str, str], annotations: dict[str, str], pod: dict[str, Any] | None = None
-                   ) -> logic.Snapshot:
-    view = logic.workload_view("Deployment", workload(annotations, pod_spec=pod or KEYED_POD))
+                   ) -> plans.Snapshot:
+    view = views.workload_view("Deployment", workload(annotations, pod_spec=pod or KEYED_POD))
     assert view is not None
     body = {"data": data}
-    found = logic.SourceView(logic.source_hash(CM, body), 1, keys=logic.key_hashes(CM, body))
-    return logic.snapshot(view.sources, {(CM, "shared"): found}, view.key_scopes)
+    found = views.SourceView(views.source_hash(CM, body), 1, keys=views.key_hashes(CM, body))
+    return plans.snapshot(view.sources, {(CM, "shared"): found}, view.key_scopes)
 
 
-SCOPED = {logic.AUTO: "true", logic.USED_KEYS_ONLY: "true"}
+SCOPED = {AUTO: "true", USED_KEYS_ONLY: "true"}
 
 
 def test_key_scoped_snapshot_ignores_unused_keys() -> None:
@@ -626,46 +654,46 @@ def test_key_scoped_snapshot_ignores_unused_keys() -> None:
     assert keyed_snapshot({"a": "2", "b": "1"}, SCOPED).hash != before.hash     # a is
     assert keyed_snapshot({"b": "1"}, SCOPED).hash != before.hash               # a removed
     # Without the opt-in, any key rolls.
-    plain = keyed_snapshot({"a": "1", "b": "1"}, {logic.AUTO: "true"})
-    assert keyed_snapshot({"a": "1", "b": "2"}, {logic.AUTO: "true"}).hash != plain.hash
+    plain = keyed_snapshot({"a": "1", "b": "1"}, {AUTO: "true"})
+    assert keyed_snapshot({"a": "1", "b": "2"}, {AUTO: "true"}).hash != plain.hash
 
 
 def test_key_scope_change_is_no_data_change() -> None:
     """Switching the opt-in on or off, or the template starting to use another key, re-records the
     baseline (the template edit rolls by itself), never a second rollout."""
     data = {"a": "1", "b": "1"}
-    plain, scoped = keyed_snapshot(data, {logic.AUTO: "true"}), keyed_snapshot(data, SCOPED)
+    plain, scoped = keyed_snapshot(data, {AUTO: "true"}), keyed_snapshot(data, SCOPED)
     more = {"containers": [{"name": "c", "env": [
         {"name": "A", "valueFrom": {"configMapKeyRef": {"name": "shared", "key": "a"}}},
         {"name": "B", "valueFrom": {"configMapKeyRef": {"name": "shared", "key": "b"}}}]}]}
     wider = keyed_snapshot(data, SCOPED, more)
     for old, new in ((plain, scoped), (scoped, plain), (scoped, wider)):
-        stored = logic.baseline_annotations(logic.Plan(Action.BASELINE, new_hash=old.hash), old)
-        assert logic.plan(stored, new).action is Action.BASELINE
-    stored = logic.baseline_annotations(logic.Plan(Action.BASELINE, new_hash=scoped.hash), scoped)
-    assert logic.plan(stored, keyed_snapshot({"a": "2", "b": "1"}, SCOPED)).action is Action.ROLL
+        stored = patches.baseline_annotations(plans.Plan(Action.BASELINE, new_hash=old.hash), old)
+        assert plans.plan(stored, new).action is Action.BASELINE
+    stored = patches.baseline_annotations(plans.Plan(Action.BASELINE, new_hash=scoped.hash), scoped)
+    assert plans.plan(stored, keyed_snapshot({"a": "2", "b": "1"}, SCOPED)).action is Action.ROLL
 
 
 def test_key_hashes_never_hold_values() -> None:
-    keys = logic.key_hashes(SEC, {"data": {"password": "aHVudGVyMg=="}})
+    keys = views.key_hashes(SEC, {"data": {"password": "aHVudGVyMg=="}})
     assert [k for k, _ in keys] == ["password"] and "aHVudGVyMg==" not in str(keys)
 
 
 def test_argo_rollout_restart_strategy_sets_restart_at() -> None:
-    body = workload({logic.RELOADER_AUTO: "true", logic.ROLLOUT_STRATEGY: "restart"}, pod_spec=POD)
-    view = logic.workload_view("Rollout", body)
+    body = workload({RELOADER_AUTO: "true", ROLLOUT_STRATEGY: "restart"}, pod_spec=POD)
+    view = views.workload_view("Rollout", body)
     assert view is not None and view.restart
-    snap = logic.Snapshot(per_source={"configmap/nginx-conf": "aa"}, missing=[])
-    patch = logic.roll_patch(view, logic.Plan(Action.ROLL, new_hash="h", changed=("configmap/nginx-conf",)), snap,
-                             1_700_000_000.0, rv=3)
+    snap = plans.Snapshot(per_source={"configmap/nginx-conf": "aa"}, missing=[])
+    patch = patches.roll_patch(view, plans.Plan(Action.ROLL, new_hash="h", changed=("configmap/nginx-conf",)), snap,
+                               1_700_000_000.0, rv=3)
     assert patch["spec"] == {"restartAt": "2023-11-14T22:13:20Z"}
-    assert patch["metadata"]["annotations"][logic.OBSERVED_HASH] == "h"
+    assert patch["metadata"]["annotations"][OBSERVED_HASH] == "h"
     # Default ("rollout" or absent): the pod template, as for a Deployment; the key means nothing elsewhere.
-    body["metadata"]["annotations"][logic.ROLLOUT_STRATEGY] = "rollout"
-    default = logic.workload_view("Rollout", body)
+    body["metadata"]["annotations"][ROLLOUT_STRATEGY] = "rollout"
+    default = views.workload_view("Rollout", body)
     assert default is not None and not default.restart
-    assert logic.LAST_RELOADED_FROM in logic.roll_patch(default, logic.Plan(Action.ROLL, new_hash="h"), snap, 0.0)[
+    assert LAST_RELOADED_FROM in patches.roll_patch(default, plans.Plan(Action.ROLL, new_hash="h"), snap, 0.0)[
         "spec"]["template"]["metadata"]["annotations"]
-    body["metadata"]["annotations"][logic.ROLLOUT_STRATEGY] = "restart"
-    deployment = logic.workload_view("Deployment", body)
+    body["metadata"]["annotations"][ROLLOUT_STRATEGY] = "restart"
+    deployment = views.workload_view("Deployment", body)
     assert deployment is not None and not deployment.restart

@@ -15,41 +15,42 @@ from kopf_operators.core import metrics
 from kopf_operators.core.access import ApiError, Conflict
 from kopf_operators.core.conventions import DATA_STAMP, data_hash
 from kopf_operators.reroller import controller as reroller
-from kopf_operators.reroller import decisions as logic
+from kopf_operators.reroller import decisions, plans, settings, views
 from kopf_operators.reroller.controller import RerollerController
+from kopf_operators.reroller.patches import baseline_annotations
 from tests.unit.fake_access import FakeAccess, in_flight, server_error
 
 T = TypeVar("T")
 KEY = ("Deployment", "ns", "web")
-OPTIONS = logic.Options()
+OPTIONS = settings.Options()
 
 
-def configmap(value: str, rv: str = "3") -> logic.SourceView:
-    return logic.source_view("ConfigMap", {"metadata": {"name": "conf", "namespace": "ns", "uid": "conf-uid",
+def configmap(value: str, rv: str = "3") -> views.SourceView:
+    return views.source_view("ConfigMap", {"metadata": {"name": "conf", "namespace": "ns", "uid": "conf-uid",
                                                         "resourceVersion": rv}, "data": {"k": value}})
 
 
 def deployment(annotations: dict[str, str] | None = None) -> dict[str, Any]:
     return {"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "web", "namespace": "ns", "uid": "web-uid", "resourceVersion": "5",
-                         "annotations": {logic.AUTO: "true", **(annotations or {})}},
+                         "annotations": {settings.AUTO: "true", **(annotations or {})}},
             "spec": {"template": {"metadata": {"annotations": {}}, "spec": {"containers": [
                 {"name": "c", "envFrom": [{"configMapRef": {"name": "conf"}}]}]}}}}
 
 
-def baseline_for(source: logic.SourceView) -> dict[str, str]:
+def baseline_for(source: views.SourceView) -> dict[str, str]:
     """The annotations a workload carries once the re-roller has recorded ``source`` as its baseline."""
-    view = logic.workload_view("Deployment", deployment(), OPTIONS)
+    view = views.workload_view("Deployment", deployment(), OPTIONS)
     assert view is not None
     lookup = {("ConfigMap", "conf"): source}
-    snap = logic.snapshot(logic.effective_sources(view, lookup, OPTIONS), lookup, view.key_scopes)
-    return logic.baseline_annotations(logic.plan({}, snap), snap)
+    snap = plans.snapshot(views.effective_sources(view, lookup, OPTIONS), lookup, view.key_scopes)
+    return baseline_annotations(plans.plan({}, snap), snap)
 
 
-def controller(access: FakeAccess, workload: dict[str, Any], source: logic.SourceView | None) -> RerollerController:
+def controller(access: FakeAccess, workload: dict[str, Any], source: views.SourceView | None) -> RerollerController:
     """``source`` None: the ConfigMap is not (or not yet) in the index."""
-    view = logic.workload_view("Deployment", workload, OPTIONS)
-    workloads: dict[Any, list[Any]] = {key: [value] for key, value in logic.workload_index_entries(view).items()}
+    view = views.workload_view("Deployment", workload, OPTIONS)
+    workloads: dict[Any, list[Any]] = {key: [value] for key, value in views.workload_index_entries(view).items()}
     indexes: dict[str, Any] = {index_id: {} for index_id in reroller.INDEXES}
     indexes[reroller.SOURCE_INDEXES["ConfigMap"]] = {("ConfigMap", "ns", "conf"): [source]} if source else {}
     indexes[reroller.WORKLOAD_INDEXES["Deployment"]] = workloads
@@ -73,7 +74,7 @@ def test_the_first_sighting_records_the_baseline_and_rolls_nothing() -> None:
     access = FakeAccess()
     run(controller(access, deployment(), configmap("v1")).guarded(KEY, "workload event"))
     [patch] = patches(access)
-    assert logic.OBSERVED_HASH in patch["metadata"]["annotations"]
+    assert settings.OBSERVED_HASH in patch["metadata"]["annotations"]
     assert "spec" not in patch  # the pod template is untouched: no rollout
 
 
@@ -153,14 +154,14 @@ def test_a_source_missing_at_the_first_sighting_is_recorded_absent_only_once_it_
         await ctl.guarded(KEY, "workload event")
         await ctl.guarded(KEY, "workload event")  # say, the Deployment's own status update
         early, due = list(access.calls), ctl.passes.timers.due_in(KEY)
-        clock[0] += logic.ABSENT_SETTLE_SECONDS
+        clock[0] += decisions.ABSENT_SETTLE_SECONDS
         await ctl.guarded(KEY, "timer")
         await ctl.stop()
         return early, due, patches(access), access.events
 
     early, due, [patch], events = run(scenario())
-    assert early == [] and due == pytest.approx(logic.ABSENT_SETTLE_SECONDS, abs=0.05)
-    assert logic.ABSENT in patch["metadata"]["annotations"][logic.OBSERVED_SOURCES] and "spec" not in patch
+    assert early == [] and due == pytest.approx(decisions.ABSENT_SETTLE_SECONDS, abs=0.05)
+    assert settings.ABSENT in patch["metadata"]["annotations"][settings.OBSERVED_SOURCES] and "spec" not in patch
     assert events == [("Warning", "SourceMissing")]
 
 
@@ -175,7 +176,8 @@ def test_a_source_late_in_its_watch_stream_becomes_the_baseline_without_a_rollou
         return patches(access)
 
     [patch] = run(scenario())
-    assert patch["metadata"]["annotations"][logic.OBSERVED_HASH] == baseline_for(configmap("v1"))[logic.OBSERVED_HASH]
+    baseline = baseline_for(configmap("v1"))
+    assert patch["metadata"]["annotations"][settings.OBSERVED_HASH] == baseline[settings.OBSERVED_HASH]
     assert "spec" not in patch
 
 
@@ -247,10 +249,10 @@ def test_an_event_that_must_wait_for_a_write_slot_gives_its_event_slot_back_and_
     assert patch["spec"]["template"]["metadata"]["annotations"]  # the rollout
 
 
-def edited_copy(value: str, stamped_value: str) -> logic.SourceView:
+def edited_copy(value: str, stamped_value: str) -> views.SourceView:
     """A Copyrator copy holding ``value`` with the data stamp of ``stamped_value``."""
     stamp = data_hash("ConfigMap", {"data": {"k": stamped_value}})
-    return logic.source_view("ConfigMap", {"metadata": {"name": "conf", "namespace": "ns", "resourceVersion": "4",
+    return views.source_view("ConfigMap", {"metadata": {"name": "conf", "namespace": "ns", "resourceVersion": "4",
                                                         "annotations": {DATA_STAMP: stamp}}, "data": {"k": value}})
 
 
@@ -264,7 +266,7 @@ def test_a_hand_edited_copy_writes_nothing_and_looks_again_when_the_grace_ends()
         return access.calls, due
 
     calls, due = run(scenario())
-    assert calls == [] and due == pytest.approx(logic.DRIFT_GRACE_SECONDS, abs=0.5)
+    assert calls == [] and due == pytest.approx(decisions.DRIFT_GRACE_SECONDS, abs=0.5)
 
 
 def test_without_sync_after_restart_the_first_look_records_the_change_even_after_a_conflict() -> None:
@@ -273,7 +275,7 @@ def test_without_sync_after_restart_the_first_look_records_the_change_even_after
     access.answer("patch", Conflict(409, "Conflict", "changed"))
     access.answer("read", workload)
     ctl = controller(access, workload, configmap("v2"))
-    ctl.options = logic.Options(sync_after_restart=False)
+    ctl.options = settings.Options(sync_after_restart=False)
     run(ctl.guarded(KEY, "workload event"))
     assert [call[0] for call in access.calls] == ["patch", "read", "patch"]
     assert all("spec" not in patch for patch in patches(access))  # baselines only: no rollout
@@ -305,7 +307,7 @@ def test_a_source_gone_with_its_namespace_is_no_warning(monkeypatch: pytest.Monk
         ctl = controller(access, deployment(), None)
         ctl.terminating = {"ns": [True]}
         await ctl.guarded(KEY, "workload event")
-        clock[0] += logic.ABSENT_SETTLE_SECONDS
+        clock[0] += decisions.ABSENT_SETTLE_SECONDS
         await ctl.guarded(KEY, "timer")
         await ctl.stop()
         return access.events

@@ -10,9 +10,9 @@ from typing import Any
 
 from kopf_operators.core.access import AlreadyExists
 from kopf_operators.reroller import controller as reroller
-from kopf_operators.reroller import decisions as logic
-from kopf_operators.reroller import plans
-from kopf_operators.reroller.decisions import Action, Source
+from kopf_operators.reroller import patches, plans, settings
+from kopf_operators.reroller.plans import Action
+from kopf_operators.reroller.views import Source, SourceView, source_view
 from tests.unit.fake_access import FakeAccess
 
 KEY = b"k" * 32
@@ -20,9 +20,9 @@ SECRET = Source("Secret", "creds")
 CONF = Source("ConfigMap", "conf")
 
 
-def views(secret_data: str) -> dict[tuple[str, str], logic.SourceView]:
-    return {("Secret", "creds"): logic.source_view("Secret", {"metadata": {}, "data": {"p": secret_data}}),
-            ("ConfigMap", "conf"): logic.source_view("ConfigMap", {"metadata": {}, "data": {"k": "v"}})}
+def views(secret_data: str) -> dict[tuple[str, str], SourceView]:
+    return {("Secret", "creds"): source_view("Secret", {"metadata": {}, "data": {"p": secret_data}}),
+            ("ConfigMap", "conf"): source_view("ConfigMap", {"metadata": {}, "data": {"k": "v"}})}
 
 
 def test_a_secrets_digest_is_keyed_and_a_configmaps_is_not() -> None:
@@ -43,12 +43,12 @@ def test_a_secrets_digest_is_keyed_and_a_configmaps_is_not() -> None:
 def test_the_first_pass_after_the_upgrade_adopts_the_keyed_digests_without_rolling() -> None:
     lookup = views("djE=")
     old = plans.snapshot([SECRET, CONF], lookup)
-    baseline = logic.baseline_annotations(plans.plan({}, old), old)
+    baseline = patches.baseline_annotations(plans.plan({}, old), old)
     keyed = plans.snapshot([SECRET, CONF], lookup, digest_key=KEY)
     adopted = plans.plan(baseline, keyed)
     assert adopted.action is Action.BASELINE
     # Keyed from then on: a real change of the Secret rolls, a ConfigMap's too.
-    after = logic.baseline_annotations(adopted, keyed)
+    after = patches.baseline_annotations(adopted, keyed)
     changed = plans.snapshot([SECRET, CONF], views("djI="), digest_key=KEY)
     assert plans.plan(after, changed).changed == ("secret/creds",)
     assert plans.plan(after, keyed).action is Action.NONE
@@ -57,7 +57,7 @@ def test_the_first_pass_after_the_upgrade_adopts_the_keyed_digests_without_rolli
 def test_the_key_is_created_once_by_the_first_pass_and_read_after() -> None:
     async def scenario(access: FakeAccess) -> tuple[bytes | None, bytes | None]:
         indexes: dict[str, Any] = {index_id: {} for index_id in reroller.INDEXES}
-        ctl = reroller.RerollerController(access, logic.Options(), indexes, key_namespace="ops")  # type: ignore[arg-type]
+        ctl = reroller.RerollerController(access, settings.Options(), indexes, key_namespace="ops")  # type: ignore[arg-type]
         first, again = await ctl.digest_key(), await ctl.digest_key()
         await ctl.stop()
         return first, again
@@ -81,7 +81,7 @@ def test_of_two_replicas_racing_to_create_the_key_the_second_reads_the_firsts() 
 def test_without_an_operator_namespace_the_digests_stay_unkeyed_and_nothing_is_written() -> None:
     async def scenario(access: FakeAccess) -> bytes | None:
         indexes: dict[str, Any] = {index_id: {} for index_id in reroller.INDEXES}
-        ctl = reroller.RerollerController(access, logic.Options(), indexes)  # type: ignore[arg-type]
+        ctl = reroller.RerollerController(access, settings.Options(), indexes)  # type: ignore[arg-type]
         key = await ctl.digest_key()
         await ctl.stop()
         return key

@@ -5,6 +5,9 @@
 - No controller keeps its own "newest known version" cache: core.controller.Newest is the one.
 - Every controller's passes outside Kopf's handlers go through core.controller.GuardedPass: each makes
   one, and none keeps a retry wrapper of its own (a ``Backoff``, a ``next_delay`` call).
+- The import graph: no star import; no module imports a name from a module that only imported it itself
+  (a re-export; a package's ``__init__.py`` may gather names); no operator imports another (what two
+  share lives in kopf_operators/core).
 - Tests and benchmarks assert behaviour through the API (objects, Events, status, metrics): only the
   modules in LOG_READERS_ALLOWED read the operator's log text, each for a reason the API cannot serve.
 
@@ -208,3 +211,114 @@ def test_every_module_on_the_real_node_runs_where_the_real_node_is() -> None:
     marks = re.compile(r"\b(real_node|operator_image)\b|tests\.e2e\.realnode")
     using = {relative(path) for path in (REPO / "tests" / "e2e").glob("test_*.py") if marks.search(path.read_text())}
     assert using - scheduling.LAST == scheduling.REAL_NODE_MODULES
+
+
+# --- the import graph: each name imported from where it is defined -----------------------------------
+
+# Where the project's importable Python lives (operators/ holds Kopf's entry files: loaded, never imported).
+SOURCE_TREES = ("kopf_operators", "operators", "tests", "bench", "testsupport", "release")
+OPERATORS = ("immortal", "copyrator", "blackadder", "reroller")
+
+
+def python_files(root: pathlib.Path) -> list[pathlib.Path]:
+    return [path for tree in SOURCE_TREES for path in sorted((root / tree).rglob("*.py"))]
+
+
+def module_name(root: pathlib.Path, path: pathlib.Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def star_imports(path: pathlib.Path) -> list[str]:
+    """The modules ``path`` star-imports (``from m import *``)."""
+    return sorted({node.module or "." for node in ast.walk(ast.parse(path.read_text()))
+                   if isinstance(node, ast.ImportFrom) and any(alias.name == "*" for alias in node.names)})
+
+
+def imports_of(tree: ast.AST) -> tuple[dict[str, str], list[tuple[str, str, int]]]:
+    """A module's imports: the names it binds to modules (name -> module) and each name it takes from
+    a module ((module, name, line): ``from m import name``)."""
+    modules: dict[str, str] = {}
+    taken: list[tuple[str, str, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    modules[alias.asname] = alias.name
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level and node.module != "__future__":
+            for alias in node.names:
+                modules[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                taken.append((node.module, alias.name, node.lineno))
+    return modules, taken
+
+
+def re_exports(root: pathlib.Path) -> list[str]:
+    """Names some module takes from a module that only imported them itself (``from m import x`` or
+    ``m.x``, where ``m`` imported ``x``): import each from where it is defined. A package's
+    ``__init__.py`` may gather names for others."""
+    files = {module_name(root, path): path for path in python_files(root)}
+    trees = {name: ast.parse(path.read_text()) for name, path in files.items()}
+    imported = {name: {bound for bound in imports_of(tree)[0]} for name, tree in trees.items()
+                if files[name].name != "__init__.py"}
+    found = []
+    for name, tree in trees.items():
+        modules, taken = imports_of(tree)
+        uses = [(module, attr, line) for module, attr, line in taken]
+        uses += [(modules[node.value.id], node.attr, node.lineno) for node in ast.walk(tree)
+                 if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules]
+        found += [f"{relative(files[name])}:{line}: {module}.{attr} (imported there, not defined)"
+                  for module, attr, line in uses if attr in imported.get(module, ())]
+    return sorted(set(found))
+
+
+def operator_imports(root: pathlib.Path) -> list[str]:
+    """Imports of one operator's modules (kopf_operators/<op>/, operators/<op>.py) from another's."""
+    found = []
+    for op in OPERATORS:
+        paths = [*sorted((root / "kopf_operators" / op).rglob("*.py")), root / "operators" / f"{op}.py"]
+        for path in (p for p in paths if p.exists()):
+            for node in ast.walk(ast.parse(path.read_text())):
+                modules = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    modules = [node.module]
+                found += [f"{path.relative_to(root).as_posix()} imports {module}" for module in modules
+                          if (parts := module.split("."))[0] == "kopf_operators" and len(parts) > 1
+                          and parts[1] in OPERATORS and parts[1] != op]
+    return sorted(set(found))
+
+
+def test_no_star_import() -> None:
+    found = {relative(path): star_imports(path) for path in python_files(REPO)}
+    new = [f"{name}: from {modules} import *" for name, modules in found.items() if modules]
+    assert not new, "import each name from the module that defines it:\n" + "\n".join(new)
+
+
+def test_no_re_export_outside_a_package_init() -> None:
+    found = re_exports(REPO)
+    assert not found, "import each name from the module that defines it:\n" + "\n".join(found)
+
+
+def test_no_operator_imports_another() -> None:
+    found = operator_imports(REPO)
+    assert not found, "move what two operators share into kopf_operators/core (conventions.py):\n" + "\n".join(found)
+
+
+def test_the_import_checks_see_what_they_look_for(tmp_path: pathlib.Path) -> None:
+    def write(name: str, text: str) -> None:
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+    write("kopf_operators/__init__.py", "")
+    write("kopf_operators/copyrator/__init__.py", "from kopf_operators.copyrator.rules import KIND\n")
+    write("kopf_operators/copyrator/rules.py", "from kopf_operators.core.conventions import DOMAIN\nKIND = 'R'\n")
+    write("kopf_operators/copyrator/facade.py", "from kopf_operators.copyrator.rules import *\n")
+    write("kopf_operators/blackadder/settings.py",
+          "from kopf_operators.copyrator import rules\nfrom kopf_operators.copyrator.rules import DOMAIN, KIND\n"
+          "from kopf_operators.copyrator import KIND as K\nLABEL = rules.DOMAIN + rules.KIND\n")
+    write("tests/test_x.py", "from kopf_operators.copyrator.facade import KIND\n")
+    assert star_imports(tmp_path / "kopf_operators/copyrator/facade.py") == ["kopf_operators.copyrator.rules"]
+    assert [line.split(": ", 1)[1] for line in re_exports(tmp_path)] == [
+        "kopf_operators.copyrator.rules.DOMAIN (imported there, not defined)"] * 2  # from-import, then rules.DOMAIN
+    assert [line.split(" imports ")[1] for line in operator_imports(tmp_path)] == [
+        "kopf_operators.copyrator", "kopf_operators.copyrator.rules"]  # from kopf_operators/blackadder/settings.py
