@@ -26,7 +26,7 @@ from kopf_operators.blackadder.controller import (
     TenantChaosController,
 )
 from kopf_operators.core import process
-from kopf_operators.core.access import ApiError
+from kopf_operators.core.api import ApiError
 
 RESOURCE = (logic.GROUP, logic.VERSION, logic.PLURAL)
 TENANT_RESOURCE = (logic.GROUP, logic.VERSION, logic.TENANT_PLURAL)

@@ -27,7 +27,7 @@ from kopf_operators.copyrator.controller import (
     copy_index_keys,
 )
 from kopf_operators.core import process
-from kopf_operators.core.access import ApiError
+from kopf_operators.core.api import ApiError
 
 RULES = (logic.GROUP, logic.VERSION, logic.PLURAL)
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Literal
 
 from kopf_operators.copyrator import decisions as logic
-from kopf_operators.core.controller import Index, KeyedState, Newest, PerKey, first, values
+from kopf_operators.core.state import Index, KeyedState, Newest, PerKey, first, values
 
 CopyKey = tuple[str, str, str]  # (kind, namespace, name)
 # A copies index answers four lookups, so it holds each copy under four key shapes (one indexer per

@@ -51,8 +51,9 @@ from kopf._core.actions import invocation
 from kopf._core.reactor import processing
 
 from kopf_operators.core import metrics
-from kopf_operators.core.access import Access, Echo
+from kopf_operators.core.access import Access
 from kopf_operators.core.conventions import data_bytes, elide_data
+from kopf_operators.core.echoes import Echo
 from kopf_operators.core.runtime import TRIM_SECONDS, glibc_malloc_trim, small_tls_read_buffers, trim_allocator
 
 logger = logging.getLogger("kopf_operators.kopf_patches")
@@ -304,7 +305,7 @@ def governed(process: ProcessEvent) -> ProcessEvent:
       until it acts (``ActingGate``). The other resources are indexed and their event handlers run
       as on the holder, every event: their controllers write nothing while paused (the access layer
       refuses it), and make one level-triggered pass over their indexes when the Lease is taken
-      (``controller.Background.resync``), so the indexes stay current on the standby;
+      (``background.Background.resync``), so the indexes stay current on the standby;
     - a MODIFIED event is skipped when a newer event of the same object is already queued (Kopf sets
       the object's ``stream_pressure`` then): the newer body carries its state forward to the indexes
       and to the level-triggered handlers, as a client-go work queue processes a key once for many

@@ -30,10 +30,10 @@ import kopf
 
 from kopf_operators.core import diagnostics, kopf_patches, metrics
 from kopf_operators.core.access import Access
-from kopf_operators.core.controller import MemoSlot
 from kopf_operators.core.conventions import Config, serves_namespace, shard_selector
 from kopf_operators.core.election import ElectionThread, LeaseSettings
 from kopf_operators.core.kopf_patches import EventPolicy, Fingerprint
+from kopf_operators.core.state import MemoSlot
 
 logger = logging.getLogger("kopf_operators")
 

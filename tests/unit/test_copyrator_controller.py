@@ -14,7 +14,7 @@ import pytest
 from kopf_operators.copyrator import controller as copyrator
 from kopf_operators.copyrator import decisions as logic
 from kopf_operators.copyrator.controller import CopyratorController, copy_index_keys
-from kopf_operators.core import controller as toolkit
+from kopf_operators.core import background as toolkit
 from tests.unit.fake_access import FakeAccess, conflict_on_create, server_error
 
 T = TypeVar("T")

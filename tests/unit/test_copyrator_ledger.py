@@ -20,7 +20,7 @@ import pytest
 
 from kopf_operators.copyrator import decisions as logic
 from kopf_operators.copyrator.controller import CopyratorController, copy_index_keys
-from kopf_operators.core.access import AlreadyExists, ApiError, Conflict, Kind
+from kopf_operators.core.api import AlreadyExists, ApiError, Conflict, Kind
 
 ObjKey = tuple[str, str, str]  # (kind, namespace, name)
 NAMESPACES = [f"n{i}" for i in range(6)]

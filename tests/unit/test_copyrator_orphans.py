@@ -10,7 +10,7 @@ from typing import Any
 
 from kopf_operators.copyrator import decisions as logic
 from kopf_operators.copyrator.controller import CopyratorController, copy_index_keys
-from kopf_operators.core.access import ApiError
+from kopf_operators.core.api import ApiError
 
 
 class FakeAccess:

@@ -29,8 +29,10 @@ from kopf._core.reactor import processing, running
 from kopf_operators.blackadder import decisions as blackadder
 from kopf_operators.copyrator import decisions as copyrator
 from kopf_operators.core import kopf_patches
-from kopf_operators.core.access import CONFIGMAP, ECHO_DEFER_SECONDS, KEPT_ANSWERS_MAX, Access, Echo
+from kopf_operators.core.access import Access
+from kopf_operators.core.api import CONFIGMAP
 from kopf_operators.core.conventions import DATA_ELIDED, data_hash
+from kopf_operators.core.echoes import ECHO_DEFER_SECONDS, KEPT_ANSWERS_MAX, Echo
 from kopf_operators.core.kopf_patches import EventPolicy, governed, lean_listing, lean_stream
 from kopf_operators.core.process import ACCESS, EVENT_POLICY, DiffBaseWhereUsed, skip_unchanged
 from kopf_operators.core.runtime import glibc_malloc_trim, trim_allocator

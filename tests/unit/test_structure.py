@@ -2,7 +2,7 @@
 
 - No module in kopf_operators/ over 700 lines, no class over 400.
 - No test module imports another test module (shared helpers live in helper modules or conftest).
-- No controller keeps its own "newest known version" cache: core.controller.Newest is the one.
+- No controller keeps its own "newest known version" cache: core.state.Newest is the one.
 - Every controller's passes outside Kopf's handlers go through core.controller.GuardedPass: each makes
   one, and none keeps a retry wrapper of its own (a ``Backoff``, a ``next_delay`` call).
 - Tests and benchmarks assert behaviour through the API (objects, Events, status, metrics): only the
@@ -26,7 +26,7 @@ MAX_MODULE_LINES = 700
 MAX_CLASS_LINES = 400
 
 # What marks a private version cache (a ``_written``/``_pods_seen`` map, a ``_rv`` parser): every
-# controller uses core.controller.Newest instead.
+# controller uses core.state.Newest instead.
 VERSION_CACHE_NAMES = {"_written", "_pods_seen", "_rv"}
 
 # What marks a private retry wrapper (a backoff counted per key outside GuardedPass).
@@ -125,7 +125,7 @@ def test_no_controller_keeps_its_own_version_cache() -> None:
     found = {relative(path): version_caches(path) for path in sorted(PACKAGE.rglob("*.py"))
              if not path.is_relative_to(PACKAGE / "core")}
     new = [f"{name}: {names}" for name, names in found.items() if names]
-    assert not new, "use core.controller.Newest:\n" + "\n".join(new)
+    assert not new, "use core.state.Newest:\n" + "\n".join(new)
 
 
 def retry_wrappers(path: pathlib.Path) -> list[str]:
@@ -152,7 +152,7 @@ def test_every_controllers_pass_goes_through_the_guarded_pass() -> None:
     found = {relative(path): retry_wrappers(path) for path in sorted(PACKAGE.rglob("*.py"))
              if not path.is_relative_to(PACKAGE / "core")}
     new = [f"{name}: {names}" for name, names in found.items() if names]
-    assert not new, "retry through core.controller.GuardedPass (retry_later, later):\n" + "\n".join(new)
+    assert not new, "retry through core.controller.GuardedPass (its results, retry_later):\n" + "\n".join(new)
 
 
 def log_readers(path: pathlib.Path) -> list[str]:
