@@ -20,7 +20,7 @@ import pytest
 from kopf_operators.core import access as access_module
 from kopf_operators.core import api, metrics
 from kopf_operators.core.election import ElectionThread, Elector, LeaseSettings
-from kopf_operators.core.kopf_patches import EventPolicy, governed
+from kopf_operators.core.kopf_patches.governed import EventPolicy, governed
 from kopf_operators.core.process import ACCESS, EVENT_POLICY
 
 SETTINGS = LeaseSettings(enabled=True, name="kopf-operators", namespace="ops")
