@@ -1,6 +1,6 @@
 """The process's entry point: ``kopf-operators run …`` (or ``python -m kopf_operators run …``) is
 Kopf's own command line, with Kopf's internals patched first by the one door,
-``kopf_operators.core.kopf_patches.install()`` (it must run before ``kopf run`` starts the operator:
+``kopf_operators.core.kopf_patches.door.install()`` (it must run before ``kopf run`` starts the operator:
 Kopf binds its event processor then). Every argument is Kopf's. Plain ``kopf run`` works too, unpatched.
 """
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import kopf.cli
 
-from kopf_operators.core import kopf_patches
+from kopf_operators.core.kopf_patches.door import install
 
 
 def main() -> None:
-    kopf_patches.install()
+    install()
     kopf.cli.main()
 
 

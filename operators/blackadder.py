@@ -26,7 +26,7 @@ from kopf_operators.blackadder.controller import (
 from kopf_operators.blackadder.notify import Logger
 from kopf_operators.blackadder.revert import RevertIncomplete
 from kopf_operators.core import process
-from kopf_operators.core.access import ApiError
+from kopf_operators.core.api import ApiError
 
 RESOURCE = (settings.GROUP, settings.VERSION, settings.PLURAL)
 TENANT_RESOURCE = (settings.GROUP, settings.VERSION, settings.TENANT_PLURAL)

@@ -27,7 +27,7 @@ from kopf_operators.copyrator.copies import CopyView, copy_view
 from kopf_operators.copyrator.places import CopyIndexKey, copy_index_keys
 from kopf_operators.copyrator.sources import RuleKey
 from kopf_operators.core import process
-from kopf_operators.core.access import ApiError
+from kopf_operators.core.api import ApiError
 from kopf_operators.core.conventions import COPYRATOR_RULE_UID_LABEL
 
 RULES = (rules.GROUP, rules.VERSION, rules.PLURAL)

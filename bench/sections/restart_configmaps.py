@@ -20,7 +20,7 @@ from bench.harness import IC_PATH, Bench, log
 from bench.kube import bounded
 from bench.sections.memory import CHART_LIMIT_MB
 
-# The line the patched processor logs once every index is filled (kopf_patches.drain_listed).
+# The line the patched processor logs once every index is filled (kopf_patches.governed.drain_listed).
 INDEXED_LINE = "Every index is filled"
 
 

@@ -56,12 +56,15 @@ from kopf_operators.blackadder.settings import (
     tenant_ledger_name,
     tenant_settings,
 )
-from kopf_operators.core import access as k8s
+from kopf_operators.core import api as k8s
 from kopf_operators.core import conventions, metrics
-from kopf_operators.core.access import Access, ApiError
-from kopf_operators.core.controller import Background, GuardedPass, Index, KeyedState, MemoSlot
+from kopf_operators.core.access import Access
+from kopf_operators.core.api import ApiError
+from kopf_operators.core.background import Background
+from kopf_operators.core.controller import DONE, GuardedPass, PassSettings, Result
 from kopf_operators.core.conventions import Config
 from kopf_operators.core.http import HttpClient
+from kopf_operators.core.state import Index, KeyedState, MemoSlot
 
 __all__ = ["AGENTS", "NAMESPACES_INDEX", "SOURCES_INDEX", "TENANT_AGENTS", "BlackadderController", "LedgerHandle",
            "LedgerTaken", "Logger", "RevertIncomplete", "TenantChaosController"]
@@ -122,9 +125,9 @@ class BlackadderController:
         self.games = GameDays(probes, self.ledgers, self.notes, self.reverter, self.agent_id, tenant=tenant,
                               may_act=lambda body: not decisions.spec_problem(self.agent_settings(body)))
         # A cycle that crashes is counted and logged with its traceback; the next cycle is its retry.
-        self.passes: GuardedPass[str] = self.state.track(GuardedPass(
-            OPERATOR, self.background, self._cycle_pass, say=_crashed, catch=(Exception,), error_kind="cycle-crash",
-            traceback=True, paused=lambda: bool(getattr(self.access, "paused", False))))  # a standby: no cycle
+        self.passes: GuardedPass[str] = self.state.track(GuardedPass(self.background, self._cycle_pass, PassSettings(
+            OPERATOR, say=_crashed, catch=(Exception,), error_kind="cycle-crash", traceback=True,
+            paused=lambda: bool(getattr(self.access, "paused", False)))))  # a standby: no cycle
 
     # --- settings and scope -----------------------------------------------------------------------
 
@@ -196,8 +199,9 @@ class BlackadderController:
                 await watch
 
     async def _cycle_pass(self, uid: str, trigger: str, body: Mapping[str, Any], stopped: Stopped,
-                          log: Logger) -> None:
+                          log: Logger) -> Result:
         await self.cycle(body, stopped, log)
+        return DONE  # the next cycle comes from the daemon's loop
 
     async def initial_delay(self, body: Mapping[str, Any]) -> float:
         """After an operator restart, wait out the rest of the pause instead of acting at once."""

@@ -24,11 +24,12 @@ from kopf_operators.blackadder import decisions, targets
 from kopf_operators.blackadder.ledger import LedgerHandle, LedgerStore
 from kopf_operators.blackadder.notify import Logger, Notifications
 from kopf_operators.blackadder.settings import CANCER, IPSUM, MODES, TANTRUM, AgentSettings, Options
-from kopf_operators.core import access as k8s
+from kopf_operators.core import api as k8s
 from kopf_operators.core import metrics
-from kopf_operators.core.access import Access, ApiError
-from kopf_operators.core.controller import Index
+from kopf_operators.core.access import Access
+from kopf_operators.core.api import ApiError
 from kopf_operators.core.conventions import Config, now_iso
+from kopf_operators.core.state import Index
 
 OPERATOR = "blackadder"
 Stopped = Callable[[], bool]

@@ -29,7 +29,7 @@ from kopf_operators.blackadder.probes import Probes
 from kopf_operators.blackadder.revert import Reverter
 from kopf_operators.blackadder.settings import AgentSettings
 from kopf_operators.core import metrics
-from kopf_operators.core.access import ApiError
+from kopf_operators.core.api import ApiError
 from kopf_operators.core.conventions import now_iso
 
 OPERATOR = "blackadder"

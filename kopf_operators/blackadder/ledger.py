@@ -2,7 +2,7 @@
 did and what a revert restores.
 
 The operator is the ledger's only writer: each ledger is read once (the first cycle after a start) and
-then kept in memory with the resourceVersion of our own last write (``core.controller.Newest``: our
+then kept in memory with the resourceVersion of our own last write (``core.state.Newest``: our
 writes are the newest version there is); a 409 on saving re-reads it once.
 """
 
@@ -16,10 +16,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kopf_operators.blackadder import decisions, settings, targets
-from kopf_operators.core import access as k8s
-from kopf_operators.core.access import Access, ApiError
-from kopf_operators.core.controller import Index, Newest, version_of
+from kopf_operators.core import api as k8s
+from kopf_operators.core.access import Access
+from kopf_operators.core.api import ApiError
 from kopf_operators.core.conventions import DOMAIN, Config
+from kopf_operators.core.state import Index, Newest, version_of
 
 OPERATOR = "blackadder"
 

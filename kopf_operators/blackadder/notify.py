@@ -18,10 +18,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kopf_operators.blackadder import decisions, settings
-from kopf_operators.core import access as k8s
+from kopf_operators.core import api as k8s
 from kopf_operators.core import metrics
-from kopf_operators.core.access import Access, ApiError
-from kopf_operators.core.controller import Background
+from kopf_operators.core.access import Access
+from kopf_operators.core.api import ApiError
+from kopf_operators.core.background import Background
 from kopf_operators.core.conventions import stall_event
 from kopf_operators.core.http import HttpClient, failure
 

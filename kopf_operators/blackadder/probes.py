@@ -22,8 +22,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kopf_operators.blackadder import steady
-from kopf_operators.core import access as k8s
-from kopf_operators.core.access import Access, ApiError
+from kopf_operators.core import api as k8s
+from kopf_operators.core.access import Access
+from kopf_operators.core.api import ApiError
 from kopf_operators.core.http import HttpClient, failure
 
 IMMORTALCONTAINER = k8s.Kind("immortalcontainer.flugel.it/v1alpha1", "immortalcontainers", "ImmortalContainer")

@@ -15,9 +15,10 @@ from kopf_operators.blackadder.cycle import ref
 from kopf_operators.blackadder.ledger import LedgerHandle, LedgerStore
 from kopf_operators.blackadder.notify import Logger, Notifications
 from kopf_operators.blackadder.settings import LEDGER_KEY, AgentSettings
-from kopf_operators.core import access as k8s
+from kopf_operators.core import api as k8s
 from kopf_operators.core import metrics
-from kopf_operators.core.access import Access, ApiError
+from kopf_operators.core.access import Access
+from kopf_operators.core.api import ApiError
 from kopf_operators.core.conventions import now_iso
 
 OPERATOR = "blackadder"

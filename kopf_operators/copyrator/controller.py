@@ -14,7 +14,7 @@ What it decides on, and where that comes from (never a read per event):
 places it touches. The parts, one module each:
 - ``sources.Sources``: source tracking (rules, namespaces, sources, push sources);
 - ``places.Places``: the copies as known (the indexes with our newer writes over them, a
-  ``core.controller.Newest``), objects in the way, failing and refused copies;
+  ``core.state.Newest``), objects in the way, failing and refused copies;
 - ``claims.Claims``: what a rule wants at a place, and which rule gets a free name;
 - ``writer.CopyWriter``: the copy writer (one write per copy, ``copies.decide``; a sweep's places
   decided in one call); it returns what it did at each place (a ``places.Outcome``), which the
@@ -56,8 +56,11 @@ from kopf_operators.copyrator.sources import KINDS, RuleKey, Sources
 from kopf_operators.copyrator.status import RULE, StatusReporter, said_once
 from kopf_operators.copyrator.writer import CopyWriter
 from kopf_operators.core import metrics
-from kopf_operators.core.access import Access, ApiError
-from kopf_operators.core.controller import RETRY, Background, GuardedPass, Index, KeyedState, MemoSlot, first, values
+from kopf_operators.core.access import Access
+from kopf_operators.core.api import ApiError
+from kopf_operators.core.background import Background
+from kopf_operators.core.controller import DONE, RETRY, GuardedPass, PassSettings, Result
+from kopf_operators.core.state import Index, KeyedState, MemoSlot, first, values
 
 __all__ = ["CONTROLLER", "COPIES_INDEXES", "NAMESPACES_INDEX", "RULES_INDEX", "CopyratorController"]
 
@@ -97,9 +100,8 @@ class CopyratorController:
         self.status = StatusReporter(access, options, self.sources, self.claims, self.places, self.background,
                                      self.state, self.by_rule)
         self.writer = CopyWriter(access, options, self.sources, self.places, self.claims)
-        self.passes: GuardedPass[RuleKey] = self.by_rule.track(GuardedPass(
-            OPERATOR, self.background, self._pass, say=self._say, paused=lambda: self.access.paused,
-            retry=RETRY_SECONDS, error_kind="status"))
+        self.passes: GuardedPass[RuleKey] = self.by_rule.track(GuardedPass(self.background, self._pass, PassSettings(
+            OPERATOR, say=self._say, paused=lambda: self.access.paused, retry=RETRY_SECONDS, error_kind="status")))
         # Set by the first handled event: Kopf calls handlers only once every index is filled.
         self._indexed = asyncio.Event()
 
@@ -125,18 +127,18 @@ class CopyratorController:
         await self.status.flush_status(snapshot)
         self._retry_or_reset(rule, errors)
 
-    async def _pass(self, key: RuleKey, trigger: str) -> Any:
+    async def _pass(self, key: RuleKey, trigger: str) -> Result:
         """One rule's sweep outside Kopf's handlers (retries, resync): observe the indexes, let each copy
         decide its write, act, then the status. Some copies failed: RETRY (with backoff)."""
         snapshot = first(self.sources.rules, key)
         if snapshot is None or snapshot["metadata"].get("deletionTimestamp"):
-            return None
+            return DONE
         rule = self.sources.rule(snapshot)
         if isinstance(rule, RuleError) or rule.uid in self.sources.deleting:
-            return None
+            return DONE
         errors = await self.sweep(rule, trigger)
         await self.status.flush_status(snapshot)
-        return RETRY if errors else None
+        return RETRY if errors else DONE
 
     @staticmethod
     def _say(key: RuleKey, trigger: str, exc: Exception, _delay: float | None) -> str:

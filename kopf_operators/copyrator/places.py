@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping
 from typing import Literal
 
 from kopf_operators.copyrator.copies import CopyView
-from kopf_operators.core.access import ApiError
-from kopf_operators.core.controller import Index, KeyedState, Newest, PerKey, first, values
+from kopf_operators.core.api import ApiError
+from kopf_operators.core.state import Index, KeyedState, Newest, PerKey, first, values
 
 CopyKey = tuple[str, str, str]  # (kind, namespace, name)
 # A copies index answers four lookups, so it holds each copy under four key shapes (one indexer per

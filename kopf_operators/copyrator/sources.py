@@ -2,7 +2,7 @@
 
 - rules: Kopf's ``copyrator-rules`` index, parsed once per version;
 - namespaces: Kopf's ``copyrator-namespaces`` index;
-- sources: selector-matching objects (per kind, a ``core.controller.Newest`` of their entries: the
+- sources: selector-matching objects (per kind, a ``core.state.Newest`` of their entries: the
   ConfigMap/Secret events and each rule's one LIST may report them out of order), fed by
   ``saw_event`` and ``list_sources``;
 - push sources: objects with a push annotation, and the implicit rule each stands for.
@@ -40,10 +40,10 @@ from kopf_operators.copyrator.rules import (
     too_large,
     winner,
 )
-from kopf_operators.core import access as k8s
+from kopf_operators.core import api as k8s
 from kopf_operators.core import metrics
 from kopf_operators.core.access import Access
-from kopf_operators.core.controller import Index, KeyedState, Newest, PerKey, first, version_of
+from kopf_operators.core.state import Index, KeyedState, Newest, PerKey, first, version_of
 
 KINDS = {"ConfigMap": k8s.CONFIGMAP, "Secret": k8s.SECRET}
 RuleKey = tuple[str, str]  # (namespace, name) of a rule

@@ -30,11 +30,13 @@ from kopf_operators.copyrator.tally import (
     standing,
     status_changed,
 )
-from kopf_operators.core import access as k8s
+from kopf_operators.core import api as k8s
 from kopf_operators.core import metrics
-from kopf_operators.core.access import Access, ApiError
-from kopf_operators.core.controller import Background, KeyedState, KeyedTimers, PerKey, first
+from kopf_operators.core.access import Access
+from kopf_operators.core.api import ApiError
+from kopf_operators.core.background import Background, KeyedTimers
 from kopf_operators.core.conventions import stall_event
+from kopf_operators.core.state import KeyedState, PerKey, first
 
 OPERATOR = "copyrator"
 RULE = k8s.Kind(rules.API_VERSION, rules.PLURAL, rules.KIND)

@@ -22,10 +22,11 @@ from kopf_operators.copyrator import copies, rules
 from kopf_operators.copyrator.claims import Claims
 from kopf_operators.copyrator.places import CopyKey, Outcome, Places, Result, Seen
 from kopf_operators.copyrator.sources import KINDS, Sources
-from kopf_operators.core import access as k8s
+from kopf_operators.core import api as k8s
 from kopf_operators.core import metrics
-from kopf_operators.core.access import Access, ApiError
-from kopf_operators.core.controller import first
+from kopf_operators.core.access import Access
+from kopf_operators.core.api import ApiError
+from kopf_operators.core.state import first
 
 OPERATOR = "copyrator"
 

@@ -25,6 +25,10 @@ subclass the caller can catch by name:
   the watch event that echoes it back (the same uid and resourceVersion) is then skipped, or processed
   only once the writes in flight are done (``process.governed``).
 
+Beside it, one concept each: the kinds it addresses and its error model (``core.api``), its
+connections and credentials (``core.connection``), the fence of a deposed holder's writes
+(``core.fence``), the echoes of its own writes (``core.echoes``).
+
 Requests are plain JSON dicts in and out (no generated models). Transient failures (connection
 errors, 429, 5xx) are retried here with a capped exponential backoff plus jitter; what still fails
 reaches the caller as ``ApiError``, whose text carries the HTTP status and reason only, never the
@@ -36,15 +40,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import datetime
-import enum
 import json
 import logging
-import math
 import random
-import ssl
-import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Hashable, Mapping
 from typing import Any, TypeVar, cast
 from urllib.parse import quote, urlencode
@@ -54,7 +53,21 @@ import kopf
 import kubernetes
 
 from kopf_operators.core import catalogue, metrics
-from kopf_operators.core.pools import KEEPALIVE_SECONDS, SparePool, counted
+from kopf_operators.core.api import (
+    CONFIGMAP,
+    POD,
+    AlreadyExists,
+    ApiError,
+    Conflict,
+    Kind,
+    Paused,
+    from_pykube,
+    is_client_error,
+    response_error,
+)
+from kopf_operators.core.connection import CONNECT_TIMEOUT_SECONDS, Connection
+from kopf_operators.core.echoes import ECHO_DEFER_SECONDS, Echo, Echoes
+from kopf_operators.core.fence import Fence
 
 logger = logging.getLogger("kopf_operators.access")
 T = TypeVar("T")
@@ -62,11 +75,6 @@ T = TypeVar("T")
 # Transient failures are retried this many times in the layer (0.2 s, 0.4 s, 0.8 s, ±50 %).
 RETRIES = 3
 BACKOFF_SECONDS = 0.2
-# A request whose answer stalls this long is retried (time waiting for a pooled connection is not counted).
-REQUEST_TIMEOUT_SECONDS = 30.0
-CONNECT_TIMEOUT_SECONDS = 10.0
-# The client's credentials are asked for again this often (and after a 401).
-CREDENTIALS_SECONDS = 10.0
 MAX_EVENT_MESSAGE = 1000
 # Requests in flight at once, on as many kept-alive connections; more wait for a free one.
 POOL_CONNECTIONS = 16
@@ -74,151 +82,31 @@ POOL_CONNECTIONS = 16
 # needs); the server ends each after WATCH_SECONDS, and a silent stream is given up 30 s after that.
 WATCH_CONNECTIONS = 8
 WATCH_SECONDS = 290
-# The echo of a write marked with ``defer_echo`` waits at most this long for the writes in flight.
-ECHO_DEFER_SECONDS = 2.0
-# Marked answers kept at most (the oldest goes first): an echo that never comes (a copy written into
-# another shard's namespace, which this process does not watch) must not hold its mark for ever.
-KEPT_ANSWERS_MAX = 16384
 
 
 # The only writes of a standby: its attempts at the Lease.
 _STANDBY_MAY_WRITE = "/apis/coordination.k8s.io/"
 
 
-class Echo(enum.Enum):
-    """What a watch event is to the writes of this process (``Access.echo``)."""
-
-    SKIP = "echo"  # the echo of a kept answer: nothing to do (``keep_answer``)
-    DEFER = "deferred"  # the echo of a write whose indexes still need it, after the writes (``defer_echo``)
-
-
-@dataclasses.dataclass(frozen=True)
-class Kind:
-    """A resource as the API addresses it."""
-
-    api_version: str  # "v1", "apps/v1", "flant.com/v1"
-    plural: str
-    kind: str
-    namespaced: bool = True
-
-    def path(self, namespace: str | None = None, name: str | None = None, subresource: str | None = None) -> str:
-        root = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
-        parts = [root]
-        if self.namespaced and namespace:
-            parts.append(f"namespaces/{quote(namespace, safe='')}")
-        parts.append(self.plural)
-        if name:
-            parts.append(quote(name, safe=""))
-            if subresource:
-                parts.append(subresource)
-        return "/".join(parts)
-
-
-POD = Kind("v1", "pods", "Pod")
-CONFIGMAP = Kind("v1", "configmaps", "ConfigMap")
-SECRET = Kind("v1", "secrets", "Secret")
-NAMESPACE = Kind("v1", "namespaces", "Namespace", namespaced=False)
-DEPLOYMENT = Kind("apps/v1", "deployments", "Deployment")
-STATEFULSET = Kind("apps/v1", "statefulsets", "StatefulSet")
-DAEMONSET = Kind("apps/v1", "daemonsets", "DaemonSet")
-JOB = Kind("batch/v1", "jobs", "Job")
-CRONJOB = Kind("batch/v1", "cronjobs", "CronJob")
-LEASE = Kind("coordination.k8s.io/v1", "leases", "Lease")
-BUILTIN_KINDS = {k.kind: k for k in (POD, CONFIGMAP, SECRET, NAMESPACE, DEPLOYMENT, STATEFULSET, DAEMONSET,
-                                     JOB, CRONJOB)}
-
-
-class ApiError(Exception):
-    """An API request that failed: ``status`` is the HTTP status, None when unreachable."""
-
-    def __init__(self, status: int | None, reason: str, message: str = "") -> None:
-        super().__init__(f"HTTP {status} {reason}" if status else f"API unreachable ({reason})")
-        self.status = status
-        self.reason = reason
-        self.message = message  # the server's Status message: may name fields, never logged by us
-
-    @property
-    def transient(self) -> bool:
-        """Worth retrying later: unreachable, throttled, or a server-side failure."""
-        return self.status is None or self.status == 429 or self.status >= 500
-
-    @property
-    def namespace_terminating(self) -> bool:
-        return self.status == 403 and "being terminated" in self.message
-
-    def for_kopf(self, what: str, delay: float = 10.0) -> kopf.TemporaryError | kopf.PermanentError:
-        """Kopf's view: transient errors and conflicts retry after ``delay``; refusals (403, 422, ...)
-        are permanent for this spec (a spec change or a restart retries them)."""
-        if self.transient or self.status in (404, 409):
-            return kopf.TemporaryError(f"{what}: {self}", delay=delay)
-        return kopf.PermanentError(f"{what}: {self}")
-
-
-class Conflict(ApiError):
-    """A 409 on a write with a resourceVersion or uid precondition: the object changed meanwhile."""
-
-
-class AlreadyExists(ApiError):
-    """A 409 on create: an object with that name exists (ours or anybody's: read it to know)."""
-
-
-class Paused(ApiError):
-    """A write asked for while this replica is a standby (another holds the Lease): not sent."""
-
-    def __init__(self) -> None:
-        super().__init__(None, "paused")
-        self.args = ("not written: this replica is paused (a standby)",)
-
-
-class Fence:
-    """The writes of a holder whose renewals run on a thread of their own (``core.election``): none from
-    ``until`` (``clock``'s time) on, set from whichever thread (``close_at``), checked before each
-    attempt of a write. It holds even while the event loop is too busy to be told of a lost Lease,
-    and a write that waited (for the loop, or a retry's backoff) past it is not sent."""
-
-    def __init__(self) -> None:
-        self.until = math.inf
-        self.clock: Callable[[], float] = time.monotonic
-
-    def close_at(self, until: float, clock: Callable[[], float] = time.monotonic) -> None:
-        """No write from ``until`` on: ``-math.inf`` closes at once, ``math.inf`` never."""
-        self.clock, self.until = clock, until
-
-    def closed(self) -> bool:
-        return self.clock() >= self.until
-
-    async def send(self, fenced: bool, attempt: Callable[[], Awaitable[T]]) -> T:
-        if fenced and self.closed():
-            raise Paused()
-        return await attempt()
-
 
 def own_connections(access: Access) -> Access:
     """Another access layer on ``access``'s client configuration and credentials, with connections of
     its own (the election's thread: ``core.election``)."""
-    return Access(access._client)
+    return Access(access.connection.client)
 
 
 class Access:
     """The API client of all four operators (one per process, kept in Kopf's ``memo``)."""
 
     def __init__(self, client: kubernetes.client.ApiClient) -> None:
-        self._client = client  # its configuration: the server, TLS files, and credentials it refreshes
-        self._session: aiohttp.ClientSession | None = None  # created in the event loop, on first use
-        self._watch_session: aiohttp.ClientSession | None = None  # ``watch``'s own pool, on first use
-        self._credentials_cache: tuple[float, dict[str, str]] | None = None  # (until, headers)
+        self.connection = Connection(client, POOL_CONNECTIONS, WATCH_CONNECTIONS)
         # Set while this replica acts: always without leader election, else while it holds the Lease.
         self._acting = asyncio.Event()
         self._acting.set()
         self.fence = Fence()  # no write once its time has passed (the election's thread moves it on)
         self._locks: dict[Hashable, asyncio.Lock] = {}
         self._lock_users: collections.Counter[Hashable] = collections.Counter()
-        # uid -> (resourceVersion, what its echo is) of a write answer its caller kept (``keep_answer``,
-        # ``defer_echo``), until the watch delivers that object's next event (the echo, or a newer one).
-        self._kept_answers: dict[str, tuple[str, Echo]] = {}
-        self._writes_in_flight = 0
-        self._no_writes = asyncio.Event()  # set while no write is in flight
-        self._no_writes.set()
+        self.echoes = Echoes()  # the answers kept, and the writes in flight
         self._events_posting: set[asyncio.Task[None]] = set()  # Events posted outside Kopf's handlers
 
     @classmethod
@@ -244,10 +132,7 @@ class Access:
         await self._acting.wait()
 
     async def close(self) -> None:
-        for session in (self._session, self._watch_session):
-            if session is not None:
-                await session.close()
-        self._session = self._watch_session = None
+        await self.connection.close()
 
     # --- the one request path -------------------------------------------------------------------
 
@@ -278,79 +163,28 @@ class Access:
             except ApiError:
                 raise
             except Exception as exc:
-                if _is_client_error(exc):
+                if is_client_error(exc):
                     raise from_pykube(exc) from None
                 raise
 
         return await self._retrying(lambda: asyncio.to_thread(attempt))
 
-    def session(self, *, watches: bool = False) -> aiohttp.ClientSession:
-        """The connection pool to the API server, made from the client's configuration (kubeconfig or
-        in-cluster): its CA, client certificate, TLS server name and proxy. Requests run on the
-        event loop: no thread per request, and the TLS of POOL_CONNECTIONS kept-alive connections, one
-        spare (``pools.SparePool``). ``watches``: the narrow watches' own pool (WATCH_CONNECTIONS)."""
-        if watches:
-            if self._watch_session is None:
-                self._watch_session = self._new_session(aiohttp.TCPConnector, WATCH_CONNECTIONS)
-            return self._watch_session
-        if self._session is None:
-            self._session = self._new_session(SparePool, POOL_CONNECTIONS)
-        return self._session
-
-    def _new_session(self, pool: type[aiohttp.TCPConnector], connections: int) -> aiohttp.ClientSession:
-        cfg = self._client.configuration
-        context = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None)
-        if not cfg.verify_ssl:
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        elif cfg.assert_hostname is False:
-            context.check_hostname = False
-        if cfg.cert_file:
-            context.load_cert_chain(cfg.cert_file, cfg.key_file)
-        connector = pool(ssl=context, limit=connections, keepalive_timeout=KEEPALIVE_SECONDS)
-        return aiohttp.ClientSession(
-            connector=connector, trace_configs=[counted()],
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_SECONDS,
-                                          sock_read=REQUEST_TIMEOUT_SECONDS))
-
-    def _proxy(self, url: str) -> dict[str, Any]:
-        cfg = self._client.configuration
-        options: dict[str, Any] = {}
-        if cfg.tls_server_name:
-            options["server_hostname"] = cfg.tls_server_name
-        if cfg.proxy and not (cfg.no_proxy and kubernetes.client.rest.should_bypass_proxies(url, cfg.no_proxy)):
-            options["proxy"] = cfg.proxy
-            if cfg.proxy_headers:
-                options["proxy_headers"] = cfg.proxy_headers
-        return options
-
-    def _credentials(self) -> dict[str, str]:
-        """The headers the kubernetes client would send (its bearer token, its User-Agent), asked of it
-        at most every CREDENTIALS_SECONDS: its refresh hook re-reads a rotated token file or renews
-        an expired exec/OIDC token, and re-applied the whole kubeconfig on every request."""
-        now = time.monotonic()
-        if self._credentials_cache is None or now >= self._credentials_cache[0]:
-            headers = dict(self._client.default_headers)
-            self._client.update_params_for_auth(headers, [], ["BearerToken"], "", "", None)
-            self._credentials_cache = (now + CREDENTIALS_SECONDS, headers)
-        return self._credentials_cache[1]
-
     async def _once(self, method: str, url: str, body: Any, content_type: str) -> dict[str, Any] | None:
-        headers = {**self._credentials(), "Accept": "application/json", "Content-Type": content_type}
-        full_url = self._client.configuration.host + url
+        headers = {**self.connection.credentials(), "Accept": "application/json", "Content-Type": content_type}
+        full_url = self.connection.host + url
         data = json.dumps(body).encode() if body is not None else None
         try:
-            async with self.session().request(method, full_url, headers=headers, data=data,
-                                              **self._proxy(full_url)) as response:
+            async with self.connection.session().request(method, full_url, headers=headers, data=data,
+                                                         **self.connection.proxy(full_url)) as response:
                 status, reason, raw = response.status, response.reason or "", await response.read()
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise ApiError(None, type(exc).__name__) from None
         if status == 401:
-            self._credentials_cache = None  # revoked or expired early: ask the client again next time
+            self.connection.refused_credentials()
         if status == 404 and method == "GET":
             return None
         if not 200 <= status <= 299:
-            raise _error(status, reason, raw)
+            raise response_error(status, reason, raw)
         return cast(dict[str, Any], json.loads(raw)) if raw else {}
 
     async def _request(self, method: str, path: str, *, query: Mapping[str, str] | None = None,
@@ -361,15 +195,9 @@ class Access:
         url = path + ("?" + urlencode(query) if query else "")
         if method == "GET":
             return await self._retrying(lambda: self._once(method, url, body, content_type))
-        self._writes_in_flight += 1
-        self._no_writes.clear()
-        try:
+        with self.echoes.writing():
             return await self._retrying(
                 lambda: self.fence.send(fenced, lambda: self._once(method, url, body, content_type)))
-        finally:
-            self._writes_in_flight -= 1
-            if not self._writes_in_flight:
-                self._no_writes.set()
 
     # --- reads ----------------------------------------------------------------------------------
 
@@ -407,14 +235,14 @@ class Access:
                  "fieldSelector": fields}
         if resource_version:
             query["resourceVersion"] = resource_version
-        url = self._client.configuration.host + kind.path(namespace) + "?" + urlencode(query)
-        headers = {**self._credentials(), "Accept": "application/json"}
+        url = self.connection.host + kind.path(namespace) + "?" + urlencode(query)
+        headers = {**self.connection.credentials(), "Accept": "application/json"}
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_SECONDS, sock_read=WATCH_SECONDS + 30)
         try:
-            async with self.session(watches=True).get(url, headers=headers, timeout=timeout,
-                                                      **self._proxy(url)) as response:
+            async with self.connection.session(watches=True).get(url, headers=headers, timeout=timeout,
+                                                                 **self.connection.proxy(url)) as response:
                 if response.status != 200:
-                    raise _error(response.status, response.reason or "", await response.read())
+                    raise response_error(response.status, response.reason or "", await response.read())
                 pending = b""
                 async for chunk in response.content.iter_any():  # lines of any length (a pod may be 1 MiB)
                     *lines, pending = (pending + chunk).split(b"\n")
@@ -550,39 +378,22 @@ class Access:
         handlers would do nothing with that same version: the watch's echo of it need not be
         processed, not even by the indexes. Only for resources without Kopf change handlers (those
         need every event), and whose indexes may lag behind the caller's own copy."""
-        self._keep(answer, Echo.SKIP)
+        self.echoes.keep(answer, Echo.SKIP)
 
     def defer_echo(self, answer: Mapping[str, Any]) -> None:
         """The caller keeps ``answer`` until the indexes catch up, but they must see it (other readers
         use them): the watch's echo of it is processed once the writes in flight are done, at most
         ECHO_DEFER_SECONDS later. On one event loop, a burst of echoes (500 copies created) processed
         at once slowed the writes still to make by as much as it cost."""
-        self._keep(answer, Echo.DEFER)
-
-    def _keep(self, answer: Mapping[str, Any], echo: Echo) -> None:
-        meta = answer.get("metadata") or {}
-        if meta.get("uid") and meta.get("resourceVersion"):
-            self._kept_answers.pop(meta["uid"], None)  # re-marked: now the newest
-            self._kept_answers[meta["uid"]] = (meta["resourceVersion"], echo)
-            if len(self._kept_answers) > KEPT_ANSWERS_MAX:  # its echo is then processed as any event
-                del self._kept_answers[next(iter(self._kept_answers))]
+        self.echoes.keep(answer, Echo.DEFER)
 
     def echo(self, event_type: str | None, body: Mapping[str, Any]) -> Echo | None:
-        """What this watch event is when it echoes a marked answer (that very version, ADDED after our
-        create or MODIFIED after our patch), else None. Any event of the object ends the wait: the watch
-        delivers versions in order, so a newer one (or a re-listing, or a deletion) means the echo will
-        not come."""
-        meta = body.get("metadata") or {}
-        kept = self._kept_answers.pop(meta.get("uid") or "", None)
-        if kept is None or event_type not in ("ADDED", "MODIFIED") or kept[0] != meta.get("resourceVersion"):
-            return None
-        return kept[1]
+        """What this watch event is to our writes (``Echoes.echo``)."""
+        return self.echoes.echo(event_type, body)
 
     async def writes_done(self, timeout: float = ECHO_DEFER_SECONDS) -> None:
         """Return once no write of this process is in flight, or after ``timeout``."""
-        if self._writes_in_flight:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._no_writes.wait(), timeout)
+        await self.echoes.writes_done(timeout)
 
     # --- per-object serialisation ---------------------------------------------------------------
 
@@ -599,34 +410,6 @@ class Access:
             if not self._lock_users[key]:
                 del self._lock_users[key]
                 self._locks.pop(key, None)
-
-
-def _error(status: int | None, reason: str, raw: Any) -> ApiError:
-    message = ""
-    with contextlib.suppress(TypeError, ValueError, AttributeError):
-        message = str(json.loads(raw).get("message", ""))[:500]
-    cls = Conflict if status == 409 else ApiError
-    return cls(status, reason, message)
-
-
-def _is_client_error(exc: BaseException) -> bool:
-    """pykube-ng's errors and those of the requests library under it (imported lazily: only Blackadder
-    uses them)."""
-    import pykube
-    import requests
-
-    return isinstance(exc, pykube.exceptions.PyKubeError | requests.RequestException)
-
-
-def from_pykube(exc: BaseException) -> ApiError:
-    """The same error model for pykube-ng's exceptions (Blackadder's inventory reads)."""
-    response = getattr(exc, "response", None)
-    status = getattr(response, "status_code", None)
-    if status is None:
-        code = getattr(exc, "code", None)
-        status = code if isinstance(code, int) else None
-    return _error(status, type(exc).__name__ if status is None else str(getattr(response, "reason", "")),
-                  getattr(response, "text", None))
 
 
 async def post_event(write: Callable[[str, str, Any], Awaitable[Any]], body: Mapping[str, Any], type_: str,

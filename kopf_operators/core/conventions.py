@@ -274,7 +274,7 @@ def data_bytes(body: Mapping[str, Any]) -> int:
 
 
 # Top-level key of a body handed to handlers without its data and binaryData (a listed object whose
-# handlers wait for the indexes: core.kopf_patches.defer_listed): {"bytes": their size, "hash": their
+# handlers wait for the indexes: core.kopf_patches.governed.defer_listed): {"bytes": their size, "hash": their
 # ``data_hash``}. A handler that needs the data reads the object.
 DATA_ELIDED = "kopf_operators_data_elided"  # never sent to the API server: no label or annotation
 

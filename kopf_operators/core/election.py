@@ -56,7 +56,8 @@ from pathlib import Path
 from typing import Any
 
 from kopf_operators.core import metrics
-from kopf_operators.core.access import LEASE, Access, AlreadyExists, ApiError, own_connections
+from kopf_operators.core.access import Access, own_connections
+from kopf_operators.core.api import LEASE, AlreadyExists, ApiError
 from kopf_operators.core.conventions import env_bool
 
 logger = logging.getLogger("kopf_operators.election")

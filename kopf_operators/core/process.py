@@ -6,7 +6,7 @@ selector for a resource that only it watches, in its own startup handler), and o
 (``shared-cleanup``: the Lease is released and the access layer's connections are closed). Every
 handler file in ``operators/`` imports this module, and Python imports a module once, so it registers
 once whatever subset of operator files ``kopf run`` is given. Importing it changes nothing in Kopf:
-Kopf's internals are patched only by ``kopf_patches.install()``, from the entry point
+Kopf's internals are patched only by ``kopf_patches.door.install()``, from the entry point
 (``kopf-operators run``).
 
 Kopf's own peering is always off: with LEADER_ELECTION the replicas elect a holder on a Lease
@@ -28,12 +28,16 @@ from typing import Any
 
 import kopf
 
-from kopf_operators.core import diagnostics, kopf_patches, metrics
+from kopf_operators.core import diagnostics, metrics
 from kopf_operators.core.access import Access
-from kopf_operators.core.controller import MemoSlot
 from kopf_operators.core.conventions import Config, serves_namespace, shard_selector
 from kopf_operators.core.election import ElectionThread, LeaseSettings
-from kopf_operators.core.kopf_patches import EventPolicy, Fingerprint
+from kopf_operators.core.kopf_patches.allocator import start_allocator_trim
+from kopf_operators.core.kopf_patches.door import KOPF_TESTED_VERSION, change_detecting_groups, warm_standby
+from kopf_operators.core.kopf_patches.governed import ACCESS_MEMO, EVENT_POLICY_MEMO, EventPolicy, Fingerprint
+from kopf_operators.core.kopf_patches.shards import serve_shard_in_process, shard_filter_installed
+from kopf_operators.core.kopf_patches.stop import when_stop_requested
+from kopf_operators.core.state import MemoSlot
 
 logger = logging.getLogger("kopf_operators")
 
@@ -100,10 +104,10 @@ class QuietBookkeeping(logging.Filter):
 
 
 CONFIG = MemoSlot("config", Config)
-ACCESS = MemoSlot(kopf_patches.ACCESS_MEMO, Access)
+ACCESS = MemoSlot(ACCESS_MEMO, Access)
 TRIMMER = MemoSlot("allocator_trim", asyncio.Task)
 LOOP_LAG = MemoSlot("event_loop_lag", asyncio.Task)
-EVENT_POLICY = MemoSlot(kopf_patches.EVENT_POLICY_MEMO, EventPolicy)
+EVENT_POLICY = MemoSlot(EVENT_POLICY_MEMO, EventPolicy)
 ELECTOR = MemoSlot("elector", ElectionThread)
 DIAGNOSTICS = MemoSlot("diagnostics", asyncio.Task)
 
@@ -112,7 +116,7 @@ def event_policy(memo: kopf.Memo) -> EventPolicy | None:
     """The process's EventPolicy, created on first use; None when a handler with change detection
     names no API group, or Kopf is not patched (then every event is left to Kopf)."""
     if not EVENT_POLICY.present(memo):
-        changing_groups = kopf_patches.change_detecting_groups(kopf.get_default_registry())
+        changing_groups = change_detecting_groups(kopf.get_default_registry())
         if changing_groups is None:
             return None
         config, _ = shared(memo)
@@ -124,7 +128,7 @@ def event_policy(memo: kopf.Memo) -> EventPolicy | None:
 def skip_unchanged(memo: kopf.Memo, group: str, plural: str, fingerprint: Fingerprint) -> None:
     """Skip a modification of a ``group``/``plural`` object that leaves ``fingerprint(body)`` as it
     was: it must cover every field that any index or handler of that resource, in any operator of
-    the process, reads (tests/unit/test_kopf_patches.py checks who watches each fingerprinted resource)."""
+    the process, reads (tests/unit/test_kopf_patches_door.py checks who watches each fingerprinted resource)."""
     policy = event_policy(memo)
     if policy is not None:
         policy.fingerprints[(group, plural)] = fingerprint
@@ -162,12 +166,12 @@ async def serve_one_shard(settings: kopf.OperatorSettings, config: Config, acces
         metrics.shard(index, count, "server")
         logger.info("Serving shard %d of %d, filtered by the API server: %s", index, count, selector)
         return
-    if not kopf_patches.shard_filter_installed():
+    if not shard_filter_installed():
         raise kopf.PermanentError(
             f"SHARD_COUNT={count}: the API server ignores shard selectors (no ShardedListAndWatch feature "
             f"gate), and filtering in the process needs kopf_operators' Kopf patches (Kopf "
-            f"{kopf_patches.KOPF_TESTED_VERSION}), which are not installed. Run one shard.")
-    kopf_patches.serve_shard_in_process(settings, functools.partial(serves_namespace, index=index, count=count))
+            f"{KOPF_TESTED_VERSION}), which are not installed. Run one shard.")
+    serve_shard_in_process(settings, functools.partial(serves_namespace, index=index, count=count))
     metrics.shard(index, count, "client")
     logger.warning("Serving shard %d of %d, filtered by this process: the API server %s shard "
                    "selectors, so every shard receives every namespaced event and drops the other "
@@ -189,7 +193,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     settings.execution.max_workers = WORKER_THREADS
     settings.queueing.idle_timeout = IDLE_WORKER_SECONDS
     # Groups whose handlers use Kopf's change detection (None: a handler names no group, so any may).
-    changing_groups = kopf_patches.change_detecting_groups(kopf.get_default_registry())
+    changing_groups = change_detecting_groups(kopf.get_default_registry())
     event_policy(memo)
     asyncio.get_running_loop().set_default_executor(
         concurrent.futures.ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix="kopf-operators"))
@@ -220,7 +224,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     # The trimming task ends with the event loop (asyncio cancels what is left at exit).
     if not TRIMMER.present(memo):
-        trimmer = kopf_patches.start_allocator_trim()
+        trimmer = start_allocator_trim()
         if trimmer is not None:
             TRIMMER.set(memo, trimmer)
     # Measured on standbys too: a held loop would delay a standby's takeover as much as a holder's work.
@@ -239,7 +243,7 @@ async def elect(memo: kopf.Memo, lease: LeaseSettings, access: Access) -> None:
     """With LEADER_ELECTION, stand by until this replica holds the Lease (``core.election``).
 
     Warm when Kopf is patched: Kopf lists, watches and indexes as usual, and the patched processor
-    holds every object's handlers (``kopf_patches.ActingGate``) until the Lease is held: a takeover
+    holds every object's handlers (``kopf_patches.governed.ActingGate``) until the Lease is held: a takeover
     acts at once, on indexes already filled. Cold on stock Kopf: this startup handler waits for the
     Lease, so Kopf starts nothing (no watch, no handler) until then, and lists everything on takeover.
     The controllers' own resync loops and timers, and Event posting, check ``Access.paused``."""
@@ -255,8 +259,8 @@ async def elect(memo: kopf.Memo, lease: LeaseSettings, access: Access) -> None:
     elector.start()
     # No attempt at the Lease once the process is told to stop, and the holder hands it over at once:
     # a standby still campaigning while Kopf winds down could take the Lease the holder just released.
-    kopf_patches.when_stop_requested(elector.stop)
-    warm = kopf_patches.warm_standby()
+    when_stop_requested(elector.stop)
+    warm = warm_standby()
     logger.info("Leader election on the Lease %s as %s (%s standby until it holds it; duration %d s, renew "
                 "deadline %d s, retry %d s)", elector.where, elector.identity, "a warm" if warm else "a cold",
                 lease.duration, lease.renew_deadline, lease.retry_period)

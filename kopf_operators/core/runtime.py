@@ -1,4 +1,4 @@
-"""asyncio and glibc, process-wide: the two tweaks the door to Kopf (core/kopf_patches.py) installs besides
+"""asyncio and glibc, process-wide: the two tweaks the door to Kopf (core/kopf_patches/door.py) installs besides
 its patches of Kopf. Neither touches Kopf; the door decides when they apply (its version check, its
 measurement knob), so each is listed there with the patches."""
 

@@ -30,23 +30,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from kopf_operators.core import access as k8s
+from kopf_operators.core import api as k8s
 from kopf_operators.core import metrics
-from kopf_operators.core.access import Access, ApiError
-from kopf_operators.core.controller import (
-    HOLD,
-    RETRY,
-    Background,
-    GuardedPass,
-    Index,
-    KeyedState,
-    MemoSlot,
-    Newest,
-    PerKey,
-    first,
-    version_of,
-)
+from kopf_operators.core.access import WATCH_CONNECTIONS, Access
+from kopf_operators.core.api import ApiError
+from kopf_operators.core.background import Background
+from kopf_operators.core.controller import DONE, RETRY, WAITING, GuardedPass, PassSettings, Result
 from kopf_operators.core.conventions import stall_event
+from kopf_operators.core.state import Index, KeyedState, MemoSlot, Newest, PerKey, first, version_of
 from kopf_operators.immortal import decisions
 
 OPERATOR = "immortal"
@@ -93,9 +84,8 @@ class ImmortalController:
         self._wanted: PerKey[Key, tuple[tuple[str, int | None], decisions.Wanted]] = self.state.map()  # see _want
         # A pass outside Kopf's handlers: skipped on a standby, a failure retried with backoff; also
         # the fallback retry for a foreign pod in the way that no watch follows.
-        self.passes: GuardedPass[Key] = self.state.track(GuardedPass(
-            OPERATOR, self.background, self._pass, say=self._say, paused=lambda: self.access.paused,
-            retry=RETRY_SECONDS))
+        self.passes: GuardedPass[Key] = self.state.track(GuardedPass(self.background, self._pass, PassSettings(
+            OPERATOR, say=self._say, paused=lambda: self.access.paused, retry=RETRY_SECONDS)))
         self._wakes = self.state.track(self.background.timers())  # crash backoff: the replacement's wake-up
         self._settling = self.state.track(self.background.timers())  # a pod going away: report it if it lasts
         # A foreign pod in the way: (uid, resourceVersion) as read after a 409, and the watch following it.
@@ -158,20 +148,21 @@ class ImmortalController:
         return ""  # said here, in this operator's logger
 
     async def _pass(self, key: Key, trigger: str, pod_event: PodEvent | None = None,
-                    body: Mapping[str, Any] | None = None) -> Any:
-        """One pass, then what comes after it: a watch of a foreign pod in the way (``HOLD``: its
-        deletion runs the next pass), a retry (``RETRY``), or the crash backoff's wake-up."""
+                    body: Mapping[str, Any] | None = None) -> Result:
+        """One pass, then what comes after it: a watch of a foreign pod in the way (``WAITING``: its
+        deletion runs the next pass), a retry (``RETRY``), or the crash backoff's wake-up (a timer of its
+        own: the pod's backoff, not the pass's)."""
         decision = await self.converge(key, body, trigger=trigger, pod_event=pod_event)
         if decision is None:
-            return None
+            return DONE
         if decision.action is decisions.Action.BLOCKED:
-            return HOLD if self._follow_foreign(key) else RETRY
+            return WAITING if self._follow_foreign(key) else RETRY
         if decision.action is decisions.Action.CREATE:
             return RETRY  # a 409, and the pod in the way was gone when read: create again soon
         self._unfollow(key)
         if decision.action is decisions.Action.BACKOFF:
             self._wake_later(key, decision.retry_in)
-        return None
+        return DONE
 
     async def converge(self, key: Key, body: Mapping[str, Any] | None = None, *, trigger: str = "object",
                        pod_event: PodEvent | None = None) -> decisions.Decision | None:
@@ -342,7 +333,7 @@ class ImmortalController:
         follower = self._followers.get(key)
         if follower is not None and not follower.done():
             return True
-        if seen is None or len(self._followers) >= k8s.WATCH_CONNECTIONS:
+        if seen is None or len(self._followers) >= WATCH_CONNECTIONS:
             return False
         self._followers[key] = self.background.spawn(self._follow(key, *seen), name=f"immortal follow {key}")
         return True

@@ -10,7 +10,7 @@ State comes from Kopf indexes, never from a read per event:
 A source event costs one write per affected workload (a merge patch carrying the resourceVersion
 known from the index, or from the answer to our own last write); a 409 re-reads that one workload
 and decides again. The first sighting of a workload records its baseline at once. A pass is observe
-(the newest view: the index, the answers to our writes via ``core.controller.Newest``, the event's
+(the newest view: the index, the answers to our writes via ``core.state.Newest``, the event's
 body; its sources from the indexes) -> decide (one call: ``decisions.decide``) -> act (the pacing,
 the write); everything kept per workload is in one ``KeyedState``. Rollouts are
 paced: the first change rolls at once (leading edge), changes within the window after it merge into
@@ -29,20 +29,13 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from kopf_operators.core import access as k8s
+from kopf_operators.core import api as k8s
 from kopf_operators.core import metrics
-from kopf_operators.core.access import Access, ApiError
-from kopf_operators.core.controller import (
-    Background,
-    FairLimit,
-    GuardedPass,
-    Index,
-    KeyedState,
-    MemoSlot,
-    Newest,
-    PerKey,
-    first,
-)
+from kopf_operators.core.access import Access
+from kopf_operators.core.api import ApiError
+from kopf_operators.core.background import Background, FairLimit
+from kopf_operators.core.controller import GuardedPass, PassSettings, Requeues
+from kopf_operators.core.state import Index, KeyedState, MemoSlot, Newest, PerKey, first
 from kopf_operators.reroller import decisions, pacing, patches, plans, settings, views, windows
 from kopf_operators.reroller.alerts import Alert, Alerts, AlertSettings
 from kopf_operators.reroller.views import refused_patterns
@@ -119,12 +112,13 @@ class RerollerController:
         # Every pass (an event's, a look again, a retry, the resync) holds a write slot of its namespace;
         # a failure is retried with backoff on the same timer as the next look (earliest wins). An event's
         # pass that must wait for a slot is handed over (``submit``) with the newest view reported for it.
+        self.requeues: Requeues[Key] = self.state.track(Requeues())  # each pass's look again: its result
         self.passes: GuardedPass[Key] = self.state.track(GuardedPass(
-            OPERATOR, self.background, lambda key, trigger, view=None: self.reconcile(key, trigger, view),
-            say=self._say, paused=lambda: self.access.paused, retry=RETRY_SECONDS, if_pending="earlier",
-            retried=lambda exc: isinstance(exc, ApiError) and (exc.transient or exc.status == 409),
-            limit=self._limit, group=lambda key: key[1], merge=self.known.newer, retry_trigger="timer",
-            log=logger, on_failure=lambda key, _exc: self._count(key, "failed")))
+            self.background, self.requeues.returned(self.reconcile), PassSettings(
+                OPERATOR, say=self._say, paused=lambda: self.access.paused, retry=RETRY_SECONDS, if_pending="earlier",
+                retried=lambda exc: isinstance(exc, ApiError) and (exc.transient or exc.status == 409),
+                limit=self._limit, group=lambda key: key[1], merge=self.known.newer, retry_trigger="timer",
+                log=logger, on_failure=lambda key, _exc: self._count(key, "failed"))))
         # Sources whose data differs from their data stamp (a copy edited by hand, about to be put back
         # by its writer) -> when that was first seen (monotonic); see ``decisions.drift_held``.
         self._drift_since: dict[SourceKey, float] = {}
@@ -234,10 +228,6 @@ class RerollerController:
             logger.warning(f"{where}: {exc}; retrying in {delay:.1f}s")
         return ""  # said here, in this operator's logger
 
-    def _schedule(self, key: Key, delay: float) -> None:
-        """Look at the workload again after ``delay`` (an earlier pending look wins)."""
-        self.passes.later(key, delay)
-
     # --- one level-triggered pass ----------------------------------------------------------------------
 
     async def reconcile(self, key: Key, trigger: str, event_view: views.WorkloadView | None = None) -> None:
@@ -288,7 +278,7 @@ class RerollerController:
         if step.sighting is not None:
             self._sightings[key] = step.sighting
         for delay in step.look_in:
-            self._schedule(key, delay)
+            self.requeues.after(key, delay)
         if step.release:
             self._release(key)
         if step.decision is not None and step.decision.plan is not None:
@@ -318,7 +308,7 @@ class RerollerController:
         # (asked again when due).
         wait = self.bucket.ask(key[1], key, now)
         if wait > 0:
-            self._schedule(key, wait)
+            self.requeues.after(key, wait)
             return False
         if self.alerts.settings.notify_only:
             await self._notify_only(view, step.plan, step.snap)
@@ -384,7 +374,7 @@ class RerollerController:
         message = patches.rollout_message(view.kind, view.name, plan.changed)
         self._done(view, plan, message, ("rollout", "rolled", "Rerolled"), how)
         if view.kind == "Deployment" and view.pause_period:
-            self._schedule(view.key, view.pause_period)
+            self.requeues.after(view.key, view.pause_period)
 
     async def _notify_only(self, view: views.WorkloadView, plan: plans.Plan, snap: plans.Snapshot) -> None:
         """REROLLER_NOTIFY_ONLY: the change is recorded as the baseline and alerted, nothing rolls

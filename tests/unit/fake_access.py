@@ -9,8 +9,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable, M
 from typing import Any, TypeVar
 
 from kopf_operators.core import catalogue
-from kopf_operators.core.access import AlreadyExists, ApiError, Kind
-from kopf_operators.core.controller import Background
+from kopf_operators.core.api import AlreadyExists, ApiError, Kind
+from kopf_operators.core.background import Background
 
 T = TypeVar("T")
 

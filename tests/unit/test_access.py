@@ -15,42 +15,42 @@ import prometheus_client
 import pytest
 from aiohttp import web
 
-from kopf_operators.core import access
+from kopf_operators.core import access, api, connection
 from kopf_operators.core.process import QuietBookkeeping
 
 
 def test_paths_of_core_group_and_namespaced_resources() -> None:
-    assert access.POD.path("ns", "p") == "/api/v1/namespaces/ns/pods/p"
-    assert access.NAMESPACE.path("ignored", "n") == "/api/v1/namespaces/n"
-    assert access.DEPLOYMENT.path("ns", "d", "scale") == "/apis/apps/v1/namespaces/ns/deployments/d/scale"
-    assert access.CONFIGMAP.path() == "/api/v1/configmaps"
-    assert access.Kind("flant.com/v1", "copyrators", "CopyratorRule").path("a") == \
+    assert api.POD.path("ns", "p") == "/api/v1/namespaces/ns/pods/p"
+    assert api.NAMESPACE.path("ignored", "n") == "/api/v1/namespaces/n"
+    assert api.DEPLOYMENT.path("ns", "d", "scale") == "/apis/apps/v1/namespaces/ns/deployments/d/scale"
+    assert api.CONFIGMAP.path() == "/api/v1/configmaps"
+    assert api.Kind("flant.com/v1", "copyrators", "CopyratorRule").path("a") == \
         "/apis/flant.com/v1/namespaces/a/copyrators"
 
 
 @pytest.mark.parametrize(("status", "transient"), [(None, True), (429, True), (500, True), (503, True),
                                                    (403, False), (404, False), (409, False), (422, False)])
 def test_transient_errors_are_the_ones_worth_retrying(status: int | None, transient: bool) -> None:
-    assert access.ApiError(status, "x").transient is transient
+    assert api.ApiError(status, "x").transient is transient
 
 
 def test_kopf_view_of_errors_retries_transient_ones_and_gives_up_on_refusals() -> None:
-    retry = access.ApiError(503, "Service Unavailable").for_kopf("writing", delay=7)
+    retry = api.ApiError(503, "Service Unavailable").for_kopf("writing", delay=7)
     assert isinstance(retry, kopf.TemporaryError) and retry.delay == 7
-    refused = access.ApiError(422, "Unprocessable Entity", "spec.x: Invalid value").for_kopf("writing")
+    refused = api.ApiError(422, "Unprocessable Entity", "spec.x: Invalid value").for_kopf("writing")
     assert isinstance(refused, kopf.PermanentError)
     # The server's message may name field values: it never reaches the error text that Kopf logs.
     assert "Invalid value" not in str(refused)
 
 
 def test_error_text_never_carries_the_response_body() -> None:
-    error = access._error(422, "Unprocessable Entity", b'{"message": "data.password: s3cr3t"}')
+    error = api.response_error(422, "Unprocessable Entity", b'{"message": "data.password: s3cr3t"}')
     assert "s3cr3t" not in str(error) and error.status == 422
-    assert isinstance(access._error(409, "Conflict", None), access.Conflict)
+    assert isinstance(api.response_error(409, "Conflict", None), api.Conflict)
 
 
 def test_namespace_being_terminated_is_recognised() -> None:
-    error = access._error(403, "Forbidden", b'{"message": "unable to create: namespace x is being terminated"}')
+    error = api.response_error(403, "Forbidden", b'{"message": "unable to create: namespace x is being terminated"}')
     assert error.namespace_terminating
 
 
@@ -97,7 +97,7 @@ def test_transient_failures_are_retried_a_few_times_and_refusals_never(monkeypat
     monkeypatch.setattr(access, "BACKOFF_SECONDS", 0.001)
     layer = access.Access(client=None)  # no request is made here
 
-    def attempts(*errors: access.ApiError) -> tuple[int, str]:
+    def attempts(*errors: api.ApiError) -> tuple[int, str]:
         made: list[int] = []
 
         async def attempt() -> str:
@@ -108,14 +108,14 @@ def test_transient_failures_are_retried_a_few_times_and_refusals_never(monkeypat
 
         try:
             outcome = asyncio.run(layer._retrying(attempt))
-        except access.ApiError as exc:
+        except api.ApiError as exc:
             outcome = str(exc)
         return len(made), outcome
 
-    unavailable, throttled = access.ApiError(503, "Service Unavailable"), access.ApiError(429, "Too Many Requests")
+    unavailable, throttled = api.ApiError(503, "Service Unavailable"), api.ApiError(429, "Too Many Requests")
     assert attempts(unavailable, throttled) == (3, "answer")
     assert attempts(*[unavailable] * 10) == (access.RETRIES + 1, "HTTP 503 Service Unavailable")
-    assert attempts(access.ApiError(403, "Forbidden")) == (1, "HTTP 403 Forbidden")
+    assert attempts(api.ApiError(403, "Forbidden")) == (1, "HTTP 403 Forbidden")
 
 
 def test_requests_go_where_the_kubeconfig_says() -> None:
@@ -126,12 +126,12 @@ def test_requests_go_where_the_kubeconfig_says() -> None:
     configuration.host = "https://10.0.0.1:6443"
     layer = access.Access(kubernetes.client.ApiClient(configuration))
     url = "https://10.0.0.1:6443/api/v1/pods"
-    assert layer._proxy(url) == {}
+    assert layer.connection.proxy(url) == {}
     configuration.tls_server_name = "kubernetes.default.svc"
     configuration.proxy = "http://127.0.0.1:3128"
-    assert layer._proxy(url) == {"server_hostname": "kubernetes.default.svc", "proxy": "http://127.0.0.1:3128"}
+    assert layer.connection.proxy(url) == {"server_hostname": "kubernetes.default.svc", "proxy": "http://127.0.0.1:3128"}
     configuration.no_proxy = "10.0.0.0/8"
-    assert layer._proxy(url) == {"server_hostname": "kubernetes.default.svc"}
+    assert layer.connection.proxy(url) == {"server_hostname": "kubernetes.default.svc"}
 
 
 def test_credentials_are_asked_of_the_client_again_only_after_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -147,13 +147,13 @@ def test_credentials_are_asked_of_the_client_again_only_after_a_while(monkeypatc
             headers["authorization"] = f"Bearer token-{Client.asked}"
 
     clock = [100.0]
-    monkeypatch.setattr(access.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(connection.time, "monotonic", lambda: clock[0])
     layer = access.Access(Client())
-    assert layer._credentials() == {"User-Agent": "test", "authorization": "Bearer token-1"}
-    clock[0] += access.CREDENTIALS_SECONDS - 1
-    assert layer._credentials()["authorization"] == "Bearer token-1"
+    assert layer.connection.credentials() == {"User-Agent": "test", "authorization": "Bearer token-1"}
+    clock[0] += connection.CREDENTIALS_SECONDS - 1
+    assert layer.connection.credentials()["authorization"] == "Bearer token-1"
     clock[0] += 1
-    assert layer._credentials()["authorization"] == "Bearer token-2"
+    assert layer.connection.credentials()["authorization"] == "Bearer token-2"
     assert Client.asked == 2
 
 
@@ -202,10 +202,10 @@ def test_a_narrow_watch_streams_events_of_any_size_and_raises_on_an_error_event(
         seen: list[tuple[str, str]] = []
         async with local_api(app) as layer:
             try:
-                async for event_type, obj in layer.watch(access.POD, "ns1", fields="metadata.name=x-immortalpod",
+                async for event_type, obj in layer.watch(api.POD, "ns1", fields="metadata.name=x-immortalpod",
                                                          resource_version="3"):
                     seen.append((event_type, obj["metadata"]["resourceVersion"]))
-            except access.ApiError as exc:
+            except api.ApiError as exc:
                 error = str(exc)
         return seen, error
 
@@ -279,13 +279,13 @@ def test_a_request_beside_busy_connections_finds_a_spare_one_open() -> None:
         trace.freeze()
         before = opened()
         async with local_api(app) as layer:
-            layer.session().trace_configs.append(trace)
-            first = asyncio.create_task(layer.read(access.CONFIGMAP, "ns", "held"))
+            layer.connection.session().trace_configs.append(trace)
+            first = asyncio.create_task(layer.read(api.CONFIGMAP, "ns", "held"))
             await held.wait()
             async with asyncio.timeout(5):
                 while opened() < before + 2:  # its own connection, and the spare beside it
                     await asyncio.sleep(0.01)
-            assert (await layer.read(access.CONFIGMAP, "ns", "other") or {})["metadata"]["name"] == "other"
+            assert (await layer.read(api.CONFIGMAP, "ns", "other") or {})["metadata"]["name"] == "other"
             release.set()
             await first
         return seen, opened() - before

@@ -14,8 +14,8 @@ import requests
 
 from kopf_operators.blackadder.controller import BlackadderController
 from kopf_operators.blackadder.settings import Options, settings_from_spec
-from kopf_operators.core import access as k8s
-from kopf_operators.core import metrics
+from kopf_operators.core import access as access_module
+from kopf_operators.core import api, metrics
 from kopf_operators.core.conventions import Config
 from tests.unit.fake_access import FakeAccess
 
@@ -57,8 +57,8 @@ def test_the_inventory_skips_terminating_namespaces_and_copyrators_sources(monke
 
 def test_a_listing_is_retried_by_the_access_layer_when_the_server_fails_transiently(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(k8s, "BACKOFF_SECONDS", 0.0)
-    layer = k8s.Access(client=None)
+    monkeypatch.setattr(access_module, "BACKOFF_SECONDS", 0.0)
+    layer = access_module.Access(client=None)
     answers: list[Any] = [http_error(503), pykube.exceptions.HTTPError(503, "unavailable"), ["listed"]]
 
     def listing() -> list[str]:
@@ -73,8 +73,8 @@ def test_a_listing_is_retried_by_the_access_layer_when_the_server_fails_transien
 
 
 def test_a_refused_listing_is_an_api_error_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(k8s, "BACKOFF_SECONDS", 0.0)
-    layer = k8s.Access(client=None)
+    monkeypatch.setattr(access_module, "BACKOFF_SECONDS", 0.0)
+    layer = access_module.Access(client=None)
     attempts = 0
 
     def listing() -> list[str]:
@@ -82,14 +82,14 @@ def test_a_refused_listing_is_an_api_error_at_once(monkeypatch: pytest.MonkeyPat
         attempts += 1
         raise http_error(403)
 
-    with pytest.raises(k8s.ApiError) as raised:
+    with pytest.raises(api.ApiError) as raised:
         asyncio.run(layer.call(listing))
     assert raised.value.status == 403 and attempts == 1
 
 
 def test_stop_cancels_webhook_notifications_in_flight_and_waits_for_them() -> None:
     class SlowSecretRead(FakeAccess):
-        async def read(self, kind: k8s.Kind, namespace: str | None, name: str) -> dict[str, Any] | None:
+        async def read(self, kind: api.Kind, namespace: str | None, name: str) -> dict[str, Any] | None:
             self.calls.append(("read", kind.kind, namespace, name))
             await asyncio.sleep(60)  # the webhook's Secret read hangs
             return None
@@ -239,7 +239,7 @@ def test_a_standby_runs_no_cycle() -> None:
         ran.append(body["metadata"]["name"])
 
     ctl.cycle = cycle  # type: ignore[method-assign,assignment]
-    assert asyncio.run(ctl.passes("uid-agent", "cycle", agent(), lambda: False, logging.getLogger("t"))) is False
+    assert asyncio.run(ctl.passes("uid-agent", "cycle", agent(), lambda: False, logging.getLogger("t"))) is None
     assert ran == []
     access.paused = False
     asyncio.run(ctl.passes("uid-agent", "cycle", agent(), lambda: False, logging.getLogger("t")))

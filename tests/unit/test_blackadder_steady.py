@@ -11,7 +11,7 @@ import pytest
 from kopf_operators.blackadder import steady
 from kopf_operators.blackadder.probes import Probes
 from kopf_operators.blackadder.targets import pod_ref
-from kopf_operators.core.access import ApiError
+from kopf_operators.core.api import ApiError
 from tests.unit.fake_access import FakeAccess
 
 SPEC = {"steadyState": {"intervalSeconds": 2, "failureThreshold": 2, "checks": [

@@ -1,32 +1,17 @@
-"""The controller toolkit (kopf_operators/core/controller.py): backoff, keyed timers, resync, stop, and the
-one reconcile shape: per-key state, the newest known version, the guarded pass."""
+"""The controller toolkit (kopf_operators/core/background.py and state.py): backoff, keyed timers, resync,
+stop, fair limits; per-key state and the newest known version. The guarded pass: test_guarded_pass.py."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
 
-from kopf_operators.core import controller as toolkit
-from kopf_operators.core import metrics
-from kopf_operators.core.access import ApiError
-from kopf_operators.core.controller import (
-    RETRY,
-    Background,
-    Backoff,
-    GuardedPass,
-    KeyedState,
-    MemoSlot,
-    Newest,
-    PerKey,
-    backoff_delay,
-    first,
-    values,
-    version_of,
-)
+from kopf_operators.core import background as toolkit
+from kopf_operators.core.background import Background, Backoff, backoff_delay
+from kopf_operators.core.state import KeyedState, MemoSlot, Newest, PerKey, first, values, version_of
 
 
 def test_first_and_values_read_a_kopf_index_or_a_plain_dict() -> None:
@@ -302,181 +287,6 @@ def test_version_of_reads_a_resource_version() -> None:
     assert version_of("42") == 42
     assert version_of(None) == 0 and version_of("") == 0 and version_of("x1") == 0
 
-
-# --- the guarded pass --------------------------------------------------------------------------------
-
-
-def test_a_failed_pass_is_counted_said_once_and_retried_with_backoff(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(toolkit.random, "uniform", lambda low, high: 1.0)
-    errors = metrics.ERRORS.labels(operator="guard-test", kind="api")
-    before = errors._value.get()
-
-    async def scenario() -> tuple[list[str], int]:
-        background = Background("test")
-        runs: list[str] = []
-
-        async def run(key: str, trigger: str) -> None:
-            runs.append(trigger)
-            if len(runs) < 3:
-                raise ApiError(503, "Unavailable")
-
-        guard: GuardedPass[str] = GuardedPass(
-            "guard-test", background, run, retry=(0.01, 1.0),
-            say=lambda key, trigger, exc, delay: f"[{key}] {trigger}: {exc}; retrying in {delay}s")
-        assert not await guard("k", "event")
-        while len(runs) < 3:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.02)
-        failures = guard.failures("k")
-        await background.stop()
-        return runs, failures
-
-    with caplog.at_level(logging.WARNING, logger="kopf_operators.controller"):
-        runs, failures = asyncio.run(scenario())
-    assert runs == ["event", "retry", "retry"]
-    assert failures == 0  # the third pass succeeded: the backoff starts afresh
-    assert errors._value.get() - before == 2
-    assert [r.getMessage() for r in caplog.records] == [
-        "[k] event: HTTP 503 Unavailable; retrying in 0.01s", "[k] retry: HTTP 503 Unavailable; retrying in 0.02s"]
-
-
-def test_a_failure_with_an_earlier_look_pending_says_when_that_look_comes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``if_pending="earlier"``: a look asked for in 0.5 s stays when the backoff would say 30 s, and the
-    failure's line says the 0.5 s, when the key is really tried again."""
-    monkeypatch.setattr(toolkit.random, "uniform", lambda low, high: 1.0)
-
-    async def scenario() -> list[float | None]:
-        background = Background("test")
-        delays: list[float | None] = []
-
-        async def run(key: str, trigger: str) -> None:
-            raise ApiError(503, "Unavailable")
-
-        def say(key: str, trigger: str, exc: Exception, delay: float | None) -> str:
-            delays.append(delay)
-            return ""
-
-        guard: GuardedPass[str] = GuardedPass("guard-test", background, run, retry=(30.0, 60.0),
-                                              if_pending="earlier", say=say)
-        guard.later("k", 0.5)
-        await guard("k", "event")
-        due = guard.timers.due_in("k")
-        guard.forget("k")
-        await guard("k", "event")  # nothing pending: the backoff's own delay
-        await background.stop()
-        assert due is not None and 0.4 < due <= 0.5
-        return delays
-
-    [kept, backoff] = asyncio.run(scenario())
-    assert kept is not None and 0.4 < kept <= 0.5
-    assert backoff == 30.0
-
-
-def test_a_refused_pass_is_not_retried_and_a_paused_process_runs_nothing() -> None:
-    async def scenario() -> tuple[list[str], list[float | None], int]:
-        background = Background("test")
-        runs: list[str] = []
-        delays: list[float | None] = []
-        paused = True
-
-        async def run(key: str, trigger: str) -> None:
-            runs.append(trigger)
-            raise ApiError(422, "Invalid")
-
-        def say(key: str, trigger: str, exc: Exception, delay: float | None) -> str:
-            delays.append(delay)
-            return ""
-
-        guard: GuardedPass[str] = GuardedPass(
-            "guard-test", background, run, retry=(0.01, 1.0), paused=lambda: paused, say=say,
-            retried=lambda exc: isinstance(exc, ApiError) and exc.transient)
-        assert not await guard("k", "event")
-        paused = False
-        await guard("k", "event")
-        await guard("k", "event")
-        await asyncio.sleep(0.05)
-        pending = len(guard.timers)
-        failures = guard.failures("k")
-        await background.stop()
-        assert pending == 0
-        return runs, delays, failures
-
-    runs, delays, failures = asyncio.run(scenario())
-    assert runs == ["event", "event"]  # nothing while paused; no retry of a refusal
-    assert delays == [None, None]
-    assert failures == 2  # counted, so that the caller can say it once
-
-
-def test_a_pass_asking_for_retry_is_retried_and_a_crash_is_logged_with_its_traceback(
-        caplog: pytest.LogCaptureFixture) -> None:
-    async def scenario() -> list[str]:
-        background = Background("test")
-        runs: list[str] = []
-
-        async def run(key: str, trigger: str, *args: Any) -> bool:
-            runs.append(trigger)
-            if trigger == "crash":
-                raise ValueError("a bug")
-            return RETRY if len(runs) < 2 else True
-
-        guard: GuardedPass[str] = GuardedPass(
-            "guard-test", background, run, retry=(0.01, 1.0), catch=(Exception,), error_kind="crash",
-            traceback=True, say=lambda key, trigger, exc, delay: f"pass crashed: {exc}")
-        assert not await guard("k", "event")
-        while len(runs) < 2:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.02)
-        assert guard.failures("k") == 0
-        guard.timers.cancel_all()
-        assert not await guard("k", "crash", "an argument", log=logging.getLogger("agent"))
-        await background.stop()
-        return runs
-
-    with caplog.at_level(logging.WARNING):
-        runs = asyncio.run(scenario())
-    assert runs == ["event", "retry", "crash"]
-    crash = [r for r in caplog.records if r.name == "agent"]
-    assert len(crash) == 1 and crash[0].getMessage() == "pass crashed: a bug" and crash[0].exc_info
-
-
-def test_an_events_pass_that_must_wait_for_a_slot_is_handed_over_once_per_key_with_the_newest_report(
-        caplog: pytest.LogCaptureFixture) -> None:
-    """Its group's slot is held: ``submit`` returns at once and one task per key runs the pass, with the
-    reports merged, once the slot is free; a key forgotten meanwhile runs nothing; a handed-over pass
-    that crashes is logged (no caller to raise to)."""
-    async def scenario() -> tuple[list[tuple[str, Any]], int]:
-        background = Background("test")
-        limit = toolkit.FairLimit(1)
-        runs: list[tuple[str, Any]] = []
-
-        async def run(key: str, trigger: str, report: Any = None) -> None:
-            runs.append((key, report))
-            if report == "bug":
-                raise ValueError("a bug")
-
-        guard: GuardedPass[str] = GuardedPass(
-            "guard-test", background, run, limit=limit, group=lambda key: "ns", merge=max,
-            say=lambda key, trigger, exc, delay: f"{key} {trigger}: failed")
-        await guard.submit("free", "event", 1)  # a slot is free: it runs now
-        async with limit.hold("ns"):
-            for report in (2, 4, 3):
-                await asyncio.wait_for(guard.submit("web", "event", report), 1)
-            await guard.submit("gone", "event", 1)
-            await guard.submit("crashes", "event", "bug")
-            guard.forget("gone")
-            handed = len(background.tasks)
-            assert runs == [("free", 1)]
-        await asyncio.gather(*background.tasks)
-        await background.stop()
-        return runs, handed
-
-    with caplog.at_level(logging.ERROR, logger="kopf_operators.controller"):
-        runs, handed = asyncio.run(scenario())
-    assert handed == 3
-    assert runs == [("free", 1), ("web", 4), ("crashes", "bug")]
-    [crash] = caplog.records
-    assert crash.getMessage() == "crashes event: failed" and crash.exc_info
 
 class Holders:
     """Holders of a ``FairLimit``'s slots: each notes its name in ``served`` when it gets its slot, and

@@ -16,8 +16,8 @@ from kopf_operators.copyrator import rules, tally
 from kopf_operators.copyrator.controller import CopyratorController
 from kopf_operators.copyrator.copies import CopyView, copy_view, desired_copy
 from kopf_operators.copyrator.places import Result, copy_index_keys
-from kopf_operators.core import controller as toolkit
-from kopf_operators.core.access import ApiError
+from kopf_operators.core import background as toolkit
+from kopf_operators.core.api import ApiError
 from tests.unit.fake_access import FakeAccess, conflict_on_create, server_error
 
 T = TypeVar("T")

@@ -23,7 +23,7 @@ from kopf_operators.copyrator.controller import CopyratorController
 from kopf_operators.copyrator.copies import CopyView, copy_view
 from kopf_operators.copyrator.places import copy_index_keys
 from kopf_operators.copyrator.tally import Judgement, Tally, rule_snapshot, standing
-from kopf_operators.core.access import AlreadyExists, ApiError, Conflict, Kind
+from kopf_operators.core.api import AlreadyExists, ApiError, Conflict, Kind
 from kopf_operators.core.conventions import COPYRATOR_RULE_UID_LABEL
 
 ObjKey = tuple[str, str, str]  # (kind, namespace, name)

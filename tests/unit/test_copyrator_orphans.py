@@ -12,7 +12,7 @@ from kopf_operators.copyrator import copies
 from kopf_operators.copyrator.controller import CopyratorController
 from kopf_operators.copyrator.places import copy_index_keys
 from kopf_operators.copyrator.rules import RULE_ANNOTATION, Options
-from kopf_operators.core.access import ApiError
+from kopf_operators.core.api import ApiError
 from kopf_operators.core.conventions import COPYRATOR_RULE_UID_LABEL
 
 

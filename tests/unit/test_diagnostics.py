@@ -10,8 +10,9 @@ from pathlib import Path
 import prometheus_client
 
 from kopf_operators.core import diagnostics
-from kopf_operators.core.controller import Backoff, KeyedState, PerKey
+from kopf_operators.core.background import Backoff
 from kopf_operators.core.conventions import Config
+from kopf_operators.core.state import KeyedState, PerKey
 
 
 class Foreign:

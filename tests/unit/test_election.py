@@ -17,10 +17,10 @@ from typing import Any
 import kopf
 import pytest
 
-from kopf_operators.core import access as k8s
-from kopf_operators.core import metrics
+from kopf_operators.core import access as access_module
+from kopf_operators.core import api, metrics
 from kopf_operators.core.election import ElectionThread, Elector, LeaseSettings
-from kopf_operators.core.kopf_patches import EventPolicy, governed
+from kopf_operators.core.kopf_patches.governed import EventPolicy, governed
 from kopf_operators.core.process import ACCESS, EVENT_POLICY
 
 SETTINGS = LeaseSettings(enabled=True, name="kopf-operators", namespace="ops")
@@ -38,18 +38,18 @@ class LeaseServer:
 
     async def request(self, method: str, url: str, body: Any, content_type: str) -> dict[str, Any] | None:
         if self.down:
-            raise k8s.ApiError(503, "Service Unavailable")
+            raise api.ApiError(503, "Service Unavailable")
         assert "/apis/coordination.k8s.io/v1/namespaces/ops/leases" in url, url
         if method == "GET":
             self.reads += 1
             return json.loads(json.dumps(self.lease)) if self.lease else None
         self.writes.append((method, (body.get("spec") or {}).get("holderIdentity", "")))
         if method == "POST" and self.lease is not None:
-            raise k8s.ApiError(409, "Conflict", "already exists")
+            raise api.ApiError(409, "Conflict", "already exists")
         current = (self.lease or {}).get("metadata", {}).get("resourceVersion")
         stale = current is None or body["metadata"].get("resourceVersion") != current
         if method == "PUT" and stale:
-            raise k8s.Conflict(409, "Conflict")
+            raise api.Conflict(409, "Conflict")
         self.version += 1
         self.lease = {**body, "metadata": {**body["metadata"], "resourceVersion": str(self.version)}}
         return json.loads(json.dumps(self.lease))
@@ -71,7 +71,7 @@ class Clock:
 
 def candidate(server: LeaseServer, clock: Clock, name: str, settings: LeaseSettings = SETTINGS,
               lost: list[str] | None = None) -> Elector:
-    access = k8s.Access(client=None)
+    access = access_module.Access(client=None)
     access._once = server.request  # type: ignore[method-assign]
     return Elector(access, settings, on_lost=lambda: (lost if lost is not None else []).append(name),
                    identity=name, clock=clock, wall=lambda: clock.now)
@@ -183,8 +183,8 @@ def test_a_released_lease_is_taken_over_at_the_next_look() -> None:
         a, b = await holder_and_warm_standby(server, clock, 1.0)
         await a.release()
         assert a.access.paused and server.holder == "" and leader_gauge("kopf-operators") == 0
-        with pytest.raises(k8s.Paused):  # a released holder writes nothing more
-            await a.access.create(k8s.POD, {"metadata": {"namespace": "ns", "name": "p"}})
+        with pytest.raises(api.Paused):  # a released holder writes nothing more
+            await a.access.create(api.POD, {"metadata": {"namespace": "ns", "name": "p"}})
         clock.now += 0.1
         assert await step(b) and server.holder == "b"
 
@@ -292,8 +292,8 @@ def test_a_lease_won_by_an_attempt_in_flight_at_the_stop_is_handed_back_unused()
         await asyncio.wait_for(election, 1)
         assert [w[1] for w in server.writes] == ["b", ""]  # won, then released at once
         assert b.access.paused and not b.leading and leader_gauge("kopf-operators") == 0
-        with pytest.raises(k8s.Paused):  # it never acted in between, and does not now
-            await b.access.create(k8s.POD, {"metadata": {"namespace": "ns", "name": "p"}})
+        with pytest.raises(api.Paused):  # it never acted in between, and does not now
+            await b.access.create(api.POD, {"metadata": {"namespace": "ns", "name": "p"}})
 
     asyncio.run(scenario())
 
@@ -336,7 +336,7 @@ def test_a_holder_that_lost_the_lease_leaves_the_new_holders_claim_alone_at_rele
 
 def test_a_holder_that_cannot_renew_stops_acting_at_its_renew_deadline_and_exits(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(k8s, "BACKOFF_SECONDS", 0.0)  # the layer's retries of each attempt: no real wait
+    monkeypatch.setattr(access_module, "BACKOFF_SECONDS", 0.0)  # the layer's retries of each attempt: no real wait
 
     async def scenario() -> None:
         server, clock, lost = LeaseServer(), Clock(), list[str]()
@@ -394,7 +394,7 @@ def test_twins_started_at_once_elect_exactly_one() -> None:
 def test_a_standby_sends_no_write_and_posts_no_event_but_its_lease_attempts(monkeypatch: pytest.MonkeyPatch) -> None:
     posted: list[Any] = []
     monkeypatch.setattr(kopf, "event", lambda *args, **kwargs: posted.append(args))
-    layer = k8s.Access(client=None)
+    layer = access_module.Access(client=None)
     layer.paused = True
     sent: list[str] = []
 
@@ -405,13 +405,13 @@ def test_a_standby_sends_no_write_and_posts_no_event_but_its_lease_attempts(monk
     layer._once = once  # type: ignore[method-assign]
 
     async def writes() -> None:
-        for write in (layer.create(k8s.POD, {"metadata": {"namespace": "ns", "name": "p"}}),
-                      layer.patch(k8s.CONFIGMAP, "ns", "c", {"data": {}}),
-                      layer.delete(k8s.POD, "ns", "p", uid="u"),
+        for write in (layer.create(api.POD, {"metadata": {"namespace": "ns", "name": "p"}}),
+                      layer.patch(api.CONFIGMAP, "ns", "c", {"data": {}}),
+                      layer.delete(api.POD, "ns", "p", uid="u"),
                       layer.evict("ns", "p")):
-            with pytest.raises(k8s.Paused):
+            with pytest.raises(api.Paused):
                 await write
-        await layer.create(k8s.LEASE, {"metadata": {"namespace": "ops", "name": "kopf-operators"}})
+        await layer.create(api.LEASE, {"metadata": {"namespace": "ops", "name": "kopf-operators"}})
 
     asyncio.run(writes())
     layer.event({"metadata": {"name": "x"}}, "Normal", "Reason", "message")
@@ -437,7 +437,7 @@ def test_a_warm_standby_indexes_every_event_and_holds_only_kopfs_change_handlers
             steps.append(f"handled {raw_event['object']['metadata']['name']}")
 
         memo = kopf.Memo()
-        access = ACCESS.set(memo, k8s.Access(None))
+        access = ACCESS.set(memo, access_module.Access(None))
         EVENT_POLICY.set(memo, EventPolicy(frozenset({"flant.com"}), None))
         access.paused = True
         governing = governed(process)
@@ -479,14 +479,14 @@ def test_a_holder_whose_renewals_stall_is_fenced_at_its_renew_deadline_before_it
             return {}
 
         a.access._once = once  # type: ignore[method-assign]
-        await a.access.create(k8s.POD, pod)  # still inside the renew deadline
+        await a.access.create(api.POD, pod)  # still inside the renew deadline
         clock.now += 0.01
         assert a.leading and a.access.paused  # the election has not run: the fence alone
-        with pytest.raises(k8s.Paused):
-            await a.access.create(k8s.POD, pod)
+        with pytest.raises(api.Paused):
+            await a.access.create(api.POD, pod)
         a.access.event({"metadata": {"name": "x"}}, "Normal", "Reason", "message")  # dropped too
         assert sent == ["POST"]
-        await a.access.create(k8s.LEASE, {"metadata": {"namespace": "ops", "name": "kopf-operators"}})
+        await a.access.create(api.LEASE, {"metadata": {"namespace": "ops", "name": "kopf-operators"}})
         assert sent == ["POST", "POST"]  # its attempts at the Lease still pass
 
     asyncio.run(scenario())
@@ -495,7 +495,7 @@ def test_a_holder_whose_renewals_stall_is_fenced_at_its_renew_deadline_before_it
 def test_a_write_that_waited_past_the_fence_is_not_sent(monkeypatch: pytest.MonkeyPatch) -> None:
     """A write refused by a busy server (503) is retried by the access layer after a backoff; a retry
     that would be sent after the fence is not sent at all."""
-    monkeypatch.setattr(k8s, "BACKOFF_SECONDS", 0.0)
+    monkeypatch.setattr(access_module, "BACKOFF_SECONDS", 0.0)
 
     async def scenario() -> None:
         server, clock = LeaseServer(), Clock()
@@ -506,11 +506,11 @@ def test_a_write_that_waited_past_the_fence_is_not_sent(monkeypatch: pytest.Monk
         async def once(method: str, url: str, body: Any, content_type: str) -> dict[str, Any]:
             sent.append(clock.now)
             clock.now += SETTINGS.renew_deadline  # the answer comes after the deadline
-            raise k8s.ApiError(503, "Service Unavailable")
+            raise api.ApiError(503, "Service Unavailable")
 
         a.access._once = once  # type: ignore[method-assign]
-        with pytest.raises(k8s.Paused):
-            await a.access.create(k8s.POD, {"metadata": {"namespace": "ns", "name": "p"}})
+        with pytest.raises(api.Paused):
+            await a.access.create(api.POD, {"metadata": {"namespace": "ns", "name": "p"}})
         assert len(sent) == 1
 
     asyncio.run(scenario())
@@ -523,11 +523,11 @@ def test_the_election_thread_renews_while_the_process_loop_is_blocked_and_fences
     stop at the renew deadline and ``on_lost`` runs on the process's loop."""
     fast = LeaseSettings(enabled=True, name="kopf-operators", namespace="ops", duration=3, renew_deadline=2,
                          retry_period=1)
-    monkeypatch.setattr(k8s, "BACKOFF_SECONDS", 0.0)  # the unreachable server's retries: no real wait
+    monkeypatch.setattr(access_module, "BACKOFF_SECONDS", 0.0)  # the unreachable server's retries: no real wait
 
     async def scenario() -> None:
         server, lost = LeaseServer(), list[str]()
-        process = k8s.Access(client=None)
+        process = access_module.Access(client=None)
         election = ElectionThread(process, fast, on_lost=lambda: lost.append(threading.current_thread().name),
                                   identity="a")
         election.elector.access._once = server.request  # type: ignore[method-assign]
@@ -545,8 +545,8 @@ def test_the_election_thread_renews_while_the_process_loop_is_blocked_and_fences
         assert time.monotonic() - cut <= fast.renew_deadline + 0.5
         await asyncio.wait_for(election.done, 3)
         assert lost == [threading.current_thread().name]  # on the process's thread, not the election's
-        with pytest.raises(k8s.Paused):
-            await process.create(k8s.POD, {"metadata": {"namespace": "ns", "name": "p"}})
+        with pytest.raises(api.Paused):
+            await process.create(api.POD, {"metadata": {"namespace": "ns", "name": "p"}})
 
     asyncio.run(scenario())
 
@@ -554,7 +554,7 @@ def test_the_election_thread_renews_while_the_process_loop_is_blocked_and_fences
 def test_the_election_thread_releases_the_lease_when_closed() -> None:
     async def scenario() -> None:
         server = LeaseServer()
-        process = k8s.Access(client=None)
+        process = access_module.Access(client=None)
         election = ElectionThread(process, SETTINGS, on_lost=lambda: None, identity="a")
         election.elector.access._once = server.request  # type: ignore[method-assign]
         election.start()

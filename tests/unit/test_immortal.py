@@ -551,7 +551,7 @@ class FakeAccess:
         return hold()
 
     async def create(self, kind: Any, body: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any] | None:
-        from kopf_operators.core.access import ApiError
+        from kopf_operators.core.api import ApiError
 
         self.calls.append(("create", dry_run))
         if self.refuse:

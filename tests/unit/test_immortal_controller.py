@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 import pytest
 
 from kopf_operators.core import access as k8s
-from kopf_operators.core import controller as toolkit
-from kopf_operators.core.access import ApiError
+from kopf_operators.core import background as toolkit
+from kopf_operators.core.api import ApiError
 from kopf_operators.immortal import controller as immortal
 from kopf_operators.immortal import decisions
 from kopf_operators.immortal.controller import ImmortalController

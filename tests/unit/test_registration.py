@@ -13,9 +13,9 @@ from testsupport.paths import REPO
 # Loads the files the way `kopf run` does (kopf's own preload), then lists every handler id.
 _PROBE = """
 import glob, json, kopf
-from kopf_operators.core import kopf_patches
-kopf_patches.preload(sorted(glob.glob({pattern!r})))
-handlers = kopf_patches.all_handlers(kopf.get_default_registry())
+from kopf_operators.core.kopf_patches.registries import all_handlers, preload
+preload(sorted(glob.glob({pattern!r})))
+handlers = all_handlers(kopf.get_default_registry())
 print(json.dumps({{kind: [str(h.id) for h in of_kind] for kind, of_kind in handlers.items()}}))
 """
 
@@ -98,9 +98,9 @@ EXPECTED_HANDLER_IDS: list[str] = [
 # namespace's or a CRD's) while the operator is down; docs/deploy.md lists them with the way out.
 _FINALIZERS_PROBE = """
 import glob, json, kopf
-from kopf_operators.core import kopf_patches
-kopf_patches.preload(sorted(glob.glob({pattern!r})))
-handlers = kopf_patches.all_handlers(kopf.get_default_registry())
+from kopf_operators.core.kopf_patches.registries import all_handlers, preload
+preload(sorted(glob.glob({pattern!r})))
+handlers = all_handlers(kopf.get_default_registry())
 kinds = set()
 for kind in ("_spawning", "_changing"):
     for handler in handlers[kind]:

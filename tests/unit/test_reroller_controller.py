@@ -10,9 +10,10 @@ from typing import Any, TypeVar
 
 import pytest
 
-from kopf_operators.core import controller as toolkit
+from kopf_operators.core import background as toolkit
 from kopf_operators.core import metrics
-from kopf_operators.core.access import ApiError, Conflict
+from kopf_operators.core.api import ApiError, Conflict
+from kopf_operators.core.controller import Result
 from kopf_operators.core.conventions import DATA_STAMP, data_hash
 from kopf_operators.reroller import controller as reroller
 from kopf_operators.reroller import decisions, plans, settings, views
@@ -132,7 +133,7 @@ def test_a_standby_writes_nothing() -> None:
 def test_stop_cancels_pending_looks_and_waits_for_passes_in_flight() -> None:
     async def scenario() -> tuple[bool, bool]:
         ctl = controller(FakeAccess(), deployment(), configmap("v1"))
-        ctl._schedule(KEY, 60)
+        ctl.passes.retry_later(KEY)
         finished = in_flight(ctl.background)
         await asyncio.sleep(0)
         await ctl.stop()
@@ -214,13 +215,13 @@ def test_an_event_that_must_wait_for_a_write_slot_gives_its_event_slot_back_and_
         ctl = controller(access, workload, configmap("v2"))
         order: list[str] = []
         release = asyncio.Event()
-        reconcile = ctl.reconcile
+        reconcile = ctl.passes.run
 
-        async def pass_of(key: Any, *args: Any) -> None:
+        async def pass_of(key: Any, *args: Any) -> Result:
             order.append(key[1])
-            await reconcile(key, *args)
+            return await reconcile(key, *args)
 
-        ctl.reconcile = pass_of  # type: ignore[method-assign,assignment]
+        ctl.passes.run = pass_of
 
         async def flood_pass() -> None:
             async with ctl._limit.hold("flood"):

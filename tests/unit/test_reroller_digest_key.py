@@ -8,7 +8,7 @@ import asyncio
 import base64
 from typing import Any
 
-from kopf_operators.core.access import AlreadyExists
+from kopf_operators.core.api import AlreadyExists
 from kopf_operators.reroller import controller as reroller
 from kopf_operators.reroller import patches, plans, settings
 from kopf_operators.reroller.plans import Action

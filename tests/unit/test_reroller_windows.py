@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kopf_operators.core import controller as toolkit
+from kopf_operators.core import background as toolkit
 from kopf_operators.reroller import controller as reroller
 from kopf_operators.reroller import plans, settings, views
 from kopf_operators.reroller.controller import RerollerController

@@ -12,7 +12,7 @@ from typing import Any
 import kopf
 import pytest
 
-from kopf_operators.core import kopf_patches, metrics, process
+from kopf_operators.core import metrics, process
 from kopf_operators.core.conventions import (
     HASH_SPACE,
     Config,
@@ -21,6 +21,12 @@ from kopf_operators.core.conventions import (
     serves_namespace,
     shard_bounds,
     shard_selector,
+)
+from kopf_operators.core.kopf_patches.shards import (
+    SHARD_MEMBERSHIP_ATTR,
+    filter_shards_in_process,
+    serve_shard_in_process,
+    shard_filtered,
 )
 
 _NAMESPACED = kopf.Resource("", "v1", "configmaps", namespaced=True)
@@ -85,7 +91,7 @@ def _watched(events: list[Any], settings: kopf.OperatorSettings) -> list[Any]:
             yield event
 
     async def collect() -> list[Any]:
-        return [event async for event in kopf_patches.shard_filtered(watch)(settings=settings)]
+        return [event async for event in shard_filtered(watch)(settings=settings)]
 
     return asyncio.run(collect())
 
@@ -96,7 +102,7 @@ def test_the_process_filter_drops_only_other_shards_namespaced_events() -> None:
     events = [*_events(mine, other, None), "LISTED-bookmark"]
     settings = kopf.OperatorSettings()
     assert _watched(events, settings) == events  # no shard named: everything passes
-    kopf_patches.serve_shard_in_process(settings, functools.partial(serves_namespace, index=1, count=3))
+    serve_shard_in_process(settings, functools.partial(serves_namespace, index=1, count=3))
     assert _watched(events, settings) == [events[0], events[2], events[3]]
 
 
@@ -126,7 +132,7 @@ def test_a_server_that_honours_the_selector_filters_the_watches() -> None:
     settings, server = _serve("auto", honours=True)
     assert server.asked == 1
     assert settings.watching.shard_selectors.collect(_NAMESPACED) == [shard_selector(1, 3)]
-    assert not hasattr(settings.watching, kopf_patches.SHARD_MEMBERSHIP_ATTR)
+    assert not hasattr(settings.watching, SHARD_MEMBERSHIP_ATTR)
     assert _mode(1, 3) == {"server": 1, "client": 0}
 
 
@@ -136,12 +142,12 @@ def test_without_the_servers_filter_the_process_filters(filtering: str, honours:
     """A server without the feature gate (or SHARD_FILTERING=client): no selector is sent, the process
     drops the other shards' events, says so once, and the gauge shows it."""
     metrics.SHARD.clear()
-    kopf_patches.filter_shards_in_process()
+    filter_shards_in_process()
     with caplog.at_level(logging.INFO, logger="kopf_operators"):
         settings, server = _serve(filtering, honours)
     assert server.asked == (1 if filtering == "auto" else 0)
     assert settings.watching.shard_selectors.collect(_NAMESPACED) == []
-    serves = getattr(settings.watching, kopf_patches.SHARD_MEMBERSHIP_ATTR)
+    serves = getattr(settings.watching, SHARD_MEMBERSHIP_ATTR)
     assert [serves(f"ns-{i}") for i in range(50)] == [namespace_shard(f"ns-{i}", 3) == 1 for i in range(50)]
     lines = [r.getMessage() for r in caplog.records if "Serving shard" in r.getMessage()]
     assert len(lines) == 1 and "filtered by this process" in lines[0], lines
