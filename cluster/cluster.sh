@@ -8,6 +8,9 @@
 #   cluster.sh down     stop and delete it, freeing its ports
 #   cluster.sh status   exit 0 when it answers /readyz
 #   cluster.sh audit-log  print the path of the API server's audit log (see audit-policy.yaml)
+#   cluster.sh upgrade-control-plane   with KUBERNETES_VERSION=vX.Y.Z (one of versions.env's
+#                       COMPAT_VERSIONS): restart the running control plane on that release's build,
+#                       one component at a time, on the same etcd data (see upgrade_control_plane)
 #
 # State lives in $CLUSTER_DIR (default: <repo>/.cluster); the admin kubeconfig is
 # $CLUSTER_DIR/kubeconfig. Several clusters can run side by side with different CLUSTER_DIRs; the
@@ -134,10 +137,82 @@ down() {
   log "down"
 }
 
+# --- an upgrade in place, as a cluster administrator does it ------------------------------------------
+
+# The running cluster's folder under kwokctl's workdir: pids, logs, the per-cluster binary links.
+cluster_home() { echo "$KWOK_WORKDIR/clusters/$name"; }
+
+# restart_component COMPONENT BINARY: stop the component (SIGTERM, as a static pod's kubelet stops it),
+# point the cluster's link to BINARY, and start it again with exactly the arguments it ran with (read
+# from the process), in the same working folder, appending to the same log; kwokctl's pid file then
+# names the new process, so `kwokctl delete cluster` (cluster.sh down) stops it as before. Prints the
+# seconds from the stop to the new process's start.
+restart_component() {
+  local component=$1 binary=$2 home pidfile pid args=()
+  home=$(cluster_home); pidfile="$home/pids/$component.pid"
+  pid=$(cat "$pidfile")
+  kill -0 "$pid" 2>/dev/null || { log "$component is not running (pid $pid)"; return 1; }
+  mapfile -d '' -t args < "/proc/$pid/cmdline"
+  [ "${args[0]}" = "$home/bin/$component" ] || { log "$component runs ${args[0]}, not $home/bin/$component"; return 1; }
+  local stopped=$EPOCHREALTIME
+  kill -TERM "$pid"
+  local deadline=$((SECONDS + 60))
+  while kill -0 "$pid" 2>/dev/null; do
+    [ $SECONDS -lt $deadline ] || { log "$component (pid $pid) did not stop within 60s"; return 1; }
+    sleep 0.05
+  done
+  ln -sfn "$binary" "$home/bin/$component"
+  (cd "$home" && setsid "${args[@]}" >>"$home/logs/$component.log" 2>&1 </dev/null 8>&- & echo $! > "$pidfile")
+  python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$stopped" "$EPOCHREALTIME"
+}
+
+api_version() { kc version -o json --request-timeout=3s 2>/dev/null | sed -n 's/.*"gitVersion": "\(v[^"]*\)".*/\1/p' | tail -1; }
+etcd_ready() { [ "$(kc get --raw /readyz/etcd --request-timeout=3s 2>/dev/null)" = "ok" ]; }
+api_at() { [ "$(api_version)" = "$1" ] && ready; }
+lease_holder() { kc -n kube-system get lease "$1" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null; }
+lease_taken() { local now; now=$(lease_holder "$1"); [ -n "$now" ] && [ "$now" != "$2" ]; }
+
+# Upgrade the running control plane to $KUBERNETES_VERSION (its build from build.sh's cache, built if
+# missing), in the order of Kubernetes' version skew policy: etcd (when the release pins another etcd),
+# then kube-apiserver, then kube-controller-manager and kube-scheduler. Each is stopped and started
+# again before the next; each is waited for (etcd: the API server's etcd check; the API server: /readyz
+# and its new version; the others: their leader Lease taken by the new process). The fake node's KWOK
+# controller and the real node stay as they are (node.sh upgrade does the kubelet). One log line per
+# component with how long it was down.
+upgrade_control_plane() {
+  ready || { log "the cluster in $dir is not up"; return 1; }
+  local bin home running_etcd seconds
+  bin=$("$here/build.sh")
+  home=$(cluster_home)
+  running_etcd=$(readlink "$home/bin/etcd")
+  if [ "$running_etcd" != "$bin/etcd" ] && ! cmp -s "$running_etcd" "$bin/etcd"; then
+    seconds=$(restart_component etcd "$bin/etcd")
+    wait_until 120 "the API server to reach etcd $ETCD_VERSION" etcd_ready
+    log "etcd: $ETCD_VERSION on the same data (stopped to started: ${seconds}s)"
+  else
+    log "etcd: $ETCD_VERSION already"
+  fi
+  seconds=$(restart_component kube-apiserver "$bin/kube-apiserver")
+  wait_until 180 "kube-apiserver $KUBERNETES_VERSION to be ready" api_at "$KUBERNETES_VERSION"
+  log "kube-apiserver: $KUBERNETES_VERSION ready (stopped to started: ${seconds}s)"
+  local component holder
+  for component in kube-controller-manager kube-scheduler; do
+    holder=$(lease_holder "$component")
+    seconds=$(restart_component "$component" "$bin/$component")
+    wait_until 120 "$component $KUBERNETES_VERSION to take its leader Lease" lease_taken "$component" "$holder"
+    log "$component: $KUBERNETES_VERSION leading (stopped to started: ${seconds}s)"
+  done
+  # kwokctl's record of the cluster names the versions that now run.
+  sed -i -e "/^  name: kube-\(apiserver\|controller-manager\|scheduler\)$/,/^- /s/^  version: .*/  version: ${KUBERNETES_VERSION#v}/" \
+    -e "/^  name: etcd$/,/^- /s/^  version: .*/  version: ${ETCD_VERSION#v}/" "$home/kwok.yaml"
+  log "control plane upgraded to $KUBERNETES_VERSION"
+}
+
 case "${1:-}" in
   up) up ;;
   down) down ;;
   status) ready ;;
   audit-log) echo "$KWOK_WORKDIR/clusters/$name/logs/audit.log" ;;
-  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+  upgrade-control-plane) upgrade_control_plane ;;
+  *) echo "usage: $0 up|down|status|audit-log|upgrade-control-plane" >&2; exit 2 ;;
 esac

@@ -11,6 +11,8 @@
 #   node.sh status      exit 0 when this cluster's node is Ready
 #   node.sh owner       print the cluster folder that owns the machine's real node (if any)
 #   node.sh load IMAGE  copy a local podman image into the node's containerd (no registry)
+#   node.sh upgrade     with KUBERNETES_VERSION=vX.Y.Z: restart the kubelet on that release's build;
+#                       containerd and the pods' containers keep running (see upgrade)
 #
 # One real node per machine (it owns the CNI bridge, the kubelet's fixed host paths, iptables chains):
 # the first cluster to come up takes it; another cluster started meanwhile stays KWOK-only and says
@@ -502,6 +504,33 @@ load() { # IMAGE: podman image → the node's containerd (k8s.io namespace), und
   ctr_ images ls -q | grep -qx "$ref" || ctr_ images tag --force "sha256:$id" "$ref" >/dev/null
 }
 
+kubelet_version() { kc get node "$NODE_NAME" -o jsonpath='{.status.nodeInfo.kubeletVersion}' 2>/dev/null; }
+kubelet_at() { [ "$(kubelet_version)" = "$1" ] && node_ready; }
+
+# The node's part of a cluster upgrade, after the control plane's (cluster.sh upgrade-control-plane;
+# a kubelet may be older than the API server, never newer): the kubelet is stopped (SIGTERM; with
+# shutdownGracePeriod 0 it leaves the pods alone, as when a node's kubelet package is replaced) and
+# started on $KUBERNETES_VERSION's build with the same arguments. containerd, the sandboxes and the
+# containers keep running; the new kubelet finds them through the CRI and adopts them. Done when the
+# Node reports the new kubeletVersion and Ready. One log line with how long the kubelet was down.
+upgrade() {
+  [ "$(owner)" = "$dir" ] && alive "$nd/kubelet.pid" || { log "this cluster's real node is not running"; return 1; }
+  local bin pid args=() stopped
+  bin=$("$here/build.sh")
+  pid=$(cat "$nd/kubelet.pid")
+  mapfile -d '' -t args < "/proc/$pid/cmdline"
+  [ "${args[0]##*/}" = kubelet ] || { log "pid $pid is not the kubelet: ${args[0]}"; return 1; }
+  if cmp -s "${args[0]}" "$bin/kubelet"; then log "the kubelet runs $KUBERNETES_VERSION already"; return 0; fi
+  args[0]=$bin/kubelet
+  stopped=$SECONDS
+  stop_pid "$nd/kubelet.pid" 30
+  setsid "${args[@]}" >>"$nd/logs/kubelet.log" 2>&1 < /dev/null &
+  echo $! > "$nd/kubelet.pid"
+  wait_until 120 "the kubelet $KUBERNETES_VERSION to report the node Ready (log: $nd/logs/kubelet.log)" \
+    kubelet_at "$KUBERNETES_VERSION"
+  log "kubelet upgraded to $KUBERNETES_VERSION: Ready $((SECONDS - stopped))s after it was stopped"
+}
+
 case "${1:-}" in
   prepare) prepare ;;
   up) up ;;
@@ -509,5 +538,6 @@ case "${1:-}" in
   status) [ "$(owner)" = "$dir" ] && node_ready ;;
   owner) owner ;;
   load) load "$2" ;;
-  *) echo "usage: $0 prepare|up|down|status|owner|load IMAGE" >&2; exit 2 ;;
+  upgrade) upgrade ;;
+  *) echo "usage: $0 prepare|up|down|status|owner|load IMAGE|upgrade" >&2; exit 2 ;;
 esac
