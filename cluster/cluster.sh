@@ -139,30 +139,60 @@ down() {
 
 # --- an upgrade in place, as a cluster administrator does it ------------------------------------------
 
+# A process that has exited is gone, even while it waits to be reaped (kwokctl's processes are
+# orphans: init reaps them, in its own time).
+running() { local state; state=$(ps -o stat= -p "$1" 2>/dev/null) && [ "${state:0:1}" != Z ]; }
+
 # The running cluster's folder under kwokctl's workdir: pids, logs, the per-cluster binary links.
 cluster_home() { echo "$KWOK_WORKDIR/clusters/$name"; }
 
-# restart_component COMPONENT BINARY: stop the component (SIGTERM, as a static pod's kubelet stops it),
-# point the cluster's link to BINARY, and start it again with exactly the arguments it ran with (read
-# from the process), in the same working folder, appending to the same log; kwokctl's pid file then
-# names the new process, so `kwokctl delete cluster` (cluster.sh down) stops it as before. Prints the
-# seconds from the stop to the new process's start.
+# How long a component may drain after SIGTERM before it is killed: kubeadm's grace for its control
+# plane's static pods. The API server stops listening at once but holds its open watches up to 60 s.
+STOP_GRACE_SECONDS=30
+CONTROL_PLANE=(etcd kube-apiserver kube-controller-manager kube-scheduler)
+
+# save_command_lines: each control-plane component's command line, read from its process before the
+# first one stops. kube-controller-manager and kube-scheduler exit when they cannot renew their leader
+# Lease (the API server restarting): a kubelet would start their static pods again; here kwokctl does
+# not, so they are started again (on the new binary) at their own step, from the saved command line.
+save_command_lines() {
+  local home component pid
+  home=$(cluster_home)
+  mkdir -p "$home/upgrade"
+  for component in "${CONTROL_PLANE[@]}"; do
+    pid=$(cat "$home/pids/$component.pid")
+    running "$pid" || { log "$component is not running (pid $pid): start from a healthy cluster"; return 1; }
+    cp "/proc/$pid/cmdline" "$home/upgrade/$component.cmdline"
+  done
+}
+
+# restart_component COMPONENT BINARY: stop the component if it runs (SIGTERM, then SIGKILL after
+# STOP_GRACE_SECONDS, as the kubelet replaces a static pod), point the cluster's link to BINARY, and
+# start it again with exactly the arguments it ran with, in the same working folder, appending to the
+# same log; kwokctl's pid file then names the new process, so `kwokctl delete cluster` (cluster.sh
+# down) stops it as before. Prints the seconds from the stop (or from now, when it had exited) to the
+# new process's start.
 restart_component() {
   local component=$1 binary=$2 home pidfile pid args=()
   home=$(cluster_home); pidfile="$home/pids/$component.pid"
   pid=$(cat "$pidfile")
-  kill -0 "$pid" 2>/dev/null || { log "$component is not running (pid $pid)"; return 1; }
-  mapfile -d '' -t args < "/proc/$pid/cmdline"
-  [ "${args[0]}" = "$home/bin/$component" ] || { log "$component runs ${args[0]}, not $home/bin/$component"; return 1; }
+  mapfile -d '' -t args < "$home/upgrade/$component.cmdline"
+  [ "${args[0]}" = "$home/bin/$component" ] || { log "$component ran ${args[0]}, not $home/bin/$component"; return 1; }
   local stopped=$EPOCHREALTIME
-  kill -TERM "$pid"
-  local deadline=$((SECONDS + 60))
-  while kill -0 "$pid" 2>/dev/null; do
-    [ $SECONDS -lt $deadline ] || { log "$component (pid $pid) did not stop within 60s"; return 1; }
-    sleep 0.05
-  done
+  if running "$pid"; then
+    kill -TERM "$pid"
+    local deadline=$((SECONDS + STOP_GRACE_SECONDS))
+    while running "$pid" && [ $SECONDS -lt $deadline ]; do sleep 0.05; done
+    kill -KILL "$pid" 2>/dev/null || true
+    while running "$pid"; do sleep 0.05; done
+  else
+    log "$component had exited (its log: $home/logs/$component.log)"
+  fi
   ln -sfn "$binary" "$home/bin/$component"
-  (cd "$home" && setsid "${args[@]}" >>"$home/logs/$component.log" 2>&1 </dev/null 8>&- & echo $! > "$pidfile")
+  # exec all the way down: the pid file names the component itself, and nothing holds this
+  # function's stdout (the caller reads it to its end).
+  (cd "$home" && exec setsid "${args[@]}" >>"$home/logs/$component.log" 2>&1 </dev/null 8>&-) &
+  echo $! > "$pidfile"
   python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$stopped" "$EPOCHREALTIME"
 }
 
@@ -184,6 +214,7 @@ upgrade_control_plane() {
   local bin home running_etcd seconds
   bin=$("$here/build.sh")
   home=$(cluster_home)
+  save_command_lines
   running_etcd=$(readlink "$home/bin/etcd")
   if [ "$running_etcd" != "$bin/etcd" ] && ! cmp -s "$running_etcd" "$bin/etcd"; then
     seconds=$(restart_component etcd "$bin/etcd")
