@@ -192,7 +192,7 @@ restart_component() {
   # exec all the way down: the pid file names the component itself, and nothing holds this
   # function's stdout (the caller reads it to its end).
   (cd "$home" && exec setsid "${args[@]}" >>"$home/logs/$component.log" 2>&1 </dev/null 8>&-) &
-  echo $! > "$pidfile"
+  printf %s $! > "$pidfile"  # no newline: kwokctl parses the whole file as the number
   python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$stopped" "$EPOCHREALTIME"
 }
 
