@@ -233,9 +233,6 @@ upgrade_control_plane() {
     wait_until 120 "$component $KUBERNETES_VERSION to take its leader Lease" lease_taken "$component" "$holder"
     log "$component: $KUBERNETES_VERSION leading (stopped to started: ${seconds}s)"
   done
-  # kwokctl's record of the cluster names the versions that now run.
-  sed -i -e "/^  name: kube-\(apiserver\|controller-manager\|scheduler\)$/,/^- /s/^  version: .*/  version: ${KUBERNETES_VERSION#v}/" \
-    -e "/^  name: etcd$/,/^- /s/^  version: .*/  version: ${ETCD_VERSION#v}/" "$home/kwok.yaml"
   log "control plane upgraded to $KUBERNETES_VERSION"
 }
 

@@ -28,6 +28,7 @@ test, never skips it.
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import os
 import re
@@ -154,8 +155,13 @@ class Outages:
 
 
 def api_ready(api: kubernetes.client.ApiClient) -> Callable[[], bool]:
+    """/readyz through a client of its own that never retries (each probe is one request)."""
+    configuration = copy.copy(api.configuration)
+    configuration.retries = False
+    client = kubernetes.client.ApiClient(configuration)
+
     def probe() -> bool:
-        response = api.call_api("GET", f"{api.configuration.host}/readyz", _request_timeout=(1, 1))
+        response = client.call_api("GET", f"{configuration.host}/readyz", _request_timeout=(1, 1))
         return bool(response.status == 200)
     return probe
 
