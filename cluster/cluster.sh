@@ -211,7 +211,13 @@ lease_taken() { local now; now=$(lease_holder "$1"); [ -n "$now" ] && [ "$now" !
 # component with how long it was down.
 upgrade_control_plane() {
   ready || { log "the cluster in $dir is not up"; return 1; }
-  local bin home running_etcd seconds
+  local bin home running_etcd seconds from
+  # The version skew policy: one minor at a time, never down.
+  from=$(api_version)
+  case $(( $(echo "${KUBERNETES_VERSION#v}" | cut -d. -f2) - $(echo "${from#v}" | cut -d. -f2) )) in
+    0|1) ;;
+    *) log "the cluster runs $from: upgrade one minor at a time, never down (not to $KUBERNETES_VERSION)"; return 1 ;;
+  esac
   bin=$("$here/build.sh")
   home=$(cluster_home)
   save_command_lines
