@@ -482,6 +482,8 @@ def test_a_live_cluster_upgraded_a_minor_loses_nothing_and_does_nothing_twice(
     left_alone = ["ic/sleeper-b", f"copy/{live.push_target}/pushed", "StatefulSet/db", "revisions/db",
                   f"agent/{live.agent}"]
     assert differences(before, snapshot(core, apps, custom, live), left_alone) == {}
+    replaced_status = ic_status(custom, live.ic, "sleeper-a")
+    assert (replaced_status["startTimes"], replaced_status["currentPodUID"]) == (2, replaced.metadata.uid)
     kinds = sorted({" ".join(w.split()[:2]) for w in operator_writes(audit, audit_after)})
     print(f"after the upgrade, the operator's kinds of writes: {kinds}")
     assert log_lines(operator, log_start)["errors"] == [], operator.tail(100)
