@@ -12,7 +12,7 @@ RUN_ARGS ?= --all-namespaces --verbose
 
 .PHONY: help setup cluster cluster-down image install uninstall run test unit lint bench manifests deploy undeploy \
 	soak revert-agents version version-check lock deps-check release release-e2e registry registry-down \
-	peers-test reloader-e2e reloader-bench reference compat
+	peers-test reloader-e2e reloader-bench reference compat compat-upgrade
 
 help: ## list the verbs
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -79,6 +79,10 @@ test: setup ## everything: set-up, local cluster, lint, unit and end-to-end test
 # MINOR=1.35 (or v1.35.4): one supported minor; empty or "all": each of versions.env's COMPAT_VERSIONS.
 compat: setup ## the compatibility subset of the e2e tests on each supported Kubernetes minor (own build, own cluster) -> .compat/
 	cluster/compat.sh $(MINOR)
+
+# Not in `make test` (CI): the next minor's build, the machine's real node (root) and a cluster of its own.
+compat-upgrade: setup ## a live cluster with objects of all four operators upgraded to the next supported minor -> .compat/
+	cluster/compat.sh upgrade
 
 # BENCH_ARGS e.g. "--quick", "--only scale peers", "--operators operators/immortal.py" (or OPERATOR_FILES=...).
 # The Go peers are built from source by the run itself (testsupport/peer_build.py; see bench/README.md).

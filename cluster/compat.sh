@@ -13,6 +13,11 @@
 # schema's CEL rules, the chart accepted by the API server, the Lease (HA, local replicas: the chart's
 # HA tests need the real node, which compat clusters do not take), the status conventions (kstatus),
 # sharding. A skipped test fails the minor. CI runs the whole suite on the pinned minor (KUBERNETES_VERSION in versions.env).
+#
+# `make compat-upgrade` (compat.sh upgrade): a live cluster upgraded across minors, from the pinned
+# release to the next supported one (tests/e2e/test_upgrade_minor.py), on a cluster of its own
+# (<repo>/.cluster-compat/upgrade) with the machine's real node (root, REAL_NODE=1), started fresh and
+# stopped after; recorded in .compat/upgrade-<from>-<to>.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
@@ -50,6 +55,40 @@ COMPAT_TESTS=(
   tests/e2e/test_sharding.py
 )
 
+record() { # FILE VERSION COMMIT DIRTY RESULT SECONDS SUMMARY
+  printf 'version=%s\ndate=%s\ncommit=%s\nuncommitted_changes=%s\nresult=%s\nseconds=%s\nsummary=%s\n' \
+    "$2" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$3" "$4" "$5" "$6" "$7" > "$1"
+}
+
+upgrade() {
+  local from to started=$SECONDS result=failed summary="the cluster did not start" out commit dirty
+  from=$KUBERNETES_VERSION
+  to=$(echo "$COMPAT_VERSIONS" | tr ' ' '\n' | grep -A1 -x "$from" | sed -n 2p)
+  [ -n "$to" ] || { log "no supported minor after $from ($COMPAT_VERSIONS)"; exit 2; }
+  export CLUSTER_DIR=$repo/.cluster-compat/upgrade REAL_NODE=1 KUBE_FEATURE_GATES=${KUBE_FEATURE_GATES-}
+  commit=$(git rev-parse HEAD)
+  dirty=no; [ -z "$(git status --porcelain)" ] || dirty=yes
+  mkdir -p .compat
+  log "upgrade $from -> $to: building both (if needed), starting $CLUSTER_DIR fresh with the real node"
+  "$here/cluster.sh" down >/dev/null 2>&1 || true
+  if "$here/build.sh" >/dev/null && KUBERNETES_VERSION=$to "$here/build.sh" >/dev/null && "$here/cluster.sh" up; then
+    out=$(mktemp)
+    if "$repo/.venv/bin/pytest" -p no:cacheprovider -q -rA -m upgrade tests/e2e/test_upgrade_minor.py 2>&1 \
+        | tee "$out" >&2; then
+      result=passed
+    fi
+    summary=$(grep -E '(passed|failed|error)' "$out" | tail -1)
+    if [ "$result" = passed ] && ! grep -q '1 passed' <<<"$summary"; then result=failed; fi
+    rm -f "$out"
+  fi
+  "$here/cluster.sh" down || true
+  record ".compat/upgrade-$from-$to" "$from->$to" "$commit" "$dirty" "$result" "$((SECONDS - started))" "$summary"
+  log "upgrade $from -> $to: $result ($summary) in $((SECONDS - started))s; recorded in .compat/upgrade-$from-$to"
+  [ "$result" = passed ]
+}
+
+if [ "${1:-}" = upgrade ]; then upgrade; exit; fi
+
 wanted=${1:-all}
 versions=()
 for v in $COMPAT_VERSIONS; do
@@ -80,8 +119,7 @@ for v in "${versions[@]}"; do
     rm -f "$out"
   fi
   "$here/cluster.sh" down || true
-  printf 'version=%s\ndate=%s\ncommit=%s\nuncommitted_changes=%s\nresult=%s\nseconds=%s\nsummary=%s\n' \
-    "$v" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$commit" "$dirty" "$result" "$((SECONDS - started))" "$summary" > ".compat/$v"
+  record ".compat/$v" "$v" "$commit" "$dirty" "$result" "$((SECONDS - started))" "$summary"
   log "Kubernetes $v: $result ($summary) in $((SECONDS - started))s; recorded in .compat/$v"
   [ "$result" = passed ] || failed=1
 done

@@ -37,6 +37,7 @@ REAL_NODE_MODULES = frozenset({
     "tests/e2e/test_status.py",
     "tests/e2e/test_uninstall.py",
     "tests/e2e/test_upgrade.py",
+    "tests/e2e/test_upgrade_minor.py",
 })
 LAST = frozenset({"tests/e2e/test_zz_rbac.py"})
 # Modules that need cluster/monitoring.sh's tools, which `make test` builds beside the first modules: late.

@@ -3,6 +3,7 @@ being released, from a clean tree (release/compat.py reads what cluster/compat.s
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 from release.compat import problems, supported_versions
@@ -38,3 +39,13 @@ def test_a_missing_stale_dirty_or_failed_run_refuses_the_release(tmp_path: Path)
         f"Kubernetes v1.36.3: the run on {'a' * 12} had uncommitted changes",
         f"Kubernetes v1.37.2: failed on {'a' * 12} (1 failed, 18 passed)",
     ]
+
+
+def test_the_upgrade_across_minors_is_not_collected_by_make_test() -> None:
+    """tests/e2e/test_upgrade_minor.py needs the next minor's build and the real node, and leaves the
+    cluster upgraded: only `make compat-upgrade` (pytest -m upgrade) runs it, never the default run."""
+    repo = Path(__file__).resolve().parents[2]
+    addopts = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    assert "not upgrade" in addopts
+    assert "pytestmark = [pytest.mark.upgrade" in (repo / "tests" / "e2e" / "test_upgrade_minor.py").read_text()
+    assert "-m upgrade tests/e2e/test_upgrade_minor.py" in (repo / "cluster" / "compat.sh").read_text()
