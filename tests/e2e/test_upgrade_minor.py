@@ -45,10 +45,10 @@ import kubernetes
 import pytest
 import yaml
 
-from kopf_operators.blackadder import decisions as chaos
+from kopf_operators.blackadder import settings as chaos
 from kopf_operators.copyrator.rules import ACCEPT_FROM_ANNOTATION, PUSH_TO_ANNOTATION
 from kopf_operators.immortal import decisions as immortal
-from kopf_operators.reroller import decisions as reroller
+from kopf_operators.reroller import settings as reroller
 from release.compat import supported_versions
 from tests.e2e.realnode import NODE, script
 from tests.kube import OperatorProcess, delete_namespaces, operator_namespace, stays, wait_for
