@@ -286,6 +286,9 @@ class BlackadderController:
         stays (ownerReference removed, so the garbage collector keeps it) for an administrator."""
         meta = body["metadata"]
         settings = self.agent_settings(body)
+        # A standby (its delete handlers run too): the holder reverts; this one waits for the Lease.
+        if not await self.access.until_acting_or_gone(self.kind, meta.get("namespace"), meta["name"], meta["uid"]):
+            return  # reverted and gone, by the holder
         async with self.access.serialised((OPERATOR, meta["uid"])):
             try:
                 handle = await self.ledgers.get(self.agent_id(meta), meta["uid"])

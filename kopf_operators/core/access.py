@@ -76,6 +76,8 @@ T = TypeVar("T")
 RETRIES = 3
 BACKOFF_SECONDS = 0.2
 MAX_EVENT_MESSAGE = 1000
+# A standby's handler of an object being deleted looks this often whether the holder has removed it.
+STANDBY_LOOK_SECONDS = 2.0
 # Requests in flight at once, on as many kept-alive connections; more wait for a free one.
 POOL_CONNECTIONS = 16
 # Narrow watches (``watch``) open at once, each holding a connection of its own pool (never one a write
@@ -130,6 +132,22 @@ class Access:
     async def until_acting(self) -> None:
         """Return once this replica acts (at once when it does)."""
         await self._acting.wait()
+
+    async def until_acting_or_gone(self, kind: Kind, namespace: str | None, name: str, uid: str,
+                                   every: float = STANDBY_LOOK_SECONDS) -> bool:
+        """For a standby's handler of an object being deleted (its finalizer is the holder's to remove):
+        wait until this replica acts (True) or the object ``uid`` is gone (False), whichever is first.
+        The holder removes it meanwhile; raising instead, Kopf would log an error and retry it."""
+        while self.paused:
+            try:
+                await asyncio.wait_for(self._acting.wait(), every)
+                continue  # acting now (unless the fence is closed: looked at again)
+            except TimeoutError:
+                pass
+            found = await self.read(kind, namespace, name)  # a read: allowed on a standby
+            if found is None or (found.get("metadata") or {}).get("uid") != uid:
+                return False
+        return True
 
     async def close(self) -> None:
         await self.connection.close()

@@ -51,6 +51,14 @@ class FakeAccess:
         while self.paused:
             await asyncio.sleep(0.01)
 
+    async def until_acting_or_gone(self, kind: Kind, namespace: str | None, name: str, uid: str) -> bool:
+        while self.paused:
+            found = await self.read(kind, namespace, name)
+            if found is None or found["metadata"]["uid"] != uid:
+                return False
+            await asyncio.sleep(0.01)
+        return True
+
     def answer(self, method: str, *results: Any) -> None:
         """Queue answers of ``method``: an exception instance is raised instead of returned; a
         callable is called with the default answer and its result returned."""

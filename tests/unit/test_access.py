@@ -293,3 +293,32 @@ def test_a_request_beside_busy_connections_finds_a_spare_one_open() -> None:
     seen, counted = asyncio.run(scenario())
     assert seen == ["opened", "reused"]
     assert counted >= 2
+
+
+def test_a_standby_waits_until_it_acts_or_the_object_is_gone() -> None:
+    """``until_acting_or_gone``: a paused layer looks at the object (reads only) until it is gone, or a
+    new one has its name (False); a layer that acts meanwhile returns True at once."""
+    answers = [200, 200, 404]
+
+    async def handler(request: web.Request) -> web.Response:
+        status = answers.pop(0)
+        if status == 404:
+            return web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
+        return web.json_response({"metadata": {"name": "a", "uid": "u1"}})
+
+    async def scenario() -> tuple[bool, bool, list[int]]:
+        app = web.Application()
+        app.router.add_get("/apis/blackadder.io/v1beta1/chaosagents/{name}", handler)
+        kind = api.Kind("blackadder.io/v1beta1", "chaosagents", "ChaosAgent", namespaced=False)
+        async with local_api(app) as layer:
+            layer.paused = True
+            gone = await layer.until_acting_or_gone(kind, None, "a", "u1", every=0.01)
+            layer.paused = True
+            waiting = asyncio.create_task(layer.until_acting_or_gone(kind, None, "a", "u1", every=5))
+            await asyncio.sleep(0.05)
+            layer.paused = False
+            acting = await asyncio.wait_for(waiting, 1)
+        return gone, acting, answers
+
+    gone, acting, left = asyncio.run(scenario())
+    assert (gone, acting, left) == (False, True, [])

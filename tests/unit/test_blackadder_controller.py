@@ -244,3 +244,32 @@ def test_a_standby_runs_no_cycle() -> None:
     access.paused = False
     asyncio.run(ctl.passes("uid-agent", "cycle", agent(), lambda: False, logging.getLogger("t")))
     assert ran == ["agent"]
+
+
+def test_a_standby_leaves_a_deleted_agents_revert_to_the_holder_and_writes_nothing() -> None:
+    """Kopf runs the delete handler on a warm standby too: it waits, without a refused write (an error
+    and a retry in Kopf's log), until the holder has reverted and the agent is gone, or until it acts."""
+    body = agent()
+    body["spec"] = {"paused": True, "revertOnDelete": True}
+
+    async def standby_then_gone() -> FakeAccess:
+        access = FakeAccess()
+        access.paused = True
+        access.answer("read", body, None)  # still there (the holder reverting), then gone
+        await controller(access, {}).revert_on_delete(body, logging.getLogger("test"))
+        return access
+
+    access = asyncio.run(standby_then_gone())
+    assert [call[0] for call in access.calls] == ["read", "read"]  # the agent looked at; no ledger, no write
+
+    async def standby_then_acting() -> FakeAccess:
+        access = FakeAccess()
+        access.paused = True
+        ctl = controller(access, {})
+        access.answer("read", lambda default: (setattr(access, "paused", False), body)[1])  # the Lease taken
+        await ctl.revert_on_delete(body, logging.getLogger("test"))
+        return access
+
+    access = asyncio.run(standby_then_acting())
+    assert [call[1] for call in access.made("read")] == ["ChaosAgent", "Secret"]  # acting: its ledger read
+
