@@ -266,7 +266,11 @@ def test_a_standby_leaves_a_deleted_agents_revert_to_the_holder_and_writes_nothi
         access = FakeAccess()
         access.paused = True
         ctl = controller(access, {})
-        access.answer("read", lambda default: (setattr(access, "paused", False), body)[1])  # the Lease taken
+        def lease_taken(default: Any) -> dict[str, Any]:
+            access.paused = False
+            return body
+
+        access.answer("read", lease_taken)
         await ctl.revert_on_delete(body, logging.getLogger("test"))
         return access
 
