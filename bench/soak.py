@@ -70,6 +70,9 @@ WINDOW = json.dumps({"timezone": "UTC", "windows": [{"cron": "*/2 * * * *", "dur
 LOG_PROBLEM = re.compile(r"\[(ERROR|WARNING|CRITICAL) *\]|Traceback")
 LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
 WARM_UP_S = 120  # a process's first two minutes: its indexes fill, its watches open
+# Slopes need this many samples of one role (10 minutes at the default period) to tell a slope of
+# 1 MB per hour from noise; a shorter span (a --quick run's) lists them, not judged.
+MIN_JUDGED_SAMPLES = 10
 # A count may move with the live objects; growing by more than this over the window, it grows with time.
 COUNT_TOLERANCE = (3, 0.10)  # absolute, and relative to the window's mean
 
@@ -528,9 +531,13 @@ def verdicts(r: dict[str, Any]) -> dict[str, Any]:
     unprobed = {k: v.get("outside_samples", v)["p99_ratio"] for k, v in r["reactions"].items()
                 if v.get("outside_samples", v)["p99_ratio"] is not None}
     errors = [p for p in r["log_problems"] if re.search(r"\[(ERROR|CRITICAL) *\]|Traceback", p)]
+    # None: not judged (too few samples of one role for a slope).
+    long_enough = span.get("samples", 0) >= MIN_JUDGED_SAMPLES
     return {"judged": f"{name}, {span.get('samples', 0)} samples over {span.get('minutes', 0)} min",
-            "rss_slope_mb_per_hour": {"value": round(rss, 2), "target": "<= 1", "pass": bool(span) and rss <= 1},
-            "counts_growing_with_time": {"value": growing, "target": "none", "pass": bool(span) and not growing},
+            "rss_slope_mb_per_hour": {"value": round(rss, 2), "target": "<= 1",
+                                      "pass": (rss <= 1) if long_enough else None},
+            "counts_growing_with_time": {"value": growing, "target": "none",
+                                         "pass": (not growing) if long_enough else None},
             "p99_last_vs_first": {"value": {"all": ratios, "outside diagnostics samples": unprobed},
                                   "target": "<= 1.2x outside samples",
                                   "pass": bool(unprobed) and all(v <= 1.2 for v in unprobed.values())},
@@ -546,7 +553,8 @@ def render(r: dict[str, Any]) -> str:
            "\n## Targets\n\n| target | value | wanted | result |\n|---|---|---|---|\n"]
     for name in ("rss_slope_mb_per_hour", "counts_growing_with_time", "p99_last_vs_first", "errors"):
         t = v[name]
-        out.append(f"| {name} | {json.dumps(t['value'])} | {t['target']} | {'PASS' if t['pass'] else 'FAIL'} |\n")
+        result = "NOT JUDGED (too few samples)" if t["pass"] is None else "PASS" if t["pass"] else "FAIL"
+        out.append(f"| {name} | {json.dumps(t['value'])} | {t['target']} | {result} |\n")
     out.append(f"\nJudged on {v['judged']}: the longest span of one role (acting first) in the last "
                f"{m['window_minutes']} min, past each process's first {m['warm_up_s']} s.\n")
     out.append(f"\n## Reactions (first {m['edge_minutes']} min against the last {m['edge_minutes']})\n\n"

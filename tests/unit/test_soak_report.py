@@ -82,3 +82,17 @@ def test_the_p99_target_is_judged_outside_the_samples() -> None:
     assert v["pass"] and v["value"]["all"] == {"copyrator": 1.75}
     outside["p99_ratio"] = 1.3
     assert not soak.verdicts(report)["p99_last_vs_first"]["pass"]
+
+
+def test_a_span_too_short_for_a_slope_is_not_judged() -> None:
+    """A --quick run's spans (a few samples after a takeover) cannot tell 1 MB/h from noise: not judged."""
+    short = soak.spans([sample(60.0 * i, 80_000 + 1000 * i, 30) for i in range(3, 7)], 0, 10_000)
+    report = {"processes": {"b-1": {"spans": short, "samples": 4, "minutes": 3.0}}, "log_problems": [],
+              "reactions": {"immortal": {"first": {}, "last": {}, "events": 0, "p99_ratio": 1.0}}}
+    v = soak.verdicts(report)
+    assert v["rss_slope_mb_per_hour"]["pass"] is None and v["counts_growing_with_time"]["pass"] is None
+    assert v["rss_slope_mb_per_hour"]["value"] > 1  # still said, for the reader
+    assert "NOT JUDGED" in soak.render({"meta": {"run": "r", "minutes": 10, "quick": True, "rates": {},
+                                                  "date": "d", "window_minutes": 8, "edge_minutes": 2,
+                                                  "warm_up_s": 120}, "churn": {}, "takeovers": [],
+                                         "churn_failures": [], **report})
