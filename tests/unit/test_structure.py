@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import pathlib
 import re
+import tomllib
 from collections.abc import Callable
 
 from tests import scheduling
@@ -222,6 +223,14 @@ def test_every_module_on_the_real_node_runs_where_the_real_node_is() -> None:
     using = {relative(path) for path in (REPO / "tests" / "e2e").glob("test_*.py") if marks.search(path.read_text())}
     assert using - scheduling.LAST == scheduling.REAL_NODE_MODULES
 
+
+
+def test_every_package_is_in_the_distribution() -> None:
+    """The wheel (and so the image) holds the packages pyproject.toml lists: a package left off imports
+    fine from the source tree and fails in the pod."""
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {module_name(REPO, init) for init in PACKAGE.rglob("__init__.py")}
+    assert found == listed
 
 # --- the import graph: each name imported from where it is defined -----------------------------------
 
