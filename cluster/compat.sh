@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
 # `make compat [MINOR=1.35]`: the compatibility subset of the end-to-end suite against each supported
-# Kubernetes minor (versions.env's COMPAT_VERSIONS; MINOR picks one, "all" or empty: every one), each
-# on a KWOK cluster of its own (CLUSTER_DIR=<repo>/.cluster-compat/<minor>, no real node), built by
-# build.sh into a cache folder of its own. The API server runs as managed clusters run it: without
-# the alpha ShardedListAndWatch gate (the shards filter in the process).
+# Kubernetes minor (versions.env's COMPAT_VERSIONS; MINOR picks one, "all" or empty: every one), one
+# minor at a time, each on a cluster of its own (CLUSTER_DIR=<repo>/.cluster-compat/<minor>) with the
+# machine's real node (root, REAL_NODE=1: containerd and that minor's own kubelet, node.sh), built by
+# build.sh into a cache folder of its own, started fresh and stopped after (cluster.sh down removes the
+# node's processes and host state; a process left behind fails the minor). The API server runs as
+# managed clusters run it: without the alpha ShardedListAndWatch gate (the shards filter in the process).
 #
 # Every minor's outcome is recorded in .compat/<version> (date, commit, whether the tree had
 # uncommitted changes, result, the tests' summary line); `make release` refuses to publish unless every
 # minor passed on the commit it releases, from a clean tree (docs/releasing.md).
 #
-# The subset (COMPAT_TESTS below, ~10 minutes a minor on 2 cores): each operator's main path and its
-# schema's CEL rules, the chart accepted by the API server, the Lease (HA, local replicas: the chart's
-# HA tests need the real node, which compat clusters do not take), the status conventions (kstatus),
-# sharding. A skipped test fails the minor. CI runs the whole suite on the pinned minor (KUBERNETES_VERSION in versions.env).
+# The subset (COMPAT_TESTS below, ~10-15 minutes a minor on 2 cores): each operator's main path and its
+# schema's CEL rules; on the real node, the chart installed as a pod serving all four operators, the
+# immortal's pods replaced and Blackadder's recovery timed by the kubelet, the chart upgraded to a new
+# tag and from an older release with live objects; HA with the chart's two replicas (one acts, takeover
+# on SIGKILL and on SIGTERM) and twins on the Lease; the status conventions (kstatus); sharding. A
+# skipped test fails the minor. CI runs the whole suite on the pinned minor (KUBERNETES_VERSION in
+# versions.env).
 #
 # `make compat-upgrade` (compat.sh upgrade): a live cluster upgraded across minors, from the pinned
 # release to the next supported one (tests/e2e/test_upgrade_minor.py), on a cluster of its own
@@ -46,7 +51,18 @@ COMPAT_TESTS=(
   tests/e2e/test_blackadder.py::test_bad_guard_fields_are_rejected_with_a_readable_message
   tests/e2e/test_chart.py::test_helm_install_is_accepted_by_the_api_server
   tests/e2e/test_deploy.py::test_chart_lints_and_the_api_server_accepts_it
-  tests/e2e/test_faults.py::test_two_replicas_only_one_acts_and_the_other_takes_over
+  # The real node: the chart's pod, each operator in it, a chart upgrade (a new tag; an older release
+  # with live objects of all four operators).
+  tests/e2e/test_real_node.py::test_operator_pod_runs_on_the_real_node_and_stays_ready
+  tests/e2e/test_real_node.py::test_in_cluster_operator_serves_all_four_operators
+  tests/e2e/test_real_node.py::test_helm_upgrade_to_a_new_tag_recreates_the_pod
+  tests/e2e/test_immortal_real_node.py::test_pods_taken_away_are_replaced_at_once_and_counted_once
+  tests/e2e/test_blackadder_real_node.py::test_the_reported_time_to_recover_matches_the_pods_timestamps
+  tests/e2e/test_upgrade.py::test_helm_upgrade_from_the_base_commit_keeps_every_object_and_acts
+  # HA: the chart's two replicas on the real node, and twins on the Lease.
+  tests/e2e/test_ha.py::test_two_replicas_on_the_lease_one_acts_the_standby_writes_nothing
+  tests/e2e/test_ha.py::test_sigkill_of_the_holder_the_standby_acts_within_the_lease_duration_nothing_twice
+  tests/e2e/test_ha.py::test_sigterm_of_the_holder_hands_over_at_once
   tests/e2e/test_ha.py::test_twins_started_at_the_same_instant_act_once
   tests/e2e/test_status.py::test_an_object_the_operator_has_not_observed_yet_is_in_progress
   tests/e2e/test_status.py::test_immortal_container_states
@@ -58,6 +74,16 @@ COMPAT_TESTS=(
 record() { # FILE VERSION COMMIT DIRTY RESULT SECONDS SUMMARY
   printf 'version=%s\ndate=%s\ncommit=%s\nuncommitted_changes=%s\nresult=%s\nseconds=%s\nsummary=%s\n' \
     "$2" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$3" "$4" "$5" "$6" "$7" > "$1"
+}
+
+# After `cluster.sh down`: no kubelet, containerd or shim of $CLUSTER_DIR's node still runs, and the
+# machine's real node is free again (the next minor, or CI, takes it).
+node_gone() {
+  local left
+  left=$(pgrep -af "$CLUSTER_DIR/(node|kwok)" || true)
+  [ -z "$left" ] && [ ! -s /run/kopf-operators-real-node ] && [ ! -d "$CLUSTER_DIR/node" ] && return 0
+  log "left behind by $CLUSTER_DIR: ${left:-no process}; owner file: $(cat /run/kopf-operators-real-node 2>/dev/null)"
+  return 1
 }
 
 upgrade() {
@@ -101,24 +127,27 @@ mkdir -p .compat
 failed=0
 for v in "${versions[@]}"; do
   minor=${v#v}; minor=${minor%.*}
-  export KUBERNETES_VERSION=$v CLUSTER_DIR=$repo/.cluster-compat/$minor REAL_NODE=0
+  export KUBERNETES_VERSION=$v CLUSTER_DIR=$repo/.cluster-compat/$minor REAL_NODE=1
   export KUBE_FEATURE_GATES=${KUBE_FEATURE_GATES-}  # no alpha gate, as a managed cluster
   commit=$(git rev-parse HEAD)
   dirty=no; [ -z "$(git status --porcelain)" ] || dirty=yes
-  log "Kubernetes $v: building (if needed) and starting $CLUSTER_DIR"
+  log "Kubernetes $v: building (if needed) and starting $CLUSTER_DIR fresh with the real node"
   started=$SECONDS
   result=failed summary="the cluster did not start"
+  "$here/cluster.sh" down >/dev/null 2>&1 || true
   if "$here/build.sh" >/dev/null && "$here/cluster.sh" up; then
     out=$(mktemp)
-    if "$repo/.venv/bin/pytest" -p no:cacheprovider -q -rs "${COMPAT_TESTS[@]}" 2>&1 | tee "$out" >&2; then
+    if "$repo/.venv/bin/pytest" -p no:cacheprovider -q -rs --durations=25 "${COMPAT_TESTS[@]}" 2>&1 \
+        | tee "$out" >&2; then
       result=passed
     fi
     summary=$(grep -E '(passed|failed|error)' "$out" | tail -1)
-    # Every test of the subset runs without the real node: a skipped one is not a pass.
+    # Every test of the subset can run here: a skipped one is not a pass.
     if [ "$result" = passed ] && grep -q 'skipped' <<<"$summary"; then result=failed; fi
     rm -f "$out"
   fi
   "$here/cluster.sh" down || true
+  if ! node_gone; then result=failed summary="$summary; the real node left processes or host state behind"; fi
   record ".compat/$v" "$v" "$commit" "$dirty" "$result" "$((SECONDS - started))" "$summary"
   log "Kubernetes $v: $result ($summary) in $((SECONDS - started))s; recorded in .compat/$v"
   [ "$result" = passed ] || failed=1

@@ -4,6 +4,7 @@ the benchmark and the Reloader comparisons."""
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -38,10 +39,20 @@ class OperatorFailed(AssertionError):
     """The operator exited, or did not become healthy in time (the message carries its log's tail)."""
 
 
+# Ports handed to an operator to listen on (health, metrics) come from below the kernel's ephemeral
+# range (32768 up, by default) and below the ports kwokctl takes for its clusters (just under 32768):
+# a port the kernel hands out for a bind to port 0 is an ephemeral one, which an outgoing connection
+# can take before the operator binds it ("Address already in use").
+LISTEN_PORTS = range(20000, 30000)
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port no socket on this machine uses now, for a process started next to listen on."""
+    for _ in range(200):
+        port = random.choice(LISTEN_PORTS)
+        if port_free(port):
+            return port
+    raise RuntimeError(f"no free port in {LISTEN_PORTS}")
 
 
 def port_free(port: int) -> bool:

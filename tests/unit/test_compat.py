@@ -3,6 +3,8 @@ being released, from a clean tree (release/compat.py reads what cluster/compat.s
 
 from __future__ import annotations
 
+import ast
+import re
 import tomllib
 from pathlib import Path
 
@@ -49,3 +51,25 @@ def test_the_upgrade_across_minors_is_not_collected_by_make_test() -> None:
     assert "not upgrade" in addopts
     assert "pytestmark = [pytest.mark.upgrade" in (repo / "tests" / "e2e" / "test_upgrade_minor.py").read_text()
     assert "-m upgrade tests/e2e/test_upgrade_minor.py" in (repo / "cluster" / "compat.sh").read_text()
+
+
+def test_every_test_of_the_subset_exists_and_the_real_node_ones_are_in_it() -> None:
+    """cluster/compat.sh names its tests by node id: each names a test module and a test in it (a
+    renamed test would leave the subset short), and the subset takes each real-node module it claims
+    (the chart on the real node, its upgrade, HA)."""
+    repo = Path(__file__).resolve().parents[2]
+    script = (repo / "cluster" / "compat.sh").read_text()
+    block = re.search(r"^COMPAT_TESTS=\(\n(.*?)^\)", script, re.S | re.M)
+    assert block
+    ids = [line.strip() for line in block.group(1).splitlines() if line.strip() and not line.strip().startswith("#")]
+    for node_id in ids:
+        path, _, name = node_id.partition("::")
+        assert (repo / path).is_file(), node_id
+        if name:
+            tree = ast.parse((repo / path).read_text())
+            tests = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+            assert name in tests, node_id
+    modules = {node_id.partition("::")[0] for node_id in ids}
+    assert {"tests/e2e/test_real_node.py", "tests/e2e/test_upgrade.py", "tests/e2e/test_ha.py",
+            "tests/e2e/test_immortal_real_node.py", "tests/e2e/test_blackadder_real_node.py"} <= modules
+    assert "REAL_NODE=1" in script

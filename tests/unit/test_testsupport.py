@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from testsupport.audit import AuditLog, resource_of
-from testsupport.launcher import stop_group
+from testsupport.launcher import LISTEN_PORTS, free_port, port_free, stop_group
 from testsupport.stats import percentile, summary_ms
 
 
@@ -93,3 +93,10 @@ def pid_alive(pid: int) -> bool:
             return stat.read().split(")")[-1].split()[0] != "Z"  # a zombie is dead, only not yet reaped
     except FileNotFoundError:
         return False
+
+
+def test_a_free_port_is_outside_the_ephemeral_range_and_bindable() -> None:
+    """An outgoing connection never takes the port between the pick and the operator's bind."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    port = free_port()
+    assert port in LISTEN_PORTS and port < low and port_free(port)
