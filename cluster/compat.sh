@@ -96,8 +96,9 @@ upgrade() {
   dirty=no; [ -z "$(git status --porcelain)" ] || dirty=yes
   mkdir -p .compat
   log "upgrade $from -> $to: building both (if needed), starting $CLUSTER_DIR fresh with the real node"
-  "$here/cluster.sh" down >/dev/null 2>&1 || true
-  if "$here/build.sh" >/dev/null && KUBERNETES_VERSION=$to "$here/build.sh" >/dev/null && "$here/cluster.sh" up; then
+  # A leftover of an interrupted run is stopped first; a stop that fails fails the run (said above).
+  if "$here/cluster.sh" down >&2 && "$here/build.sh" >/dev/null && KUBERNETES_VERSION=$to "$here/build.sh" >/dev/null \
+      && "$here/cluster.sh" up; then
     out=$(mktemp)
     if "$repo/.venv/bin/pytest" -p no:cacheprovider -q -rA -m upgrade tests/e2e/test_upgrade_minor.py 2>&1 \
         | tee "$out" >&2; then
@@ -107,7 +108,7 @@ upgrade() {
     if [ "$result" = passed ] && ! grep -q '1 passed' <<<"$summary"; then result=failed; fi
     rm -f "$out"
   fi
-  "$here/cluster.sh" down || true
+  if ! "$here/cluster.sh" down; then result=failed summary="$summary; cluster.sh down failed"; fi
   record ".compat/upgrade-$from-$to" "$from->$to" "$commit" "$dirty" "$result" "$((SECONDS - started))" "$summary"
   log "upgrade $from -> $to: $result ($summary) in $((SECONDS - started))s; recorded in .compat/upgrade-$from-$to"
   [ "$result" = passed ]
@@ -134,8 +135,8 @@ for v in "${versions[@]}"; do
   log "Kubernetes $v: building (if needed) and starting $CLUSTER_DIR fresh with the real node"
   started=$SECONDS
   result=failed summary="the cluster did not start"
-  "$here/cluster.sh" down >/dev/null 2>&1 || true
-  if "$here/build.sh" >/dev/null && "$here/cluster.sh" up; then
+  # A leftover of an interrupted run is stopped first; a stop that fails fails the minor (said above).
+  if "$here/cluster.sh" down >&2 && "$here/build.sh" >/dev/null && "$here/cluster.sh" up; then
     out=$(mktemp)
     if "$repo/.venv/bin/pytest" -p no:cacheprovider -q -rs --durations=25 "${COMPAT_TESTS[@]}" 2>&1 \
         | tee "$out" >&2; then
@@ -146,7 +147,7 @@ for v in "${versions[@]}"; do
     if [ "$result" = passed ] && grep -q 'skipped' <<<"$summary"; then result=failed; fi
     rm -f "$out"
   fi
-  "$here/cluster.sh" down || true
+  if ! "$here/cluster.sh" down; then result=failed summary="$summary; cluster.sh down failed"; fi
   if ! node_gone; then result=failed summary="$summary; the real node left processes or host state behind"; fi
   record ".compat/$v" "$v" "$commit" "$dirty" "$result" "$((SECONDS - started))" "$summary"
   log "Kubernetes $v: $result ($summary) in $((SECONDS - started))s; recorded in .compat/$v"
