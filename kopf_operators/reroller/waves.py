@@ -18,9 +18,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
+from kopf_operators.core.rollouts import RolloutStatus
 from kopf_operators.reroller.settings import PREFIX, WorkloadKey
 
 # On a source (or cluster-wide: REROLLER_ROLLOUT): "progressive" fans its changes out in waves.
@@ -46,55 +46,6 @@ class Health(enum.Enum):
     DONE = "done"        # its rollout finished: the new pods are all updated and available
     ROLLING = "rolling"  # still rolling, within its deadline
     FAILED = "failed"    # its controller gave up (Deployment's progress deadline), or past the wave's
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutStatus:
-    """What a templated workload's own controller reports of its rollout (the index keeps this, no
-    more). ``failed``: why its controller says the rollout failed (None: it does not)."""
-
-    generation: int
-    observed_generation: int
-    desired: int
-    updated: int
-    available: int
-    failed: str | None = None
-
-
-def rollout_status(kind: str, body: Mapping[str, Any]) -> RolloutStatus | None:
-    """The rollout's state from a workload's body, as each kind reports it; None for kinds that do not
-    roll pods in place (CronJob, Job: a wave does not wait for them)."""
-    meta, spec, status = body.get("metadata") or {}, body.get("spec") or {}, body.get("status") or {}
-    generation = int(meta.get("generation") or 0)
-    observed = int(status.get("observedGeneration") or 0)
-    if kind == "Deployment":
-        conditions = {c.get("type"): c for c in status.get("conditions") or () if isinstance(c, dict)}
-        progressing = conditions.get("Progressing") or {}
-        failed = None
-        if progressing.get("status") == "False" and progressing.get("reason") == "ProgressDeadlineExceeded":
-            failed = f"ProgressDeadlineExceeded: {progressing.get('message') or 'no progress'}"[:300]
-        desired = int(spec.get("replicas", 1) if spec.get("replicas") is not None else 1)
-        return RolloutStatus(generation, observed, desired, int(status.get("updatedReplicas") or 0),
-                             int(status.get("availableReplicas") or 0), failed)
-    if kind == "StatefulSet":
-        desired = int(spec.get("replicas", 1) if spec.get("replicas") is not None else 1)
-        updated = int(status.get("updatedReplicas") or 0)
-        if status.get("updateRevision") and status.get("currentRevision") == status.get("updateRevision"):
-            updated = max(updated, int(status.get("currentReplicas") or 0))  # a finished update resets it
-        return RolloutStatus(generation, observed, desired, updated, int(status.get("availableReplicas") or 0))
-    if kind == "DaemonSet":
-        desired = int(status.get("desiredNumberScheduled") or 0)
-        return RolloutStatus(generation, observed, desired, int(status.get("updatedNumberScheduled") or 0),
-                             int(status.get("numberAvailable") or 0))
-    if kind == "Rollout":  # Argo Rollouts: its phase says it
-        phase = status.get("phase")
-        desired = int(spec.get("replicas", 1) if spec.get("replicas") is not None else 1)
-        healthy = phase == "Healthy"
-        failed = f"Argo Rollout {phase}: {status.get('message') or ''}".strip(": ")[:300] \
-            if phase in ("Degraded", "Aborted") else None
-        return RolloutStatus(generation, observed, desired, desired if healthy else 0, desired if healthy else 0,
-                             failed)
-    return None
 
 
 def health(status: RolloutStatus | None, rolled_at: float | None, now: float, deadline: float) -> tuple[Health, str]:

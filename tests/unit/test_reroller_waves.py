@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from kopf_operators.core.rollouts import rollout_status
 from kopf_operators.reroller import waves
 from kopf_operators.reroller.waves import Gate, Health, Member, WaveSize
 
@@ -84,16 +85,16 @@ def deployment(generation: int = 2, observed: int = 2, replicas: int = 3, update
 
 
 def test_health_of_a_deployment() -> None:
-    done = waves.rollout_status("Deployment", deployment())
+    done = rollout_status("Deployment", deployment())
     assert waves.health(done, 0, 1000, 600)[0] is Health.DONE
-    lagging = waves.rollout_status("Deployment", deployment(observed=1))
+    lagging = rollout_status("Deployment", deployment(observed=1))
     assert waves.health(lagging, 900, 1000, 600) == (Health.ROLLING, "its controller has not seen the change yet")
-    rolling = waves.rollout_status("Deployment", deployment(updated=1, available=2))
+    rolling = rollout_status("Deployment", deployment(updated=1, available=2))
     assert waves.health(rolling, 900, 1000, 600) == (Health.ROLLING, "1/3 updated, 2/3 available")
     late = waves.health(rolling, 0, 1000, 600)
     assert late[0] is Health.FAILED and late[1].startswith("not finished 10 min after its rollout")
     stuck = deployment(available=2, progressing=("False", "ProgressDeadlineExceeded"))
-    gave_up = waves.rollout_status("Deployment", stuck)
+    gave_up = rollout_status("Deployment", stuck)
     assert waves.health(gave_up, 999, 1000, 600)[0] is Health.FAILED
     assert waves.health(None, None, 0, 600)[0] is Health.DONE  # a CronJob or a Job
 
@@ -102,17 +103,17 @@ def test_health_of_statefulsets_daemonsets_and_argo_rollouts() -> None:
     sts: dict[str, Any] = {"metadata": {"generation": 3}, "spec": {"replicas": 2},
            "status": {"observedGeneration": 3, "updatedReplicas": 0, "currentReplicas": 2, "availableReplicas": 2,
                       "currentRevision": "r2", "updateRevision": "r2"}}
-    assert waves.health(waves.rollout_status("StatefulSet", sts), 0, 10, 600)[0] is Health.DONE
+    assert waves.health(rollout_status("StatefulSet", sts), 0, 10, 600)[0] is Health.DONE
     sts["status"]["updateRevision"] = "r3"
-    assert waves.health(waves.rollout_status("StatefulSet", sts), 0, 10, 600)[0] is Health.ROLLING
+    assert waves.health(rollout_status("StatefulSet", sts), 0, 10, 600)[0] is Health.ROLLING
     ds = {"metadata": {"generation": 1}, "status": {"observedGeneration": 1, "desiredNumberScheduled": 4,
                                                    "updatedNumberScheduled": 4, "numberAvailable": 3}}
-    assert waves.health(waves.rollout_status("DaemonSet", ds), 0, 10, 600)[0] is Health.ROLLING
+    assert waves.health(rollout_status("DaemonSet", ds), 0, 10, 600)[0] is Health.ROLLING
     argo = {"metadata": {"generation": 1}, "spec": {"replicas": 2},
             "status": {"observedGeneration": 1, "phase": "Degraded", "message": "ProgressDeadlineExceeded"}}
-    assert waves.health(waves.rollout_status("Rollout", argo), 0, 10, 600) == (
+    assert waves.health(rollout_status("Rollout", argo), 0, 10, 600) == (
         Health.FAILED, "Argo Rollout Degraded: ProgressDeadlineExceeded")
-    assert waves.rollout_status("CronJob", {}) is None
+    assert rollout_status("CronJob", {}) is None
 
 
 def test_rolled_annotation_round_trips_and_refuses_junk() -> None:
