@@ -59,6 +59,11 @@ REROLLER_SKIPPED = prometheus_client.Counter(
     "kopf_operators_reroller_skipped", "Re-roller rollouts held back, by reason (restart_window, invalid).",
     ["reason"])
 
+# Re-roller: workloads whose rollout a halted progression holds (a wave before theirs failed its rollout).
+HELD_ROLLOUTS = prometheus_client.Gauge(
+    "kopf_operators_reroller_held_rollouts",
+    "Workloads held by a halted progressive rollout: an earlier wave failed its rollout (docs/reroller.md).")
+
 # Copyrator: copies kept, unsynced, in namespaces that do not consent to them (made before the target
 # consent existed, or consent withdrawn since): an administrator keeps or removes them (docs/copyrator.md).
 UNCONSENTED_COPIES = prometheus_client.Gauge(
@@ -141,6 +146,11 @@ def recovery(kind: str, seconds: float) -> None:
 
 def skipped(reason: str) -> None:
     REROLLER_SKIPPED.labels(reason=reason).inc()
+
+
+def held_rollouts(count: Callable[[], int]) -> None:
+    """The gauge reads the re-roller's held workloads when scraped."""
+    HELD_ROLLOUTS.set_function(count)
 
 
 def unconsented_copies(count: int) -> None:

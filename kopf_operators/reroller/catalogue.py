@@ -18,6 +18,10 @@ CATALOGUE = Catalogue("reroller", "the workload", events=(
     normal("RerollDropped", "a pending change was reverted before its restart window opened: nothing rolls"),
     warning("RerollBlocked", "a malformed restart window or CronJob mode: no rollout (fail closed); the message "
             "names the problem"),
+    warning("RerollHalted", "a progressive rollout halted: a workload of an earlier wave failed its rollout; on "
+            "each held workload and once per change on the source, naming what failed and how to release it"),
+    warning("RolloutSettingInvalid", "a source's rollout, first-wave or wave-deadline annotation cannot be read: "
+            "the safe value is used (waves, a first wave of 1, the installation's deadline)"),
     warning("SourceMissing", "a required ConfigMap/Secret does not exist: no rollout until it does "
                              "(once per set of missing sources)"),
     warning("PatternRefused", "a name pattern in a reload annotation is too long or not RE2 syntax (a "
@@ -61,7 +65,20 @@ CATALOGUE = Catalogue("reroller", "the workload", events=(
                'JSON: a time zone and cron windows with durations; changes roll only inside a window'),
     annotation(settings.RELOADER_RESTART_WINDOW, WORKLOAD, "you", "Reloader's restart window, same meaning as ours"),
     annotation(settings.PENDING, WORKLOAD, "operator",
-               "a change held for the restart window (or `blocked: ...` when the window cannot be read)"),
+               "a change held for the restart window (or `blocked: ...` when the window cannot be read, "
+               "`halted: ...` by a halted progression, `waiting for wave ...` after a halt)"),
+    annotation(settings.ROLLOUT, SOURCE, "you",
+               '"progressive": its changes roll in waves gated on health; "immediate": all at once'),
+    annotation(settings.FIRST_WAVE, SOURCE, "you",
+               'the first wave of a progressive rollout: "1" workload or "10%" of the users; each next wave doubles'),
+    annotation(settings.WAVE_DEADLINE, SOURCE, "you",
+               '"10m": how long a workload of a wave may take to finish its rollout before the rest are held'),
+    annotation(settings.RELEASE, SOURCE, "you",
+               "the halted change's short hash (named by RerollHalted): its held workloads roll"),
+    annotation(settings.WAVE, WORKLOAD, "you",
+               '"1": its place in every progression, lower first (default 100); the lowest is the canary'),
+    annotation(settings.ROLLED, WORKLOAD, "operator",
+               "written with a progressive rollout: the baseline hash and when, for the wave's deadline"),
     annotation(settings.CRONJOB_MODE, "CronJob", "you",
                "run-now (a Job at once), next-run (the template only) or restart-active (the active Jobs' pods)"),
 ))

@@ -36,9 +36,12 @@ from kopf_operators.core.api import ApiError
 from kopf_operators.core.background import Background, FairLimit
 from kopf_operators.core.controller import GuardedPass, PassSettings, Requeues
 from kopf_operators.core.state import Index, KeyedState, MemoSlot, Newest, PerKey, first
-from kopf_operators.reroller import decisions, pacing, patches, plans, settings, views, windows
+from kopf_operators.reroller import decisions, pacing, patches, plans, settings, views, waves, windows
 from kopf_operators.reroller.alerts import Alert, Alerts, AlertSettings
-from kopf_operators.reroller.views import refused_patterns
+from kopf_operators.reroller.notices import Notices
+from kopf_operators.reroller.progressions import Progressions
+from kopf_operators.reroller.views import ref_of
+from kopf_operators.reroller.waves import HALTED
 
 OPERATOR = "reroller"
 SOURCE_INDEXES = {"ConfigMap": "reroller-configmaps", "Secret": "reroller-secrets"}
@@ -51,8 +54,6 @@ INDEXES = (*SOURCE_INDEXES.values(), *WORKLOAD_INDEXES.values(), NAMESPACES_INDE
 ROLLOUT = k8s.Kind("argoproj.io/v1alpha1", "rollouts", "Rollout")  # Argo Rollouts (REROLLER_ARGO_ROLLOUTS)
 KINDS = {"Deployment": k8s.DEPLOYMENT, "StatefulSet": k8s.STATEFULSET, "DaemonSet": k8s.DAEMONSET,
          "CronJob": k8s.CRONJOB, "Job": k8s.JOB, "Rollout": ROLLOUT}
-API_VERSIONS = {"Deployment": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": "apps/v1",
-                "CronJob": "batch/v1", "Job": "batch/v1", "Rollout": "argoproj.io/v1alpha1"}
 # A failed pass outside Kopf's retries: look again after this long (doubling, capped).
 RETRY_SECONDS = (1.0, 300.0)
 CONFLICT_ATTEMPTS = 3
@@ -102,8 +103,8 @@ class RerollerController:
         self.known: Newest[Key, views.WorkloadView] = self.state.track(Newest(lambda v: v.rv, lambda v: v.uid))
         self._sightings: PerKey[Key, decisions.FirstSighting] = self.state.map()  # first sightings, baseline unwritten
         self._last_roll: PerKey[Key, float] = self.state.map()  # monotonic time of its last rollout
-        self._warned: PerKey[Key, tuple[str, ...]] = self.state.map()  # the missing sources said
-        self._refused: PerKey[Key, tuple[str, ...]] = self.state.map()  # the refused name patterns said
+        # The Warnings said once per problem (none for a namespace being deleted).
+        self.notices = Notices(self.state, access, lambda namespace: namespace in self.terminating)
         self.state.on_forget(self._release)  # no longer waiting for a rollout slot
         # Fair between namespaces, like the bucket: a flood of rollouts in one namespace, slower to write
         # than the budget allows, must not queue another namespace's pass behind it (and one slot is
@@ -125,6 +126,9 @@ class RerollerController:
         # Workloads this process has looked at (REROLLER_SYNC_AFTER_RESTART=false: the first look absorbs
         # a change made while the operator was down); kept while the workload exists.
         self._looked: set[Key] = set()
+        # Progressive rollouts: the gate of each rollout of a progressive source's change.
+        self.progressions = Progressions(self.state, self.requeues, self.access, options, self.sources, self.current,
+                                         self.lookup, self.affected, self._sightings)
 
     # --- state ---------------------------------------------------------------------------------------
 
@@ -196,6 +200,7 @@ class RerollerController:
             self._looked.discard(key)
             return
         view = views.workload_view(key[0], body, self.options)
+        self.progressions.wake(key)
         if view is None:
             self.forget(key)  # not (or no longer) opted in
             return
@@ -271,7 +276,7 @@ class RerollerController:
         step = decisions.decide_pass(view, self.lookup(view), self.options, self._sightings.get(key),
                                      self._last_roll.get(key), now, wall, drift_since=drift_since,
                                      first_look=first_look, digest_key=digest_key)
-        self._warn_refused(view)
+        self.notices.refused(view)
         if step.do is decisions.Do.UNPAUSE:
             return await self._unpause(view)
         self._sightings.pop(key, None)
@@ -282,7 +287,9 @@ class RerollerController:
         if step.release:
             self._release(key)
         if step.decision is not None and step.decision.plan is not None:
-            self._warn_missing(view, step.plan)
+            self.notices.missing(view, step.plan)
+        if step.decision is None or step.decision.plan is None or step.plan.action is not plans.Action.ROLL:
+            self.progressions.not_held(key)  # no rollout due: nothing held
         if step.do is decisions.Do.NOTHING:
             return False
         if step.do is decisions.Do.SUSPENDED:
@@ -304,8 +311,20 @@ class RerollerController:
             metrics.action(OPERATOR, "baseline")
             logger.debug(f"{view.kind} {view.namespace}/{view.name}: baseline {step.plan.new_hash} recorded")
             return True
-        # A rollout, past its per-workload interval: the cluster-wide budget, fair between namespaces
-        # (asked again when due).
+        # A rollout, past its per-workload interval. In a progression, only when its wave's turn has come.
+        verdict = None if self.alerts.settings.notify_only else self.progressions.gate(view, step.plan, wall,
+                                                                                        digest_key)
+        if verdict is not None and verdict.gate is not waves.Gate.GO:
+            self._release(key)  # no rollout token while it waits
+            held = self.progressions.hold(view, step.plan, verdict)
+            if held is None:
+                return False
+            wrote, answer = await pend(self.access, view, held)
+            if wrote:
+                self._after_write(view, answer)
+            return wrote
+        self.progressions.not_held(key)
+        # The cluster-wide budget, fair between namespaces (asked again when due).
         wait = self.bucket.ask(key[1], key, now)
         if wait > 0:
             self.requeues.after(key, wait)
@@ -313,7 +332,8 @@ class RerollerController:
         if self.alerts.settings.notify_only:
             await self._notify_only(view, step.plan, step.snap)
         else:
-            await self._roll(view, step.plan, step.snap, wall)
+            rolled = waves.rolled_value(step.plan.new_hash, wall) if verdict is not None else None
+            await self._roll(view, step.plan, step.snap, wall, rolled)
         self._sightings.pop(key, None)
         return True
 
@@ -335,18 +355,21 @@ class RerollerController:
         if written is not None:
             self.known.remember(view.key, written)
 
-    async def _roll(self, view: views.WorkloadView, plan: plans.Plan, snap: plans.Snapshot, wall: float) -> None:
+    async def _roll(self, view: views.WorkloadView, plan: plans.Plan, snap: plans.Snapshot, wall: float,
+                    rolled: str | None = None) -> None:
+        """``rolled``: a progressive rollout's ``ROLLED`` value, written with it (templated kinds)."""
         kind = KINDS[view.kind]
         if view.kind in settings.TEMPLATED and self.options.env_vars:
             answer = await self.access.patch(kind, view.namespace, view.name,
-                                             patches.env_vars_patch(view, plan, snap, wall, view.rv), json_patch=True)
+                                             patches.env_vars_patch(view, plan, snap, wall, view.rv, rolled),
+                                             json_patch=True)
             self._after_write(view, answer)
             if answer is None:
                 return
             how = "STAKATER_ variable set"
         elif view.kind in settings.TEMPLATED:
             answer = await self.access.patch(kind, view.namespace, view.name,
-                                             patches.roll_patch(view, plan, snap, wall, view.rv))
+                                             patches.roll_patch(view, plan, snap, wall, view.rv, rolled))
             self._after_write(view, answer)
             if answer is None:
                 return
@@ -358,18 +381,7 @@ class RerollerController:
             if answer is None:
                 return
         else:  # Job: recreated with the new baseline
-            await self.access.delete(kind, view.namespace, view.name, uid=view.uid, propagation="Background")
-            job = patches.recreated_job(view, patches.baseline_annotations(plan, snap))
-            for delay in (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2):
-                try:
-                    created = await self.access.create(k8s.JOB, job)
-                except k8s.AlreadyExists:
-                    await asyncio.sleep(delay)  # the old Job is still being removed
-                    continue
-                self._after_write(view, created)
-                break
-            else:
-                raise ApiError(409, "Conflict", "the old Job is still there")
+            self._after_write(view, await recreate_job(self.access, view, plan, snap))
             how = "recreated"
         message = patches.rollout_message(view.kind, view.name, plan.changed)
         self._done(view, plan, message, ("rollout", "rolled", "Rerolled"), how)
@@ -423,35 +435,6 @@ class RerollerController:
             logger.info(f"{view.kind} {view.namespace}/{view.name}: pause period over, rollout resumed")
         return True
 
-    def _warn_missing(self, view: views.WorkloadView, plan: plans.Plan) -> None:
-        key = view.key
-        if not plan.missing:
-            self._warned.pop(key, None)
-            return
-        if self._warned.get(key) == plan.missing or view.namespace in self.terminating:
-            return
-        self._warned[key] = plan.missing
-        message = (f"Missing source(s) {', '.join(plan.missing)}: not re-rolling until they exist "
-                   f"(the baseline is kept, so a recreate with the same data rolls nothing)")
-        metrics.error(OPERATOR, "source-missing")
-        logger.warning(f"{view.kind} {view.namespace}/{view.name}: {message}"[:1000])
-        self.access.event(ref_of(view), "Warning", "SourceMissing", message)
-
-    def _warn_refused(self, view: views.WorkloadView) -> None:
-        """Name patterns RE2 refuses match nothing: said once per set of them, as a Warning Event."""
-        key = view.key
-        refused = refused_patterns(view)
-        if not refused:
-            self._refused.pop(key, None)
-            return
-        if self._refused.get(key) == refused:
-            return
-        self._refused[key] = refused
-        message = f"Name pattern(s) refused, matching nothing: {'; '.join(refused)}"
-        metrics.error(OPERATOR, "pattern-refused")
-        logger.warning(f"{view.kind} {view.namespace}/{view.name}: {message}"[:1000])
-        self.access.event(ref_of(view), "Warning", "PatternRefused", message)
-
     # --- the periodic sweep ----------------------------------------------------------------------------
 
     def start_resync(self) -> None:
@@ -495,11 +478,6 @@ async def load_digest_key(access: Access, namespace: str) -> bytes:
     raise ApiError(409, "Conflict", f"Secret {namespace}/{DIGEST_KEY_SECRET} kept vanishing")
 
 
-def ref_of(view: views.WorkloadView) -> dict[str, Any]:
-    return {"apiVersion": API_VERSIONS[view.kind], "kind": view.kind,
-            "metadata": {"name": view.name, "namespace": view.namespace, "uid": view.uid}}
-
-
 async def pend(access: Access, view: views.WorkloadView, held: windows.Hold | None
                ) -> tuple[bool, Mapping[str, Any] | None]:
     """Say on the workload that its rollout is held (``held``), or that a held one is no longer due
@@ -517,6 +495,10 @@ async def pend(access: Access, view: views.WorkloadView, held: windows.Hold | No
         message = f"Pending rollout of {view.kind} {view.name} dropped: its sources are back to what it runs"
         logger.info(f"{where}: {message}")
         access.event(ref_of(view), "Normal", "RerollDropped", message)
+    elif held.reason == HALTED:
+        metrics.skipped(held.reason)
+        logger.warning(f"{where}: {held.message}"[:1000])
+        access.event(ref_of(view), "Warning", "RerollHalted", held.message)
     elif held.reason == "invalid":
         metrics.skipped(held.reason)
         logger.warning(f"{where}: {held.message}"[:1000])
@@ -526,6 +508,19 @@ async def pend(access: Access, view: views.WorkloadView, held: windows.Hold | No
         logger.info(f"{where}: {held.message}")
         access.event(ref_of(view), "Normal", "RerollDeferred", held.message)
     return True, answer
+
+
+async def recreate_job(access: Access, view: views.WorkloadView, plan: plans.Plan, snap: plans.Snapshot
+                       ) -> dict[str, Any]:
+    """A Job's rollout: deleted (uid-guarded), then created again with the new baseline."""
+    await access.delete(k8s.JOB, view.namespace, view.name, uid=view.uid, propagation="Background")
+    job = patches.recreated_job(view, patches.baseline_annotations(plan, snap))
+    for delay in (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2):
+        try:
+            return await access.create(k8s.JOB, job)
+        except k8s.AlreadyExists:
+            await asyncio.sleep(delay)  # the old Job is still being removed
+    raise ApiError(409, "Conflict", "the old Job is still there")
 
 
 async def roll_cronjob(access: Access, view: views.WorkloadView, plan: plans.Plan, snap: plans.Snapshot,

@@ -25,6 +25,7 @@ from kopf_operators.reroller.settings import (
     OBSERVED_SOURCES,
     PAUSED_AT,
     PENDING,
+    ROLLED,
 )
 from kopf_operators.reroller.views import (
     WorkloadView,
@@ -85,10 +86,14 @@ def template_annotations(view: WorkloadView, plan_: Plan, snap: Snapshot, now: f
     return result
 
 
-def roll_patch(view: WorkloadView, plan_: Plan, snap: Snapshot, now: float, rv: int | None = None) -> dict[str, Any]:
+def roll_patch(view: WorkloadView, plan_: Plan, snap: Snapshot, now: float, rv: int | None = None,
+               rolled: str | None = None) -> dict[str, Any]:
     """One merge patch: baseline plus the pod-template annotation that makes the controller roll the
-    workload (and, for a Deployment with a pause period, Reloader's pause)."""
+    workload (and, for a Deployment with a pause period, Reloader's pause); ``rolled``: a progressive
+    rollout's ``ROLLED`` value."""
     patch = metadata_patch(plan_, snap, rv, pending=view.pending is not None)
+    if rolled is not None:
+        patch["metadata"]["annotations"][ROLLED] = rolled
     if view.restart:
         # Reloader's rollout-strategy "restart" for Argo Rollouts: the Rollout controller restarts the
         # pods in place of a new revision; the pod template is not touched.
@@ -128,7 +133,7 @@ def _pointer(key: str) -> str:
 
 
 def env_vars_patch(view: WorkloadView, plan_: Plan, snap: Snapshot, now: float,
-                   rv: int | None = None) -> list[dict[str, Any]]:
+                   rv: int | None = None, rolled: str | None = None) -> list[dict[str, Any]]:
     """The env-vars strategy's rollout: one JSON patch (a merge patch would replace the whole list of
     containers) that sets the baseline annotations and, per changed source, its STAKATER_ variable
     to the source's short data hash in the container using it. ``rv`` makes it conditional: a
@@ -137,6 +142,8 @@ def env_vars_patch(view: WorkloadView, plan_: Plan, snap: Snapshot, now: float,
     if rv:
         ops.append({"op": "replace", "path": "/metadata/resourceVersion", "value": str(rv)})
     annotations = baseline_annotations(plan_, snap)
+    if rolled is not None:
+        annotations[ROLLED] = rolled
     if view.kind == "Deployment" and view.pause_period:
         annotations[PAUSED_AT] = epoch_to_iso(now)
         ops.append({"op": "add", "path": "/spec/paused", "value": True})

@@ -5,6 +5,7 @@ selectors (pure).
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import Literal
@@ -44,7 +45,28 @@ RELOADER_RESTART_WINDOW = f"{RELOADER}/restart-window"
 CRONJOB_MODE = f"{PREFIX}/cronjob-mode"
 CRONJOB_MODES = ("run-now", "next-run", "restart-active")
 
+# Progressive rollouts (``waves``). On a source (or cluster-wide: REROLLER_ROLLOUT): "progressive" fans
+# its changes out in waves gated on health; "immediate" rolls every user at once (the default).
+ROLLOUT = f"{PREFIX}/rollout"
+ROLLOUT_MODES = ("immediate", "progressive")  # the values of ROLLOUT and REROLLER_ROLLOUT
+# On a source: the first wave's size, "1" (workloads) or "10%" (of its users, at least one).
+FIRST_WAVE = f"{PREFIX}/first-wave"
+# On a source: how long a workload of a wave may take to finish its rollout ("10m"; Go's syntax).
+WAVE_DEADLINE = f"{PREFIX}/wave-deadline"
+# On a source: the data hash (its first 8 or more characters) whose held workloads an administrator
+# releases: they roll, and the waves are over for that change.
+RELEASE = f"{PREFIX}/release"
+# On a workload: its place in every progression (lower first; unset: DEFAULT_PRIORITY).
+WAVE = f"{PREFIX}/wave"
+DEFAULT_PRIORITY = 100
+MAX_PRIORITY = 1_000_000
+MAX_PERCENT = 100.0
+MIN_RELEASE_CHARS = 8
+
 # Written by the operator.
+# Workload metadata, written with a progressive rollout: "<observed hash>@<epoch seconds>" (its wave's
+# deadline counts from then).
+ROLLED = f"{PREFIX}/rolled"
 CONFIG_HASH = f"{PREFIX}/config-hash"          # pod template: changing it rolls the workload
 OBSERVED_HASH = f"{PREFIX}/observed-hash"      # workload metadata: the baseline (no rollout)
 OBSERVED_SOURCES = f"{PREFIX}/observed-sources"  # workload metadata: short per-source hashes
@@ -64,6 +86,38 @@ WORKLOAD_TYPE_NAMES = {"deployments": "Deployment", "statefulsets": "StatefulSet
 _PLAIN_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 WorkloadKey = tuple[str, str, str]  # (kind, namespace, name)
 ABSENT = "absent"
+
+
+# --- wave sizes ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class WaveSize:
+    count: int | None = 1         # this many workloads
+    percent: float | None = None  # or this share of the users (at least one)
+
+    def first(self, users: int) -> int:
+        if self.percent is not None:
+            return max(1, math.ceil(users * self.percent / 100))
+        return max(1, self.count or 1)
+
+
+def parse_wave_size(text: str | None) -> WaveSize:
+    """"3" or "25%"; ValueError naming the problem for anything else."""
+    value = (text or "").strip()
+    if not value:
+        return WaveSize()
+    if value.endswith("%"):
+        try:
+            percent = float(value[:-1])
+        except ValueError:
+            raise ValueError(f"{value!r} is not a percentage like 25%") from None
+        if not math.isfinite(percent) or not 0 < percent <= MAX_PERCENT:
+            raise ValueError(f"{value!r}: a percentage must be above 0% and at most 100%")
+        return WaveSize(count=None, percent=percent)
+    if not value.isdigit() or len(value) > 6 or int(value) < 1:
+        raise ValueError(f"{value!r} is not a count of workloads (1 to 999999) or a percentage like 25%")
+    return WaveSize(count=int(value))
 
 
 # --- options ---------------------------------------------------------------------------------------
@@ -96,6 +150,11 @@ class Options:
     # [--sync-after-restart, off by default there] changes made while the operator was down roll at
     # start; off: they become the baseline, as Reloader's default skips them.
     sync_after_restart: bool = True
+    # Progressive rollouts for every source that does not say otherwise (ROLLOUT_MODES), the first
+    # wave's size, and how long a workload of a wave may take to finish its rollout.
+    rollout: str = "immediate"
+    first_wave: WaveSize = WaveSize()
+    wave_deadline_seconds: float = 600.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Options:
@@ -124,7 +183,16 @@ class Options:
         if cronjob_mode == "restart-active" and not allow_restart_active:
             raise ValueError("REROLLER_CRONJOB_MODE: restart-active deletes pods; it needs "
                              "REROLLER_ALLOW_RESTART_ACTIVE=true")
+        rollout = env.get("REROLLER_ROLLOUT", "").strip().lower() or "immediate"
+        if rollout not in ROLLOUT_MODES:
+            raise ValueError(f"REROLLER_ROLLOUT: {rollout!r} is not one of {', '.join(ROLLOUT_MODES)}")
+        try:
+            first_wave = parse_wave_size(env.get("REROLLER_FIRST_WAVE"))
+        except ValueError as exc:
+            raise ValueError(f"REROLLER_FIRST_WAVE: {exc}") from None
         return cls(
+            rollout=rollout, first_wave=first_wave,
+            wave_deadline_seconds=env_float(env, "REROLLER_WAVE_DEADLINE_SECONDS", 600.0, minimum=1.0),
             debounce_seconds=env_float(env, "REROLLER_DEBOUNCE_SECONDS", 2.0),
             min_interval_seconds=env_float(env, "REROLLER_MIN_INTERVAL_SECONDS", 10.0),
             cluster_rate=env_float(env, "REROLLER_CLUSTER_ROLLOUTS_PER_SECOND", 20.0),

@@ -15,17 +15,22 @@ from typing import Any
 
 from kopf_operators.core.conventions import DATA_STAMP, data_hash
 from kopf_operators.core.patterns import tenant_pattern
+from kopf_operators.core.rollouts import RolloutStatus, rollout_status
 from kopf_operators.reroller.settings import (
     _PLAIN_NAME,
     ABSENT,
     AUTO,
     CONFIGMAPS,
     CRONJOB_MODE,
+    DEFAULT_PRIORITY,
+    FIRST_WAVE,
+    MAX_PRIORITY,
     OBSERVED_HASH,
     OBSERVED_SOURCES,
     PAUSE_PERIOD,
     PAUSED_AT,
     PENDING,
+    RELEASE,
     RELOADER_AUTO,
     RELOADER_CONFIGMAP_AUTO,
     RELOADER_CONFIGMAPS,
@@ -38,10 +43,14 @@ from kopf_operators.reroller.settings import (
     RELOADER_SECRETS,
     RELOADER_SECRETS_EXCLUDE,
     RESTART_WINDOW,
+    ROLLED,
+    ROLLOUT,
     ROLLOUT_STRATEGY,
     SECRETS,
     TEMPLATED,
     USED_KEYS_ONLY,
+    WAVE,
+    WAVE_DEADLINE,
     Options,
     Requirement,
     SourceKind,
@@ -79,6 +88,11 @@ class SourceView:
     # Its data differs from its data stamp (``core.conventions.DATA_STAMP``): an edit of a copy that
     # its writer (Copyrator) is about to undo, not a change to roll for.
     drifted: bool = False
+    # Progressive rollouts (``waves``): its annotations as written (read and checked by the gate).
+    rollout: str | None = None
+    first_wave: str | None = None
+    wave_deadline: str | None = None
+    release: str | None = None
 
 
 def source_hash(kind: str, body: Mapping[str, Any]) -> str:
@@ -113,7 +127,16 @@ def source_view(kind: str, body: Mapping[str, Any], selector: tuple[Requirement,
                       ignore=_truthy(annotations.get(RELOADER_IGNORE)),
                       match=_truthy(annotations.get(RELOADER_MATCH)),
                       selected=selector_matches(selector, metadata.get("labels")),
-                      keys=key_hashes(kind, body), drifted=bool(stamp) and stamp != digest)
+                      keys=key_hashes(kind, body), drifted=bool(stamp) and stamp != digest,
+                      rollout=_setting(annotations.get(ROLLOUT)), first_wave=_setting(annotations.get(FIRST_WAVE)),
+                      wave_deadline=_setting(annotations.get(WAVE_DEADLINE)),
+                      release=_setting(annotations.get(RELEASE)))
+
+
+def _setting(value: object) -> str | None:
+    """An annotation's value as a setting: stripped, bounded (it is said back in Events); None if unset."""
+    text = str(value).strip()[:64] if value is not None else ""
+    return text or None
 
 
 def _truthy(value: object) -> bool:
@@ -235,6 +258,10 @@ def scoped_hash(keys: Iterable[tuple[str, str]], scope: Iterable[str]) -> str:
     return f"{scope_digest}.{value_digest}"
 
 
+API_VERSIONS = {"Deployment": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": "apps/v1",
+                "CronJob": "batch/v1", "Job": "batch/v1", "Rollout": "argoproj.io/v1alpha1"}
+
+
 # --- the workload view (its index entry) ------------------------------------------------------------
 
 
@@ -276,6 +303,11 @@ class WorkloadView:
     restart_window: str | None = None  # the restart-window annotation (ours wins over Reloader's)
     pending: str | None = None         # the pending annotation (a rollout held back, said on the workload)
     cronjob_mode: str | None = None    # CronJob: its cronjob-mode annotation (None: the operator's default)
+    # Progressive rollouts: its place in a progression (the wave annotation), its last progressive
+    # rollout (ROLLED) and what its own controller reports of its rollout (templated kinds only).
+    priority: int = DEFAULT_PRIORITY
+    rolled: str | None = None
+    status: RolloutStatus | None = None
 
     @property
     def key(self) -> WorkloadKey:
@@ -295,6 +327,11 @@ class WorkloadView:
             if k == kind and n == name and names:
                 return list(names)
         return [self.first_container] if self.first_container else []
+
+
+def ref_of(view: WorkloadView) -> dict[str, Any]:
+    return {"apiVersion": API_VERSIONS[view.kind], "kind": view.kind,
+            "metadata": {"name": view.name, "namespace": view.namespace, "uid": view.uid}}
 
 
 def pod_template(kind: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -397,6 +434,8 @@ def workload_view(kind: str, body: Mapping[str, Any], settings: Options | None =
                          if keys is not None) if _truthy(merged.get(USED_KEYS_ONLY)) else (),
         restart_window=ws.get(RESTART_WINDOW, ws.get(RELOADER_RESTART_WINDOW)),
         pending=ws.get(PENDING), cronjob_mode=ws.get(CRONJOB_MODE) if kind == "CronJob" else None,
+        priority=parse_priority(ws.get(WAVE)), rolled=ws.get(ROLLED),
+        status=rollout_status(kind, body) if kind in TEMPLATED else None,
     )
 
 
@@ -420,6 +459,14 @@ def workload_index_entries(view: WorkloadView | None) -> dict[Any, Any]:
         entries[(source_kind, view.namespace, "*")] = view.key
     entries[("view", *view.key)] = view
     return entries
+
+
+def parse_priority(text: str | None) -> int:
+    """A workload's ``wave`` annotation: a small whole number; anything else is the default."""
+    value = (text or "").strip()
+    if value.isdigit() and len(value) <= 7 and int(value) <= MAX_PRIORITY:
+        return int(value)
+    return DEFAULT_PRIORITY
 
 
 def parse_duration(value: object) -> float | None:

@@ -21,25 +21,25 @@ import math
 from collections.abc import Iterable
 
 from kopf_operators.core.rollouts import RolloutStatus
-from kopf_operators.reroller.settings import PREFIX, WorkloadKey
+from kopf_operators.reroller.plans import Plan, keyed_digest, short
+from kopf_operators.reroller.settings import (
+    DEFAULT_PRIORITY,
+    FIRST_WAVE,
+    MIN_RELEASE_CHARS,
+    RELEASE,
+    ROLLOUT,
+    WAVE_DEADLINE,
+    Options,
+    WaveSize,
+    WorkloadKey,
+    parse_wave_size,
+)
+from kopf_operators.reroller.views import SourceView, WorkloadView, parse_duration
+from kopf_operators.reroller.windows import Hold
 
-# On a source (or cluster-wide: REROLLER_ROLLOUT): "progressive" fans its changes out in waves.
-ROLLOUT = f"{PREFIX}/rollout"
-PROGRESSIVE = "progressive"
-# On a source: the first wave's size, "1" (workloads) or "10%" (of its users, at least one).
-FIRST_WAVE = f"{PREFIX}/first-wave"
-# On a source: how long a workload of a wave may take to finish its rollout ("10m"; Go's syntax).
-WAVE_DEADLINE = f"{PREFIX}/wave-deadline"
-# On a source: the data hash (short) whose held workloads an administrator releases: they roll.
-RELEASE = f"{PREFIX}/release"
-# On a workload: its place in every progression (lower first; unset: DEFAULT_PRIORITY).
-WAVE = f"{PREFIX}/wave"
-# Written with a progressive rollout, on the workload: "<observed hash>@<epoch seconds>".
-ROLLED = f"{PREFIX}/rolled"
-
-DEFAULT_PRIORITY = 100
-MAX_PRIORITY = 1_000_000
-MAX_PERCENT = 100.0
+PROGRESSIVE, IMMEDIATE = "progressive", "immediate"
+# The pending annotation's value on a workload held by a halted progression starts with this.
+HALTED = "halted"
 
 
 class Health(enum.Enum):
@@ -49,7 +49,9 @@ class Health(enum.Enum):
 
 
 def health(status: RolloutStatus | None, rolled_at: float | None, now: float, deadline: float) -> tuple[Health, str]:
-    """How a workload's last rollout went, and in words; ``rolled_at``/``now`` epoch seconds."""
+    """How a workload's last rollout went, and in words; ``rolled_at``/``now`` epoch seconds, ``rolled_at``
+    None when its last baseline was not written by a progressive rollout (nothing to wait for, unless
+    its controller says it failed)."""
     if status is None:
         return Health.DONE, "not gated (no pods rolled in place)"
     if status.failed:
@@ -59,7 +61,9 @@ def health(status: RolloutStatus | None, rolled_at: float | None, now: float, de
         return Health.DONE, f"{status.available}/{status.desired} updated and available"
     how = (f"{status.updated}/{status.desired} updated, {status.available}/{status.desired} available"
            if caught_up else "its controller has not seen the change yet")
-    if rolled_at is not None and now - rolled_at > deadline:
+    if rolled_at is None:  # it did not roll for this change: not this progression's to judge
+        return Health.DONE, f"did not roll for this change ({how})"
+    if now - rolled_at > deadline:
         return Health.FAILED, f"not finished {_duration(deadline)} after its rollout: {how}"
     return Health.ROLLING, how
 
@@ -69,43 +73,6 @@ def _duration(seconds: float) -> str:
 
 
 # --- settings read from the source and the workload --------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class WaveSize:
-    count: int | None = 1        # this many workloads
-    percent: float | None = None  # or this share of the users (at least one)
-
-    def first(self, users: int) -> int:
-        if self.percent is not None:
-            return max(1, math.ceil(users * self.percent / 100))
-        return max(1, self.count or 1)
-
-
-def parse_wave_size(text: str | None) -> WaveSize:
-    """"3" or "25%"; ValueError naming the problem for anything else."""
-    value = (text or "").strip()
-    if not value:
-        return WaveSize()
-    if value.endswith("%"):
-        try:
-            percent = float(value[:-1])
-        except ValueError:
-            raise ValueError(f"{value!r} is not a percentage like 25%") from None
-        if not 0 < percent <= MAX_PERCENT or not math.isfinite(percent):
-            raise ValueError(f"{value!r}: a percentage must be above 0% and at most 100%")
-        return WaveSize(count=None, percent=percent)
-    if not value.isdigit() or int(value) < 1 or len(value) > 6:
-        raise ValueError(f"{value!r} is not a count of workloads (1 to 999999) or a percentage like 25%")
-    return WaveSize(count=int(value))
-
-
-def parse_priority(text: str | None) -> int:
-    """A workload's ``wave`` annotation: a small whole number; anything else is the default."""
-    value = (text or "").strip()
-    if value.isdigit() and len(value) <= 7 and int(value) <= MAX_PRIORITY:
-        return int(value)
-    return DEFAULT_PRIORITY
 
 
 def parse_rolled(text: str | None) -> tuple[str, float] | None:
@@ -166,6 +133,8 @@ class Verdict:
     waves: int
     blocker: WorkloadKey | None = None  # the earlier workload it waits for, or the one that failed
     how: str = ""                       # the blocker's state, in words
+    source: tuple[str, str, str] | None = None  # the progressive source (kind, namespace, name)
+    token: str = ""                     # its change's short hash (``change_token``)
 
     @property
     def message(self) -> str:
@@ -201,3 +170,112 @@ def gate(members: Iterable[Member], me: WorkloadKey, size: WaveSize, *, released
         how = waiting.how if waiting.caught_up else "its rollout has not started"
         return Verdict(Gate.WAIT, wave + 1, len(sizes), waiting.key, how)
     return Verdict(Gate.GO, wave + 1, len(sizes))
+
+
+def worst(verdicts: Iterable[Verdict]) -> Verdict | None:
+    """Of a workload's progressions (one per progressive source that changed), the one that holds it
+    most: HALT over WAIT over GO; None when there is none."""
+    rank = {Gate.HALT: 2, Gate.WAIT: 1, Gate.GO: 0}
+    return max(verdicts, key=lambda v: rank[v.gate], default=None)
+
+
+# --- a source's progression settings ---------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Progression:
+    """How a progressive source's changes fan out: ``problems``, its settings that could not be read
+    (said once, as a Warning Event on the source; the safe value is used instead)."""
+
+    size: WaveSize
+    deadline: float
+    problems: tuple[str, ...] = ()
+
+
+def progressive(source: SourceView, options: Options) -> bool:
+    """Whether the source's changes roll in waves: its own ``rollout`` annotation, else the
+    installation's REROLLER_ROLLOUT. A value that is neither mode is read as progressive (the safer)."""
+    if source.rollout is None:
+        return options.rollout == PROGRESSIVE
+    return source.rollout.lower() != IMMEDIATE
+
+
+def progression(source: SourceView, options: Options) -> Progression:
+    problems = []
+    if source.rollout is not None and source.rollout.lower() not in (PROGRESSIVE, IMMEDIATE):
+        problems.append(f"{ROLLOUT} {source.rollout!r} is not {PROGRESSIVE} or {IMMEDIATE}: rolling in waves")
+    size = options.first_wave
+    if source.first_wave is not None:
+        try:
+            size = parse_wave_size(source.first_wave)
+        except ValueError as exc:
+            size = WaveSize()
+            problems.append(f"{FIRST_WAVE} {exc}: a first wave of 1")
+    deadline = options.wave_deadline_seconds
+    if source.wave_deadline is not None:
+        parsed = parse_duration(source.wave_deadline)
+        if parsed is None or parsed < 1:
+            problems.append(f"{WAVE_DEADLINE} {source.wave_deadline!r} is not a duration like 10m (at least 1s): "
+                            f"{_duration(deadline)}")
+        else:
+            deadline = parsed
+    return Progression(size, deadline, tuple(problems))
+
+
+def change_token(kind: str, source: SourceView, digest_key: bytes | None) -> str:
+    """The change's short hash as its users' observed-sources annotation shows it (a Secret's keyed
+    with the installation's key): what an administrator writes in ``RELEASE`` to release it."""
+    if digest_key is not None and kind == "Secret":
+        return keyed_digest(digest_key, source.hash)
+    return short(source.hash)
+
+
+def released(kind: str, source: SourceView, digest_key: bytes | None) -> bool:
+    token = (source.release or "").strip()
+    return len(token) >= MIN_RELEASE_CHARS and change_token(kind, source, digest_key).startswith(token)
+
+
+# --- what is said about a held workload ---------------------------------------------------------------
+
+
+def _refs(plan_: Plan) -> str:
+    return ", ".join(plan_.changed) or "sources"
+
+
+def _blocker(verdict: Verdict) -> str:
+    if verdict.blocker is None:
+        return "an earlier wave"
+    kind, namespace, name = verdict.blocker
+    return f"{kind} {namespace}/{name}"
+
+
+def release_hint(verdict: Verdict) -> str:
+    assert verdict.source is not None
+    kind, namespace, name = verdict.source
+    return f"kubectl annotate {kind.lower()} {name} -n {namespace} {RELEASE}={verdict.token}"
+
+
+def halted_hold(view: WorkloadView, plan_: Plan, verdict: Verdict) -> Hold:
+    """A workload held by a halted progression: its pending annotation (stable while the halt lasts:
+    written once) and the Warning's message (naming what failed, and how)."""
+    pending = (f"{HALTED}: wave {verdict.wave} of {verdict.waves}, {_blocker(verdict)} of an earlier wave failed "
+               f"its rollout; changed: {_refs(plan_)}")
+    message = (f"Rollout of {view.kind} {view.name} held (data changed in {_refs(plan_)}): wave {verdict.wave} of "
+               f"{verdict.waves}, and {_blocker(verdict)} of an earlier wave failed its rollout: {verdict.how}. A new "
+               f"change of the data starts the waves again; to roll it anyway: {release_hint(verdict)}")
+    return Hold(HALTED, message[:1000], pending[:1000])
+
+
+def waiting_hold(view: WorkloadView, plan_: Plan, verdict: Verdict) -> Hold:
+    """A workload that was held by a halt and now waits for an earlier wave of a new change."""
+    message = (f"Data changed in {_refs(plan_)}: {view.kind} {view.name} is in wave {verdict.wave} of "
+               f"{verdict.waves} and rolls when the earlier waves have finished their rollouts")
+    pending = f"waiting for wave {verdict.wave - 1} of {verdict.waves}; changed: {_refs(plan_)}"
+    return Hold("wave", message[:1000], pending[:1000])
+
+
+def source_halt_message(verdict: Verdict) -> str:
+    """The Warning on the source, once per change a progression halts."""
+    return (f"Progressive rollout of change {verdict.token} halted: {_blocker(verdict)} failed its rollout: "
+            f"{verdict.how}; the workloads of the later waves are held. Fix the data (a new change starts the "
+            f"waves again), or roll them anyway: {release_hint(verdict)}")[:1000]

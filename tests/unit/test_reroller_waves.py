@@ -8,7 +8,9 @@ import pytest
 
 from kopf_operators.core.rollouts import rollout_status
 from kopf_operators.reroller import waves
-from kopf_operators.reroller.waves import Gate, Health, Member, WaveSize
+from kopf_operators.reroller.settings import DEFAULT_PRIORITY, WaveSize, parse_wave_size
+from kopf_operators.reroller.views import parse_priority
+from kopf_operators.reroller.waves import Gate, Health, Member
 
 
 def key(i: int) -> tuple[str, str, str]:
@@ -28,13 +30,13 @@ def test_waves_start_small_and_double() -> None:
     ("", WaveSize()), ("2", WaveSize(count=2)), (" 25% ", WaveSize(count=None, percent=25.0)),
     ("100%", WaveSize(count=None, percent=100.0))])
 def test_wave_size_parses(text: str, expected: WaveSize) -> None:
-    assert waves.parse_wave_size(text) == expected
+    assert parse_wave_size(text) == expected
 
 
 @pytest.mark.parametrize("text", ["0", "-1", "1.5", "0%", "101%", "nan%", "inf%", "x", "1234567", "%"])
 def test_bad_wave_sizes_are_refused_readably(text: str) -> None:
     with pytest.raises(ValueError, match=r"count of workloads|percentage"):
-        waves.parse_wave_size(text)
+        parse_wave_size(text)
 
 
 def test_the_first_wave_rolls_at_once_and_the_next_waits_for_it() -> None:
@@ -67,8 +69,8 @@ def test_the_wave_annotation_picks_the_canary_and_the_order_is_stable() -> None:
     members = [Member(key(0)), Member(key(1)), Member(key(2), priority=1)]
     assert waves.gate(members, key(2), WaveSize()).gate is Gate.GO
     assert waves.gate(list(reversed(members)), key(0), WaveSize()).blocker == key(2)
-    assert waves.parse_priority("1") == 1 and waves.parse_priority("x") == waves.DEFAULT_PRIORITY
-    assert waves.parse_priority("99999999") == waves.DEFAULT_PRIORITY
+    assert parse_priority("1") == 1 and parse_priority("x") == DEFAULT_PRIORITY
+    assert parse_priority("99999999") == DEFAULT_PRIORITY
 
 
 def test_a_workload_that_is_no_user_is_not_gated() -> None:

@@ -24,6 +24,7 @@ from kopf_operators.reroller.patches import (
     recreated_job,
 )
 from kopf_operators.reroller.plans import Action
+from kopf_operators.reroller.views import API_VERSIONS
 from kopf_operators.reroller.windows import RestartWindow, cronjob_mode, hold, is_open, next_opening, parse_window
 from tests.unit.fake_access import FakeAccess
 
@@ -105,7 +106,7 @@ def deployment(annotations: dict[str, str] | None = None, kind: str = "Deploymen
     body_spec: dict[str, Any] = {"template": template}
     if kind == "CronJob":
         body_spec = {"schedule": "0 0 * * *", "jobTemplate": {"spec": {"template": template}}}
-    return {"apiVersion": reroller.API_VERSIONS[kind], "kind": kind,
+    return {"apiVersion": API_VERSIONS[kind], "kind": kind,
             "metadata": {"name": "web", "namespace": "ns", "uid": "web-uid", "resourceVersion": "5",
                          "annotations": {settings.AUTO: "true", **(annotations or {})}},
             "spec": {**body_spec, **(spec or {})}}
