@@ -260,8 +260,9 @@ def halted_hold(view: WorkloadView, plan_: Plan, verdict: Verdict) -> Hold:
     written once) and the Warning's message (naming what failed, and how)."""
     pending = (f"{HALTED}: wave {verdict.wave} of {verdict.waves}, {_blocker(verdict)} of an earlier wave failed "
                f"its rollout; changed: {_refs(plan_)}")
+    how = verdict.how.rstrip(".")
     message = (f"Rollout of {view.kind} {view.name} held (data changed in {_refs(plan_)}): wave {verdict.wave} of "
-               f"{verdict.waves}, and {_blocker(verdict)} of an earlier wave failed its rollout: {verdict.how}. A new "
+               f"{verdict.waves}, and {_blocker(verdict)} of an earlier wave failed its rollout: {how}. A new "
                f"change of the data starts the waves again; to roll it anyway: {release_hint(verdict)}")
     return Hold(HALTED, message[:1000], pending[:1000])
 
@@ -276,6 +277,7 @@ def waiting_hold(view: WorkloadView, plan_: Plan, verdict: Verdict) -> Hold:
 
 def source_halt_message(verdict: Verdict) -> str:
     """The Warning on the source, once per change a progression halts."""
+    how = verdict.how.rstrip(".")
     return (f"Progressive rollout of change {verdict.token} halted: {_blocker(verdict)} failed its rollout: "
-            f"{verdict.how}; the workloads of the later waves are held. Fix the data (a new change starts the "
+            f"{how}; the workloads of the later waves are held. Fix the data (a new change starts the "
             f"waves again), or roll them anyway: {release_hint(verdict)}")[:1000]
