@@ -86,7 +86,7 @@ class Cluster:
         self.indexes: dict[str, Any] = {index_id: {} for index_id in reroller.INDEXES}
         self.access = Server()
         self.rv = 10
-        self.ctl = RerollerController(self.access, OPTIONS, self.indexes)
+        self.ctl = RerollerController(self.access, OPTIONS, self.indexes)  # type: ignore[arg-type]
         self.source(source)
         for name in ("a", "b", "c"):
             self.workload(deployment(name, {**baseline(old), **({settings.WAVE: "1"} if name == "a" else {})}))
