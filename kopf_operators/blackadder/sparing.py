@@ -95,7 +95,7 @@ def disruption_seconds(pause: float) -> float:
     return max(2.0 * pause, MIN_DISRUPTION_SECONDS)
 
 
-def disrupting(previous: Iterable[Mapping[str, Any]] | None, disrupted: Iterable[WorkloadKey], now: float,
+def disrupting(previous: Iterable[Any] | None, disrupted: Iterable[WorkloadKey], now: float,
                seconds: float, cap: int = DISRUPTING_CAP) -> list[dict[str, str]]:
     """The agent's ``status.disrupting`` after a cycle: the entries still running (``until`` after
     ``now``), then what this cycle disrupted (until ``now + seconds``, replacing an older entry of the

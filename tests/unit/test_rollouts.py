@@ -45,9 +45,9 @@ def test_no_status_and_kinds_that_do_not_roll_are_not_in_progress() -> None:
 
 
 def test_statefulsets_and_daemonsets_by_their_own_fields() -> None:
-    sts = {"metadata": {"generation": 1}, "spec": {"replicas": 2},
-           "status": {"observedGeneration": 1, "updatedReplicas": 1, "availableReplicas": 2,
-                      "currentRevision": "a", "updateRevision": "b"}}
+    sts: dict[str, Any] = {"metadata": {"generation": 1}, "spec": {"replicas": 2},
+                           "status": {"observedGeneration": 1, "updatedReplicas": 1, "availableReplicas": 2,
+                                      "currentRevision": "a", "updateRevision": "b"}}
     assert in_progress(rollout_status("StatefulSet", sts))
     finished = {**sts, "status": {**sts["status"], "currentRevision": "b", "currentReplicas": 2, "updatedReplicas": 0}}
     assert not in_progress(rollout_status("StatefulSet", finished))
