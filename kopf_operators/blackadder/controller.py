@@ -29,7 +29,7 @@ from typing import Any
 import lorem
 import munch
 
-from kopf_operators.blackadder import decisions
+from kopf_operators.blackadder import decisions, sparing
 from kopf_operators.blackadder.cycle import ChaosCycle, Stopped, namespace_labels
 from kopf_operators.blackadder.gameday import GameDays
 from kopf_operators.blackadder.ledger import LedgerHandle, LedgerStore, LedgerTaken
@@ -272,9 +272,11 @@ class BlackadderController:
                 await self.notes.patch_status(meta, decisions.failed_status(previous, settings, generation, str(exc),
                                                                             retried), body)
                 return
+            disrupting = sparing.disrupting((body.get("status") or {}).get("disrupting"), outcome.disrupted,
+                                            time.time(), sparing.disruption_seconds(settings.pause))
             status = decisions.cycle_status(previous, settings, generation, handle.data, outcome.done, outcome.skipped,
                                             outcome.counts, f"{handle.namespace}/{handle.name}",
-                                            outcome.frequency_problems)
+                                            outcome.frequency_problems, len(outcome.spared), disrupting)
             await self.notes.patch_status(meta, {**status, "run": run} if run is not None else status, body)
 
     # --- delete: revert, then the ledger goes --------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import Any
 
 import pykube
 
-from kopf_operators.blackadder import decisions, targets
+from kopf_operators.blackadder import decisions, sparing, targets
 from kopf_operators.blackadder.ledger import LedgerHandle, LedgerStore
 from kopf_operators.blackadder.notify import Logger, Notifications
 from kopf_operators.blackadder.settings import CANCER, IPSUM, MODES, TANTRUM, AgentSettings, Options
@@ -32,6 +32,8 @@ from kopf_operators.core.conventions import Config, now_iso
 from kopf_operators.core.state import Index
 
 OPERATOR = "blackadder"
+WORKLOAD_KINDS: dict[str, type[pykube.objects.NamespacedAPIObject]] = {
+    "Deployment": pykube.Deployment, "StatefulSet": pykube.StatefulSet, "DaemonSet": pykube.DaemonSet}
 Stopped = Callable[[], bool]
 
 
@@ -42,6 +44,8 @@ class CycleOutcome:
     frequency_problems: list[str] = dataclasses.field(default_factory=list)
     counts: dict[str, int] = dataclasses.field(default_factory=dict)  # the inventory's candidates per mode
     killed: list[tuple[targets.PodRef, float]] = dataclasses.field(default_factory=list)  # (pod, epoch) really killed
+    spared: tuple[str, ...] = ()  # the workloads left alone in a rollout (sparing.spare)
+    disrupted: list[sparing.WorkloadKey] = dataclasses.field(default_factory=list)  # what its actions disrupted
 
 
 def ref(kind: str, api_version: str, namespace: str, name: str, uid: str) -> dict[str, Any]:
@@ -80,8 +84,11 @@ class ChaosCycle:
                   limit: int | None = None) -> CycleOutcome:
         """``limit``: at most this many actions (what is left of a run's maxActions)."""
         inventory = await self.inventory(settings, now)
+        if inventory.spared:  # said once per cycle, before its actions
+            log.info(f"sparing {len(inventory.spared)} workload(s) in a rollout: {', '.join(inventory.spared[:5])}"
+                     + (" ..." if len(inventory.spared) > 5 else ""))
         outcome = await self.chaos(body, handle, settings, inventory, stopped, log, paragraph, limit)
-        outcome.counts = inventory.counts()
+        outcome.counts, outcome.spared = inventory.counts(), inventory.spared
         return outcome
 
     async def inventory(self, settings: AgentSettings, now: float) -> decisions.Inventory:
@@ -103,6 +110,7 @@ class ChaosCycle:
         pods: list[targets.PodRef] = []
         deps: list[targets.DeploymentRef] = []
         cms: list[targets.ConfigMapRef] = []
+        workloads: list[tuple[str, Mapping[str, Any]]] = []  # (kind, body): what sparing judges
         if settings.tantrum:
             listed = await self._list(pykube.Pod, namespaces, targets.pod_field_selector(selector),
                                       targets.label_selector_for("Pod", settings))
@@ -113,6 +121,7 @@ class ChaosCycle:
                                       targets.label_selector_for("Deployment", settings))
             deps = [targets.deployment_ref(obj) for obj in listed
                     if scoped(obj) and targets.deployment_selected(obj, settings)]
+            workloads = [("Deployment", obj) for obj in listed]
         if settings.ipsum:
             listed = await self._list(pykube.ConfigMap, namespaces, selector,
                                       targets.label_selector_for("ConfigMap", settings))
@@ -121,7 +130,25 @@ class ChaosCycle:
                    and not decisions.is_copyrator_source(obj["metadata"].get("namespace", ""),
                                                          obj["metadata"].get("labels"), sources)
                    if targets.configmap_allowed(cm := targets.configmap_ref(obj), settings, ns_op)]
-        return decisions.Inventory(tuple(pods), tuple(deps), tuple(cms))
+        inventory = decisions.Inventory(tuple(pods), tuple(deps), tuple(cms))
+        if not self.options.spare_rollouts:
+            return inventory
+        workloads += await self._workloads(pods, workloads, namespaces, selector)
+        return sparing.spare(inventory, sparing.busy_workloads(workloads))
+
+    async def _workloads(self, pods: Iterable[targets.PodRef], listed: Iterable[tuple[str, Mapping[str, Any]]],
+                         namespaces: list[str] | None, selector: str) -> list[tuple[str, Mapping[str, Any]]]:
+        """The workloads of the candidate Pods that the cycle has not listed already: one listing per
+        kind (Deployment, StatefulSet, DaemonSet), only of a kind some Pod needs, only in the namespaces
+        of those Pods when the agent names its namespaces."""
+        known = [(kind, str(obj["metadata"].get("namespace", "")), str(obj["metadata"].get("name", "")))
+                 for kind, obj in listed]
+        found: list[tuple[str, Mapping[str, Any]]] = []
+        for kind, wanted in sorted(sparing.needed(pods, known).items()):
+            scope = None if namespaces is None else sorted(wanted)
+            found += [(kind, obj) for obj in await self._list(WORKLOAD_KINDS[kind], scope,
+                                                              selector if scope is None else "")]
+        return found
 
     async def chaos(self, body: Mapping[str, Any], handle: LedgerHandle, settings: AgentSettings,
                     inventory: decisions.Inventory, stopped: Stopped, log: Logger,
@@ -158,15 +185,16 @@ class ChaosCycle:
         steps: list[tuple[str, str, str, Callable[[], Awaitable[bool]]]] = []
         for pod in plan.kills:
             steps.append((TANTRUM, pod.namespace, "",
-                          functools.partial(self._kill, body, pod, settings, note, log, outcome.killed)))
+                          functools.partial(self._kill, body, pod, settings, note, log, outcome.killed,
+                                            outcome.disrupted)))
         for dep, replicas in plan.scales:
             steps.append((CANCER, dep.namespace, decisions.target_key("Deployment", dep.namespace, dep.name),
                           functools.partial(self._scale, body, ledger, previous_undo, dep, replicas, settings, note,
-                                            log)))
+                                            log, outcome.disrupted)))
         for cm, new_data in writes:
             steps.append((IPSUM, cm.namespace, decisions.target_key("ConfigMap", cm.namespace, cm.name),
                           functools.partial(self._ipsum, body, ledger, previous_undo, cm, new_data, settings, note,
-                                            log)))
+                                            log, outcome.disrupted)))
         for index, (mode, namespace, key, step) in enumerate(steps):
             # Deleting the agent, pausing it, the kill switch or a broken steady state stop it at once,
             # mid-cycle; so does the run's last allowed action (maxActions).
@@ -199,7 +227,8 @@ class ChaosCycle:
     # --- the actions (each True when done, False when skipped) ------------------------------------
 
     async def _kill(self, body: Mapping[str, Any], pod: targets.PodRef, settings: AgentSettings,
-                    note: Callable[..., None], log: Logger, killed: list[tuple[targets.PodRef, float]]) -> bool:
+                    note: Callable[..., None], log: Logger, killed: list[tuple[targets.PodRef, float]],
+                    disrupted: list[sparing.WorkloadKey]) -> bool:
         target = ref("Pod", "v1", pod.namespace, pod.name, pod.uid)
         if settings.dry_run:
             note(TANTRUM, "Pod", pod, "would-delete")
@@ -228,6 +257,8 @@ class ChaosCycle:
             return False
         metrics.action(OPERATOR, "pod-killed")
         killed.append((pod, at))
+        if (workload := sparing.pod_workload(pod)) is not None:
+            disrupted.append(workload)
         how = "evicted" if settings.evict else "deleted"
         grace = "" if settings.grace_period is None else f", grace period {settings.grace_period}s"
         note(TANTRUM, "Pod", pod, how)
@@ -237,7 +268,7 @@ class ChaosCycle:
 
     async def _scale(self, body: Mapping[str, Any], ledger: dict[str, Any], previous_undo: Mapping[str, Any],
                      dep: targets.DeploymentRef, replicas: int, settings: AgentSettings,
-                     note: Callable[..., None], log: Logger) -> bool:
+                     note: Callable[..., None], log: Logger, disrupted: list[sparing.WorkloadKey]) -> bool:
         key = decisions.target_key("Deployment", dep.namespace, dep.name)
         target = ref("Deployment", "apps/v1", dep.namespace, dep.name, dep.uid)
         msg = f"Deployment {dep.namespace}/{dep.name} from {dep.replicas} to {replicas} replicas"
@@ -253,13 +284,14 @@ class ChaosCycle:
                 CANCER, "Deployment", dep, skipped)):
             return False
         metrics.action(OPERATOR, "deployment-scaled")
+        disrupted.append(("Deployment", dep.namespace, dep.name))
         note(CANCER, "Deployment", dep, "scaled", dep.replicas, replicas)
         self.notes.announce(body, target, "Normal", "DeploymentScaled", f"scaled {msg}", log)
         return True
 
     async def _ipsum(self, body: Mapping[str, Any], ledger: dict[str, Any], previous_undo: Mapping[str, Any],
                      cm: targets.ConfigMapRef, new_data: Mapping[str, str], settings: AgentSettings,
-                     note: Callable[..., None], log: Logger) -> bool:
+                     note: Callable[..., None], log: Logger, disrupted: list[sparing.WorkloadKey]) -> bool:
         key = decisions.target_key("ConfigMap", cm.namespace, cm.name)
         target = ref("ConfigMap", "v1", cm.namespace, cm.name, cm.uid)
         keys = ", ".join(sorted(cm.data or {}))
@@ -275,6 +307,7 @@ class ChaosCycle:
                 IPSUM, "ConfigMap", cm, skipped)):
             return False
         metrics.action(OPERATOR, "configmap-ipsumed")
+        disrupted.append(("ConfigMap", cm.namespace, cm.name))
         note(IPSUM, "ConfigMap", cm, "ipsumed", before_hash, decisions.data_fingerprint(new_data))
         self.notes.announce(body, target, "Normal", "ConfigMapIpsumed", f"overwrote ConfigMap {cm.namespace}/"
                             f"{cm.name} keys [{keys}] with lorem ipsum (revertible)", log)

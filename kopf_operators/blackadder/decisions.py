@@ -389,6 +389,7 @@ class Inventory:
     pods: tuple[PodRef, ...] = ()
     deployments: tuple[DeploymentRef, ...] = ()
     configmaps: tuple[ConfigMapRef, ...] = ()
+    spared: tuple[str, ...] = ()  # the workloads left alone in a rollout (sparing.spare), as said
 
     def counts(self) -> dict[str, int]:
         return {"pods": len(self.pods), "deployments": len(self.deployments), "configMaps": len(self.configmaps)}
@@ -527,7 +528,8 @@ def status_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
 
 def cycle_status(previous: Any, settings: AgentSettings, generation: int | None, ledger: Mapping[str, Any],
                  done: Mapping[str, int], skipped: int, candidates: Mapping[str, int],
-                 ledger_ref: str, frequency_problems: Sequence[str] = ()) -> dict[str, Any]:
+                 ledger_ref: str, frequency_problems: Sequence[str] = (), spared: int = 0,
+                 disrupting: Sequence[Mapping[str, str]] | None = None) -> dict[str, Any]:
     cycle = ledger["cycle"]
     done_msg = ", ".join(f"{m} {n}" for m, n in done.items())
     if frequency_problems:
@@ -539,7 +541,8 @@ def cycle_status(previous: Any, settings: AgentSettings, generation: int | None,
         "lastCycle": {"cycle": cycle, "dryRun": settings.dry_run, "skipped": skipped,
                       "candidates": dict(candidates), **done,
                       # always written, so that a fixed label clears it (a status patch merges)
-                      "invalidFrequencyLabels": list(frequency_problems[:10])},
+                      "invalidFrequencyLabels": list(frequency_problems[:10]), "sparedRollouts": spared},
+        **({"disrupting": list(disrupting)} if disrupting is not None else {}),
         "ledger": ledger_ref,
         "state": "Active",
         "conditions": set_condition(
@@ -619,6 +622,7 @@ def revert_status(previous: Any, settings: AgentSettings, generation: int | None
         "every pauseDuration): see status.revert.failed")
     if summary["processed"]:
         status["revert"] = summary
+    status["disrupting"] = []  # reverted: the agent disrupts nothing any more
     return status
 
 

@@ -107,6 +107,9 @@ class Options:
     # (empty: none); CHAOS_PROMETHEUS_URL, the Prometheus that prometheus checks query (empty: none).
     check_hosts: tuple[str, ...] = ()
     prometheus_url: str = ""
+    # CHAOS_SPARE_ROLLOUTS (chart operators.blackadder.spareRollouts): no pod of a workload in the middle
+    # of its rollout, or with a change the re-roller holds back, is killed, and no such Deployment doubled.
+    spare_rollouts: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Options:
@@ -129,7 +132,8 @@ class Options:
                    tenant_max_agents=max(0, int(env_float(env, "CHAOS_TENANTS_MAX_AGENTS_PER_NAMESPACE",
                                                           DEFAULT_TENANT_MAX_AGENTS))),
                    check_hosts=tuple(h.lower() for h in env_list(env, "CHAOS_CHECK_HOSTS")),
-                   prometheus_url=(env.get("CHAOS_PROMETHEUS_URL") or "").strip())
+                   prometheus_url=(env.get("CHAOS_PROMETHEUS_URL") or "").strip(),
+                   spare_rollouts=env_bool(env, "CHAOS_SPARE_ROLLOUTS", True))
 
 
 

@@ -26,6 +26,10 @@ DOMAIN = "kopf-operators.dev"
 COPYRATOR_PREFIX = f"copyrator.{DOMAIN}/"
 COPYRATOR_RULE_UID_LABEL = COPYRATOR_PREFIX + "rule-uid"
 
+# The re-roller's mark on a workload whose configuration changed and whose rollout it holds back (a
+# restart window, a progression's wave): Blackadder reads it too (it spares such a workload).
+REROLLER_PENDING = f"reroller.{DOMAIN}/pending"
+
 
 def env_bool(env: Mapping[str, str], name: str, default: bool = False) -> bool:
     raw = env.get(name)

@@ -38,6 +38,7 @@ from kopf_operators.core.controller import GuardedPass, PassSettings, Requeues
 from kopf_operators.core.state import Index, KeyedState, MemoSlot, Newest, PerKey, first
 from kopf_operators.reroller import decisions, pacing, patches, plans, settings, views, waves, windows
 from kopf_operators.reroller.alerts import Alert, Alerts, AlertSettings
+from kopf_operators.reroller.chaos import CHAOS_INDEX
 from kopf_operators.reroller.notices import Notices
 from kopf_operators.reroller.progressions import Progressions
 from kopf_operators.reroller.views import ref_of
@@ -50,7 +51,7 @@ WORKLOAD_INDEXES = {"Deployment": "reroller-deployments", "StatefulSet": "reroll
                     "Rollout": "reroller-rollouts"}
 NAMESPACES_INDEX = "reroller-namespaces"
 TERMINATING_INDEX = "reroller-terminating-namespaces"
-INDEXES = (*SOURCE_INDEXES.values(), *WORKLOAD_INDEXES.values(), NAMESPACES_INDEX, TERMINATING_INDEX)
+INDEXES = (*SOURCE_INDEXES.values(), *WORKLOAD_INDEXES.values(), NAMESPACES_INDEX, TERMINATING_INDEX, CHAOS_INDEX)
 ROLLOUT = k8s.Kind("argoproj.io/v1alpha1", "rollouts", "Rollout")  # Argo Rollouts (REROLLER_ARGO_ROLLOUTS)
 KINDS = {"Deployment": k8s.DEPLOYMENT, "StatefulSet": k8s.STATEFULSET, "DaemonSet": k8s.DAEMONSET,
          "CronJob": k8s.CRONJOB, "Job": k8s.JOB, "Rollout": ROLLOUT}
@@ -93,6 +94,8 @@ class RerollerController:
         self.namespaces: Index[str, Mapping[str, str]] = indexes[NAMESPACES_INDEX]  # name -> labels
         # Namespaces being deleted: their objects go in any order, so a source gone first is no news.
         self.terminating: Index[str, bool] = indexes.get(TERMINATING_INDEX) or {}
+        # What ChaosAgents disrupt (chaos.disrupted_by); only with REROLLER_CHAOS_AWARE, else empty.
+        self.chaos: Mapping[tuple[str, str, str], Any] = indexes.get(CHAOS_INDEX) or {}
         self.namespace_selector = settings.parse_selector(options.namespace_selector)
         self.resource_selector = settings.parse_selector(options.resource_label_selector)
         self.bucket = pacing.TokenBucket(options.cluster_rate, options.cluster_burst, time.monotonic())

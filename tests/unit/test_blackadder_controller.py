@@ -192,7 +192,8 @@ def test_a_broken_check_halts_the_run_and_reverts_what_the_agent_changed(monkeyp
     ctl = controller(access, namespaces)
     victim = {"kind": "Deployment", "metadata": {"namespace": "shop", "name": "victim", "uid": "uid-victim",
                                                  "resourceVersion": "1"},
-              "spec": {"replicas": 2, "template": {"metadata": {"labels": {}}}}}
+              "spec": {"replicas": 2, "template": {"metadata": {"labels": {}}}},
+              "status": {"updatedReplicas": 2, "availableReplicas": 2}}  # rolled out: not spared
     monkeypatch.setattr(ctl.chaos, "_list_sync", lambda *args: [victim])
     body: dict[str, Any] = {"kind": "ChaosAgent", "metadata": {"name": "gd", "uid": "uid-gd", "generation": 1},
                             "spec": {"cancerMode": True, "eagerness": 100, "targetNamespaces": ["shop"],

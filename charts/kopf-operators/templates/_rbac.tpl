@@ -72,10 +72,11 @@ checks both directions against the API server's audit log). */}}
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["list", "get"]
-# Steady-state checks (an agent's spec.steadyState): one read of the workload a check names.
+# Steady-state checks (an agent's spec.steadyState): one read of the workload a check names; with
+# spareRollouts, one listing per kind and cycle of the workloads of the Pods it may kill.
 - apiGroups: ["apps"]
   resources: ["statefulsets", "daemonsets"]
-  verbs: ["get"]
+  verbs: [{{ if $ops.blackadder.spareRollouts }}"list", {{ end }}"get"]
 - apiGroups: ["immortalcontainer.flugel.it"]
   resources: ["immortalcontainers"]
   verbs: ["get"]
@@ -140,6 +141,12 @@ checks both directions against the API server's audit log). */}}
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- else if $ops.blackadder.enabled }}
+# Re-roller, chaos during a progression: which workloads ChaosAgents (cluster-scoped) disrupt, indexed
+# read-only from their status.
+- apiGroups: ["blackadder.io"]
+  resources: ["chaosagents"]
+  verbs: ["list", "watch"]
 {{- end }}
 {{- end }}
 {{- end -}}
