@@ -119,9 +119,8 @@ def test_a_secret_version_is_a_secret_of_its_type_in_its_namespace_and_an_unknow
     secret(core, namespace, "creds", {"password": "one"})
     created = annotate(core, namespace, "creds", {settings.HISTORY: "3"}, kind="Secret")
     v1 = data_hash("Secret", {"data": created.data, "type": created.type})
-    kept = wait_for(lambda: snapshots(core, namespace, "creds", "Secret").get(v1), timeout=30,
-                    what="the Secret's version")
-    assert kept.kind is None or kept.kind == "Secret"  # (listed items carry no kind; listed as Secrets)
+    kept: Any = wait_for(lambda: snapshots(core, namespace, "creds", "Secret").get(v1), timeout=30,
+                         what="the Secret's version (listed as a Secret)")
     assert kept.type == "Opaque" and kept.immutable and kept.metadata.namespace == namespace
     assert base64.b64decode(kept.data["password"]) == b"one"
     assert [o.uid for o in kept.metadata.owner_references] == [created.metadata.uid]
