@@ -33,7 +33,7 @@ def snapshots(core: Any, ns: str, source: str, kind: str = "ConfigMap") -> dict[
     """The source's snapshots in its namespace: data hash -> object."""
     lister = core.list_namespaced_config_map if kind == "ConfigMap" else core.list_namespaced_secret
     found = lister(ns, label_selector=f"{settings.SNAPSHOT_OF}={source}").items
-    return {s.metadata.annotations[settings.SNAPSHOT_HASH]: s for s in found}
+    return {s.metadata.annotations[settings.SNAPSHOT_HASH]: s for s in found if s.metadata.owner_references}
 
 
 def cm_hash(core: Any, ns: str, name: str) -> str:
@@ -65,6 +65,12 @@ def test_versions_are_kept_bounded_and_previous_is_restored_in_one_write_rolling
         reroller_with: Callable[..., OperatorProcess], namespace: str, core: Any, apps: Any) -> None:  # noqa: F811
     proc = reroller_with(**HISTORY_ON)
     configmap(core, namespace, "conf", {"level": "1"})
+    # Someone else's object with our label and a hash, but no ownerReference to the source: never pruned
+    # nor restored from.
+    core.create_namespaced_config_map(namespace, {"metadata": {
+        "name": "forged", "labels": {settings.SNAPSHOT_OF: "conf"},
+        "annotations": {settings.SNAPSHOT_HASH: "0123456789abcdef", settings.SNAPSHOT_VERSION: "999999999"}},
+        "data": {"level": "forged"}})
     annotate(core, namespace, "conf", {settings.HISTORY: "2"})
     source = core.read_namespaced_config_map("conf", namespace)
     deployment(apps, namespace, "app", {"containers": [
@@ -105,6 +111,7 @@ def test_versions_are_kept_bounded_and_previous_is_restored_in_one_write_rolling
     wait_for(lambda: snapshots(core, namespace, "conf")[v2].metadata.annotations[settings.SNAPSHOT_VERSION]
              == restored.metadata.resource_version, timeout=30, what="version 2 current again")
     assert set(snapshots(core, namespace, "conf")) == {v2, v3}
+    assert core.read_namespaced_config_map("forged", namespace).data == {"level": "forged"}
 
     # A count beyond the bound: one Warning, readable; history kept as it was.
     annotate(core, namespace, "conf", {settings.HISTORY: "50"})
@@ -142,6 +149,9 @@ def test_a_secret_version_is_a_secret_of_its_type_in_its_namespace_and_an_unknow
     wait_for(lambda: base64.b64decode(core.read_namespaced_secret("creds", namespace).data["password"]) == b"one",
              timeout=30, what="the first version restored")
     assert settings.RESTORE not in core.read_namespaced_secret("creds", namespace).metadata.annotations
+    # The versions go with their source (their ownerReference).
+    core.delete_namespaced_secret("creds", namespace)
+    wait_for(lambda: not snapshots(core, namespace, "creds", "Secret"), timeout=60, what="the versions deleted")
 
 
 def test_with_history_off_in_the_installation_one_warning_and_nothing_made(
