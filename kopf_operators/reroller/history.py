@@ -36,6 +36,7 @@ logger = logging.getLogger("kopf_operators.reroller")
 
 MAX_HISTORY = 20     # the most versions one source may keep (each is a whole copy of its data)
 NAME_LIMIT = 253     # a ConfigMap's or Secret's name
+LABEL_LIMIT = 63     # a label's value
 PREVIOUS = "previous"
 MIN_PREFIX = 7       # a restore may name a hash by a unique prefix this long (as git does)
 KINDS = {"ConfigMap": k8s.CONFIGMAP, "Secret": k8s.SECRET}
@@ -78,6 +79,15 @@ def snapshot_name(source: str, digest: str) -> str:
     return f"{prefix}-{whole}{suffix}"
 
 
+def snapshot_label(source: str) -> str:
+    """The ``snapshot-of`` label's value: the source's name, or, longer than a label value may be (63),
+    a prefix of it and a digest of all of it."""
+    if len(source) <= LABEL_LIMIT:
+        return source
+    whole = hashlib.sha256(source.encode()).hexdigest()[:8]
+    return f"{source[:LABEL_LIMIT - len(whole) - 1].rstrip('.-')}-{whole}"
+
+
 def _version(value: object) -> int:
     try:
         return int(str(value))
@@ -89,7 +99,7 @@ def snapshot_of(body: Mapping[str, Any], source: str, source_uid: str) -> Snapsh
     """A listed object as a snapshot of this source, or None: only an object with our label naming the
     source AND an ownerReference to the source's uid is ours (nothing else is pruned or restored from)."""
     meta = body.get("metadata") or {}
-    if (meta.get("labels") or {}).get(SNAPSHOT_OF) != source:
+    if (meta.get("labels") or {}).get(SNAPSHOT_OF) != snapshot_label(source):
         return None
     if not any(ref.get("uid") == source_uid for ref in meta.get("ownerReferences") or ()):
         return None
@@ -139,7 +149,7 @@ def snapshot_body(kind: str, source: Mapping[str, Any], digest: str, version: in
         "apiVersion": "v1", "kind": kind, "immutable": True,
         "metadata": {
             "name": snapshot_name(str(meta["name"]), digest), "namespace": meta["namespace"],
-            "labels": {SNAPSHOT_OF: meta["name"]},
+            "labels": {SNAPSHOT_OF: snapshot_label(str(meta["name"]))},
             "annotations": {SNAPSHOT_HASH: digest, SNAPSHOT_VERSION: str(version)},
             "ownerReferences": [{"apiVersion": "v1", "kind": kind, "name": meta["name"], "uid": meta["uid"]}],
         },
@@ -229,7 +239,7 @@ class History:
     async def _snapshots(self, kind: str, namespace: str, name: str, uid: str) -> list[Snapshot]:
         # Rare (a new data hash, a restore) and narrow (one label value in one namespace): not an index,
         # whose lag would hide the snapshot made a moment ago.
-        listed = await self.access.list(KINDS[kind], namespace, labels=f"{SNAPSHOT_OF}={name}")
+        listed = await self.access.list(KINDS[kind], namespace, labels=f"{SNAPSHOT_OF}={snapshot_label(name)}")
         return [s for s in (snapshot_of(item, name, uid) for item in listed) if s is not None]
 
     async def _data_of(self, kind: str, body: Mapping[str, Any]) -> Mapping[str, Any] | None:

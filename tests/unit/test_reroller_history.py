@@ -39,6 +39,16 @@ def test_a_long_name_is_bounded_and_two_long_names_with_one_prefix_stay_apart() 
     assert len(dotted) <= 253 and ".-" not in dotted and "--" not in dotted
 
 
+def test_the_label_is_the_source_name_or_bounded_as_a_label_value_may_be() -> None:
+    assert history.snapshot_label("app-conf") == "app-conf"
+    long = history.snapshot_label("a" * 53 + "." + "b" * 100)
+    assert len(long) <= 63 and long[-1].isalnum() and ".-" not in long
+    assert long != history.snapshot_label("a" * 53 + "." + "b" * 99 + "c")
+    body = history.snapshot_body("ConfigMap", {"metadata": {"name": "a" * 200, "namespace": "n", "uid": "u"}}, "h", 1)
+    assert body["metadata"]["labels"][settings.SNAPSHOT_OF] == history.snapshot_label("a" * 200)
+    assert history.snapshot_of({**body, "metadata": {**body["metadata"], "uid": "s"}}, "a" * 200, "u") is not None
+
+
 def source(kind: str = "ConfigMap", **fields: Any) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": kind,
             "metadata": {"name": "conf", "namespace": "team", "uid": "u-1", "resourceVersion": "42",
