@@ -105,10 +105,11 @@ async def namespace_deleted(name: str, memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.event("configmaps", id="reroller-configmap-event")
 @kopf.on.event("secrets", id="reroller-secret-event")
-async def source_event(resource: kopf.Resource, namespace: str | None, name: str, memo: kopf.Memo,
-                       **_: Any) -> None:
+async def source_event(resource: kopf.Resource, type: str | None, namespace: str | None, name: str,
+                       body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     kind = "ConfigMap" if resource.plural == "configmaps" else "Secret"
     await CONTROLLER(memo).source_event(kind, namespace or "", name)
+    await CONTROLLER(memo).history.source_event(kind, type, body)
 
 
 def _workload_event(kind: str) -> Any:

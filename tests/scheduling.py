@@ -33,6 +33,7 @@ REAL_NODE_MODULES = frozenset({
     "tests/e2e/test_ha.py",
     "tests/e2e/test_immortal_real_node.py",
     "tests/e2e/test_real_node.py",
+    "tests/e2e/test_reroller_progressive.py",
     "tests/e2e/test_release.py",
     "tests/e2e/test_status.py",
     "tests/e2e/test_uninstall.py",

@@ -4,7 +4,7 @@ stakater Reloader's: one line each. docs/reference/events.md and annotations.md 
 
 from __future__ import annotations
 
-from kopf_operators.core.catalogue import Catalogue, annotation, normal, warning
+from kopf_operators.core.catalogue import Catalogue, annotation, label, normal, warning
 from kopf_operators.reroller import settings
 
 WORKLOAD, TEMPLATE = "workload", "workload or its pod template"
@@ -24,6 +24,11 @@ CATALOGUE = Catalogue("reroller", "the workload", events=(
             "the safe value is used (waves, a first wave of 1, the installation's deadline)"),
     warning("SourceMissing", "a required ConfigMap/Secret does not exist: no rollout until it does "
                              "(once per set of missing sources)"),
+    warning("HistoryRefused", "on the ConfigMap/Secret: its history or restore annotation cannot be acted on (not "
+            "a count of 1 to 20, an unknown version, history not enabled in the installation); the message says "
+            "why (once per reason)"),
+    normal("Restored", "on the ConfigMap/Secret: its data were put back to a kept version (restore); its users "
+           "roll as for any change"),
     warning("PatternRefused", "a name pattern in a reload annotation is too long or not RE2 syntax (a "
             "backreference, lookaround): it matches nothing; the message says why (once per set of them)"),
 ), keys=(
@@ -81,4 +86,13 @@ CATALOGUE = Catalogue("reroller", "the workload", events=(
                "written with a progressive rollout: the baseline hash and when, for the wave's deadline"),
     annotation(settings.CRONJOB_MODE, "CronJob", "you",
                "run-now (a Job at once), next-run (the template only) or restart-active (the active Jobs' pods)"),
+    annotation(settings.HISTORY, SOURCE, "you",
+               '"5": keep the last 5 versions of its data as snapshots (1 to 20; REROLLER_HISTORY must be on)'),
+    annotation(settings.RESTORE, SOURCE, "you",
+               '"<hash>" (or a unique prefix of 7+) or "previous": put that kept version back; removed when done'),
+    label(settings.SNAPSHOT_OF, "snapshot (ConfigMap/Secret)", "operator", "the name of the source it is a version of"),
+    annotation(settings.SNAPSHOT_HASH, "snapshot (ConfigMap/Secret)", "operator",
+               "the data hash of the version it holds"),
+    annotation(settings.SNAPSHOT_VERSION, "snapshot (ConfigMap/Secret)", "operator",
+               "the source's resourceVersion when this version was last current: orders the history"),
 ))

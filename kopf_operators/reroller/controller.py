@@ -39,6 +39,7 @@ from kopf_operators.core.state import Index, KeyedState, MemoSlot, Newest, PerKe
 from kopf_operators.reroller import decisions, pacing, patches, plans, settings, views, waves, windows
 from kopf_operators.reroller.alerts import Alert, Alerts, AlertSettings
 from kopf_operators.reroller.chaos import CHAOS_INDEX
+from kopf_operators.reroller.history import History
 from kopf_operators.reroller.notices import Notices
 from kopf_operators.reroller.progressions import Progressions
 from kopf_operators.reroller.views import ref_of
@@ -86,6 +87,7 @@ class RerollerController:
         self._digest_key: bytes | None = None
         self._key_lock = asyncio.Lock()
         self.alerts = Alerts(alerts or AlertSettings())
+        self.history = History(access, options.history)  # sources' snapshots and restores
         self.sources: dict[str, Index[SourceKey, views.SourceView]] = {
             kind: indexes[index_id] for kind, index_id in SOURCE_INDEXES.items()}
         # The Rollout index exists only with REROLLER_ARGO_ROLLOUTS (its handlers are registered then).

@@ -44,6 +44,12 @@ RELOADER_RESTART_WINDOW = f"{RELOADER}/restart-window"
 # CronJob: what a change does (CRONJOB_MODES; the default is REROLLER_CRONJOB_MODE).
 CRONJOB_MODE = f"{PREFIX}/cronjob-mode"
 CRONJOB_MODES = ("run-now", "next-run", "restart-active")
+# History and restore (source metadata; ``history``): keep N versions; put one back.
+HISTORY = f"{PREFIX}/history"            # "5": keep the last 5 versions of the data as snapshots
+RESTORE = f"{PREFIX}/restore"            # "<hash>" or "previous": put that version back (then removed)
+SNAPSHOT_OF = f"{PREFIX}/snapshot-of"    # label on a snapshot: its source's name
+SNAPSHOT_HASH = f"{PREFIX}/snapshot-hash"        # snapshot: the data hash it holds
+SNAPSHOT_VERSION = f"{PREFIX}/snapshot-version"  # snapshot: the source's resourceVersion when last current
 
 # Progressive rollouts (``waves``). On a source (or cluster-wide: REROLLER_ROLLOUT): "progressive" fans
 # its changes out in waves gated on health; "immediate" rolls every user at once (the default).
@@ -155,6 +161,9 @@ class Options:
     rollout: str = "immediate"
     first_wave: WaveSize = WaveSize()
     wave_deadline_seconds: float = 600.0
+    # Snapshots and restores of annotated sources (``history``): it writes ConfigMaps and Secrets in
+    # tenants' namespaces, so the chart grants those verbs only with it.
+    history: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Options:
@@ -212,6 +221,7 @@ class Options:
             cronjob_mode=cronjob_mode,
             allow_restart_active=allow_restart_active,
             sync_after_restart=env_bool(env, "REROLLER_SYNC_AFTER_RESTART", True),
+            history=env_bool(env, "REROLLER_HISTORY"),
         )
 
     @property

@@ -576,6 +576,24 @@ def test_the_reroller_may_delete_pods_only_where_restart_active_is_allowed() -> 
     assert {"name": "REROLLER_ALLOW_RESTART_ACTIVE", "value": "true"} in container(deployment)["env"]
 
 
+def test_the_reroller_writes_configmaps_and_secrets_only_with_history_enabled() -> None:
+    reroller = "kopf-operators/kopf-operators-reroller"
+    writes = {("", resource, verb) for resource in ("configmaps", "secrets")
+              for verb in ("get", "create", "patch", "delete")}
+    def everywhere(objects: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+        # (The digest key's Role in the release namespace holds Secrets' get and create there only.)
+        return {grant[1:] for grant in account_grants(objects)[reroller] if grant[0] == "*"}
+
+    off = render(PER_OPERATOR)
+    assert not everywhere(off) & writes
+    on = render(PER_OPERATOR, "operators.reroller.history.enabled=true")
+    assert everywhere(on) - everywhere(off) == writes
+    for objects, value in ((off, "false"), (on, "true")):
+        deployment = next(d for d in objects
+                          if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("reroller"))
+        assert {"name": "REROLLER_HISTORY", "value": value} in container(deployment)["env"]
+
+
 def test_blackadder_holds_no_destructive_verb_while_the_chart_forces_dry_run() -> None:
     blackadder = "kopf-operators/kopf-operators-blackadder"
     assert not verbs(account_grants(render(PER_OPERATOR))[blackadder]) & DESTRUCTIVE

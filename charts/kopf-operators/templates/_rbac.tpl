@@ -133,6 +133,13 @@ checks both directions against the API server's audit log). */}}
   resources: ["pods"]
   verbs: ["list", "delete"]
 {{- end }}
+{{- if $ops.reroller.history.enabled }}
+# History and restore: a source's snapshots are created, listed (by label), pruned and re-ordered
+# (metadata), a large source is read, and a restore patches the source.
+- apiGroups: [""]
+  resources: ["configmaps", "secrets"]
+  verbs: ["get", "create", "patch", "delete"]
+{{- end }}
 {{- if $ops.reroller.argoRollouts }}
 - apiGroups: ["argoproj.io"]
   resources: ["rollouts"]
