@@ -20,6 +20,8 @@ CATALOGUE = Catalogue("reroller", "the workload", events=(
             "names the problem"),
     warning("RerollHalted", "a progressive rollout halted: a workload of an earlier wave failed its rollout; on "
             "each held workload and once per change on the source, naming what failed and how to release it"),
+    normal("RerollWaitingForChaos", "on the source: a workload of an earlier wave did not finish its rollout while "
+           "a ChaosAgent disrupts it; the waves wait for the disruption to end instead of halting"),
     warning("RolloutSettingInvalid", "a source's rollout, first-wave or wave-deadline annotation cannot be read: "
             "the safe value is used (waves, a first wave of 1, the installation's deadline)"),
     warning("SourceMissing", "a required ConfigMap/Secret does not exist: no rollout until it does "

@@ -36,7 +36,7 @@ def chaos_index_entries(name: str, status: Mapping[str, Any] | None) -> dict[Wor
     return entries
 
 
-def disrupted_by(index: Mapping | None, key: tuple[str, str, str], now: float) -> str | None:  # type: ignore[type-arg]
+def disrupted_by(index: Mapping[WorkloadKey, Any] | None, key: WorkloadKey, now: float) -> str | None:
     """Who disrupts this workload now: "ChaosAgent <name> (until <iso>)" for the agent whose
     disruption of it lasts longest, or None (no agent, or every disruption has ended; no index: the
     re-roller is not chaos-aware)."""

@@ -95,9 +95,11 @@ class RerollerController:
             kind: indexes[index_id] for kind, index_id in WORKLOAD_INDEXES.items() if index_id in indexes}
         self.namespaces: Index[str, Mapping[str, str]] = indexes[NAMESPACES_INDEX]  # name -> labels
         # Namespaces being deleted: their objects go in any order, so a source gone first is no news.
-        self.terminating: Index[str, bool] = indexes.get(TERMINATING_INDEX) or {}
+        # (``get(id, {})``, never ``get(id) or {}``: Kopf's index is empty, so false, when the startup handler
+        # gets it, and ``or`` would swap the live index for a dict that never fills.)
+        self.terminating: Index[str, bool] = indexes.get(TERMINATING_INDEX, {})
         # What ChaosAgents disrupt (chaos.disrupted_by); only with REROLLER_CHAOS_AWARE, else empty.
-        self.chaos: Mapping[tuple[str, str, str], Any] = indexes.get(CHAOS_INDEX) or {}
+        self.chaos: Mapping[tuple[str, str, str], Any] = indexes.get(CHAOS_INDEX, {})
         self.namespace_selector = settings.parse_selector(options.namespace_selector)
         self.resource_selector = settings.parse_selector(options.resource_label_selector)
         self.bucket = pacing.TokenBucket(options.cluster_rate, options.cluster_burst, time.monotonic())
@@ -133,7 +135,7 @@ class RerollerController:
         self._looked: set[Key] = set()
         # Progressive rollouts: the gate of each rollout of a progressive source's change.
         self.progressions = Progressions(self.state, self.requeues, self.access, options, self.sources, self.current,
-                                         self.lookup, self.affected, self._sightings)
+                                         self.lookup, self.affected, self._sightings, self.chaos)
 
     # --- state ---------------------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from kopf_operators.core.access import Access
 from kopf_operators.core.controller import Requeues
 from kopf_operators.core.state import Index, KeyedState, PerKey, first
 from kopf_operators.reroller import decisions, plans, settings, views, waves
+from kopf_operators.reroller.chaos import disrupted_by
 from kopf_operators.reroller.windows import Hold
 
 OPERATOR = "reroller"
@@ -44,7 +45,7 @@ class Progressions:
                  current: Callable[[Key], views.WorkloadView | None],
                  lookup: Callable[[views.WorkloadView], Mapping[tuple[str, str], views.SourceView]],
                  affected: Callable[[str, str, str], set[Key]],
-                 sightings: Mapping[Key, decisions.FirstSighting]) -> None:
+                 sightings: Mapping[Key, decisions.FirstSighting], chaos: Mapping[Key, Any]) -> None:
         self.requeues = requeues
         self.access = access
         self.options = options
@@ -53,6 +54,7 @@ class Progressions:
         self.lookup = lookup
         self.affected = affected
         self.sightings = sightings
+        self.chaos = chaos  # what ChaosAgents disrupt now (``chaos.disrupted_by``; empty: not chaos-aware)
         # Per member: progressive source -> (member rv, source hash, uses it, caught up).
         self._caught: PerKey[Key, dict[SourceKey, tuple[int, str, bool, bool]]] = state.map()
         # Per workload: those waiting for it (woken by its events, and when it is forgotten).
@@ -62,6 +64,8 @@ class Progressions:
         # Per source: the change whose halt was said, and the unreadable settings said (once each).
         self._halt_said: dict[SourceKey, str] = {}
         self._problems_said: dict[SourceKey, tuple[str, ...]] = {}
+        # Per source: the (change, workload) whose failure under chaos was said (once each).
+        self._chaos_said: dict[SourceKey, tuple[str, Key]] = {}
         metrics.held_rollouts(lambda: len(self._halted))
         state.on_forget(self.wake)
 
@@ -119,6 +123,9 @@ class Progressions:
         rolled = waves.parse_rolled(view.rolled)
         rolled_at = rolled[1] if rolled is not None and rolled[0] == view.observed_hash else None
         health, how = waves.health(view.status, rolled_at, wall, deadline)
+        if health is waves.Health.FAILED and (agent := disrupted_by(self.chaos, key, wall)) is not None:
+            # Not its configuration's failure, perhaps: judged again when the disruption is over.
+            health, how = waves.Health.ROLLING, waves.under_chaos(agent, how)
         return waves.Member(key, view.priority, caught_up, health, how)
 
     def hold(self, view: views.WorkloadView, plan_: plans.Plan, verdict: waves.Verdict) -> Hold | None:
@@ -130,6 +137,7 @@ class Progressions:
             self._waiters.setdefault(verdict.blocker, set()).add(key)
         if verdict.gate is waves.Gate.WAIT:
             self._halted.pop(key, None)
+            self._say_chaos(verdict)
             self.requeues.after(key, WAVE_LOOK_SECONDS)
             if view.pending is None or not view.pending.startswith(waves.HALTED):
                 return None  # waiting for a wave is a progression's normal course
@@ -149,6 +157,18 @@ class Progressions:
         message = waves.source_halt_message(verdict)
         logger.warning(f"{_where(verdict.source)}: {message}"[:1000])
         self.access.event(_source_ref(verdict.source), "Warning", "RerollHalted", message)
+
+    def _say_chaos(self, verdict: waves.Verdict) -> None:
+        """A Normal Event on the source, once per change and workload: an earlier wave failed while a
+        ChaosAgent disrupts it, so the progression waits instead of halting."""
+        if verdict.source is None or verdict.blocker is None or not waves.is_under_chaos(verdict.how):
+            return
+        if self._chaos_said.get(verdict.source) == (verdict.token, verdict.blocker):
+            return
+        self._chaos_said[verdict.source] = (verdict.token, verdict.blocker)
+        message = waves.source_chaos_message(verdict)
+        logger.info(f"{_where(verdict.source)}: {message}")
+        self.access.event(_source_ref(verdict.source), "Normal", "RerollWaitingForChaos", message)
 
     def _say_problems(self, source_key: SourceKey, problems: tuple[str, ...]) -> None:
         if self._problems_said.get(source_key, ()) == problems:

@@ -281,3 +281,21 @@ def source_halt_message(verdict: Verdict) -> str:
     return (f"Progressive rollout of change {verdict.token} halted: {_blocker(verdict)} failed its rollout: "
             f"{how}; the workloads of the later waves are held. Fix the data (a new change starts the "
             f"waves again), or roll them anyway: {release_hint(verdict)}")[:1000]
+
+
+# A member that failed while a ChaosAgent disrupts it: its state in words starts with this.
+UNDER_CHAOS = "disrupted by "
+
+
+def under_chaos(agent: str, how: str) -> str:
+    return f"{UNDER_CHAOS}{agent}, so not judged until that ends: {how}"
+
+
+def is_under_chaos(how: str) -> bool:
+    return how.startswith(UNDER_CHAOS)
+
+
+def source_chaos_message(verdict: Verdict) -> str:
+    """The Normal Event on the source when an earlier wave fails under chaos: the waves wait."""
+    return (f"Progressive rollout of change {verdict.token} waits: {_blocker(verdict)} of an earlier wave has "
+            f"not finished its rollout and is {verdict.how}")[:1000]

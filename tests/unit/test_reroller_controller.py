@@ -48,11 +48,15 @@ def baseline_for(source: views.SourceView) -> dict[str, str]:
     return baseline_annotations(plans.plan({}, snap), snap)
 
 
-def controller(access: FakeAccess, workload: dict[str, Any], source: views.SourceView | None) -> RerollerController:
-    """``source`` None: the ConfigMap is not (or not yet) in the index."""
+def controller(access: FakeAccess, workload: dict[str, Any], source: views.SourceView | None,
+               indexes: dict[str, Any] | None = None) -> RerollerController:
+    """``source`` None: the ConfigMap is not (or not yet) in the index. ``indexes``: Kopf's, empty, to
+    be filled later by the test (as Kopf fills them after the startup handler has run)."""
     view = views.workload_view("Deployment", workload, OPTIONS)
     workloads: dict[Any, list[Any]] = {key: [value] for key, value in views.workload_index_entries(view).items()}
-    indexes: dict[str, Any] = {index_id: {} for index_id in reroller.INDEXES}
+    if indexes is None:
+        indexes = {}
+    indexes.update({index_id: {} for index_id in reroller.INDEXES})
     indexes[reroller.SOURCE_INDEXES["ConfigMap"]] = {("ConfigMap", "ns", "conf"): [source]} if source else {}
     indexes[reroller.WORKLOAD_INDEXES["Deployment"]] = workloads
     return RerollerController(access, OPTIONS, indexes)  # type: ignore[arg-type]
@@ -305,8 +309,9 @@ def test_a_source_gone_with_its_namespace_is_no_warning(monkeypatch: pytest.Monk
 
     async def scenario() -> list[tuple[str, str]]:
         access = FakeAccess()
-        ctl = controller(access, deployment(), None)
-        ctl.terminating = {"ns": [True]}
+        indexes: dict[str, Any] = {}
+        ctl = controller(access, deployment(), None, indexes)
+        indexes[reroller.TERMINATING_INDEX]["ns"] = [True]  # filled after the start, as Kopf does
         await ctl.guarded(KEY, "workload event")
         clock[0] += decisions.ABSENT_SETTLE_SECONDS
         await ctl.guarded(KEY, "timer")

@@ -15,6 +15,7 @@ from kopf_operators.core import background as toolkit
 from kopf_operators.core import metrics
 from kopf_operators.reroller import controller as reroller
 from kopf_operators.reroller import plans, settings, views, waves
+from kopf_operators.reroller.chaos import CHAOS_INDEX
 from kopf_operators.reroller.controller import RerollerController
 from kopf_operators.reroller.patches import baseline_annotations
 from tests.unit.fake_access import FakeAccess
@@ -205,6 +206,29 @@ def test_an_unreadable_setting_is_said_once_and_the_safe_value_used() -> None:
         assert await cluster.look("b") == []  # read as progressive, first wave 1: b waits for a
         assert await cluster.look("c") == []
         assert cluster.access.events.count(("Warning", "RolloutSettingInvalid")) == 1
+        await cluster.ctl.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_first_wave_failing_under_chaos_makes_the_rest_wait_not_halt() -> None:
+    """A ChaosAgent disrupts the failed workload now (its status says so): the later waves wait, said
+    once on the source; when the disruption is over and it still fails, they are held."""
+    async def scenario() -> None:
+        cluster = Cluster(configmap("v2", **PROGRESSIVE), configmap("v1"))
+        [patch] = await cluster.look("a")
+        after = {**baseline(configmap("v2")), settings.WAVE: "1",
+                 settings.ROLLED: patch[4]["metadata"]["annotations"][settings.ROLLED]}
+        cluster.workload(deployment("a", after, STUCK, 3))
+        # The index is Kopf's live one: filled after the controller started, as the watch fills it.
+        chaos = cluster.indexes[CHAOS_INDEX]
+        chaos[("Deployment", "ns", "a")] = [("smoke", time.time() + 60)]
+        assert await cluster.look("b") == [] and await cluster.look("c") == []
+        assert cluster.access.events.count(("Normal", "RerollWaitingForChaos")) == 1
+        assert ("Warning", "RerollHalted") not in cluster.access.events
+        chaos[("Deployment", "ns", "a")] = [("smoke", time.time() - 1)]  # the disruption is over
+        [held] = await cluster.look("b")
+        assert held[4]["metadata"]["annotations"][settings.PENDING].startswith("halted: ")
         await cluster.ctl.stop()
 
     asyncio.run(scenario())
