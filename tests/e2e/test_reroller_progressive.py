@@ -74,22 +74,22 @@ def pending(apps: Any, namespace: str, name: str) -> str:
 
 @pytest.fixture
 def progression(apps: kubernetes.client.AppsV1Api, core: kubernetes.client.CoreV1Api, namespace: str,
-                image: str) -> Callable[[], dict[str, str]]:
+                image: str) -> Callable[[], dict[str, str | None]]:
     """Three healthy users of a progressive ConfigMap, with their baselines; returns their template hashes."""
     core.create_namespaced_config_map(namespace, {
         "metadata": {"name": "conf", "annotations": {settings.ROLLOUT: "progressive"}}, "data": {"mode": "good"}})
     for name in NAMES:
         app(apps, namespace, name, image, wave="1" if name == "first" else None)
 
-    def ready() -> dict[str, str]:
+    def ready() -> dict[str, str | None]:
         for name in NAMES:
             baseline(apps, namespace, name)
             wait_for(lambda n=name: available(apps, namespace, n), timeout=90, what=f"{name} available")  # type: ignore[misc]
-        return {name: str(template_hash(apps, namespace, name)) for name in NAMES}
+        return {name: template_hash(apps, namespace, name) for name in NAMES}  # None: never rolled
     return ready
 
 
-def halted(apps: Any, core: Any, namespace: str, before: dict[str, str], operator: OperatorProcess) -> None:
+def halted(apps: Any, core: Any, namespace: str, before: dict[str, str | None], operator: OperatorProcess) -> None:
     """The first wave rolled once and failed; the other two are held, said, counted, and not rolled."""
     wait_for(lambda: deadline_exceeded(apps, namespace, "first"), timeout=60, what="first's progress deadline")
     for name in ("second", "third"):
@@ -117,7 +117,7 @@ def fixed(apps: Any, core: Any, namespace: str, failed: str) -> None:
 
 def test_a_failing_first_wave_holds_the_rest_and_a_fixing_change_rolls_all(
         apps: kubernetes.client.AppsV1Api, core: kubernetes.client.CoreV1Api, namespace: str,
-        operator: OperatorProcess, progression: Callable[[], dict[str, str]]) -> None:
+        operator: OperatorProcess, progression: Callable[[], dict[str, str | None]]) -> None:
     before = progression()
     set_cm(core, namespace, "conf", {"mode": "bad"})
     wait_for(lambda: template_hash(apps, namespace, "first") != before["first"], timeout=30, what="first rolled")
@@ -132,7 +132,7 @@ def test_a_failing_first_wave_holds_the_rest_and_a_fixing_change_rolls_all(
 
 def test_a_progression_survives_the_operator_killed_mid_way(
         apps: kubernetes.client.AppsV1Api, core: kubernetes.client.CoreV1Api, namespace: str,
-        operator: OperatorProcess, progression: Callable[[], dict[str, str]]) -> None:
+        operator: OperatorProcess, progression: Callable[[], dict[str, str | None]]) -> None:
     """SIGKILL after the first wave rolled: the new process resumes the progression from the objects
     (the first wave's rollout is not repeated, the others still wait, then are held)."""
     before = progression()
@@ -149,7 +149,7 @@ def test_a_progression_survives_the_operator_killed_mid_way(
 
 def test_a_release_rolls_the_held_workloads(
         apps: kubernetes.client.AppsV1Api, core: kubernetes.client.CoreV1Api, namespace: str,
-        operator: OperatorProcess, progression: Callable[[], dict[str, str]]) -> None:
+        operator: OperatorProcess, progression: Callable[[], dict[str, str | None]]) -> None:
     before = progression()
     set_cm(core, namespace, "conf", {"mode": "bad"})
     halted(apps, core, namespace, before, operator)
