@@ -20,6 +20,16 @@ class RolloutStatus:
     updated: int
     available: int
     failed: str | None = None
+    total: int | None = None  # its pods of every revision (a Deployment's old ones are counted here)
+
+    @property
+    def finished(self) -> bool:
+        """Its controller has seen the newest spec, every replica is updated and available, and no pod
+        of an older revision is left (as ``kubectl rollout status`` judges it). A Deployment whose new
+        pod never becomes ready keeps its old one available: updated and available then both reach
+        the desired count, and only the old pod left tells that the rollout is not over."""
+        return (self.observed_generation >= self.generation and self.updated >= self.desired
+                and self.available >= self.desired and (self.total is None or self.total <= self.updated))
 
 
 def rollout_status(kind: str, body: Mapping[str, Any]) -> RolloutStatus | None:
@@ -36,7 +46,7 @@ def rollout_status(kind: str, body: Mapping[str, Any]) -> RolloutStatus | None:
             failed = f"ProgressDeadlineExceeded: {progressing.get('message') or 'no progress'}"[:300]
         desired = int(spec.get("replicas", 1) if spec.get("replicas") is not None else 1)
         return RolloutStatus(generation, observed, desired, int(status.get("updatedReplicas") or 0),
-                             int(status.get("availableReplicas") or 0), failed)
+                             int(status.get("availableReplicas") or 0), failed, int(status.get("replicas") or 0))
     if kind == "StatefulSet":
         desired = int(spec.get("replicas", 1) if spec.get("replicas") is not None else 1)
         updated = int(status.get("updatedReplicas") or 0)
@@ -61,7 +71,4 @@ def rollout_status(kind: str, body: Mapping[str, Any]) -> RolloutStatus | None:
 def in_progress(status: RolloutStatus | None) -> bool:
     """Its controller is still rolling it out: it has not seen its newest spec yet, or not every
     replica is updated and available (and its controller has not given up)."""
-    if status is None or status.failed:
-        return False
-    return (status.observed_generation < status.generation or status.updated < status.desired
-            or status.available < status.desired)
+    return status is not None and not status.failed and not status.finished

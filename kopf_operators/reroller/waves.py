@@ -56,11 +56,12 @@ def health(status: RolloutStatus | None, rolled_at: float | None, now: float, de
         return Health.DONE, "not gated (no pods rolled in place)"
     if status.failed:
         return Health.FAILED, status.failed
-    caught_up = status.observed_generation >= status.generation
-    if caught_up and status.updated >= status.desired and status.available >= status.desired:
+    if status.finished:
         return Health.DONE, f"{status.available}/{status.desired} updated and available"
+    old = (status.total or 0) - status.updated
     how = (f"{status.updated}/{status.desired} updated, {status.available}/{status.desired} available"
-           if caught_up else "its controller has not seen the change yet")
+           + (f", {old} of an older revision left" if old > 0 else "")
+           if status.observed_generation >= status.generation else "its controller has not seen the change yet")
     if rolled_at is None:  # it did not roll for this change: not this progression's to judge
         return Health.DONE, f"did not roll for this change ({how})"
     if now - rolled_at > deadline:

@@ -55,3 +55,15 @@ def test_statefulsets_and_daemonsets_by_their_own_fields() -> None:
                                                       "updatedNumberScheduled": 2, "numberAvailable": 3}}
     assert in_progress(rollout_status("DaemonSet", ds))
     assert not in_progress(rollout_status("DaemonSet", {**ds, "status": {**ds["status"], "updatedNumberScheduled": 3}}))
+
+
+def test_a_deployment_whose_new_pod_never_becomes_ready_is_still_rolling() -> None:
+    """Its old pod stays available, so updated and available both reach the desired count: only the
+    old pod left (status.replicas over updatedReplicas) says the rollout is not over."""
+    body = {"metadata": {"generation": 2}, "spec": {"replicas": 1},
+            "status": {"observedGeneration": 2, "replicas": 2, "updatedReplicas": 1, "availableReplicas": 1}}
+    status = rollout_status("Deployment", body)
+    assert status is not None and not status.finished and in_progress(status)
+    body["status"]["replicas"] = 1  # the old pod gone: done
+    status = rollout_status("Deployment", body)
+    assert status is not None and status.finished and not in_progress(status)
