@@ -95,24 +95,28 @@ def halted(apps: Any, core: Any, namespace: str, before: dict[str, str | None], 
     for name in ("second", "third"):
         wait_for(lambda n=name: pending(apps, namespace, n).startswith("halted: "), timeout=30,  # type: ignore[misc]
                  what=f"{name} held")
-        [warning] = events(core, namespace, name, "RerollHalted")
+        [warning] = wait_for(lambda n=name: events(core, namespace, n, "RerollHalted"), timeout=15,  # type: ignore[misc]
+                             what=f"RerollHalted on {name}")
         assert "Deployment " + namespace + "/first" in warning.message and "ProgressDeadlineExceeded" in warning.message
         assert template_hash(apps, namespace, name) == before[name]  # never rolled
-    [said] = events(core, namespace, "conf", "RerollHalted")
+    [said] = wait_for(lambda: events(core, namespace, "conf", "RerollHalted"), timeout=15,
+                      what="RerollHalted on the ConfigMap")
     assert said.involved_object.kind == "ConfigMap" and settings.RELEASE in said.message
     assert operator.metric("kopf_operators_reroller_held_rollouts") == 2
     assert template_hash(apps, namespace, "first") != before["first"]
 
 
 def fixed(apps: Any, core: Any, namespace: str, failed: str) -> None:
-    """A fixing change rolls all three, the first wave first, and lifts the holds."""
-    set_cm(core, namespace, "conf", {"mode": "good"})
+    """A fixing change (a new version: not the data the held ones still run, which would only drop
+    their holds) rolls all three, the first wave first, and lifts the holds."""
+    set_cm(core, namespace, "conf", {"mode": "good", "version": "2"})
     wait_for(lambda: template_hash(apps, namespace, "first") != failed, timeout=30, what="first rolled again")
     wait_for(lambda: available(apps, namespace, "first"), timeout=60, what="first available")
     for name in ("second", "third"):
         wait_for(lambda n=name: available(apps, namespace, n) and not pending(apps, namespace, n),  # type: ignore[misc]
                  timeout=60, what=f"{name} rolled and available")
-        assert len(events(core, namespace, name, "Rerolled")) == 1
+        wait_for(lambda n=name: len(events(core, namespace, n, "Rerolled")) == 1, timeout=15,  # type: ignore[misc]
+                 what=f"one Rerolled on {name}")
 
 
 def test_a_failing_first_wave_holds_the_rest_and_a_fixing_change_rolls_all(
@@ -143,7 +147,7 @@ def test_a_progression_survives_the_operator_killed_mid_way(
     operator.start()
     halted(apps, core, namespace, before, operator)
     assert template_hash(apps, namespace, "first") == rolled  # rolled once, not again after the restart
-    assert len(events(core, namespace, "first", "Rerolled")) == 1
+    assert len(wait_for(lambda: events(core, namespace, "first", "Rerolled"), timeout=15)) == 1
     fixed(apps, core, namespace, str(rolled))
 
 
