@@ -259,6 +259,12 @@ class GuardedPass(Generic[K]):
             return self.timers.due_in(key)
         return delay
 
+    def look_in(self, key: K, seconds: float) -> None:
+        """Look at ``key`` again after ``seconds`` (an earlier pending look wins), asked from outside its
+        pass: another key's event that changes what its pass would decide. (A pass asks with its
+        result, ``RequeueAfter``.)"""
+        self.timers.start(key, seconds, lambda: self._retry(key), if_pending="earlier")
+
     async def _retry(self, key: K) -> None:
         await self(key, self.settings.retry_trigger)
 

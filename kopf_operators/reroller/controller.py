@@ -134,8 +134,9 @@ class RerollerController:
         # a change made while the operator was down); kept while the workload exists.
         self._looked: set[Key] = set()
         # Progressive rollouts: the gate of each rollout of a progressive source's change.
-        self.progressions = Progressions(self.state, self.requeues, self.access, options, self.sources, self.current,
-                                         self.lookup, self.affected, self._sightings, self.chaos)
+        self.progressions = Progressions(self.state, self.requeues, self.passes.look_in, self.access, options,
+                                         self.sources, self.current, self.lookup, self.affected, self._sightings,
+                                         self.chaos)
 
     # --- state ---------------------------------------------------------------------------------------
 

@@ -40,13 +40,15 @@ SourceKey = tuple[str, str, str]  # (source kind, namespace, name)
 
 
 class Progressions:
-    def __init__(self, state: KeyedState[Key], requeues: Requeues[Key], access: Access, options: settings.Options,
+    def __init__(self, state: KeyedState[Key], requeues: Requeues[Key], look_in: Callable[[Key, float], None],
+                 access: Access, options: settings.Options,
                  sources: Mapping[str, Index[SourceKey, views.SourceView]],
                  current: Callable[[Key], views.WorkloadView | None],
                  lookup: Callable[[views.WorkloadView], Mapping[tuple[str, str], views.SourceView]],
                  affected: Callable[[str, str, str], set[Key]],
                  sightings: Mapping[Key, decisions.FirstSighting], chaos: Mapping[Key, Any]) -> None:
-        self.requeues = requeues
+        self.requeues = requeues  # a pass's own look again
+        self.look_in = look_in  # another key's look again, asked outside its pass (``GuardedPass.look_in``)
         self.access = access
         self.options = options
         self.sources = sources
@@ -70,9 +72,9 @@ class Progressions:
         state.on_forget(self.wake)
 
     def wake(self, key: Key) -> None:
-        """The workloads waiting for this one look again, soon."""
+        """The workloads waiting for this one look again, soon (each pass that waits again waits anew)."""
         for waiter in self._waiters.pop(key, None) or ():
-            self.requeues.after(waiter, WAKE_SECONDS)
+            self.look_in(waiter, WAKE_SECONDS)
 
     def not_held(self, key: Key) -> None:
         self._halted.pop(key, None)

@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (the fixtures imported from the helpers are parameters here)
 """Progressive rollouts on the real node: a ConfigMap annotated ``rollout: progressive`` rolls its users
 in waves, each gated on the health its own controller reports, with real pods and real readiness.
 
@@ -20,8 +21,17 @@ import kubernetes
 import pytest
 
 from kopf_operators.reroller import settings
+from tests.e2e.blackadder_helpers import GREEDY, Agents, agents, next_cycles  # noqa: F401 (a fixture)
+from tests.e2e.blackadder_helpers import events as chaos_events
 from tests.e2e.realnode import NODE, script
-from tests.e2e.reroller_helpers import baseline, events, read, set_cm, template_hash
+from tests.e2e.reroller_helpers import (  # noqa: F401 (a fixture)
+    baseline,
+    events,
+    read,
+    reroller_with,
+    set_cm,
+    template_hash,
+)
 from tests.kube import OperatorProcess, stays, wait_for
 
 REAL_NODE_TAINT = "kopf-operators.dev/real-node"
@@ -37,20 +47,24 @@ def image(real_node: str) -> str:
     return base
 
 
-def app(apps: Any, namespace: str, name: str, image: str, wave: str | None = None) -> None:
-    """A Deployment on the real node whose pod is ready only while the ConfigMap's mode is good."""
+def app(apps: Any, namespace: str, name: str, image: str, wave: str | None = None,
+        deadline: int = PROGRESS_DEADLINE, replicas: int = 1, configured: bool = True) -> None:
+    """A Deployment on the real node whose pod is ready only while the ConfigMap's mode is good (not
+    ``configured``: no ConfigMap, and always ready)."""
     labels = {"app": name}
-    annotations = {settings.AUTO: "true", **({settings.WAVE: wave} if wave else {})}
+    annotations = {settings.AUTO: "true", **({settings.WAVE: wave} if wave else {})} if configured else {}
+    mode = ({"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "conf", "key": "mode"}}} if configured
+            else {"name": "MODE", "value": "good"})
     apps.create_namespaced_deployment(namespace, {
         "metadata": {"name": name, "annotations": annotations},
-        "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "progressDeadlineSeconds": PROGRESS_DEADLINE,
+        "spec": {"replicas": replicas, "selector": {"matchLabels": labels}, "progressDeadlineSeconds": deadline,
                  "template": {"metadata": {"labels": labels}, "spec": {
                      "nodeName": NODE, "terminationGracePeriodSeconds": 1, "automountServiceAccountToken": False,
                      "tolerations": [{"key": REAL_NODE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
                      "containers": [{
                          "name": "main", "image": image, "imagePullPolicy": "Never",
                          "command": ["sleep", "infinity"],
-                         "env": [{"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "conf", "key": "mode"}}}],
+                         "env": [mode],
                          "readinessProbe": {"exec": {"command": ["sh", "-c", 'test "$MODE" = good']},
                                             "periodSeconds": 1, "failureThreshold": 1}}]}}}})
 
@@ -72,21 +86,29 @@ def pending(apps: Any, namespace: str, name: str) -> str:
     return str((read(apps, "Deployment", namespace, name).metadata.annotations or {}).get(settings.PENDING) or "")
 
 
+Progression = Callable[..., dict[str, str | None]]
+
+
 @pytest.fixture
 def progression(apps: kubernetes.client.AppsV1Api, core: kubernetes.client.CoreV1Api, namespace: str,
-                image: str) -> Callable[[], dict[str, str | None]]:
-    """Three healthy users of a progressive ConfigMap, with their baselines; returns their template hashes."""
-    core.create_namespaced_config_map(namespace, {
-        "metadata": {"name": "conf", "annotations": {settings.ROLLOUT: "progressive"}}, "data": {"mode": "good"}})
-    for name in NAMES:
-        app(apps, namespace, name, image, wave="1" if name == "first" else None)
-
-    def ready() -> dict[str, str | None]:
+                image: str) -> Progression:
+    """``start(annotations={}, first_deadline=...)``: three healthy users of a progressive ConfigMap
+    (with these annotations too; the first one's progress deadline), once their baselines are recorded
+    and they are available; returns their template hashes (None: never rolled)."""
+    def start(annotations: dict[str, str] | None = None, first_deadline: int = PROGRESS_DEADLINE
+              ) -> dict[str, str | None]:
+        core.create_namespaced_config_map(namespace, {
+            "metadata": {"name": "conf", "annotations": {settings.ROLLOUT: "progressive", **(annotations or {})}},
+            "data": {"mode": "good"}})
+        for name in NAMES:
+            first = name == "first"
+            app(apps, namespace, name, image, wave="1" if first else None,
+                deadline=first_deadline if first else PROGRESS_DEADLINE)
         for name in NAMES:
             baseline(apps, namespace, name)
             wait_for(lambda n=name: available(apps, namespace, n), timeout=90, what=f"{name} available")  # type: ignore[misc]
-        return {name: template_hash(apps, namespace, name) for name in NAMES}  # None: never rolled
-    return ready
+        return {name: template_hash(apps, namespace, name) for name in NAMES}
+    return start
 
 
 def halted(apps: Any, core: Any, namespace: str, before: dict[str, str | None], operator: OperatorProcess) -> None:
@@ -121,7 +143,7 @@ def fixed(apps: Any, core: Any, namespace: str, failed: str) -> None:
 
 def test_a_failing_first_wave_holds_the_rest_and_a_fixing_change_rolls_all(
         apps: kubernetes.client.AppsV1Api, core: kubernetes.client.CoreV1Api, namespace: str,
-        operator: OperatorProcess, progression: Callable[[], dict[str, str | None]]) -> None:
+        operator: OperatorProcess, progression: Progression) -> None:
     before = progression()
     set_cm(core, namespace, "conf", {"mode": "bad"})
     wait_for(lambda: template_hash(apps, namespace, "first") != before["first"], timeout=30, what="first rolled")
@@ -136,7 +158,7 @@ def test_a_failing_first_wave_holds_the_rest_and_a_fixing_change_rolls_all(
 
 def test_a_progression_survives_the_operator_killed_mid_way(
         apps: kubernetes.client.AppsV1Api, core: kubernetes.client.CoreV1Api, namespace: str,
-        operator: OperatorProcess, progression: Callable[[], dict[str, str | None]]) -> None:
+        operator: OperatorProcess, progression: Progression) -> None:
     """SIGKILL after the first wave rolled: the new process resumes the progression from the objects
     (the first wave's rollout is not repeated, the others still wait, then are held)."""
     before = progression()
@@ -153,7 +175,7 @@ def test_a_progression_survives_the_operator_killed_mid_way(
 
 def test_a_release_rolls_the_held_workloads(
         apps: kubernetes.client.AppsV1Api, core: kubernetes.client.CoreV1Api, namespace: str,
-        operator: OperatorProcess, progression: Callable[[], dict[str, str | None]]) -> None:
+        operator: OperatorProcess, progression: Progression) -> None:
     before = progression()
     set_cm(core, namespace, "conf", {"mode": "bad"})
     halted(apps, core, namespace, before, operator)
@@ -167,3 +189,49 @@ def test_a_release_rolls_the_held_workloads(
     assert time.monotonic() - started < 30
     assert operator.metric("kopf_operators_reroller_held_rollouts") == 0
 
+
+def test_a_restore_of_the_previous_data_rolls_the_users_once_through_the_waves(
+        apps: kubernetes.client.AppsV1Api, core: kubernetes.client.CoreV1Api, namespace: str,
+        reroller_with: Callable[..., OperatorProcess], progression: Progression) -> None:
+    """History on: a good new version rolls all three; restoring the previous data (one write of the
+    ConfigMap) rolls each of them once more, the first wave first."""
+    reroller = reroller_with(REROLLER_HISTORY="true")
+    progression({settings.HISTORY: "3"})
+    set_cm(core, namespace, "conf", {"mode": "good", "version": "2"})
+    for name in NAMES:
+        wait_for(lambda n=name: len(events(core, namespace, n, "Rerolled")) == 1 and available(apps, namespace, n),  # type: ignore[misc]
+                 timeout=60, what=f"{name} rolled to version 2")
+    rolled = {name: template_hash(apps, namespace, name) for name in NAMES}
+    core.patch_namespaced_config_map("conf", namespace, {"metadata": {"annotations": {settings.RESTORE: "previous"}}})
+    wait_for(lambda: core.read_namespaced_config_map("conf", namespace).data == {"mode": "good"}, timeout=30,
+             what="the previous data back")
+    for name in NAMES:
+        wait_for(lambda n=name: len(events(core, namespace, n, "Rerolled")) == 2 and available(apps, namespace, n),  # type: ignore[misc]
+                 timeout=60, what=f"{name} rolled once more")
+        assert template_hash(apps, namespace, name) != rolled[name]
+    stays(lambda: all(len(events(core, namespace, n, "Rerolled")) == 2 for n in NAMES), 5, what="one rollout each")
+    assert not (core.read_namespaced_config_map("conf", namespace).metadata.annotations or {}).get(settings.RESTORE)
+    assert not reroller.errors(), reroller.errors()
+
+
+def test_a_chaos_agent_spares_a_deployment_in_the_middle_of_its_rollout(
+        apps: kubernetes.client.AppsV1Api, core: kubernetes.client.CoreV1Api, namespace: str, image: str,
+        operator: OperatorProcess, agents: Agents, progression: Progression) -> None:
+    """The first wave rolls a pod that never becomes ready (its deadline far away): it is in the middle
+    of its rollout, and the others wait for it. A greedy ChaosAgent on the namespace kills the pods of
+    a settled Deployment beside them and spares the one mid-rollout."""
+    app(apps, namespace, "calm", image, replicas=2, configured=False)
+    before = progression(first_deadline=600)
+    wait_for(lambda: available(apps, namespace, "calm"), timeout=60, what="calm available")
+    set_cm(core, namespace, "conf", {"mode": "bad"})
+    wait_for(lambda: template_hash(apps, namespace, "first") != before["first"], timeout=30, what="first rolled")
+    agent = agents.create({**GREEDY, "tantrumMode": True, "targetNamespaces": [namespace]})
+
+    def killed(workload: str) -> list[str]:
+        return [e.involved_object.name for e in chaos_events(core, "PodKilled", namespace=namespace)
+                if e.involved_object.name.startswith(f"{workload}-")]
+    wait_for(lambda: killed("calm"), timeout=60, what="a pod of the settled Deployment killed")
+    next_cycles(agents, agent, 2)
+    assert not killed("first"), killed("first")
+    assert agents.status(agent)["lastCycle"]["sparedRollouts"] >= 1
+    assert all(template_hash(apps, namespace, n) == before[n] for n in ("second", "third"))  # still waiting

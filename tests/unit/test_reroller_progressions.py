@@ -14,7 +14,7 @@ import pytest
 from kopf_operators.core import background as toolkit
 from kopf_operators.core import metrics
 from kopf_operators.reroller import controller as reroller
-from kopf_operators.reroller import plans, settings, views, waves
+from kopf_operators.reroller import plans, progressions, settings, views, waves
 from kopf_operators.reroller.chaos import CHAOS_INDEX
 from kopf_operators.reroller.controller import RerollerController
 from kopf_operators.reroller.patches import baseline_annotations
@@ -229,6 +229,22 @@ def test_a_first_wave_failing_under_chaos_makes_the_rest_wait_not_halt() -> None
         chaos[("Deployment", "ns", "a")] = [("smoke", time.time() - 1)]  # the disruption is over
         [held] = await cluster.look("b")
         assert held[4]["metadata"]["annotations"][settings.PENDING].startswith("halted: ")
+        await cluster.ctl.stop()
+
+    asyncio.run(scenario())
+
+
+def test_an_event_of_the_awaited_workload_wakes_the_waiting_ones_at_once() -> None:
+    """b waits for a (looked at again in 5 s); an event of a brings b's look forward to WAKE_SECONDS."""
+    async def scenario() -> None:
+        cluster = Cluster(configmap("v2", **PROGRESSIVE), configmap("v1"))
+        b = ("Deployment", "ns", "b")
+        assert await cluster.look("b") == []
+        assert cluster.ctl.passes.timers.due_in(b) == pytest.approx(progressions.WAVE_LOOK_SECONDS, abs=0.5)
+        a = deployment("a", {**baseline(configmap("v1")), settings.WAVE: "1"})
+        await cluster.ctl.workload_event(("Deployment", "ns", "a"), "MODIFIED", a)
+        woken = cluster.ctl.passes.timers.due_in(b)
+        assert woken is not None and woken <= progressions.WAKE_SECONDS
         await cluster.ctl.stop()
 
     asyncio.run(scenario())
