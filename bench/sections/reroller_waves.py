@@ -17,6 +17,7 @@ from bench.sections.reroller_latency import template_annotations
 from kopf_operators.core.rollouts import in_progress, rollout_status
 from kopf_operators.reroller.settings import CONFIG_HASH, FIRST_WAVE, OBSERVED_HASH, ROLLOUT
 from kopf_operators.reroller.waves import PROGRESSIVE, wave_sizes
+from testsupport.stats import percentile
 
 PEER = "none: no Go peer rolls a change in waves; the floor is the immediate rollout of the same run"
 
@@ -52,16 +53,27 @@ def waves_seen(rolled: dict[str, float], done: dict[str, float]) -> list[int]:
     return sizes
 
 
-def gate_delays(rolled: dict[str, float], done: dict[str, float], sizes: list[int]) -> list[float]:
-    """Per wave after the first: seconds from the earlier waves' last finish (``done``) to the wave's first
-    rollout written, i.e. how long the gate took to let the wave go."""
-    order = sorted(rolled, key=lambda k: rolled[k])
-    delays, start = [], 0
+def timeline(order: list[str], sizes: list[int], rolled: dict[str, float], done: dict[str, float],
+             t0: float) -> list[dict[str, Any]]:
+    """Per wave of the gate's own order (``order`` cut by ``sizes``): when its first and last rollouts
+    were written and its last one finished (seconds from ``t0``), how long after the earlier waves' last
+    finish its first rollout came (the gate's release), and its rollouts written before that finish
+    (``early``: none when the gate holds)."""
+    waves, start = [], 0
     for size in sizes:
-        if start:
-            delays.append(round(rolled[order[start]] - max(done.get(k, math.inf) for k in order[:start]), 2))
+        members, earlier = order[start:start + size], order[:start]
+        written = [rolled[k] for k in members if k in rolled]
+        earlier_done = max((done.get(k, math.inf) for k in earlier), default=t0)
+        entry: dict[str, Any] = {"size": size, "rolled": len(written)}
+        if written:
+            entry.update(first_rollout_s=round(min(written) - t0, 2), last_rollout_s=round(max(written) - t0, 2),
+                         release_s=round(min(written) - earlier_done, 2),
+                         early=sum(1 for w in written if w < earlier_done))
+        if all(k in done for k in members):
+            entry["finished_s"] = round(max(done[k] for k in members) - t0, 2)
+        waves.append(entry)
         start += size
-    return delays
+    return waves
 
 
 def per_workload(counts: dict[str, Any], n: int) -> dict[str, Any]:
@@ -70,9 +82,10 @@ def per_workload(counts: dict[str, Any], n: int) -> dict[str, Any]:
             "by_verb_resource": {k: round(v / n, 2) for k, v in counts["by_verb_resource"].items()}}
 
 
-async def scenario(b: Bench, n: int, label: str, source_annotations: dict[str, str]) -> dict[str, Any]:
+async def scenario(b: Bench, n: int, label: str, first_wave: str = "") -> dict[str, Any]:
     """n Deployments on one ConfigMap, baselined and available; then its data changed: until every one
-    rolled and finished."""
+    rolled and finished. ``first_wave``: the ConfigMap rolls progressively, with this first wave."""
+    source_annotations = {ROLLOUT: PROGRESSIVE, FIRST_WAVE: first_wave} if first_wave else {}
     ns = await b.namespace(f"bench-rrw-{label[0]}-{b.run}")
     await b.kube.create(f"/api/v1/namespaces/{ns}/configmaps", {
         "metadata": {"name": "waves-cfg", "annotations": source_annotations}, "data": {"v": "0"}})
@@ -129,7 +142,6 @@ async def scenario(b: Bench, n: int, label: str, source_annotations: dict[str, s
         await deps.stop()
         await b.cleanup([ns], wait=300)
     sizes = waves_seen(rolled, done)
-    delays = gate_delays(rolled, done, sizes)
     log(f"  {label}: last rollout {max(rolled.values()) - t0:.1f} s, all finished {end - t0:.1f} s, waves {sizes}")
     return {"deployments": n, "baseline_s": round(baseline_s, 1),
             "last_rollout_s": round(max(rolled.values()) - t0, 2), "all_finished_s": round(end - t0, 2),
@@ -137,16 +149,20 @@ async def scenario(b: Bench, n: int, label: str, source_annotations: dict[str, s
             "waves": len(sizes), "wave_sizes": sizes,
             # by kubectl's reading (old replicas gone): fewer waves would mean the gate let one go early
             "wave_sizes_by_kubectl_reading": waves_seen(rolled, over),
-            "gate_delays_s": delays, "gate_delay_max_s": max(delays, default=0.0), "api_per_workload": api}
+            "timeline": timeline(sorted(before), wave_sizes(n, int(first_wave)), rolled, done, t0)
+            if first_wave else [], "api_per_workload": api}
 
 
 async def run(b: Bench) -> dict[str, Any]:
     if skipped := b.not_loaded("reroller"):
         return skipped
     n = b.n["wave_deployments"]
-    immediate = await scenario(b, n, "immediate", {})
-    progressive = await scenario(b, n, "progressive", {ROLLOUT: PROGRESSIVE, FIRST_WAVE: "1"})
-    progressive["expected_wave_sizes"] = wave_sizes(n, 1)
+    immediate = await scenario(b, n, "immediate")
+    progressive = await scenario(b, n, "progressive", first_wave="1")
+    releases = [w["release_s"] for w in progressive["timeline"][1:] if "release_s" in w]
+    progressive.update(expected_wave_sizes=wave_sizes(n, 1),
+                       release_p50_s=percentile(releases, 0.5) if releases else 0.0,
+                       release_max_s=max(releases, default=0.0))
     return {"what": f"one ConfigMap used by {n} Deployments of 1 replica (KWOK node) edited -> every Deployment's "
                     f"pod template {CONFIG_HASH} changed and its rollout finished (kubectl rollout status); "
                     "operator: REROLLER_DEBOUNCE_SECONDS=0, REROLLER_MIN_INTERVAL_SECONDS=0, "
