@@ -52,7 +52,7 @@ FULL: dict[str, Any] = dict(
     scale_events=50, scale_foreign_events=10,
     scale_pods=[0, 10000, 20000], scale_namespaces=[0, 1000, 3000, 5000], memory_namespaces=3000,
     peer_events=50, tenant_baseline=30, tenant_abuse=90,
-    shard_namespaces=60, shard_configmaps=50, shard_changes=1500, shard_reactions=15)
+    shard_namespaces=60, shard_configmaps=50, shard_changes=1500, shard_reactions=15, wave_deployments=200)
 QUICK: dict[str, Any] = dict(
     events=10, ics=50, namespaces=20, deployments=10, pods=300, configmaps=100, secrets=100, idle=10,
     default_events=3, unrelated_changes=45, fairness_deployments=100, fairness_rounds=2, restart_configmaps=2000,
@@ -60,7 +60,7 @@ QUICK: dict[str, Any] = dict(
     scale_events=10, scale_foreign_events=3,
     scale_pods=[0, 300, 600], scale_namespaces=[0, 50, 100, 150], memory_namespaces=100,
     peer_events=10, tenant_baseline=30, tenant_abuse=60,
-    shard_namespaces=12, shard_configmaps=10, shard_changes=120, shard_reactions=6)
+    shard_namespaces=12, shard_configmaps=10, shard_changes=120, shard_reactions=6, wave_deployments=40)
 
 
 def log(msg: str) -> None:
@@ -296,6 +296,15 @@ async def sub_sections(b: Bench, section: str,
 def convergence(op_s: float, floor_s: float, extra: dict[str, Any], what: str) -> dict[str, Any]:
     return {"what": what, "operator_s": round(op_s, 2), "floor_s": round(floor_s, 2),
             "ratio": round(op_s / floor_s, 2), "target_1_5x_floor": op_s <= 1.5 * floor_s, **extra}
+
+
+KWOK_NODE = "kwok-node-0"
+
+
+def on_kwok() -> dict[str, Any]:
+    """A pod spec bound to the KWOK node (which marks its pods Running and Ready)."""
+    return {"nodeName": KWOK_NODE, "containers": [{"name": "c", "image": "busybox:1.36"}],
+            "tolerations": [{"operator": "Exists"}]}
 
 
 def deployment(name: str, cm: str, opted_in: bool, annotations: dict[str, str] | None = None) -> dict[str, Any]:

@@ -64,6 +64,7 @@ def render(results: dict[str, Any]) -> str:
     out.append(convergence_table(results))
     out.append(scale_table(results))
     out.append(memory_table(results))
+    out.append(waves_table(results))
     out.append(tenants_table(results))
     out.append(takeover_table(results))
     out.append(api_table(results))
@@ -226,6 +227,29 @@ def memory_table(results: dict[str, Any]) -> str:
               judge(nm["growth_mb"], nm["target_mb"], " MB"))
     elif cp:
         t.row("Growth at 3,000 namespaces with one copy each", err(cp) or cp.get("operator", "not measured"))
+    return t.text()
+
+
+def waves_table(results: dict[str, Any]) -> str:
+    r = results.get("reroller_waves")
+    t = Table("Progressive rollouts (the floor: the immediate rollout of the same run)",
+              ["Measure", "Progressive", "Immediate", "Peer"], r.get("what", "") if r and not err(r) else "")
+    if e := err(r):
+        t.row("Re-roller waves", e)
+        return t.text()
+    assert r is not None
+    p, i = r["progressive"], r["immediate"]
+    n = p["deployments"]
+    peer = "none (no Go peer rolls in waves)"
+    t.row(f"ConfigMap edited → the last of {n} rollouts written", f"{p['last_rollout_s']} s",
+          f"{i['last_rollout_s']} s", peer)
+    t.row(f"ConfigMap edited → all {n} rollouts finished", f"{p['all_finished_s']} s", f"{i['all_finished_s']} s",
+          "")
+    t.row("Waves seen (sizes)", f"{p['waves']} ({', '.join(map(str, p['wave_sizes']))})", str(i["waves"]), "")
+    t.row("The gate: earlier waves finished → the next wave's first rollout, p50 / max",
+          f"{p.get('release_p50_s', '?')} / {p.get('release_max_s', '?')} s", "", "")
+    for key, label in (("writes", "Writes"), ("reads", "Reads")):
+        t.row(f"{label} per workload during the change", p["api_per_workload"][key], i["api_per_workload"][key], "")
     return t.text()
 
 

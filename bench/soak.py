@@ -56,6 +56,7 @@ from bench.harness import (
     Bench,
     Operator,
     log,
+    on_kwok,
     operator_files,
 )
 from bench.kube import ApiError, Watcher
@@ -63,7 +64,6 @@ from bench.sections.takeover import acting, replica, until
 from testsupport.paths import CLUSTER_DIR, REPO
 from testsupport.stats import summary_ms
 
-KWOK_NODE = "kwok-node-0"
 CHAOS_PATH = "/apis/blackadder.io/v1beta1/chaosagents"
 # Opens at every even minute for one minute: rollouts held, then released, all through the soak.
 WINDOW = json.dumps({"timezone": "UTC", "windows": [{"cron": "*/2 * * * *", "duration": "1m"}]})
@@ -483,11 +483,6 @@ def edges(timed: list[tuple[float, float, float | None]], total_s: float, edge_s
     f, la = summary_ms(first) if first else {}, summary_ms(last) if last else {}
     return {"first": f, "last": la,
             "p99_ratio": round(la["p99_ms"] / f["p99_ms"], 2) if f and la and f["p99_ms"] else None}
-
-
-def on_kwok() -> dict[str, Any]:
-    return {"nodeName": KWOK_NODE, "containers": [{"name": "c", "image": "busybox:1.36"}],
-            "tolerations": [{"operator": "Exists"}]}
 
 
 def workload(name: str, source: str, windowed: bool) -> dict[str, Any]:

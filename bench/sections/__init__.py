@@ -25,6 +25,7 @@ SECTIONS: dict[str, str] = {
     "reroller_convergence": "reroller_convergence:run",
     "reroller_latency_defaults": "reroller_latency:run_defaults",
     "reroller_fairness": "reroller_fairness:run",
+    "reroller_waves": "reroller_waves:run",
     "tenant_abuse": "tenant_abuse:run",
     "memory": "memory:run",
     "restart_configmaps": "restart_configmaps:run",
