@@ -26,11 +26,11 @@ def test_a_rollout_its_controller_has_not_seen_is_not_over() -> None:
     assert not gate_done(deployment(generation=3, observed=2))
 
 
-def test_an_old_replica_still_there_keeps_it_going_for_kubectl() -> None:
+def test_an_old_replica_still_there_keeps_it_going_for_kubectl_and_the_gate() -> None:
     # The new pod is created, the old one still serves: 2 replicas, 1 updated, 1 available (the old one).
     surging = deployment(replicas=2, updated=1, available=1)
     assert not finished(surging)
-    assert gate_done(surging)  # the gate reads updated and available only
+    assert not gate_done(surging)  # the gate, too, waits until no old replica is left
 
 
 def test_an_update_not_yet_available_is_not_over() -> None:
