@@ -73,8 +73,9 @@ def available(apps: Any, namespace: str, name: str) -> bool:
     """Its rollout is finished: every replica updated and available, for the newest generation."""
     d = read(apps, "Deployment", namespace, name)
     s = d.status
-    return bool(s.observed_generation == d.metadata.generation and s.updated_replicas == 1
-                and s.available_replicas == 1 and (s.replicas or 0) == 1)
+    want = d.spec.replicas
+    return bool(s.observed_generation == d.metadata.generation and s.updated_replicas == want
+                and s.available_replicas == want and (s.replicas or 0) == want)
 
 
 def deadline_exceeded(apps: Any, namespace: str, name: str) -> bool:
