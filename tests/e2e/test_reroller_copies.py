@@ -14,6 +14,8 @@ from typing import Any
 
 import kubernetes
 
+from kopf_operators.reroller import settings
+from kopf_operators.reroller.waves import parse_rolled
 from tests.e2e.copyrator_helpers import data_of, make_rule, put_cm, wait_data
 from tests.e2e.reroller_helpers import AUTO, baseline, deployment, nginx_pod_spec, replicasets
 from tests.kube import OperatorProcess, stays, wait_for
@@ -60,3 +62,38 @@ def test_copies_roll_each_consumer_once_per_real_change(
              what="one rollout per consumer")
     stays(lambda: rollouts(apps, targets) == {ns: 1 for ns in targets}, 4,
           what="exactly one rollout per consumer")
+
+
+def test_a_progressive_sources_copies_roll_their_users_in_waves(
+        operator: OperatorProcess, core: kubernetes.client.CoreV1Api, apps: Any,
+        custom: kubernetes.client.CustomObjectsApi, namespace: str, make_namespace: Callable[..., str]) -> None:
+    """A rule that copies annotations carries the source's ``rollout: progressive`` to its copy: the
+    copy's users in the target namespace roll in waves, the one with ``wave: "1"`` first (each writes
+    ``rolled``, which only a progressive rollout does)."""
+    target = make_namespace("waves")
+    core.create_namespaced_config_map(namespace, {"metadata": {
+        "name": "app-conf", "labels": {"copyrator": "true"},
+        "annotations": {settings.ROLLOUT: "progressive"}}, "data": {"nginx.conf": "v1"}})
+    make_rule(custom, namespace, "r", ruleType="configmap", selector={"copyrator": "true"},
+              namespace=namespace, targetNamespaces=[target], copyAnnotations=True)
+    wait_data(core, target, "app-conf", {"nginx.conf": "v1"})
+    assert (core.read_namespaced_config_map("app-conf", target).metadata.annotations or {}).get(
+        settings.ROLLOUT) == "progressive"
+    names = ("first", "second", "third")
+    for name in names:
+        deployment(apps, target, name, nginx_pod_spec("app-conf"),
+                   {**AUTO, **({settings.WAVE: "1"} if name == "first" else {})})
+    for name in names:
+        baseline(apps, target, name)
+    core.patch_namespaced_config_map("app-conf", namespace, {"data": {"nginx.conf": "v2"}})
+
+    def rolled(name: str) -> tuple[str, float] | None:
+        annotations = apps.read_namespaced_deployment(name, target).metadata.annotations or {}
+        return parse_rolled(annotations.get(settings.ROLLED))
+    times: dict[str, tuple[str, float]] = {}
+    for name in names:
+        found = wait_for(lambda n=name: rolled(n), timeout=60, what=f"{name} rolled in a wave")  # type: ignore[misc]
+        assert found is not None
+        times[name] = found
+    assert times["first"][1] <= min(times["second"][1], times["third"][1])
+    stays(lambda: all(replicasets(apps, target, n) == 2 for n in names), 3, what="one rollout each")
