@@ -14,6 +14,8 @@ CATALOGUE = Catalogue("blackadder", ON, events=(
     normal("PodKilled", "a Pod was deleted or evicted (tantrum)"),
     normal("DeploymentScaled", "a Deployment was scaled up (cancer)"),
     normal("ConfigMapIpsumed", "a ConfigMap's values were overwritten with lorem ipsum (ipsum)"),
+    normal("RolloutsSpared", "workloads in the middle of a rollout, or with a change the re-roller holds, were "
+           "left alone (CHAOS_SPARE_ROLLOUTS); said when their number changes"),
     normal("EvictionRefused", "the API server refused an eviction (a PodDisruptionBudget): the Pod lives"),
     normal("Reverted", "a change of the ledger was restored"),
     warning("SteadyStateBroken", "a steady-state check failed failureThreshold times in a row: the run halted "

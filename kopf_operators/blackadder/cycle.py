@@ -84,9 +84,12 @@ class ChaosCycle:
                   limit: int | None = None) -> CycleOutcome:
         """``limit``: at most this many actions (what is left of a run's maxActions)."""
         inventory = await self.inventory(settings, now)
-        if inventory.spared:  # said once per cycle, before its actions
-            log.info(f"sparing {len(inventory.spared)} workload(s) in a rollout: {', '.join(inventory.spared[:5])}"
-                     + (" ..." if len(inventory.spared) > 5 else ""))
+        spared_before = ((body.get("status") or {}).get("lastCycle") or {}).get("sparedRollouts") or 0
+        if inventory.spared and len(inventory.spared) != spared_before:  # said when it changes, before the actions
+            self.notes.announce(body, None, "Normal", "RolloutsSpared",
+                                f"sparing {len(inventory.spared)} workload(s) in a rollout or with a held change: "
+                                f"{', '.join(inventory.spared[:5])}" + (" ..." if len(inventory.spared) > 5 else ""),
+                                log)
         outcome = await self.chaos(body, handle, settings, inventory, stopped, log, paragraph, limit)
         outcome.counts, outcome.spared = inventory.counts(), inventory.spared
         return outcome

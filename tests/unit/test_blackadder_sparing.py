@@ -130,6 +130,7 @@ def test_a_cycle_spares_the_deployment_in_a_rollout_and_says_so_in_its_status(mo
     status = access.made("patch_status")[-1][4]
     assert status["lastCycle"]["sparedRollouts"] == 1
     assert {(e["kind"], e["name"]) for e in status["disrupting"]} == {("Deployment", "calm")}
+    assert access.events.count(("Normal", "RolloutsSpared")) == 1  # said: none were spared before
 
 
 def test_without_cancer_the_pods_workloads_are_listed_once_per_kind(monkeypatch: pytest.MonkeyPatch) -> None:
