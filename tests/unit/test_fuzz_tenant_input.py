@@ -16,17 +16,19 @@ from hypothesis import strategies as st
 from kopf_operators.blackadder import decisions, steady, targets
 from kopf_operators.blackadder.settings import settings_from_spec
 from kopf_operators.copyrator import rules as copyrator
-from kopf_operators.reroller import plans, views, windows
+from kopf_operators.reroller import history, plans, views, waves, windows
 from kopf_operators.reroller.decisions import Do, decide_pass
 from kopf_operators.reroller.settings import (
     AUTO,
     CONFIGMAPS,
     CRONJOB_MODE,
+    FIRST_WAVE,
     OBSERVED_HASH,
     OBSERVED_SOURCES,
     PAUSE_PERIOD,
     PAUSED_AT,
     PENDING,
+    RELEASE,
     RELOADER_AUTO,
     RELOADER_CONFIGMAP_AUTO,
     RELOADER_CONFIGMAPS,
@@ -37,11 +39,17 @@ from kopf_operators.reroller.settings import (
     RELOADER_SECRETS,
     RELOADER_SECRETS_EXCLUDE,
     RESTART_WINDOW,
+    ROLLED,
+    ROLLOUT,
     ROLLOUT_STRATEGY,
     SECRETS,
     USED_KEYS_ONLY,
+    WAVE,
+    WAVE_DEADLINE,
     Options,
+    WaveSize,
     parse_selector,
+    parse_wave_size,
 )
 from kopf_operators.reroller.views import refused_patterns
 
@@ -92,7 +100,7 @@ REROLLER_KEYS = [AUTO, CONFIGMAPS, SECRETS, USED_KEYS_ONLY, RELOADER_AUTO,
                  RELOADER_SECRETS, RELOADER_SEARCH, RELOADER_CONFIGMAPS_EXCLUDE,
                  RELOADER_SECRETS_EXCLUDE, ROLLOUT_STRATEGY, PAUSE_PERIOD, PAUSED_AT,
                  OBSERVED_HASH, OBSERVED_SOURCES, PENDING, RESTART_WINDOW,
-                 RELOADER_RESTART_WINDOW, CRONJOB_MODE]
+                 RELOADER_RESTART_WINDOW, CRONJOB_MODE, WAVE, ROLLED]
 SOURCE_NAMES = ["conf", "a" * 40, "app-config-1", "x.y", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaab"]
 
 
@@ -117,6 +125,50 @@ def test_reroller_workload_annotations(kind: str, annotations: dict[str, str], t
         step = decide_pass(view, lookup, Options(), None, None, 100.0, wall, first_look=True)
         assert isinstance(step.do, Do)
         assert view.pause_period is None or (math.isfinite(view.pause_period) and view.pause_period >= 0)
+    bounded(started)
+
+
+@FUZZ
+@given(rollout=st.one_of(st.none(), nasty_text, st.sampled_from(["progressive", "immediate", "PROGRESSIVE"])),
+       first_wave=st.one_of(st.none(), nasty_text, st.sampled_from(["1", "0", "10%", "100%", "1e9%", "nan%",
+                                                                    "-5%", "999999", "1000000", " 3 "])),
+       deadline=st.one_of(st.none(), nasty_text, st.sampled_from(["10m", "0s", "9" * 400 + "h", "1.5h"])),
+       release=st.one_of(st.none(), nasty_text), rolled=nasty_text, users=st.integers(0, 5000))
+def test_reroller_progression_settings(rollout: str | None, first_wave: str | None, deadline: str | None,
+                                       release: str | None, rolled: str, users: int) -> None:
+    """A source's rollout annotations and a workload's wave and rolled: a valid setting or a clear
+    problem (the safe value used), wave sizes that add up to the users, in bounded time."""
+    started = time.perf_counter()
+    annotations = {k: v for k, v in ((ROLLOUT, rollout), (FIRST_WAVE, first_wave),
+                                     (WAVE_DEADLINE, deadline), (RELEASE, release)) if v is not None}
+    source = views.source_view("ConfigMap", {"metadata": {"annotations": annotations}, "data": {"k": "v"}})
+    progression = waves.progression(source, Options())
+    assert all(isinstance(problem, str) and problem for problem in progression.problems)
+    assert math.isfinite(progression.deadline) and progression.deadline >= 1
+    assert sum(waves.wave_sizes(users, progression.size.first(users))) == users
+    assert isinstance(waves.progressive(source, Options()), bool)
+    assert isinstance(waves.released("ConfigMap", source, None), bool)
+    try:
+        assert isinstance(parse_wave_size(first_wave), WaveSize)
+    except ValueError as refused:
+        assert str(refused)
+    parsed = waves.parse_rolled(rolled)
+    assert parsed is None or math.isfinite(parsed[1])
+    assert 0 <= views.parse_priority(rolled) <= 1_000_000
+    bounded(started)
+
+
+@FUZZ
+@given(limit=nasty_text, restore=nasty_text)
+def test_reroller_history_annotations(limit: str, restore: str) -> None:
+    """A source's history limit and restore request: a bounded count or a refusal said in words."""
+    started = time.perf_counter()
+    count, refusal = history.parse_limit(limit)
+    assert (count is not None and 1 <= count <= 20) or (count is None and refusal)
+    snapshots = [history.Snapshot(name=f"conf-{h}", uid=f"u{v}", hash=h, version=v)
+                 for v, h in enumerate(["0123456789abcdef", "fedcba9876543210", "00112233aabbccdd"])]
+    target, why = history.resolve_restore(restore, "0123456789abcdef", snapshots)
+    assert target in (*snapshots, None) and (target is not None or why)
     bounded(started)
 
 
