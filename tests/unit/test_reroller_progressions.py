@@ -115,6 +115,16 @@ class Cluster:
         return [call for call in self.access.calls[before:] if call[0] == "patch"]
 
 
+async def failed_first_wave() -> Cluster:
+    """A progressive change whose first wave (a) rolled, and its Deployment gave up."""
+    cluster = Cluster(configmap("v2", **PROGRESSIVE), configmap("v1"))
+    [patch] = await cluster.look("a")
+    after = {**baseline(configmap("v2")), settings.WAVE: "1",
+             settings.ROLLED: patch[4]["metadata"]["annotations"][settings.ROLLED]}
+    cluster.workload(deployment("a", after, STUCK, 3))
+    return cluster
+
+
 def rolled(patch: dict[str, Any]) -> bool:
     return "template" in patch.get("spec", {})
 
@@ -150,11 +160,7 @@ def test_the_first_wave_rolls_alone_and_the_next_waits_for_its_rollout() -> None
 
 def test_a_failed_first_wave_holds_the_rest_until_released() -> None:
     async def scenario() -> None:
-        cluster = Cluster(configmap("v2", **PROGRESSIVE), configmap("v1"))
-        [patch] = await cluster.look("a")
-        after = {**baseline(configmap("v2")), settings.WAVE: "1",
-                 settings.ROLLED: patch[4]["metadata"]["annotations"][settings.ROLLED]}
-        cluster.workload(deployment("a", after, STUCK, 3))
+        cluster = await failed_first_wave()
         [held_b] = await cluster.look("b")
         [held_c] = await cluster.look("c")
         for held in (held_b, held_c):
@@ -215,11 +221,7 @@ def test_a_first_wave_failing_under_chaos_makes_the_rest_wait_not_halt() -> None
     """A ChaosAgent disrupts the failed workload now (its status says so): the later waves wait, said
     once on the source; when the disruption is over and it still fails, they are held."""
     async def scenario() -> None:
-        cluster = Cluster(configmap("v2", **PROGRESSIVE), configmap("v1"))
-        [patch] = await cluster.look("a")
-        after = {**baseline(configmap("v2")), settings.WAVE: "1",
-                 settings.ROLLED: patch[4]["metadata"]["annotations"][settings.ROLLED]}
-        cluster.workload(deployment("a", after, STUCK, 3))
+        cluster = await failed_first_wave()
         # The index is Kopf's live one: filled after the controller started, as the watch fills it.
         chaos = cluster.indexes[CHAOS_INDEX]
         chaos[("Deployment", "ns", "a")] = [("smoke", time.time() + 60)]
