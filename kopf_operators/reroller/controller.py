@@ -456,6 +456,7 @@ class RerollerController:
                 if len(entry) == 4 and entry[0] == "view":
                     _, _kind, namespace, name = entry
                     await self.guarded((kind, namespace, name), "resync")
+        await self.history.sweep(self.sources)
 
     async def stop(self) -> None:
         await self.alerts.stop()

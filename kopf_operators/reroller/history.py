@@ -24,6 +24,7 @@ from kopf_operators.core import api as k8s
 from kopf_operators.core.access import Access
 from kopf_operators.core.api import AlreadyExists, ApiError, Conflict, Paused
 from kopf_operators.core.conventions import DATA_ELIDED, DATA_STAMP, data_hash
+from kopf_operators.core.state import Index, first
 from kopf_operators.reroller.settings import (
     HISTORY,
     RESTORE,
@@ -31,6 +32,7 @@ from kopf_operators.reroller.settings import (
     SNAPSHOT_OF,
     SNAPSHOT_VERSION,
 )
+from kopf_operators.reroller.views import SourceView
 
 logger = logging.getLogger("kopf_operators.reroller")
 
@@ -199,6 +201,27 @@ class History:
     def forget(self, key: SourceKey) -> None:
         self._kept.pop(key, None)
         self._said.pop(key, None)
+
+    def due(self, key: SourceKey, source: SourceView) -> bool:
+        """Whether the source has history work this process has not done: a restore asked for, or data
+        whose version it has not kept (both seen from the source's index entry)."""
+        if source.restore is not None:
+            return True
+        return source.history is not None and self._kept.get(key, ("", "", 0))[1] != source.hash
+
+    async def sweep(self, sources: Mapping[str, Index[SourceKey, SourceView]]) -> None:
+        """The resync's pass, and a takeover's: each annotated source with work not done here (its event
+        came while this replica stood by, or its handling failed) is read and handled as an event."""
+        if not self.enabled or self.access.paused:
+            return
+        for kind, index in sources.items():
+            for key in list(index.keys()):
+                found = first(index, key)
+                if found is None or not self.due(key, found):
+                    continue
+                body = await self.access.read(KINDS[kind], key[1], key[2])
+                if body is not None:
+                    await self.source_event(kind, "MODIFIED", body)
 
     async def source_event(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> None:
         meta = body.get("metadata") or {}

@@ -24,6 +24,7 @@ from kopf_operators.reroller.settings import (
     CRONJOB_MODE,
     DEFAULT_PRIORITY,
     FIRST_WAVE,
+    HISTORY,
     MAX_PRIORITY,
     OBSERVED_HASH,
     OBSERVED_SOURCES,
@@ -43,6 +44,7 @@ from kopf_operators.reroller.settings import (
     RELOADER_SECRETS,
     RELOADER_SECRETS_EXCLUDE,
     RESTART_WINDOW,
+    RESTORE,
     ROLLED,
     ROLLOUT,
     ROLLOUT_STRATEGY,
@@ -93,6 +95,9 @@ class SourceView:
     first_wave: str | None = None
     wave_deadline: str | None = None
     release: str | None = None
+    # History and restore (``history``): its annotations as written, for the sweep after a takeover.
+    history: str | None = None
+    restore: str | None = None
 
 
 def source_hash(kind: str, body: Mapping[str, Any]) -> str:
@@ -130,7 +135,8 @@ def source_view(kind: str, body: Mapping[str, Any], selector: tuple[Requirement,
                       keys=key_hashes(kind, body), drifted=bool(stamp) and stamp != digest,
                       rollout=_setting(annotations.get(ROLLOUT)), first_wave=_setting(annotations.get(FIRST_WAVE)),
                       wave_deadline=_setting(annotations.get(WAVE_DEADLINE)),
-                      release=_setting(annotations.get(RELEASE)))
+                      release=_setting(annotations.get(RELEASE)), history=_setting(annotations.get(HISTORY)),
+                      restore=_setting(annotations.get(RESTORE)))
 
 
 def _setting(value: object) -> str | None:

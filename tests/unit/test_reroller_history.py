@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
 from kopf_operators.core.conventions import data_hash
-from kopf_operators.reroller import history, settings
+from kopf_operators.reroller import history, settings, views
 from kopf_operators.reroller.history import Snapshot
+from tests.unit.fake_access import FakeAccess
 
 
 @pytest.mark.parametrize("value, count", [("5", 5), (" 1 ", 1), ("20", 20)])
@@ -128,3 +130,23 @@ def test_a_restore_is_one_patch_on_the_resource_version_removing_the_annotation_
                      "data": {"a": "1", "new": None}, "binaryData": {"b": None}}
     secret = history.restore_patch("Secret", source("Secret", data={"k": "Mg=="}), {"data": {"k": "MQ=="}}, "9")
     assert secret["data"] == {"k": "MQ=="} and "binaryData" not in secret
+
+
+def test_the_sweep_reads_only_the_sources_with_history_work_not_done_here() -> None:
+    """After a takeover (or a failed handling), the resync's sweep finds from the index the sources
+    with a restore asked for or a version not kept by this process, and only those are read."""
+    def source(name: str, **annotations: str) -> tuple[tuple[str, str, str], list[views.SourceView]]:
+        body = {"metadata": {"name": name, "namespace": "ns", "annotations": annotations}, "data": {"k": name}}
+        return ("ConfigMap", "ns", name), [views.source_view("ConfigMap", body)]
+
+    index = dict([source("plain"), source("kept", **{settings.HISTORY: "3"}),
+                  source("restoring", **{settings.RESTORE: "previous"})])
+    access = FakeAccess()
+    keeper = history.History(access, enabled=True)  # type: ignore[arg-type]
+    kept = index[("ConfigMap", "ns", "kept")][0]
+    keeper._kept[("ConfigMap", "ns", "kept")] = ("uid", kept.hash, 3)  # this process kept its version
+    asyncio.run(keeper.sweep({"ConfigMap": index, "Secret": {}}))
+    assert [call[3] for call in access.made("read")] == ["restoring"]  # gone meanwhile (read: None)
+    access.paused = True  # a standby sweeps nothing
+    asyncio.run(keeper.sweep({"ConfigMap": {**index, **dict([source("new", **{settings.HISTORY: "3"})])}}))
+    assert len(access.made("read")) == 1
