@@ -88,6 +88,8 @@ WATCH_SECONDS = 290
 
 # The only writes of a standby: its attempts at the Lease.
 _STANDBY_MAY_WRITE = "/apis/coordination.k8s.io/"
+# A list's Accept for its objects' metadata only (``list(metadata_only=True)``).
+METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 
 
 
@@ -187,8 +189,9 @@ class Access:
 
         return await self._retrying(lambda: asyncio.to_thread(attempt))
 
-    async def _once(self, method: str, url: str, body: Any, content_type: str) -> dict[str, Any] | None:
-        headers = {**self.connection.credentials(), "Accept": "application/json", "Content-Type": content_type}
+    async def _once(self, method: str, url: str, body: Any, content_type: str,
+                    accept: str = "application/json") -> dict[str, Any] | None:
+        headers = {**self.connection.credentials(), "Accept": accept, "Content-Type": content_type}
         full_url = self.connection.host + url
         data = json.dumps(body).encode() if body is not None else None
         try:
@@ -206,13 +209,14 @@ class Access:
         return cast(dict[str, Any], json.loads(raw)) if raw else {}
 
     async def _request(self, method: str, path: str, *, query: Mapping[str, str] | None = None,
-                       body: Any = None, content_type: str = "application/json") -> dict[str, Any] | None:
+                       body: Any = None, content_type: str = "application/json",
+                       accept: str = "application/json") -> dict[str, Any] | None:
         """One request with the layer's retries; the decoded body (None on a 404 of a GET)."""
         if (fenced := method != "GET" and not path.startswith(_STANDBY_MAY_WRITE)) and self.paused:
             raise Paused()
         url = path + ("?" + urlencode(query) if query else "")
         if method == "GET":
-            return await self._retrying(lambda: self._once(method, url, body, content_type))
+            return await self._retrying(lambda: self._once(method, url, body, content_type, accept))
         with self.echoes.writing():
             return await self._retrying(
                 lambda: self.fence.send(fenced, lambda: self._once(method, url, body, content_type)))
@@ -223,8 +227,11 @@ class Access:
         return await self._request("GET", kind.path(namespace, name))
 
     async def list(self, kind: Kind, namespace: str | None = None, *, labels: str = "",
-                   fields: str = "") -> list[dict[str, Any]]:
-        """Every object (paged). For start-up and periodic resyncs only: never on an event's path."""
+                   fields: str = "", metadata_only: bool = False) -> list[dict[str, Any]]:
+        """Every object (paged). For start-up and periodic resyncs only: never on an event's path.
+        ``metadata_only``: the objects' metadata alone (the server's PartialObjectMetadataList), never
+        their data: a list of ConfigMaps or Secrets that needs only names and annotations holds none
+        of their bytes."""
         query: dict[str, str] = {"limit": "500"}
         if labels:
             query["labelSelector"] = labels
@@ -232,7 +239,8 @@ class Access:
             query["fieldSelector"] = fields
         items: list[dict[str, Any]] = []
         while True:
-            page = await self._request("GET", kind.path(namespace), query=query) or {}
+            page = await self._request("GET", kind.path(namespace), query=query,
+                                       accept=METADATA_ONLY if metadata_only else "application/json") or {}
             for item in page.get("items") or ():
                 item.setdefault("apiVersion", kind.api_version)
                 item.setdefault("kind", kind.kind)  # list items come without them

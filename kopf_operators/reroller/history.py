@@ -262,7 +262,9 @@ class History:
     async def _snapshots(self, kind: str, namespace: str, name: str, uid: str) -> list[Snapshot]:
         # Rare (a new data hash, a restore) and narrow (one label value in one namespace): not an index,
         # whose lag would hide the snapshot made a moment ago.
-        listed = await self.access.list(KINDS[kind], namespace, labels=f"{SNAPSHOT_OF}={snapshot_label(name)}")
+        # Their metadata only: a source's versions' data are never all held at once.
+        listed = await self.access.list(KINDS[kind], namespace, labels=f"{SNAPSHOT_OF}={snapshot_label(name)}",
+                                        metadata_only=True)
         return [s for s in (snapshot_of(item, name, uid) for item in listed) if s is not None]
 
     async def _data_of(self, kind: str, body: Mapping[str, Any]) -> Mapping[str, Any] | None:

@@ -36,7 +36,8 @@ class LeaseServer:
         self.reads = 0
         self.down = False  # every request fails (503) while True
 
-    async def request(self, method: str, url: str, body: Any, content_type: str) -> dict[str, Any] | None:
+    async def request(self, method: str, url: str, body: Any, content_type: str,
+                      accept: str = "") -> dict[str, Any] | None:
         if self.down:
             raise api.ApiError(503, "Service Unavailable")
         assert "/apis/coordination.k8s.io/v1/namespaces/ops/leases" in url, url
@@ -277,7 +278,7 @@ def test_a_lease_won_by_an_attempt_in_flight_at_the_stop_is_handed_back_unused()
         answered = server.request
         sent, go = asyncio.Event(), asyncio.Event()
 
-        async def slow(method: str, url: str, body: Any, content_type: str) -> dict[str, Any] | None:
+        async def slow(method: str, url: str, body: Any, content_type: str, accept: str = "") -> dict[str, Any] | None:
             if method != "GET" and body["spec"].get("holderIdentity") == "b" and not go.is_set():
                 sent.set()
                 await go.wait()  # the stop arrives while this write is on its way
@@ -398,7 +399,7 @@ def test_a_standby_sends_no_write_and_posts_no_event_but_its_lease_attempts(monk
     layer.paused = True
     sent: list[str] = []
 
-    async def once(method: str, url: str, body: Any, content_type: str) -> dict[str, Any]:
+    async def once(method: str, url: str, body: Any, content_type: str, accept: str = "") -> dict[str, Any]:
         sent.append(f"{method} {url}")
         return {}
 
@@ -474,7 +475,7 @@ def test_a_holder_whose_renewals_stall_is_fenced_at_its_renew_deadline_before_it
         assert not a.access.paused
         sent: list[str] = []
 
-        async def once(method: str, url: str, body: Any, content_type: str) -> dict[str, Any]:
+        async def once(method: str, url: str, body: Any, content_type: str, accept: str = "") -> dict[str, Any]:
             sent.append(method)
             return {}
 
@@ -503,7 +504,7 @@ def test_a_write_that_waited_past_the_fence_is_not_sent(monkeypatch: pytest.Monk
         assert await step(a)
         sent: list[float] = []
 
-        async def once(method: str, url: str, body: Any, content_type: str) -> dict[str, Any]:
+        async def once(method: str, url: str, body: Any, content_type: str, accept: str = "") -> dict[str, Any]:
             sent.append(clock.now)
             clock.now += SETTINGS.renew_deadline  # the answer comes after the deadline
             raise api.ApiError(503, "Service Unavailable")
