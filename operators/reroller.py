@@ -16,7 +16,7 @@ import kopf
 
 from kopf_operators.core import process
 from kopf_operators.core.conventions import env_bool
-from kopf_operators.reroller import chaos, settings, views
+from kopf_operators.reroller import settings, views
 from kopf_operators.reroller.alerts import AlertSettings
 from kopf_operators.reroller.controller import (
     CONTROLLER,
@@ -74,15 +74,6 @@ if ARGO_ROLLOUTS:
     _WORKLOADS["Rollout"] = ("argoproj.io", "v1alpha1", "rollouts")
 for _kind, (_group, _version, _plural) in _WORKLOADS.items():
     kopf.index(_group, _version, _plural, id=WORKLOAD_INDEXES[_kind])(_workload_index(_kind))
-
-
-# Chaos during a progression: what ChaosAgents disrupt, from their status (read-only). Only when the
-# chart says Blackadder's CRD is installed (it grants the re-roller list/watch on ChaosAgents then).
-CHAOS_AWARE = env_bool(os.environ, "REROLLER_CHAOS_AWARE")
-if CHAOS_AWARE:
-    @kopf.index(*chaos.CHAOS_AGENTS, id=chaos.CHAOS_INDEX)
-    async def chaos_agents(name: str, status: kopf.Status, **_: Any) -> Any:
-        return chaos.chaos_index_entries(name, status) or None
 
 
 @kopf.index("namespaces", id=NAMESPACES_INDEX)

@@ -12,7 +12,7 @@ from typing import Any
 from kopf_operators.blackadder.decisions import Inventory
 from kopf_operators.blackadder.targets import PodRef
 from kopf_operators.core.conventions import REROLLER_PENDING, epoch_to_iso, iso_to_epoch
-from kopf_operators.core.rollouts import in_progress, rollout_status
+from kopf_operators.core.rollouts import updating
 
 WorkloadKey = tuple[str, str, str]  # (kind, namespace, name)
 # The kinds whose rollouts a cycle can see (a pod's owner as targets.workload_of names it).
@@ -32,11 +32,12 @@ def pod_workload(pod: PodRef) -> WorkloadKey | None:
 
 def busy(kind: str, body: Mapping[str, Any]) -> str | None:
     """Why chaos leaves this workload alone now, or None: the re-roller holds back a change of its
-    configuration (its pending annotation), or its own controller is still rolling it out."""
+    configuration (its pending annotation), or its own controller is still replacing pods of an older
+    template (not a new workload's first rollout, nor a scale: Blackadder's own doubling is one)."""
     annotations = (body.get("metadata") or {}).get("annotations") or {}
     if REROLLER_PENDING in annotations:
         return "a change is pending"
-    if in_progress(rollout_status(kind, body)):
+    if updating(kind, body):
         return "in a rollout"
     return None
 

@@ -72,3 +72,22 @@ def in_progress(status: RolloutStatus | None) -> bool:
     """Its controller is still rolling it out: it has not seen its newest spec yet, or not every
     replica is updated and available (and its controller has not given up)."""
     return status is not None and not status.failed and not status.finished
+
+
+def updating(kind: str, body: Mapping[str, Any]) -> bool:
+    """Its controller is replacing pods of an older pod template: a rollout of a change, not the first
+    rollout of a new workload nor a scale (a Deployment's pods of an older ReplicaSet left, or a spec
+    its controller has not seen yet after the first; a StatefulSet's current revision not its update
+    revision; a DaemonSet's scheduled pods not all updated). What chaos spares."""
+    status = rollout_status(kind, body)
+    if status is None or status.failed:
+        return False
+    raw = body.get("status") or {}
+    if kind == "Deployment":
+        unseen = status.generation > 1 and status.observed_generation < status.generation
+        return unseen or (status.total or 0) > status.updated
+    if kind == "StatefulSet":
+        return bool(raw.get("updateRevision")) and raw.get("currentRevision") != raw.get("updateRevision")
+    if kind == "DaemonSet":
+        return status.updated < int(raw.get("currentNumberScheduled") or 0)
+    return in_progress(status)

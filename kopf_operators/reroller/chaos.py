@@ -9,14 +9,27 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from kopf_operators.core import api as k8s
 from kopf_operators.core.conventions import epoch_to_iso, iso_to_epoch
 
-# The Kopf index of ChaosAgents (registered only with REROLLER_CHAOS_AWARE: the chart sets it when
-# Blackadder, and so its CRD, is installed).
-CHAOS_INDEX = "reroller-chaosagents"
-CHAOS_AGENTS = ("blackadder.io", "v1beta1", "chaosagents")  # Blackadder's CRD, by name only
+# Blackadder's CRD, by name only. Listed (REROLLER_CHAOS_AWARE: the chart sets it when Blackadder, and so
+# its CRD, is installed), never watched through Kopf: a Kopf watch of a resource for which a process has
+# no handler that needs a finalizer removes Kopf's finalizer from its objects, and that finalizer is
+# Blackadder's revert on delete when the operators run as separate processes.
+CHAOS_AGENTS = k8s.Kind("blackadder.io/v1beta1", "chaosagents", "ChaosAgent")
+Disruptions = Mapping[tuple[str, str, str], Iterable[tuple[str, float]]]  # object -> (agent, until epoch)
 
 WorkloadKey = tuple[str, str, str]  # (kind, namespace, name)
+
+
+def disruptions(agents: Iterable[Mapping[str, Any]]) -> dict[WorkloadKey, list[tuple[str, float]]]:
+    """What the listed ChaosAgents disrupt: object -> (agent, until) of each agent that names it."""
+    found: dict[WorkloadKey, list[tuple[str, float]]] = {}
+    for agent in agents:
+        name = str((agent.get("metadata") or {}).get("name") or "")
+        for key, entry in chaos_index_entries(name, agent.get("status")).items():
+            found.setdefault(key, []).append(entry)
+    return found
 
 
 def chaos_index_entries(name: str, status: Mapping[str, Any] | None) -> dict[WorkloadKey, tuple[str, float]]:
@@ -36,7 +49,7 @@ def chaos_index_entries(name: str, status: Mapping[str, Any] | None) -> dict[Wor
     return entries
 
 
-def disrupted_by(index: Mapping[WorkloadKey, Any] | None, key: WorkloadKey, now: float) -> str | None:
+def disrupted_by(index: Disruptions | None, key: WorkloadKey, now: float) -> str | None:
     """Who disrupts this workload now: "ChaosAgent <name> (until <iso>)" for the agent whose
     disruption of it lasts longest, or None (no agent, or every disruption has ended; no index: the
     re-roller is not chaos-aware)."""

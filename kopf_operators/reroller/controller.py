@@ -38,7 +38,6 @@ from kopf_operators.core.controller import GuardedPass, PassSettings, Requeues
 from kopf_operators.core.state import Index, KeyedState, MemoSlot, Newest, PerKey, first
 from kopf_operators.reroller import decisions, pacing, patches, plans, settings, views, waves, windows
 from kopf_operators.reroller.alerts import Alert, Alerts, AlertSettings
-from kopf_operators.reroller.chaos import CHAOS_INDEX
 from kopf_operators.reroller.history import History
 from kopf_operators.reroller.notices import Notices
 from kopf_operators.reroller.progressions import Progressions
@@ -52,7 +51,7 @@ WORKLOAD_INDEXES = {"Deployment": "reroller-deployments", "StatefulSet": "reroll
                     "Rollout": "reroller-rollouts"}
 NAMESPACES_INDEX = "reroller-namespaces"
 TERMINATING_INDEX = "reroller-terminating-namespaces"
-INDEXES = (*SOURCE_INDEXES.values(), *WORKLOAD_INDEXES.values(), NAMESPACES_INDEX, TERMINATING_INDEX, CHAOS_INDEX)
+INDEXES = (*SOURCE_INDEXES.values(), *WORKLOAD_INDEXES.values(), NAMESPACES_INDEX, TERMINATING_INDEX)
 ROLLOUT = k8s.Kind("argoproj.io/v1alpha1", "rollouts", "Rollout")  # Argo Rollouts (REROLLER_ARGO_ROLLOUTS)
 KINDS = {"Deployment": k8s.DEPLOYMENT, "StatefulSet": k8s.STATEFULSET, "DaemonSet": k8s.DAEMONSET,
          "CronJob": k8s.CRONJOB, "Job": k8s.JOB, "Rollout": ROLLOUT}
@@ -98,8 +97,6 @@ class RerollerController:
         # (``get(id, {})``, never ``get(id) or {}``: Kopf's index is empty, so false, when the startup handler
         # gets it, and ``or`` would swap the live index for a dict that never fills.)
         self.terminating: Index[str, bool] = indexes.get(TERMINATING_INDEX, {})
-        # What ChaosAgents disrupt (chaos.disrupted_by); only with REROLLER_CHAOS_AWARE, else empty.
-        self.chaos: Mapping[tuple[str, str, str], Any] = indexes.get(CHAOS_INDEX, {})
         self.namespace_selector = settings.parse_selector(options.namespace_selector)
         self.resource_selector = settings.parse_selector(options.resource_label_selector)
         self.bucket = pacing.TokenBucket(options.cluster_rate, options.cluster_burst, time.monotonic())
@@ -135,8 +132,7 @@ class RerollerController:
         self._looked: set[Key] = set()
         # Progressive rollouts: the gate of each rollout of a progressive source's change.
         self.progressions = Progressions(self.state, self.requeues, self.passes.look_in, self.access, options,
-                                         self.sources, self.current, self.lookup, self.affected, self._sightings,
-                                         self.chaos)
+                                         self.sources, self.current, self.lookup, self.affected, self._sightings)
 
     # --- state ---------------------------------------------------------------------------------------
 
@@ -320,8 +316,8 @@ class RerollerController:
             logger.debug(f"{view.kind} {view.namespace}/{view.name}: baseline {step.plan.new_hash} recorded")
             return True
         # A rollout, past its per-workload interval. In a progression, only when its wave's turn has come.
-        verdict = None if self.alerts.settings.notify_only else self.progressions.gate(view, step.plan, wall,
-                                                                                        digest_key)
+        verdict = None if self.alerts.settings.notify_only else await self.progressions.decide(
+            view, step.plan, wall, digest_key)
         if verdict is not None and verdict.gate is not waves.Gate.GO:
             self._release(key)  # no rollout token while it waits
             held = self.progressions.hold(view, step.plan, verdict)

@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from kopf_operators.core import metrics
 from kopf_operators.core.access import Access
+from kopf_operators.core.api import ApiError
 from kopf_operators.core.controller import Requeues
 from kopf_operators.core.state import Index, KeyedState, PerKey, first
-from kopf_operators.reroller import decisions, plans, settings, views, waves
-from kopf_operators.reroller.chaos import disrupted_by
+from kopf_operators.reroller import chaos, decisions, plans, settings, views, waves
 from kopf_operators.reroller.windows import Hold
 
 OPERATOR = "reroller"
@@ -33,6 +34,8 @@ OPERATOR = "reroller"
 WAVE_LOOK_SECONDS = 5.0
 HELD_LOOK_SECONDS = 30.0
 WAKE_SECONDS = 0.2
+# A halt asks the ChaosAgents what they disrupt, at most this often (a list of a few objects).
+CHAOS_LIST_SECONDS = 10.0
 
 logger = logging.getLogger("kopf_operators.reroller")
 Key = settings.WorkloadKey
@@ -46,7 +49,7 @@ class Progressions:
                  current: Callable[[Key], views.WorkloadView | None],
                  lookup: Callable[[views.WorkloadView], Mapping[tuple[str, str], views.SourceView]],
                  affected: Callable[[str, str, str], set[Key]],
-                 sightings: Mapping[Key, decisions.FirstSighting], chaos: Mapping[Key, Any]) -> None:
+                 sightings: Mapping[Key, decisions.FirstSighting]) -> None:
         self.requeues = requeues  # a pass's own look again
         self.look_in = look_in  # another key's look again, asked outside its pass (``GuardedPass.look_in``)
         self.access = access
@@ -56,7 +59,10 @@ class Progressions:
         self.lookup = lookup
         self.affected = affected
         self.sightings = sightings
-        self.chaos = chaos  # what ChaosAgents disrupt now (``chaos.disrupted_by``; empty: not chaos-aware)
+        # What ChaosAgents disrupt (``chaos.disruptions``), as last listed (monotonic time; REROLLER_CHAOS_AWARE).
+        self.chaos: chaos.Disruptions = {}
+        self._chaos_listed = -math.inf
+        self._chaos_refused = False  # said once: the listing was refused (no CRD, no RBAC)
         # Per member: progressive source -> (member rv, source hash, uses it, caught up).
         self._caught: PerKey[Key, dict[SourceKey, tuple[int, str, bool, bool]]] = state.map()
         # Per workload: those waiting for it (woken by its events, and when it is forgotten).
@@ -78,6 +84,33 @@ class Progressions:
 
     def not_held(self, key: Key) -> None:
         self._halted.pop(key, None)
+
+    async def decide(self, view: views.WorkloadView, plan_: plans.Plan, wall: float,
+                     digest_key: bytes | None) -> waves.Verdict | None:
+        """``gate``; before a halt, or a wait for a workload under chaos, with REROLLER_CHAOS_AWARE, the
+        ChaosAgents are asked (at most every ``CHAOS_LIST_SECONDS``) what they disrupt, and the gate asked
+        again: a workload an agent disrupts now holds the later waves only as long as it does, not as a
+        failure of the configuration."""
+        verdict = self.gate(view, plan_, wall, digest_key)
+        judged_by_chaos = verdict is not None and (verdict.gate is waves.Gate.HALT or waves.is_under_chaos(verdict.how))
+        if judged_by_chaos and self.options.chaos_aware and await self._list_chaos():
+            verdict = self.gate(view, plan_, wall, digest_key)  # an agent deleted or reverted since: no more
+        return verdict
+
+    async def _list_chaos(self) -> bool:
+        """The ChaosAgents listed anew, unless they were a moment ago; whether they were."""
+        now = time.monotonic()
+        if now - self._chaos_listed < CHAOS_LIST_SECONDS:
+            return False
+        self._chaos_listed = now
+        try:
+            self.chaos = chaos.disruptions(await self.access.list(chaos.CHAOS_AGENTS))
+        except ApiError as exc:
+            if not self._chaos_refused:
+                self._chaos_refused = True
+                logger.warning(f"ChaosAgents could not be listed ({exc}): a failed wave is not told from chaos")
+            return False
+        return True
 
     def gate(self, view: views.WorkloadView, plan_: plans.Plan, wall: float,
              digest_key: bytes | None) -> waves.Verdict | None:
@@ -125,7 +158,7 @@ class Progressions:
         rolled = waves.parse_rolled(view.rolled)
         rolled_at = rolled[1] if rolled is not None and rolled[0] == view.observed_hash else None
         health, how = waves.health(view.status, rolled_at, wall, deadline)
-        if health is waves.Health.FAILED and (agent := disrupted_by(self.chaos, key, wall)) is not None:
+        if health is waves.Health.FAILED and (agent := chaos.disrupted_by(self.chaos, key, wall)) is not None:
             # Not its configuration's failure, perhaps: judged again when the disruption is over.
             health, how = waves.Health.ROLLING, waves.under_chaos(agent, how)
         return waves.Member(key, view.priority, caught_up, health, how)

@@ -161,6 +161,9 @@ class Options:
     rollout: str = "immediate"
     first_wave: WaveSize = WaveSize()
     wave_deadline_seconds: float = 600.0
+    # Blackadder's CRD is installed (the chart says so): a progression asks the ChaosAgents which
+    # workloads they disrupt before it calls a failed rollout a failure.
+    chaos_aware: bool = False
     # Snapshots and restores of annotated sources (``history``): it writes ConfigMaps and Secrets in
     # tenants' namespaces, so the chart grants those verbs only with it.
     history: bool = False
@@ -200,7 +203,7 @@ class Options:
         except ValueError as exc:
             raise ValueError(f"REROLLER_FIRST_WAVE: {exc}") from None
         return cls(
-            rollout=rollout, first_wave=first_wave,
+            rollout=rollout, first_wave=first_wave, chaos_aware=env_bool(env, "REROLLER_CHAOS_AWARE"),
             wave_deadline_seconds=env_float(env, "REROLLER_WAVE_DEADLINE_SECONDS", 600.0, minimum=1.0),
             debounce_seconds=env_float(env, "REROLLER_DEBOUNCE_SECONDS", 2.0),
             min_interval_seconds=env_float(env, "REROLLER_MIN_INTERVAL_SECONDS", 10.0),

@@ -26,7 +26,8 @@ def deployment(name: str, *, rolling: bool = False, pending: bool = False, names
             "metadata": {"namespace": namespace, "name": name, "uid": f"uid-{name}", "resourceVersion": "1",
                          "generation": 2, "annotations": {REROLLER_PENDING: "{}"} if pending else {}},
             "spec": {"replicas": 2, "template": {"metadata": {"labels": {"app": name}}}},
-            "status": {"observedGeneration": 2, "updatedReplicas": 1 if rolling else 2, "availableReplicas": 2}}
+            "status": {"observedGeneration": 2, "replicas": 3 if rolling else 2, "updatedReplicas": 1 if rolling else 2,
+                       "availableReplicas": 2}}
 
 
 def pod(workload: str, index: int, namespace: str = "shop") -> dict[str, Any]:
@@ -55,6 +56,26 @@ def test_a_workload_is_busy_in_a_rollout_or_with_a_pending_change() -> None:
     assert sparing.busy("Deployment", deployment("web", pending=True)) == "a change is pending"
     listed = [("Deployment", deployment("calm")), ("Deployment", deployment("web", rolling=True))]
     assert sparing.busy_workloads(listed) == {("Deployment", "shop", "web"): "in a rollout"}
+
+
+def test_a_new_workloads_first_rollout_and_a_scale_are_no_rollout_to_spare() -> None:
+    """Only pods of an older template left make a rollout: not a Deployment just created (its pods
+    not ready yet), nor one scaled up (Blackadder's own doubling is one), nor a StatefulSet's first."""
+    new = deployment("new")
+    new["metadata"]["generation"] = 1
+    new["status"] = {"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "availableReplicas": 0}
+    assert sparing.busy("Deployment", new) is None
+    new["status"] = {}  # its controller has not seen it yet
+    assert sparing.busy("Deployment", new) is None
+    scaled = deployment("scaled")
+    scaled["spec"]["replicas"] = 4
+    scaled["status"] = {"observedGeneration": 2, "replicas": 4, "updatedReplicas": 4, "availableReplicas": 2}
+    assert sparing.busy("Deployment", scaled) is None
+    sts: dict[str, Any] = {"metadata": {"generation": 1}, "spec": {"replicas": 2},
+           "status": {"observedGeneration": 1, "currentRevision": "db-1", "updateRevision": "db-1", "replicas": 2}}
+    assert sparing.busy("StatefulSet", sts) is None
+    sts["status"]["updateRevision"] = "db-2"  # a changed template, its pods not replaced yet
+    assert sparing.busy("StatefulSet", sts) == "in a rollout"
 
 
 def test_sparing_drops_the_pods_and_deployments_of_busy_workloads_and_names_each_once() -> None:

@@ -13,9 +13,9 @@ import pytest
 
 from kopf_operators.core import background as toolkit
 from kopf_operators.core import metrics
+from kopf_operators.core.conventions import epoch_to_iso
 from kopf_operators.reroller import controller as reroller
 from kopf_operators.reroller import plans, progressions, settings, views, waves
-from kopf_operators.reroller.chaos import CHAOS_INDEX
 from kopf_operators.reroller.controller import RerollerController
 from kopf_operators.reroller.patches import baseline_annotations
 from tests.unit.fake_access import FakeAccess
@@ -83,11 +83,11 @@ class Server(FakeAccess):
 class Cluster:
     """The indexes as Kopf would hold them: three users of ConfigMap conf, a first by its wave annotation."""
 
-    def __init__(self, source: views.SourceView, old: views.SourceView) -> None:
+    def __init__(self, source: views.SourceView, old: views.SourceView, options: settings.Options = OPTIONS) -> None:
         self.indexes: dict[str, Any] = {index_id: {} for index_id in reroller.INDEXES}
         self.access = Server()
         self.rv = 10
-        self.ctl = RerollerController(self.access, OPTIONS, self.indexes)  # type: ignore[arg-type]
+        self.ctl = RerollerController(self.access, options, self.indexes)  # type: ignore[arg-type]
         self.source(source)
         for name in ("a", "b", "c"):
             self.workload(deployment(name, {**baseline(old), **({settings.WAVE: "1"} if name == "a" else {})}))
@@ -115,9 +115,9 @@ class Cluster:
         return [call for call in self.access.calls[before:] if call[0] == "patch"]
 
 
-async def failed_first_wave() -> Cluster:
+async def failed_first_wave(options: settings.Options = OPTIONS) -> Cluster:
     """A progressive change whose first wave (a) rolled, and its Deployment gave up."""
-    cluster = Cluster(configmap("v2", **PROGRESSIVE), configmap("v1"))
+    cluster = Cluster(configmap("v2", **PROGRESSIVE), configmap("v1"), options)
     [patch] = await cluster.look("a")
     after = {**baseline(configmap("v2")), settings.WAVE: "1",
              settings.ROLLED: patch[4]["metadata"]["annotations"][settings.ROLLED]}
@@ -217,20 +217,40 @@ def test_an_unreadable_setting_is_said_once_and_the_safe_value_used() -> None:
     asyncio.run(scenario())
 
 
-def test_a_first_wave_failing_under_chaos_makes_the_rest_wait_not_halt() -> None:
-    """A ChaosAgent disrupts the failed workload now (its status says so): the later waves wait, said
-    once on the source; when the disruption is over and it still fails, they are held."""
+def agent(until: float) -> dict[str, Any]:
+    """A ChaosAgent as listed: its status says it disrupts Deployment ns/a until then."""
+    return {"metadata": {"name": "smoke"}, "status": {"disrupting": [
+        {"kind": "Deployment", "namespace": "ns", "name": "a", "until": epoch_to_iso(until)}]}}
+
+
+def test_a_first_wave_failing_under_chaos_makes_the_rest_wait_not_halt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before a halt the ChaosAgents are listed: one disrupts the failed workload now, so the later waves
+    wait, said once on the source; listed again once the disruption is over, it still fails: held."""
+    clock = [1000.0]
+    monkeypatch.setattr(progressions.time, "monotonic", lambda: clock[0])
+
     async def scenario() -> None:
-        cluster = await failed_first_wave()
-        # The index is Kopf's live one: filled after the controller started, as the watch fills it.
-        chaos = cluster.indexes[CHAOS_INDEX]
-        chaos[("Deployment", "ns", "a")] = [("smoke", time.time() + 60)]
+        cluster = await failed_first_wave(settings.Options(chaos_aware=True))
+        cluster.access.answer("list", [agent(time.time() + 60)])
         assert await cluster.look("b") == [] and await cluster.look("c") == []
         assert cluster.access.events.count(("Normal", "RerollWaitingForChaos")) == 1
         assert ("Warning", "RerollHalted") not in cluster.access.events
-        chaos[("Deployment", "ns", "a")] = [("smoke", time.time() - 1)]  # the disruption is over
+        assert len(cluster.access.made("list")) == 1  # listed once, not per workload
+        clock[0] += progressions.CHAOS_LIST_SECONDS
+        cluster.access.answer("list", [agent(time.time() - 1)])  # the disruption is over
         [held] = await cluster.look("b")
         assert held[4]["metadata"]["annotations"][settings.PENDING].startswith("halted: ")
+        await cluster.ctl.stop()
+
+    asyncio.run(scenario())
+
+
+def test_without_chaos_awareness_no_agent_is_asked() -> None:
+    async def scenario() -> None:
+        cluster = await failed_first_wave()
+        [held] = await cluster.look("b")
+        assert held[4]["metadata"]["annotations"][settings.PENDING].startswith("halted: ")
+        assert cluster.access.made("list") == []
         await cluster.ctl.stop()
 
     asyncio.run(scenario())

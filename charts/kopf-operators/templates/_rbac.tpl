@@ -149,11 +149,12 @@ checks both directions against the API server's audit log). */}}
   resources: ["events"]
   verbs: ["create"]
 {{- else if $ops.blackadder.enabled }}
-# Re-roller, chaos during a progression: which workloads ChaosAgents (cluster-scoped) disrupt, indexed
-# read-only from their status.
+# Re-roller, chaos during a progression: which workloads ChaosAgents (cluster-scoped) disrupt, listed
+# read-only from their status when a wave's workload failed (no watch: a Kopf watch of them in another
+# process would take Blackadder's finalizer off them).
 - apiGroups: ["blackadder.io"]
   resources: ["chaosagents"]
-  verbs: ["list", "watch"]
+  verbs: ["list"]
 {{- end }}
 {{- end }}
 {{- end -}}
