@@ -30,6 +30,7 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from kopf_operators.core.conventions import (
+    COPY_SOURCE,
     COPYRATOR_PREFIX,
     COPYRATOR_RULE_UID_LABEL,
     DATA_ELIDED,
@@ -51,7 +52,7 @@ KIND = "CopyratorRule"
 API_VERSION = f"{GROUP}/{VERSION}"
 
 RULE_ANNOTATION = COPYRATOR_PREFIX + "rule"  # "<namespace>/<name>" of the rule
-SOURCE_ANNOTATION = COPYRATOR_PREFIX + "source"  # "<namespace>/<name>" of the source
+SOURCE_ANNOTATION = COPY_SOURCE  # "<namespace>/<name>" of the source
 SOURCE_UID_ANNOTATION = COPYRATOR_PREFIX + "source-uid"
 HASH_ANNOTATION = COPYRATOR_PREFIX + "content-hash"
 # On a copy whose rule copies the source's annotations: they are then part of the content.

@@ -248,6 +248,9 @@ def stall_event(old: Iterable[Mapping[str, Any]] | None,
 # object with ``data_hash`` of the data it wrote; data differing from its stamp is an edit the writer is
 # about to undo. Neither operator knows the other: both know only this key and this digest.
 DATA_STAMP = f"copyrator.{DOMAIN}/data-hash"
+# On a copy, beside its stamp: "<namespace>/<name>" of the source it copies. The re-roller rolls a copy's
+# users in waves when that source asks for them (a copy never takes the project's keys from its source).
+COPY_SOURCE = f"copyrator.{DOMAIN}/source"
 
 
 def data_hash(kind: str, body: Mapping[str, Any]) -> str:

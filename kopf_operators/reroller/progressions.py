@@ -122,6 +122,8 @@ class Progressions:
             kind = "Secret" if kind_lower == "secret" else "ConfigMap"
             source_key: SourceKey = (kind, view.namespace, name)
             source = first(self.sources[kind], source_key)
+            if source is not None:
+                source = self._with_origin(kind, source)
             if source is None or not waves.progressive(source, self.options):
                 continue
             progression = waves.progression(source, self.options)
@@ -133,6 +135,18 @@ class Progressions:
             verdicts.append(dataclasses.replace(verdict, source=source_key,
                                                 token=waves.change_token(kind, source, digest_key)))
         return waves.worst(verdicts)
+
+    def _with_origin(self, kind: str, source: views.SourceView) -> views.SourceView:
+        """A Copyrator copy without rollout settings of its own follows its source's (a copy never
+        takes the project's annotations from its source, so its users would otherwise roll at once);
+        a release may be written on either."""
+        if source.origin is None or any((source.rollout, source.first_wave, source.wave_deadline)):
+            return source
+        origin = first(self.sources[kind], (kind, *source.origin))
+        if origin is None:
+            return source
+        return dataclasses.replace(source, rollout=origin.rollout, first_wave=origin.first_wave,
+                                   wave_deadline=origin.wave_deadline, release=source.release or origin.release)
 
     def _member(self, key: Key, source_key: SourceKey, source: views.SourceView, deadline: float, wall: float,
                 digest_key: bytes | None) -> waves.Member | None:

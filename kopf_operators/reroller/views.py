@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kopf_operators.core.conventions import DATA_STAMP, data_hash
+from kopf_operators.core.conventions import COPY_SOURCE, DATA_STAMP, data_hash
 from kopf_operators.core.patterns import tenant_pattern
 from kopf_operators.core.rollouts import RolloutStatus, rollout_status
 from kopf_operators.reroller.settings import (
@@ -98,6 +98,9 @@ class SourceView:
     # History and restore (``history``): its annotations as written, for the sweep after a takeover.
     history: str | None = None
     restore: str | None = None
+    # A Copyrator copy (it carries a data stamp): (namespace, name) of the source it copies, whose rollout
+    # settings its users follow when it has none of its own.
+    origin: tuple[str, str] | None = None
 
 
 def source_hash(kind: str, body: Mapping[str, Any]) -> str:
@@ -136,7 +139,12 @@ def source_view(kind: str, body: Mapping[str, Any], selector: tuple[Requirement,
                       rollout=_setting(annotations.get(ROLLOUT)), first_wave=_setting(annotations.get(FIRST_WAVE)),
                       wave_deadline=_setting(annotations.get(WAVE_DEADLINE)),
                       release=_setting(annotations.get(RELEASE)), history=_setting(annotations.get(HISTORY)),
-                      restore=_setting(annotations.get(RESTORE)))
+                      restore=_setting(annotations.get(RESTORE)), origin=_origin(stamp, annotations.get(COPY_SOURCE)))
+
+
+def _origin(stamp: object, source: object) -> tuple[str, str] | None:
+    namespace, slash, name = str(source or "").partition("/")
+    return (namespace, name) if stamp and slash and namespace and name else None
 
 
 def _setting(value: object) -> str | None:

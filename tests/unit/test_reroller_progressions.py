@@ -13,7 +13,7 @@ import pytest
 
 from kopf_operators.core import background as toolkit
 from kopf_operators.core import metrics
-from kopf_operators.core.conventions import epoch_to_iso
+from kopf_operators.core.conventions import COPY_SOURCE, DATA_STAMP, data_hash, epoch_to_iso
 from kopf_operators.reroller import controller as reroller
 from kopf_operators.reroller import plans, progressions, settings, views, waves
 from kopf_operators.reroller.controller import RerollerController
@@ -270,3 +270,24 @@ def test_an_event_of_the_awaited_workload_wakes_the_waiting_ones_at_once() -> No
         await cluster.ctl.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_copys_users_follow_its_sources_rollout_settings() -> None:
+    """A Copyrator copy (stamped, naming its source) carries none of the project's annotations; its
+    users roll in waves when the source it copies is progressive, and at once when it is not."""
+    async def scenario(origin_annotations: dict[str, str]) -> list[Any]:
+        copy = {"metadata": {"name": "conf", "namespace": "ns", "resourceVersion": "3", "annotations": {
+            DATA_STAMP: data_hash("ConfigMap", {"data": {"k": "v2"}}), COPY_SOURCE: "team/conf"}},
+            "data": {"k": "v2"}}
+        cluster = Cluster(views.source_view("ConfigMap", copy), configmap("v1"))
+        origin = views.source_view("ConfigMap", {"metadata": {"name": "conf", "namespace": "team",
+                                                               "annotations": origin_annotations},
+                                                  "data": {"k": "v2"}})
+        cluster.indexes[reroller.SOURCE_INDEXES["ConfigMap"]][("ConfigMap", "team", "conf")] = [origin]
+        written = await cluster.look("b")
+        await cluster.ctl.stop()
+        return written
+
+    assert asyncio.run(scenario(PROGRESSIVE)) == []  # wave 2: waits for a
+    [patch] = asyncio.run(scenario({}))  # the source rolls at once: so does its copy
+    assert rolled(patch[4])
