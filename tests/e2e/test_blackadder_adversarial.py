@@ -188,10 +188,13 @@ spec: {{cancerMode: true, eagerness: 100, pauseDuration: 600, targetNamespaces: 
 def test_a_target_removed_mid_cycle_is_not_touched_by_the_rest_of_that_cycle(
         agents: Agents, namespace: str, other_namespace: str, core: kubernetes.client.CoreV1Api) -> None:
     """An edit mid-cycle: the plan covers two namespaces (the test's first, in name order); the second
-    is removed from targetNamespaces while the first is being written. Nothing in it is written."""
-    for ns in (namespace, other_namespace):
-        for i in range(30):
-            make_cm(core, ns, f"cm-{i:02d}", {"k": "v"})
+    is removed from targetNamespaces while the first is being written. Nothing in it is written. (The
+    first holds four times as many ConfigMaps: its writes outlast the edit's way to the operator on a
+    loaded machine.)"""
+    first, second = 120, 30
+    for ns, count in ((namespace, first), (other_namespace, second)):
+        for i in range(count):
+            make_cm(core, ns, f"cm-{i:03d}", {"k": "v"})
 
     def written(ns: str) -> int:
         return sum(1 for cm in core.list_namespaced_config_map(ns).items
@@ -201,11 +204,11 @@ def test_a_target_removed_mid_cycle_is_not_touched_by_the_rest_of_that_cycle(
                           "targetNamespaces": [namespace, other_namespace]})
     wait_for(lambda: written(namespace) >= 1, timeout=30, what="the cycle under way")
     agents.patch_spec(name, {"targetNamespaces": [namespace]})
-    wait_for(lambda: written(namespace) == 30, timeout=30, what="the rest of the first namespace")
+    wait_for(lambda: written(namespace) == first, timeout=60, what="the rest of the first namespace")
     stays(lambda: written(other_namespace) == 0, seconds=3, what="the removed namespace untouched")
-    wait_for(lambda: agents.status(name).get("lastCycle", {}).get("skipped") == 30, timeout=10,
-             what="the 30 dropped actions counted as skipped")
-    assert set(ledger(core, name)["undo"]) == {f"ConfigMap/{namespace}/cm-{i:02d}" for i in range(30)}
+    wait_for(lambda: agents.status(name).get("lastCycle", {}).get("skipped") == second, timeout=10,
+             what="the dropped actions counted as skipped")
+    assert set(ledger(core, name)["undo"]) == {f"ConfigMap/{namespace}/cm-{i:03d}" for i in range(first)}
 
 
 def test_operator_killed_mid_cycle_then_revert_restores_exactly_what_was_written(
