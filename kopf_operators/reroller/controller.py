@@ -190,6 +190,8 @@ class RerollerController:
     async def source_event(self, kind: str, namespace: str, name: str) -> None:
         """A ConfigMap/Secret changed (its index entry is already updated): look at its workloads."""
         found = first(self.sources[kind], (kind, namespace, name))
+        if found is None:
+            self.progressions.source_gone((kind, namespace, name))
         if found is not None and found.drifted:
             self._drift_since.setdefault((kind, namespace, name), time.monotonic())
         else:

@@ -82,6 +82,11 @@ class Progressions:
         for waiter in self._waiters.pop(key, None) or ():
             self.look_in(waiter, WAKE_SECONDS)
 
+    def source_gone(self, source_key: SourceKey) -> None:
+        """What was said about a source goes with it."""
+        for said in (self._halt_said, self._problems_said, self._chaos_said):
+            said.pop(source_key, None)
+
     def not_held(self, key: Key) -> None:
         self._halted.pop(key, None)
 
