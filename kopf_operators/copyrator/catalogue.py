@@ -8,6 +8,7 @@ from __future__ import annotations
 from kopf_operators.copyrator import rules
 from kopf_operators.core import conventions
 from kopf_operators.core.catalogue import Catalogue, annotation, label, normal, warning
+from kopf_operators.core.conventions import COPY_SOURCE
 
 CATALOGUE = Catalogue("copyrator", "the CopyratorRule; for a push, its source ConfigMap or Secret", events=(
     normal("Synced", "the rule wrote copies: how many were created, updated and deleted, and what triggered it"),
@@ -45,7 +46,7 @@ CATALOGUE = Catalogue("copyrator", "the CopyratorRule; for a push, its source Co
     label(conventions.COPYRATOR_RULE_UID_LABEL, "copy", "operator",
           "the uid of the rule (or pushed source) that owns the copy: only its owner ever changes it"),
     annotation(rules.RULE_ANNOTATION, "copy", "operator", "namespace/name of the rule that made the copy"),
-    annotation(rules.SOURCE_ANNOTATION, "copy", "operator", "namespace/name of the source"),
+    annotation(COPY_SOURCE, "copy", "operator", "namespace/name of the source"),
     annotation(rules.SOURCE_UID_ANNOTATION, "copy", "operator", "uid of the source"),
     annotation(rules.HASH_ANNOTATION, "copy", "operator",
                "digest of the copy's content: a hand edit that changes it is repaired"),

@@ -17,13 +17,13 @@ from kopf_operators.copyrator.rules import (
     PROJECT_DOMAINS,
     PUSHED_ANNOTATION,
     RULE_ANNOTATION,
-    SOURCE_ANNOTATION,
     SOURCE_UID_ANNOTATION,
     Rule,
     copied_data,
     copy_name,
 )
 from kopf_operators.core.conventions import (
+    COPY_SOURCE,
     COPYRATOR_PREFIX,
     COPYRATOR_RULE_UID_LABEL,
     DATA_STAMP,
@@ -92,7 +92,7 @@ def desired_copy(rule: Rule, source: Mapping[str, Any], target_namespace: str) -
     else:
         annotations[RULE_ANNOTATION] = rule.key
     annotations.update({
-        SOURCE_ANNOTATION: f"{meta['namespace']}/{meta['name']}",
+        COPY_SOURCE: f"{meta['namespace']}/{meta['name']}",
         SOURCE_UID_ANNOTATION: meta.get("uid", ""),
     })
     body: dict[str, Any] = {
@@ -155,7 +155,7 @@ def copy_view(obj: Mapping[str, Any], kind: str | None = None) -> CopyView:
         kind=kind, namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")), resource_version=str(meta.get("resourceVersion", "")),
         rule_uid=str((meta.get("labels") or {}).get(COPYRATOR_RULE_UID_LABEL, "")),
-        source=str(annotations.get(SOURCE_ANNOTATION, "")),
+        source=str(annotations.get(COPY_SOURCE, "")),
         recorded_hash=str(annotations.get(HASH_ANNOTATION, "")),
         actual_hash=content_hash(str(annotations.get(SOURCE_UID_ANNOTATION, "")),
                                  {**obj, "kind": kind}),
@@ -174,7 +174,7 @@ def in_sync(view: CopyView, desired: Mapping[str, Any]) -> bool:
     its stamp with its next write (until then the re-roller treats it as an unstamped object)."""
     annotations = desired["metadata"]["annotations"]
     return (view.actual_hash == annotations[HASH_ANNOTATION] == view.recorded_hash
-            and view.source == annotations[SOURCE_ANNOTATION] and view.stamp in ("", annotations[DATA_STAMP]))
+            and view.source == annotations[COPY_SOURCE] and view.stamp in ("", annotations[DATA_STAMP]))
 
 
 class Action(enum.Enum):

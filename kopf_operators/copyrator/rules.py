@@ -52,7 +52,6 @@ KIND = "CopyratorRule"
 API_VERSION = f"{GROUP}/{VERSION}"
 
 RULE_ANNOTATION = COPYRATOR_PREFIX + "rule"  # "<namespace>/<name>" of the rule
-SOURCE_ANNOTATION = COPY_SOURCE  # "<namespace>/<name>" of the source
 SOURCE_UID_ANNOTATION = COPYRATOR_PREFIX + "source-uid"
 HASH_ANNOTATION = COPYRATOR_PREFIX + "content-hash"
 # On a copy whose rule copies the source's annotations: they are then part of the content.
@@ -68,7 +67,7 @@ PUSHED_ANNOTATION = COPYRATOR_PREFIX + "pushed"
 # On a Namespace: the target's consent, the namespaces whose pushes (and, when rules need it too,
 # rules) may write copies into it ("team-a,platform-*"; "*": anyone's).
 ACCEPT_FROM_ANNOTATION = COPYRATOR_PREFIX + "accept-from"
-OUR_ANNOTATIONS = (RULE_ANNOTATION, SOURCE_ANNOTATION, SOURCE_UID_ANNOTATION, HASH_ANNOTATION, DATA_STAMP)
+OUR_ANNOTATIONS = (RULE_ANNOTATION, COPY_SOURCE, SOURCE_UID_ANNOTATION, HASH_ANNOTATION, DATA_STAMP)
 
 RULE_TYPES = {"configmap": "ConfigMap", "secret": "Secret"}
 # Never copied: credentials bound to one namespace/cluster identity, and Helm's release records.

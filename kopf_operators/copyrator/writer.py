@@ -26,6 +26,7 @@ from kopf_operators.core import api as k8s
 from kopf_operators.core import metrics
 from kopf_operators.core.access import Access
 from kopf_operators.core.api import ApiError
+from kopf_operators.core.conventions import COPY_SOURCE
 from kopf_operators.core.state import first
 
 OPERATOR = "copyrator"
@@ -160,7 +161,7 @@ class CopyWriter:
             logger.info(f"{where} pruned {kind} {namespace}/{name}")
             return 1
         assert desired is not None
-        source = desired["metadata"]["annotations"][rules.SOURCE_ANNOTATION]
+        source = desired["metadata"]["annotations"][COPY_SOURCE]
         recreate = action is copies.Action.RECREATE and view is not None
         if recreate or action is copies.Action.CREATE:
             if recreate and view is not None:

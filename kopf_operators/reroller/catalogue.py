@@ -5,6 +5,7 @@ stakater Reloader's: one line each. docs/reference/events.md and annotations.md 
 from __future__ import annotations
 
 from kopf_operators.core.catalogue import Catalogue, annotation, label, normal, warning
+from kopf_operators.core.conventions import REROLLER_PENDING
 from kopf_operators.reroller import settings
 
 WORKLOAD, TEMPLATE = "workload", "workload or its pod template"
@@ -71,7 +72,7 @@ CATALOGUE = Catalogue("reroller", "the workload", events=(
     annotation(settings.RESTART_WINDOW, WORKLOAD, "you",
                'JSON: a time zone and cron windows with durations; changes roll only inside a window'),
     annotation(settings.RELOADER_RESTART_WINDOW, WORKLOAD, "you", "Reloader's restart window, same meaning as ours"),
-    annotation(settings.PENDING, WORKLOAD, "operator",
+    annotation(REROLLER_PENDING, WORKLOAD, "operator",
                "a change held for the restart window (or `blocked: ...` when the window cannot be read, "
                "`halted: ...` by a halted progression, `waiting for wave ...` after a halt)"),
     annotation(settings.ROLLOUT, SOURCE, "you",

@@ -35,6 +35,7 @@ from kopf_operators.core.access import Access
 from kopf_operators.core.api import ApiError
 from kopf_operators.core.background import Background, FairLimit
 from kopf_operators.core.controller import GuardedPass, PassSettings, Requeues
+from kopf_operators.core.conventions import REROLLER_PENDING
 from kopf_operators.core.state import Index, KeyedState, MemoSlot, Newest, PerKey, first
 from kopf_operators.reroller import decisions, pacing, patches, plans, settings, views, waves, windows
 from kopf_operators.reroller.alerts import Alert, Alerts, AlertSettings
@@ -493,7 +494,7 @@ async def pend(access: Access, view: views.WorkloadView, held: windows.Hold | No
     value = held.pending if held is not None else None
     if view.pending == value:
         return False, None
-    patch = {"metadata": {"annotations": {settings.PENDING: value}, "resourceVersion": str(view.rv)}}
+    patch = {"metadata": {"annotations": {REROLLER_PENDING: value}, "resourceVersion": str(view.rv)}}
     answer = await access.patch(KINDS[view.kind], view.namespace, view.name, patch)
     if answer is None:
         return True, None

@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kopf_operators.core.conventions import epoch_to_iso, iso_to_epoch
+from kopf_operators.core.conventions import REROLLER_PENDING, epoch_to_iso, iso_to_epoch
 from kopf_operators.reroller.plans import (
     Plan,
     Snapshot,
@@ -24,7 +24,6 @@ from kopf_operators.reroller.settings import (
     OBSERVED_HASH,
     OBSERVED_SOURCES,
     PAUSED_AT,
-    PENDING,
     ROLLED,
 )
 from kopf_operators.reroller.views import (
@@ -59,7 +58,7 @@ def metadata_patch(plan_: Plan, snap: Snapshot, rv: int | None = None, *, pendin
     """The baseline; ``pending``: the workload has a pending annotation, done with by this write."""
     metadata: dict[str, Any] = {"annotations": baseline_annotations(plan_, snap)}
     if pending:
-        metadata["annotations"][PENDING] = None
+        metadata["annotations"][REROLLER_PENDING] = None
     if rv:
         metadata["resourceVersion"] = str(rv)
     return {"metadata": metadata}
@@ -153,7 +152,7 @@ def env_vars_patch(view: WorkloadView, plan_: Plan, snap: Snapshot, now: float,
     else:
         ops.append({"op": "add", "path": "/metadata/annotations", "value": annotations})
     if view.pending is not None:
-        ops.append({"op": "remove", "path": f"/metadata/annotations/{_pointer(PENDING)}"})
+        ops.append({"op": "remove", "path": f"/metadata/annotations/{_pointer(REROLLER_PENDING)}"})
     env_names = {i: list(names) if names is not None else None for i, (_, names) in enumerate(view.env_containers)}
     for ref in plan_.changed or tuple(snap.per_source):
         kind, _, name = ref.partition("/")
@@ -240,7 +239,7 @@ def recreated_job(view: WorkloadView, annotations: Mapping[str, str]) -> dict[st
         for key in _JOB_LABELS:
             labels.pop(key, None)
     job_labels = {k: v for k, v in (view.labels or {}).items() if k not in _JOB_LABELS}
-    kept = {k: v for k, v in (view.annotations or {}).items() if k != PENDING}
+    kept = {k: v for k, v in (view.annotations or {}).items() if k != REROLLER_PENDING}
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": view.name, "namespace": view.namespace, "labels": job_labels,
                          "annotations": {**kept, **annotations}},

@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Literal
 
-from kopf_operators.core.conventions import DOMAIN, REROLLER_PENDING, env_bool, env_float, env_list
+from kopf_operators.core.conventions import DOMAIN, env_bool, env_float, env_list
 
 PREFIX = f"reroller.{DOMAIN}"
 
@@ -76,8 +76,6 @@ ROLLED = f"{PREFIX}/rolled"
 CONFIG_HASH = f"{PREFIX}/config-hash"          # pod template: changing it rolls the workload
 OBSERVED_HASH = f"{PREFIX}/observed-hash"      # workload metadata: the baseline (no rollout)
 OBSERVED_SOURCES = f"{PREFIX}/observed-sources"  # workload metadata: short per-source hashes
-# Workload metadata: a rollout held back (outside its restart window, or blocked by a bad setting).
-PENDING = REROLLER_PENDING  # shared with Blackadder (core.conventions)
 
 # Reloader's env-vars strategy: STAKATER_<NAME>_<CONFIGMAP|SECRET> in the container using the source.
 ENV_PREFIX = "STAKATER_"

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kopf_operators.core.conventions import COPY_SOURCE, DATA_STAMP, data_hash
+from kopf_operators.core.conventions import COPY_SOURCE, DATA_STAMP, REROLLER_PENDING, data_hash
 from kopf_operators.core.patterns import tenant_pattern
 from kopf_operators.core.rollouts import RolloutStatus, rollout_status
 from kopf_operators.reroller.settings import (
@@ -30,7 +30,6 @@ from kopf_operators.reroller.settings import (
     OBSERVED_SOURCES,
     PAUSE_PERIOD,
     PAUSED_AT,
-    PENDING,
     RELEASE,
     RELOADER_AUTO,
     RELOADER_CONFIGMAP_AUTO,
@@ -447,7 +446,7 @@ def workload_view(kind: str, body: Mapping[str, Any], settings: Options | None =
         key_scopes=tuple((source, tuple(sorted(keys))) for source, keys in sorted(used_keys(pod_spec).items())
                          if keys is not None) if _truthy(merged.get(USED_KEYS_ONLY)) else (),
         restart_window=ws.get(RESTART_WINDOW, ws.get(RELOADER_RESTART_WINDOW)),
-        pending=ws.get(PENDING), cronjob_mode=ws.get(CRONJOB_MODE) if kind == "CronJob" else None,
+        pending=ws.get(REROLLER_PENDING), cronjob_mode=ws.get(CRONJOB_MODE) if kind == "CronJob" else None,
         priority=parse_priority(ws.get(WAVE)), rolled=ws.get(ROLLED),
         status=rollout_status(kind, body) if kind in TEMPLATED else None,
     )

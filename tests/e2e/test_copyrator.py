@@ -19,7 +19,7 @@ import yaml
 
 from kopf_operators.copyrator import rules
 from kopf_operators.core import conventions
-from kopf_operators.core.conventions import COPYRATOR_RULE_UID_LABEL
+from kopf_operators.core.conventions import COPY_SOURCE, COPYRATOR_RULE_UID_LABEL
 from tests.e2e.copyrator_helpers import (
     G,
     P,
@@ -61,7 +61,7 @@ def test_article_rule_copies_into_every_namespace_and_propagates(
         copy = get(core, "ConfigMap", namespace, source) or {}
         rule = custom.get_namespaced_custom_object(G, V, "default", P, "main-rule")
         assert copy["metadata"]["labels"] == {"copyrator": "true", COPYRATOR_RULE_UID_LABEL: rule["metadata"]["uid"]}
-        assert copy["metadata"]["annotations"][rules.SOURCE_ANNOTATION] == f"default/{source}"
+        assert copy["metadata"]["annotations"][COPY_SOURCE] == f"default/{source}"
         assert copy["metadata"]["annotations"][rules.RULE_ANNOTATION] == "default/main-rule"
         assert get(core, "ConfigMap", "kube-system", source) is None  # system namespaces excluded
         wait_for(lambda: condition(custom, "default", "main-rule", "Ready").get("status") == "True",

@@ -18,7 +18,7 @@ import pytest
 
 from kopf_operators.copyrator import rules
 from kopf_operators.core import conventions
-from kopf_operators.core.conventions import COPYRATOR_RULE_UID_LABEL
+from kopf_operators.core.conventions import COPY_SOURCE, COPYRATOR_RULE_UID_LABEL
 from tests.e2e.copyrator_helpers import (
     G,
     P,
@@ -80,7 +80,7 @@ def test_253_character_rule_and_source_names_work(
         copy = get(core, "ConfigMap", target, source) or {}
         annotations = copy["metadata"]["annotations"]
         assert annotations[rules.RULE_ANNOTATION] == f"{namespace}/{rule}"
-        assert annotations[rules.SOURCE_ANNOTATION] == f"{namespace}/{source}"
+        assert annotations[COPY_SOURCE] == f"{namespace}/{source}"
         wait_condition(custom, namespace, rule, "Ready", status="True")
         wait_for(lambda: [e for e in events(core, namespace, rule) if e.reason == "Synced"], what="a Synced event")
         put_cm(core, namespace, source, {"k": "v2"})

@@ -18,7 +18,7 @@ import urllib3
 import yaml
 
 from kopf_operators.copyrator import rules
-from kopf_operators.core.conventions import COPYRATOR_RULE_UID_LABEL
+from kopf_operators.core.conventions import COPY_SOURCE, COPYRATOR_RULE_UID_LABEL
 from tests.e2e.copyrator_helpers import (
     G,
     P,
@@ -93,7 +93,7 @@ def test_a_copy_under_another_name_and_renaming_it(
         wait_data(core, target, "shared-settings", {"k": "v"})
         assert get(core, "ConfigMap", target, "settings") is None
         copy = get(core, "ConfigMap", target, "shared-settings") or {}
-        assert copy["metadata"]["annotations"][rules.SOURCE_ANNOTATION] == f"{namespace}/settings"
+        assert copy["metadata"]["annotations"][COPY_SOURCE] == f"{namespace}/settings"
         wait_condition(custom, namespace, "r", "Ready", status="True")
 
         # The rule is edited to another name: the new copy exists, in sync, before the old one goes.

@@ -20,7 +20,7 @@ import yaml
 from kopf_operators.blackadder.settings import LEDGER_LABEL, OPT_LABEL
 from kopf_operators.copyrator import copies, rules
 from kopf_operators.core import conventions
-from kopf_operators.core.conventions import COPYRATOR_RULE_UID_LABEL
+from kopf_operators.core.conventions import COPY_SOURCE, COPYRATOR_RULE_UID_LABEL
 from tests.e2e.copyrator_helpers import (
     G,
     V,
@@ -73,7 +73,7 @@ def written_outside(core: kubernetes.client.CoreV1Api, namespace: str) -> list[s
     found = []
     for listing in (core.list_config_map_for_all_namespaces, core.list_secret_for_all_namespaces):
         for obj in listing(label_selector=COPYRATOR_RULE_UID_LABEL).items:
-            source = (obj.metadata.annotations or {}).get(rules.SOURCE_ANNOTATION, "")
+            source = (obj.metadata.annotations or {}).get(COPY_SOURCE, "")
             if source.startswith(f"{namespace}/"):
                 found.append(f"{obj.metadata.namespace}/{obj.metadata.name}")
     return sorted(found)

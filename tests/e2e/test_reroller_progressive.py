@@ -20,6 +20,7 @@ from typing import Any
 import kubernetes
 import pytest
 
+from kopf_operators.core.conventions import REROLLER_PENDING
 from kopf_operators.reroller import settings
 from tests.e2e.blackadder_helpers import GREEDY, Agents, agents, next_cycles  # noqa: F401 (a fixture)
 from tests.e2e.blackadder_helpers import events as chaos_events
@@ -84,7 +85,7 @@ def deadline_exceeded(apps: Any, namespace: str, name: str) -> bool:
 
 
 def pending(apps: Any, namespace: str, name: str) -> str:
-    return str((read(apps, "Deployment", namespace, name).metadata.annotations or {}).get(settings.PENDING) or "")
+    return str((read(apps, "Deployment", namespace, name).metadata.annotations or {}).get(REROLLER_PENDING) or "")
 
 
 Progression = Callable[..., dict[str, str | None]]

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from kopf_operators.core.conventions import REROLLER_PENDING
 from kopf_operators.reroller import settings
 from tests.e2e.reroller_helpers import (
     AUTO,
@@ -52,7 +53,7 @@ def minute_window(lead: float) -> tuple[str, float]:
 
 
 def pending(apps: Any, ns: str, name: str) -> str | None:
-    return (apps.read_namespaced_deployment(name, ns).metadata.annotations or {}).get(settings.PENDING)
+    return (apps.read_namespaced_deployment(name, ns).metadata.annotations or {}).get(REROLLER_PENDING)
 
 
 def skipped(proc: OperatorProcess, reason: str) -> float:

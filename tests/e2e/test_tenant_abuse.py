@@ -43,8 +43,7 @@ from kopf_operators.blackadder.settings import (
 from kopf_operators.blackadder.settings import (
     VERSION as CHAOS_VERSION,
 )
-from kopf_operators.copyrator.rules import SOURCE_ANNOTATION
-from kopf_operators.core.conventions import COPYRATOR_RULE_UID_LABEL
+from kopf_operators.core.conventions import COPY_SOURCE, COPYRATOR_RULE_UID_LABEL
 from kopf_operators.reroller.settings import AUTO
 from tests.e2e.immortal_helpers import create_ic, delete_pod, wait_pod
 from tests.e2e.reroller_helpers import baseline, configmap, deployment, nginx_pod_spec, set_cm, template_hash
@@ -162,7 +161,7 @@ def written_outside(core: kubernetes.client.CoreV1Api, tenant: str) -> list[str]
     found = []
     for listing in (core.list_config_map_for_all_namespaces, core.list_secret_for_all_namespaces):
         for obj in listing(label_selector=COPYRATOR_RULE_UID_LABEL).items:
-            if (obj.metadata.annotations or {}).get(SOURCE_ANNOTATION, "").startswith(f"{tenant}/"):
+            if (obj.metadata.annotations or {}).get(COPY_SOURCE, "").startswith(f"{tenant}/"):
                 found.append(f"{obj.metadata.namespace}/{obj.metadata.name}")
     return found
 

@@ -28,7 +28,7 @@ from kopf_operators.copyrator.tally import (
     status_changed,
 )
 from kopf_operators.core import conventions
-from kopf_operators.core.conventions import COPYRATOR_RULE_UID_LABEL
+from kopf_operators.core.conventions import COPY_SOURCE, COPYRATOR_RULE_UID_LABEL
 
 UID = "rule-uid-1"
 
@@ -221,7 +221,7 @@ def test_copies_carry_ownership_marks_and_no_adopting_labels() -> None:
     annotations = copy["metadata"]["annotations"]
     assert set(annotations) == {*rules.OUR_ANNOTATIONS}  # source annotations not copied by default
     assert annotations[rules.RULE_ANNOTATION] == "default/main-rule"
-    assert annotations[rules.SOURCE_ANNOTATION] == "default/settings"
+    assert annotations[COPY_SOURCE] == "default/settings"
     assert annotations[rules.SOURCE_UID_ANNOTATION] == "uid-default-settings"
     assert "ownerReferences" not in copy["metadata"] and "uid" not in copy["metadata"]
 
@@ -510,7 +510,7 @@ def test_target_name_prefix_and_suffix_name_the_copy() -> None:
     copy = desired_copy(wrapped, source, "a")
     assert copy["metadata"]["name"] == "shared-settings.v2"
     # The copy still says which source it holds (the old name is found from it on a rename).
-    assert copy["metadata"]["annotations"][rules.SOURCE_ANNOTATION] == "default/settings"
+    assert copy["metadata"]["annotations"][COPY_SOURCE] == "default/settings"
     assert rules.source_names_for(wrapped, "shared-settings.v2", ["settings", "other"]) == ["settings"]
     assert rules.source_names_for(renamed, "app-config", ["b", "a"]) == ["a", "b"]
 

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from kopf_operators.blackadder import decisions, steady, targets
 from kopf_operators.blackadder.settings import settings_from_spec
 from kopf_operators.copyrator import rules as copyrator
+from kopf_operators.core.conventions import REROLLER_PENDING
 from kopf_operators.reroller import history, plans, views, waves, windows
 from kopf_operators.reroller.decisions import Do, decide_pass
 from kopf_operators.reroller.settings import (
@@ -27,7 +28,6 @@ from kopf_operators.reroller.settings import (
     OBSERVED_SOURCES,
     PAUSE_PERIOD,
     PAUSED_AT,
-    PENDING,
     RELEASE,
     RELOADER_AUTO,
     RELOADER_CONFIGMAP_AUTO,
@@ -99,7 +99,7 @@ REROLLER_KEYS = [AUTO, CONFIGMAPS, SECRETS, USED_KEYS_ONLY, RELOADER_AUTO,
                  RELOADER_CONFIGMAP_AUTO, RELOADER_SECRET_AUTO, RELOADER_CONFIGMAPS,
                  RELOADER_SECRETS, RELOADER_SEARCH, RELOADER_CONFIGMAPS_EXCLUDE,
                  RELOADER_SECRETS_EXCLUDE, ROLLOUT_STRATEGY, PAUSE_PERIOD, PAUSED_AT,
-                 OBSERVED_HASH, OBSERVED_SOURCES, PENDING, RESTART_WINDOW,
+                 OBSERVED_HASH, OBSERVED_SOURCES, REROLLER_PENDING, RESTART_WINDOW,
                  RELOADER_RESTART_WINDOW, CRONJOB_MODE, WAVE, ROLLED]
 SOURCE_NAMES = ["conf", "a" * 40, "app-config-1", "x.y", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaab"]
 

@@ -7,7 +7,7 @@ import dataclasses
 import datetime
 from typing import Any
 
-from kopf_operators.core.conventions import DATA_STAMP, data_hash
+from kopf_operators.core.conventions import DATA_STAMP, REROLLER_PENDING, data_hash
 from kopf_operators.reroller import decisions, patches, settings, views
 from kopf_operators.reroller.plans import Action
 
@@ -157,7 +157,7 @@ def test_a_held_rollout_is_pended_and_looked_at_when_its_window_opens_and_cleare
     assert held.do is decisions.Do.PEND and held.release and held.held is not None
     assert held.held.look_in is not None and held.look_in == (held.held.look_in + decisions.WINDOW_MARGIN,)
     # Reverted before the window: nothing to roll, and the pending annotation goes.
-    reverted = step(baselined(**{settings.RESTART_WINDOW: window, settings.PENDING: "waiting"}), configmap("v1"))
+    reverted = step(baselined(**{settings.RESTART_WINDOW: window, REROLLER_PENDING: "waiting"}), configmap("v1"))
     assert reverted.do is decisions.Do.PEND and reverted.held is None
 
 

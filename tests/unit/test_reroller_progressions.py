@@ -13,7 +13,7 @@ import pytest
 
 from kopf_operators.core import background as toolkit
 from kopf_operators.core import metrics
-from kopf_operators.core.conventions import COPY_SOURCE, DATA_STAMP, data_hash, epoch_to_iso
+from kopf_operators.core.conventions import COPY_SOURCE, DATA_STAMP, REROLLER_PENDING, data_hash, epoch_to_iso
 from kopf_operators.reroller import controller as reroller
 from kopf_operators.reroller import plans, progressions, settings, views, waves
 from kopf_operators.reroller.controller import RerollerController
@@ -164,22 +164,22 @@ def test_a_failed_first_wave_holds_the_rest_until_released() -> None:
         [held_b] = await cluster.look("b")
         [held_c] = await cluster.look("c")
         for held in (held_b, held_c):
-            pending = held[4]["metadata"]["annotations"][settings.PENDING]
+            pending = held[4]["metadata"]["annotations"][REROLLER_PENDING]
             assert pending.startswith("halted: wave 2 of 2, Deployment ns/a of an earlier wave failed")
             assert "spec" not in held[4]
         # A Warning on each held workload, and one on the source for the change.
         assert cluster.access.events.count(("Warning", "RerollHalted")) == 3
         assert held_gauge() == 2
         # Looked at again, still held: nothing more written or said.
-        pending = held_b[4]["metadata"]["annotations"][settings.PENDING]
-        cluster.workload(deployment("b", {**baseline(configmap("v1")), settings.PENDING: pending}))
+        pending = held_b[4]["metadata"]["annotations"][REROLLER_PENDING]
+        cluster.workload(deployment("b", {**baseline(configmap("v1")), REROLLER_PENDING: pending}))
         assert await cluster.look("b") == []
         assert cluster.access.events.count(("Warning", "RerollHalted")) == 3
         # An administrator releases this change: b rolls (and its pending annotation goes with the rollout).
         token = waves.change_token("ConfigMap", configmap("v2"), None)
         cluster.source(configmap("v2", **PROGRESSIVE, **{settings.RELEASE: token}))
         [patch_b] = await cluster.look("b")
-        assert rolled(patch_b[4]) and patch_b[4]["metadata"]["annotations"][settings.PENDING] is None
+        assert rolled(patch_b[4]) and patch_b[4]["metadata"]["annotations"][REROLLER_PENDING] is None
         assert held_gauge() == 1  # c not looked at again yet
         await cluster.ctl.stop()
 
@@ -193,7 +193,7 @@ def test_a_wave_past_its_deadline_fails_and_an_immediate_source_is_not_gated() -
         after = {**baseline(configmap("v2")), settings.WAVE: "1", settings.ROLLED: long_ago}
         cluster.workload(deployment("a", after, {**DONE, "observedGeneration": 3, "availableReplicas": 0}, 3))
         [held] = await cluster.look("b")
-        assert "failed" in held[4]["metadata"]["annotations"][settings.PENDING]
+        assert "failed" in held[4]["metadata"]["annotations"][REROLLER_PENDING]
         # The same change on a source that rolls immediately: every user rolls at once.
         other = Cluster(configmap("v2"), configmap("v1"))
         for name in ("b", "c"):
@@ -239,7 +239,7 @@ def test_a_first_wave_failing_under_chaos_makes_the_rest_wait_not_halt(monkeypat
         clock[0] += progressions.CHAOS_LIST_SECONDS
         cluster.access.answer("list", [agent(time.time() - 1)])  # the disruption is over
         [held] = await cluster.look("b")
-        assert held[4]["metadata"]["annotations"][settings.PENDING].startswith("halted: ")
+        assert held[4]["metadata"]["annotations"][REROLLER_PENDING].startswith("halted: ")
         await cluster.ctl.stop()
 
     asyncio.run(scenario())
@@ -249,7 +249,7 @@ def test_without_chaos_awareness_no_agent_is_asked() -> None:
     async def scenario() -> None:
         cluster = await failed_first_wave()
         [held] = await cluster.look("b")
-        assert held[4]["metadata"]["annotations"][settings.PENDING].startswith("halted: ")
+        assert held[4]["metadata"]["annotations"][REROLLER_PENDING].startswith("halted: ")
         assert cluster.access.made("list") == []
         await cluster.ctl.stop()
 

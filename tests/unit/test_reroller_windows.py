@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from kopf_operators.core import background as toolkit
+from kopf_operators.core.conventions import REROLLER_PENDING
 from kopf_operators.reroller import controller as reroller
 from kopf_operators.reroller import plans, settings, views
 from kopf_operators.reroller.controller import RerollerController
@@ -209,7 +210,7 @@ def windowed(window: str, value: str = "v1", pending: str | None = None, kind: s
     body = deployment(annotations, kind=kind)
     body["metadata"]["annotations"].update(baseline(body, value))
     if pending is not None:
-        body["metadata"]["annotations"][settings.PENDING] = pending
+        body["metadata"]["annotations"][REROLLER_PENDING] = pending
     return body
 
 
@@ -242,8 +243,8 @@ def test_a_change_outside_the_window_is_pending_on_the_workload_said_once(at: An
     access = FakeAccess()
     pass_once(access, windowed(NIGHTLY), "v2")
     [patch] = patches(access)
-    assert set(patch["metadata"]["annotations"]) == {settings.PENDING}  # no rollout, no new baseline
-    pending = patch["metadata"]["annotations"][settings.PENDING]
+    assert set(patch["metadata"]["annotations"]) == {REROLLER_PENDING}  # no rollout, no new baseline
+    pending = patch["metadata"]["annotations"][REROLLER_PENDING]
     assert "opens 2026-11-28T02:00:00Z" in pending
     assert access.events == [("Normal", "RerollDeferred")]
     # The same pending state (a restarted operator, a second change of the same source): nothing written.
@@ -257,7 +258,7 @@ def test_the_window_opening_rolls_once_and_clears_the_pending_state(at: Any) -> 
     access = FakeAccess()
     pass_once(access, windowed(NIGHTLY, pending="waiting ..."), "v2")
     [patch] = patches(access)
-    assert patch["metadata"]["annotations"][settings.PENDING] is None
+    assert patch["metadata"]["annotations"][REROLLER_PENDING] is None
     assert settings.CONFIG_HASH in patch["spec"]["template"]["metadata"]["annotations"]
     assert access.events == [("Normal", "Rerolled")]
 
@@ -266,7 +267,7 @@ def test_a_change_reverted_before_the_window_opens_rolls_nothing(at: Any) -> Non
     at("2026-11-27 06:00:00")
     access = FakeAccess()
     pass_once(access, windowed(NIGHTLY, pending="waiting ..."), "v1")  # back to the baseline's data
-    assert patches(access) == [{"metadata": {"annotations": {settings.PENDING: None}, "resourceVersion": "5"}}]
+    assert patches(access) == [{"metadata": {"annotations": {REROLLER_PENDING: None}, "resourceVersion": "5"}}]
     assert access.events == [("Normal", "RerollDropped")]
 
 
@@ -275,7 +276,7 @@ def test_a_malformed_window_blocks_with_a_warning(at: Any) -> None:
     access = FakeAccess()
     pass_once(access, windowed('{"timezone": "UTC"}'), "v2")
     [patch] = patches(access)
-    assert patch["metadata"]["annotations"][settings.PENDING].startswith("blocked: invalid restart window")
+    assert patch["metadata"]["annotations"][REROLLER_PENDING].startswith("blocked: invalid restart window")
     assert access.events == [("Warning", "RerollBlocked")]
 
 
@@ -309,11 +310,11 @@ def test_every_kind_of_rollout_clears_the_pending_state() -> None:
     assert {"op": "remove", "path": "/metadata/annotations/reroller.kopf-operators.dev~1pending"} in ops
     job = view_of(windowed(NIGHTLY, pending="waiting ...", kind="Job"))
     recreated = recreated_job(job, baseline_annotations(CHANGED, snap))
-    assert settings.PENDING not in recreated["metadata"]["annotations"]
+    assert REROLLER_PENDING not in recreated["metadata"]["annotations"]
     assert settings.RELOADER_RESTART_WINDOW in recreated["metadata"]["annotations"]
     cron = view_of(windowed(NIGHTLY, pending="waiting ...", kind="CronJob"))
     patch = cronjob_template_patch(cron, CHANGED, snap, 0.0, cron.rv)
-    assert patch["metadata"]["annotations"][settings.PENDING] is None
+    assert patch["metadata"]["annotations"][REROLLER_PENDING] is None
     # Without a pending annotation nothing is removed (a JSON patch's remove of a missing key fails).
     plain = view_of(windowed(NIGHTLY), env_options)
     assert not [op for op in env_vars_patch(plain, CHANGED, snap, 0.0) if op["op"] == "remove"]
